@@ -39,3 +39,90 @@ def from_transitions(transitions) -> Batch:
       obs_var=jnp.zeros_like(obs), next_obs_mean=jnp.asarray(next_obs),
       next_obs_var=jnp.zeros_like(next_obs), reward_mean=jnp.asarray(reward),
       reward_var=jnp.zeros_like(reward))
+
+
+# ----------------------------------------------------------------------------------------------
+# Synthetic ring buffer (SPEC.md section 6): fixed capacity, a write pointer and a valid count.
+# Slots are filled contiguously from 0, so the filled slots are always [0, count): sampling draws
+# from there only and never returns an unwritten (all-zero) row.
+
+
+class RingBuffer(struct.PyTreeNode):
+  """Fixed-capacity FIFO of Batch rows.
+
+  data: Batch with leading axis [capacity, ...]; ptr: int32 [] next slot to write;
+  count: int32 [] number of filled slots (<= capacity). Stack a leading seed axis by vmapping.
+  """
+  data: Batch
+  ptr: jax.Array
+  count: jax.Array
+
+  @property
+  def capacity(self) -> int:
+    return self.data.reward.shape[-1]
+
+
+def init_ring(capacity: int, obs_dim: int, action_dim: int) -> RingBuffer:
+  """An empty ring of `capacity` rows (zeros, float32; ptr = count = 0)."""
+  if capacity < 1:
+    raise ValueError(f"Ring buffer capacity must be >= 1, got {capacity}.")
+  z = lambda *shape: jnp.zeros((capacity,) + shape, jnp.float32)  # noqa: E731
+  data = Batch(obs=z(obs_dim), action=z(action_dim), reward=z(), next_obs=z(obs_dim), done=z(),
+               obs_var=z(obs_dim), next_obs_mean=z(obs_dim), next_obs_var=z(obs_dim),
+               reward_mean=z(), reward_var=z())
+  return RingBuffer(data=data, ptr=jnp.zeros((), jnp.int32), count=jnp.zeros((), jnp.int32))
+
+
+def add(buf: RingBuffer, rows: Batch, mask: jax.Array) -> RingBuffer:
+  """Writes the rows with mask True, in order, contiguously from buf.ptr, wrapping at capacity.
+
+  rows: Batch [N, ...]; mask: bool [N]. Masked-out rows are not written and take no slot. If more
+  than `capacity` rows are masked in, only the last `capacity` of them survive (FIFO).
+  """
+  capacity = buf.capacity
+  chex.assert_rank(mask, 1)
+  chex.assert_equal_shape_prefix([rows.reward, mask], 1)
+  mask = mask.astype(bool)
+  n_new = jnp.sum(mask, dtype=jnp.int32)
+  pos = jnp.cumsum(mask, dtype=jnp.int32) - 1          # rank of each kept row among kept rows
+  # Rows that would be overwritten within this same call are dropped, so no slot gets two writes
+  # (duplicate scatter indices have no defined winner).
+  keep = mask & (pos >= n_new - capacity)
+  # Index `capacity` is out of range, so mode="drop" skips those rows.
+  idx = jnp.where(keep, (buf.ptr + pos) % capacity, capacity)
+  data = jax.tree.map(lambda d, r: d.at[idx].set(r.astype(d.dtype), mode="drop"), buf.data, rows)
+  return RingBuffer(data=data, ptr=((buf.ptr + n_new) % capacity).astype(jnp.int32),
+                    count=jnp.minimum(buf.count + n_new, capacity).astype(jnp.int32))
+
+
+def sample(buf: RingBuffer, key: jax.Array, n: int) -> Batch:
+  """n rows drawn uniformly (with replacement) from the filled slots [0, count) -> Batch [n, ...].
+
+  An empty buffer returns copies of slot 0 (zeros); `sample_mixed` never uses those.
+  """
+  idx = jax.random.randint(key, (n,), 0, jnp.maximum(buf.count, 1))
+  return jax.tree.map(lambda d: d[idx], buf.data)
+
+
+def sample_mixed(real: Batch, buf: RingBuffer, key: jax.Array, batch_size: int,
+                 real_ratio: float) -> Batch:
+  """int(batch_size * real_ratio) real rows, then the rest synthetic -> Batch [batch_size].
+
+  real: Batch [N_real, ...] (e.g. from_transitions). If the ring is still empty, every row is real.
+  batch_size and real_ratio are static (Python numbers).
+  """
+  if not 0.0 <= real_ratio <= 1.0:
+    raise ValueError(f"real_ratio must lie in [0, 1], got {real_ratio}.")
+  n_real = int(batch_size * real_ratio)
+  n_syn = batch_size - n_real
+  k_real, k_syn = jax.random.split(key)
+  n_data = real.reward.shape[0]
+  real_rows = jax.tree.map(lambda d: d[jax.random.randint(k_real, (batch_size,), 0, n_data)], real)
+  if n_syn == 0:
+    return real_rows
+  syn_rows = sample(buf, k_syn, n_syn)
+  # A select, not a cond: this runs vmapped over seeds, where cond would execute both sides anyway.
+  has_syn = buf.count > 0
+  return jax.tree.map(
+      lambda r, s: jnp.concatenate([r[:n_real], jnp.where(has_syn, s, r[n_real:])], axis=0),
+      real_rows, syn_rows)

@@ -166,7 +166,9 @@ def task_overrides(env: str, algo: str) -> dict:
   else:  # mixed
     out = dict(_MIXED, beta=_MIXED_BETA)
   if algo == "mopo":
+    # MOPO is plain SAC on the penalised reward: soft backup, no target clamp.
     out["deterministic_backup"] = False
+    out["clip_target_min"] = None
   return out
 
 

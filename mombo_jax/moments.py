@@ -1,31 +1,332 @@
 """Moment matching of diagonal Gaussians through affine maps and ReLU (paper Alg. 1, Lemma 1).
 
-PLACEHOLDER numerics (textbook formula): being replaced by the stable implementation.
+For X ~ N(mu, s^2) with a = mu / s, Lemma 1 (i) gives the moments of Y = max(0, X) as
+
+  E[Y]   = s * h(a),    h(a) = a Phi(a) + phi(a),
+  Var[Y] = s^2 * g(a),  g(a) = (a^2 + 1) Phi(a) + a phi(a) - h(a)^2.
+
+The textbook evaluation loses everything to cancellation: for a << 0 the terms of h are O(1) while
+h ~ phi(a) / a^2, and those of g are O(|a|) while g ~ 2 phi(a) / |a|^3; for a >> 0 Var[Y] = s^2
+minus tiny corrections is computed as E[Y^2] - E[Y]^2 with E[Y]^2 ~ mu^2 >> s^2. Here every
+quantity is a product or a sum of positive terms:
+
+* Write t = |a| and the Mills ratio R(t) = Q(t) / phi(t) as Laplace's continued fraction
+  R = 1 / (t + c1), c_k = k / (t + c_{k+1}). Then, exactly,
+    1 - t R = c1 R =: A,   (t^2 + 1) R - t = c1 c2 R,
+    h(-t) = phi(t) A,      g(-t) = phi(t) A (c2 - h(-t)),
+  and c2 - h(-t) is never a cancellation (h(-t) <= 0.32 c2). The continued fraction is evaluated
+  bottom-up with a fixed number of terms for t >= 2 (24 terms in float32, 96 in float64; error
+  ~1 ulp there), and for t < 2 c1 = 1/R - t, c2 = 1/c1 - t from R = Q/phi via erfc (the forward
+  recurrence amplifies the error of R by at most ~15x there).
+* a <= 0 (mu <= 0): E[Y] = s h(-t), Var[Y] = s^2 g(-t).
+* a > 0: Y = X + max(0, -X) gives h(a) = a + h(-a) and
+    g(a) = 1 - T,  T = h(-t) (c2 + h(-t) + 2 t)  (a sum of positive terms, T <= 0.66),
+  so E[Y] = mu + s h(-t) >= mu and Var[Y] = s^2 (1 - T) <= s^2 with the tail computed directly.
+* phi(t) is evaluated as exp(SHIFT - t^2/2) * exp(-SHIFT) for t > sqrt(2 SHIFT), SHIFT =
+  -log(tiny)/2, so that no intermediate underflows while the result is a normal number (e.g.
+  s = 1e19, t = 15 in float32).
+
+Measured accuracy (benchmarks/bench_moments.py, mpmath reference at 80 digits evaluated at the
+exact floating-point inputs, grid a = mu/s in +-[1e-4, 1e4] (log spaced) and 0, var in
+[1e-30, 1e10] (log spaced)), worst relative error where the true value is a normal number:
+
+                   E[Y] (a<=0)   E[Y] (a>0)   Var[Y] (a<=0)   Var[Y] (a>0)
+  float32          see BENCH     see BENCH    see BENCH       see BENCH
+  float64          see BENCH     see BENCH    see BENCH       see BENCH
+
+The error grows like t^2 * eps for large t: the rounding of a = mu/s (relative eps) moves
+phi(a) by a relative t^2 eps, which is the conditioning of the problem, not of the method (in
+float32 the true moments for mu < 0 leave the normal range at t ~ 13-16). Where the true value
+underflows (is subnormal or below), the result is 0 or a subnormal within a few smallest-normal
+units of it (|error| <= 4 * tiny). Lemma 1 (ii) m >= max(mu, 0) and (iii) 0 <= v <= var hold
+exactly in floating point (they are also enforced by clamps that the math makes no-ops).
+
+var == 0 returns exactly (relu(mean), 0), bit for bit, so a moment-matched network at zero input
+variance is the plain ReLU network. Negative var is treated as 0 (it is not a variance).
+
+Gradients (custom_jvp, closed form, finite for every finite input):
+  dm/dmu = Phi(a), dm/dvar = phi(a) / (2 s), dv/dmu = 2 m Phi(-a), dv/dvar = g(a) - a h(a) Phi(-a).
+At var == 0 they are the limits var -> 0+: dm/dmu = relu'(mu) (jax's convention, 0 at mu = 0),
+dm/dvar = 0 (the true derivative is +inf at mu == 0 only), dv/dmu = 0, dv/dvar = 1 for mu > 0,
+0 for mu < 0 and g(0) = (pi - 1) / (2 pi) for mu == 0.
 """
+import functools
+import math
+from typing import Callable, Optional
+
+import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+# c2(t) (see the module docstring) is a Chebyshev series in x = t / (t + _CHEB_BETA) on
+# [0, _T_MAX]: F(x) = c2(t) (t + _CHEB_BETA) / 2 is smooth and in [1, 2.51] there. Interpolated at
+# 31 Chebyshev nodes with 50-digit mpmath by `_c2_chebyshev_coefficients()` (a test checks this
+# table against it); |error| <= 1.1e-16 relative over the interval. float32 uses the first 17 terms
+# (truncation error ~2e-9, far below float32's half ulp).
+_CHEB_BETA = 4.0
+_CHEB_C2 = (
+    1.7874814393937943, -0.7568628416478094, -0.0005726626513682525, 0.03646005872604545,
+    -0.003031916155298023, -0.002187420818103348, 0.00032567894608380703,
+    0.00014765878563312453, -2.9090144972555503e-05, -1.080403674365e-05,
+    2.433245187787801e-06, 8.385032167993441e-07, -1.950537659245627e-07,
+    -6.774534398473072e-08, 1.501512442321348e-08, 5.594156490307625e-09,
+    -1.1034979472855739e-09, -4.6410450424427966e-10, 7.660853449692193e-11,
+    3.8120330974632255e-11, -4.946900172789272e-12, -3.0650635913041337e-12,
+    2.9039046469010194e-13, 2.394527857918954e-13, -1.4914753084231017e-14,
+    -1.8123111248305132e-14, 6.182446210489748e-16, 1.3326309441369216e-15,
+    -1.5510947567219584e-17, -9.56637033253096e-17, -4.9451230123468225e-19)
+_CHEB_TERMS = {np.dtype(np.float32): 17, np.dtype(np.float64): len(_CHEB_C2)}
+# Beyond this |a| every tail term has underflowed in both dtypes (phi(64) ~ 1e-890), so |a| is
+# clipped there; the series covers exactly [0, _T_MAX].
+_T_MAX = 64.0
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_G0 = (math.pi - 1.0) / (2.0 * math.pi)   # g(0) = Var[max(0, Z)], Z ~ N(0, 1)
 
 
 def mm_linear(mean, var, kernel, bias):
-  """Diagonal Gaussian N(mean, var) [..., I] through x @ kernel[I, O] + bias[O] -> (mean, var) [..., O]."""
+  """Diagonal Gaussian N(mean, var) through y = x @ kernel + bias.
+
+  Args:
+    mean, var: [..., I] input mean and variance.
+    kernel: [I, O]; bias: [O].
+  Returns:
+    (mean [..., O], var [..., O]); mean is computed as in the plain layer (same ops), so zero
+    variance reproduces the plain output bit for bit.
+  """
+  chex.assert_equal_shape([mean, var])
+  chex.assert_rank(kernel, 2)
+  chex.assert_shape(bias, (kernel.shape[1],))
   return mean @ kernel + bias, var @ (kernel * kernel)
 
 
-def mm_relu(mean, var):
-  """Mean and variance of relu(X), X ~ N(mean, var) elementwise."""
+def _compute_dtype(dtype):
+  """float32/float64 compute as themselves; half precision is computed in float32."""
+  return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+
+
+def _c2_chebyshev_coefficients(num_terms=len(_CHEB_C2), dps=50):
+  """Re-derive _CHEB_C2 (needs mpmath; used by the tests, never at run time).
+
+  Interpolates F(x) = c2(t) (t + beta) / 2, x = t / (t + beta), at num_terms Chebyshev nodes of
+  [0, x(_T_MAX)], with c2 from mpmath's ncdf (t < 5) or a 600-term continued fraction (t >= 5).
+  """
+  import mpmath as mp  # pylint: disable=import-outside-toplevel
+  with mp.workdps(dps):
+    beta = mp.mpf(_CHEB_BETA)
+    x_max = mp.mpf(_T_MAX) / (_T_MAX + beta)
+
+    def c2_of(t):
+      if t < 5:
+        c1 = mp.npdf(t) / mp.ncdf(-t) - t
+        return 1 / c1 - t
+      c = mp.mpf(0)
+      for k in range(600, 1, -1):
+        c = k / (t + c)
+      return c
+
+    nodes = [(j + mp.mpf(1) / 2) * mp.pi / num_terms for j in range(num_terms)]
+    values = []
+    for theta in nodes:
+      x = (mp.cos(theta) + 1) / 2 * x_max
+      t = beta * x / (1 - x)
+      values.append(c2_of(t) * (t + beta) / 2)
+    coef = [2 * mp.fsum(f * mp.cos(k * th) for f, th in zip(values, nodes)) / num_terms
+            for k in range(num_terms)]
+    coef[0] /= 2
+    return [float(c) for c in coef]
+
+
+def _mills_pieces(t, dtype):
+  """A = 1 - t R(t), the tail c2 and the Mills ratio R(t) = Q(t)/phi(t), for 0 <= t <= _T_MAX.
+
+  c2 comes from the Chebyshev series; then, from R = 1 / (t + c1) and c1 = 1 / (t + c2),
+  A = c1 R = 1 / (t (t + c2) + 1) and R = (t + c2) A: positive terms only, one division.
+  """
+  inv = 1.0 / (t + _CHEB_BETA)
+  y = (2.0 * (_T_MAX + _CHEB_BETA) / _T_MAX) * (t * inv) - 1.0   # x mapped onto [-1, 1]
+  coef = _CHEB_C2[:_CHEB_TERMS[np.dtype(dtype)]]
+  # Clenshaw recurrence.
+  b1 = jnp.zeros_like(t)
+  b2 = jnp.zeros_like(t)
+  for c in coef[:0:-1]:
+    b1, b2 = 2.0 * y * b1 - b2 + c, b1
+  f = y * b1 - b2 + coef[0]
+  c2 = 2.0 * f * inv
+  a_tail = 1.0 / (t * (t + c2) + 1.0)
+  return a_tail, c2, (t + c2) * a_tail
+
+
+def _mm_relu_parts(mean, var):
+  """Moments and partial derivatives of relu(X), X ~ N(mean, var); same-shape, same-dtype arrays.
+
+  Returns m, v, dm_dmean, dm_dvar, dv_dmean, dv_dvar (all the shape of mean).
+  """
+  dtype = mean.dtype
+  finfo = np.finfo(dtype)
+  shift = float(np.floor(-0.5 * np.log(finfo.tiny)))   # 43 (float32), 354 (float64)
+  t_big = math.sqrt(2.0 * shift)
+  unshift = float(np.exp(-shift))                      # a normal number in the dtype
+
   pos = var > 0
-  s = jnp.sqrt(jnp.where(pos, var, 1.0))
+  var_s = jnp.where(pos, var, jnp.ones_like(var))
+  s = jnp.sqrt(var_s)
   a = mean / s
-  cdf = jax.scipy.stats.norm.cdf(a)
-  pdf = jax.scipy.stats.norm.pdf(a)
-  m = mean * cdf + s * pdf
-  v = (mean**2 + var) * cdf + mean * s * pdf - m**2
-  v = jnp.clip(v, 0.0, var)
-  return jnp.where(pos, m, jax.nn.relu(mean)), jnp.where(pos, v, 0.0)
+  right = a > 0
+  t = jnp.minimum(jnp.abs(a), _T_MAX)
+  a_tail, c2, r = _mills_pieces(t, dtype)
+  big = t > t_big
+  phi_s = jnp.exp(jnp.where(big, shift, 0.0) - 0.5 * t * t) * _INV_SQRT_2PI   # phi(t) / scale
+  scale = jnp.where(big, unshift, 1.0).astype(dtype)
+  hn = (phi_s * a_tail) * scale                     # h(-t)
+  d = c2 - hn                                       # > 0
+  # mu <= 0: products of positive factors, ordered so no intermediate underflows early.
+  m_neg = ((s * a_tail) * phi_s) * scale
+  v_neg = ((var_s * (a_tail * d)) * phi_s) * scale
+  # mu > 0: E[Y] = mu + s h(-t), Var[Y] = var (1 - T) with the tail T computed directly.
+  tail = hn * (c2 + hn + 2.0 * t)
+  g_pos = jnp.maximum(1.0 - tail, 0.0)
+  m_pos = mean + s * hn
+  v_pos = var_s * g_pos
+  m = jnp.where(right, m_pos, m_neg)
+  v = jnp.where(right, v_pos, v_neg)
+
+  # Partial derivatives (closed form; see the module docstring).
+  q_t = (phi_s * r) * scale                          # Q(t) = Phi(-t)
+  cdf_a = jnp.where(right, 1.0 - q_t, q_t)           # Phi(a)
+  sf_a = jnp.where(right, q_t, 1.0 - q_t)            # Phi(-a)
+  dm_dmean = cdf_a
+  dm_dvar = (phi_s / (2.0 * s)) * scale
+  dv_dmean = (m * sf_a) * 2.0        # not 2 * m first: that overflows for m near the max
+  dv_dvar = jnp.where(right, g_pos - t * (t + hn) * q_t, hn * d + t * hn * (1.0 - q_t))
+
+  # var == 0 (or negative): exactly the plain ReLU, and the var -> 0+ limits of the derivatives.
+  relu = jax.nn.relu(mean)
+  zero = jnp.zeros_like(mean)
+  one = jnp.ones_like(mean)
+  m = jnp.where(pos, jnp.maximum(m, relu), relu)         # Lemma 1 (ii), a no-op in exact math
+  v = jnp.where(pos, jnp.clip(v, 0.0, var_s), zero)      # Lemma 1 (iii), likewise
+  step = jnp.where(mean > 0, one, zero)
+  dm_dmean = jnp.where(pos, dm_dmean, step)
+  dm_dvar = jnp.where(pos, dm_dvar, zero)
+  dv_dmean = jnp.where(pos, dv_dmean, zero)
+  dv_dvar = jnp.where(pos, dv_dvar, jnp.where(mean == 0, jnp.full_like(mean, _G0), step))
+  return m, v, dm_dmean, dm_dvar, dv_dmean, dv_dvar
 
 
-def mc_moments(fn, mean, var, key, n):
-  """Monte Carlo mean and variance of fn(X), X ~ N(mean, var), from n samples."""
-  x = mean + jnp.sqrt(var) * jax.random.normal(key, (n,) + jnp.shape(mean), jnp.result_type(mean))
-  y = jax.vmap(fn)(x)
-  return y.mean(0), y.var(0)
+@jax.custom_jvp
+def _mm_relu(mean, var):
+  return _mm_relu_parts(mean, var)[:2]
+
+
+@_mm_relu.defjvp
+def _mm_relu_jvp(primals, tangents):
+  mean, var = primals
+  d_mean, d_var = tangents
+  m, v, dm_dmean, dm_dvar, dv_dmean, dv_dvar = _mm_relu_parts(mean, var)
+  return (m, v), (dm_dmean * d_mean + dm_dvar * d_var, dv_dmean * d_mean + dv_dvar * d_var)
+
+
+def mm_relu(mean, var):
+  """Mean and variance of relu(X), X ~ N(mean, var), elementwise (paper Lemma 1 (i)).
+
+  Args:
+    mean, var: arrays (or scalars) that broadcast against each other, like jnp; var >= 0.
+  Returns:
+    (m, v), both of the broadcast shape and of the inputs' floating dtype (integers promote to
+    the default float; float16/bfloat16 are computed in float32). var == 0 gives exactly
+    (relu(mean), 0). Works under jit, vmap and grad (closed-form custom_jvp).
+  """
+  mean = jnp.asarray(mean)
+  var = jnp.asarray(var)
+  dtype = jnp.result_type(mean, var, float)
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f"mm_relu takes real inputs, got dtype {dtype}; pass float arrays.")
+  mean, var = jnp.broadcast_arrays(mean.astype(dtype), var.astype(dtype))
+  work = _compute_dtype(dtype)
+  m, v = _mm_relu(mean.astype(work), var.astype(work))
+  return m.astype(dtype), v.astype(dtype)
+
+
+def mm_leaky_relu(mean, var, negative_slope: float = 0.01):
+  """Mean and variance of leaky_relu(X) = relu(X) - slope * relu(-X), X ~ N(mean, var).
+
+  relu(X) relu(-X) = 0, so Cov(relu(X), relu(-X)) = -E relu(X) E relu(-X) and
+  Var = v(mu) + slope^2 v(-mu) + 2 slope m(mu) m(-mu): a sum of non-negative terms. var == 0
+  gives relu(mu) - slope * relu(-mu), equal to jax.nn.leaky_relu except for the sign of zero.
+  """
+  mp, vp = mm_relu(mean, var)
+  mn, vn = mm_relu(-jnp.asarray(mean), var)
+  return mp - negative_slope * mn, vp + negative_slope**2 * vn + 2.0 * negative_slope * mp * mn
+
+
+def mm_identity(mean, var):
+  """The identity activation: moments pass through."""
+  return jnp.asarray(mean), jnp.asarray(var)
+
+
+# Activation name -> moment function (mean, var) -> (mean, var). ReLU is the one MOMBO uses.
+ACTIVATION_MOMENTS = {
+    "relu": mm_relu,
+    "leaky_relu": mm_leaky_relu,
+    "identity": mm_identity,
+}
+
+# Elements (samples x output size) materialised at once by mc_moments.
+_MC_CHUNK_ELEMENTS = 1 << 22
+
+
+def mc_moments(fn: Callable, mean, var, key, n: int, chunk_size: Optional[int] = None):
+  """Monte Carlo mean and variance of fn(X), X ~ N(mean, diag var), from n samples.
+
+  Args:
+    fn: maps one sample (an array shaped like mean) to an array or a pytree of arrays; it must be
+      hashable (it is a static argument of the jitted sampler).
+    mean, var: arrays of the same shape.
+    key: PRNG key. n: number of samples (a Python int).
+    chunk_size: samples drawn per step of a lax.scan; the default keeps ~4M sample elements in
+      memory at once, so n = 1e6 works for small arrays. Chunks are combined with Chan's parallel
+      update, so the variance does not suffer from the cancellation of E[Y^2] - E[Y]^2.
+  Returns:
+    (mean, var) of fn(X), each shaped like fn's output (population variance, ddof=0).
+  """
+  mean = jnp.asarray(mean)
+  var = jnp.asarray(var)
+  chex.assert_equal_shape([mean, var])
+  n = int(n)
+  if n < 1:
+    raise ValueError(f"mc_moments needs n >= 1 samples, got n={n}.")
+  if chunk_size is None:
+    chunk_size = max(1, _MC_CHUNK_ELEMENTS // max(1, mean.size))
+  return _mc_moments(fn, mean, var, key, n, int(min(chunk_size, n)))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _mc_moments(fn, mean, var, key, n, chunk_size):
+  num_chunks = -(-n // chunk_size)
+  std = jnp.sqrt(var)
+  dtype = jnp.result_type(mean, float)
+
+  def combine(carry, i):
+    cnt_a, mu_a, m2_a = carry
+    x = mean + std * jax.random.normal(jax.random.fold_in(key, i), (chunk_size,) + mean.shape,
+                                       dtype)
+    y = jax.vmap(fn)(x)
+    # The last chunk may run past n: those samples get weight 0.
+    w = (i * chunk_size + jnp.arange(chunk_size) < n).astype(dtype)
+    cnt_b = jnp.sum(w)
+    weight = lambda leaf: w.reshape((-1,) + (1,) * (leaf.ndim - 1))  # noqa: E731
+    mu_b = jax.tree.map(lambda leaf: jnp.sum(weight(leaf) * leaf, 0) / cnt_b, y)
+    m2_b = jax.tree.map(lambda leaf, c: jnp.sum(weight(leaf) * (leaf - c) ** 2, 0), y, mu_b)
+    # Chan et al.'s pairwise update; cnt_a == 0 on the first chunk makes it a copy.
+    tot = cnt_a + cnt_b
+    delta = jax.tree.map(lambda a, b: b - a, mu_a, mu_b)
+    mu = jax.tree.map(lambda a, dl: a + dl * (cnt_b / tot), mu_a, delta)
+    m2 = jax.tree.map(lambda a, b, dl: a + b + dl**2 * (cnt_a * cnt_b / tot), m2_a, m2_b, delta)
+    return (tot, mu, m2), None
+
+  out = jax.eval_shape(fn, jax.ShapeDtypeStruct(mean.shape, dtype))
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out)
+  init = (jnp.zeros((), dtype), zeros, zeros)
+  (cnt, mu, m2), _ = jax.lax.scan(combine, init, jnp.arange(num_chunks))
+  return mu, jax.tree.map(lambda leaf: leaf / cnt, m2)

@@ -2,7 +2,6 @@
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("MUJOCO_GL", "egl")
 
 import pytest  # noqa: E402
 

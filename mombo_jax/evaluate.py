@@ -1,0 +1,130 @@
+"""Evaluation in the real environment: the deterministic policy tanh(mean) of every seed's actor,
+all seeds x episodes environments stepped together, one jitted policy call per time step.
+
+Returns are undiscounted sums of the environment's rewards up to termination or the time limit;
+`data.normalized_score` turns them into D4RL-normalised scores and `aulc` averages those over a run.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mombo_jax.config import Config
+from mombo_jax.critics import TanhGaussianActor, deterministic_action
+
+
+def _make_env(env_name: str, max_episode_steps: Optional[int]):
+  """One gymnasium env for a short env name ('hopper') or dataset name ('hopper-random', Minari id).
+
+  The only place that knows how envs are built: swap this for another factory if needed.
+  """
+  from mombo_jax import data
+  kwargs = {} if max_episode_steps is None else {"max_episode_steps": int(max_episode_steps)}
+  return data.make_env(env_name, **kwargs)
+
+
+@functools.lru_cache(maxsize=8)
+def _policy_fn(hidden_dims: tuple, action_dim: int, log_std_min: float, log_std_max: float):
+  """jit(vmap over seeds) of obs [S, E, obs_dim] -> tanh(mean) [S, E, action_dim].
+
+  Cached per actor shape so repeated evaluations in a run reuse one compilation.
+  """
+  actor = TanhGaussianActor(hidden_dims, action_dim, log_std_min, log_std_max)
+
+  def one_seed(variables, obs):
+    mean, _ = actor.apply(variables, obs)
+    return deterministic_action(mean)
+
+  return jax.jit(jax.vmap(one_seed))
+
+
+def _num_seeds(actor_params) -> int:
+  leaves = jax.tree.leaves(actor_params)
+  if not leaves:
+    raise ValueError("actor_params has no arrays; pass the actor's variables (agent.actor.params).")
+  sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in leaves}
+  if len(sizes) != 1 or None in sizes:
+    raise ValueError("actor_params needs one leading seed axis S on every leaf (shape [S, ...]); "
+                     f"got leading sizes {sorted(sizes, key=str)}. For one seed, add an axis with "
+                     "jax.tree.map(lambda x: x[None], params).")
+  return sizes.pop()
+
+
+def env_seeds(seed: int, num_seeds: int, episodes: int) -> np.ndarray:
+  """Reset seeds [S, episodes] (distinct, reproducible) for the S x episodes evaluation envs."""
+  return np.random.SeedSequence(int(seed)).generate_state(num_seeds * episodes).reshape(
+      num_seeds, episodes)
+
+
+def run(actor_params: Any, config: Config, env_name: str, episodes: int, seed: int,
+        max_episode_steps: Optional[int] = None) -> np.ndarray:
+  """Undiscounted returns [S, episodes] (float64) of the deterministic policy of every seed.
+
+  actor_params: the actor's variables ({"params": ...}, as in agent.actor.params) or its bare
+    params, every leaf with a leading seed axis S.
+  env_name: short env ('hopper') or dataset name ('hopper-random' or a Minari id).
+  seed: env (s, e) is reset with env_seeds(seed, S, episodes)[s, e]; same seed, same returns.
+  max_episode_steps: time limit override (tests); None keeps the env's own (1000 for MuJoCo).
+  Episodes end at termination or truncation; later steps of a finished env are not counted (the
+  vector env auto-resets it, and that new episode is ignored).
+  """
+  import gymnasium as gym
+
+  if episodes < 1:
+    raise ValueError(f"episodes must be >= 1, got {episodes}.")
+  if max_episode_steps is not None and max_episode_steps < 1:
+    raise ValueError(f"max_episode_steps must be >= 1 or None, got {max_episode_steps}.")
+  num_seeds = _num_seeds(actor_params)
+  variables = actor_params if "params" in actor_params else {"params": actor_params}
+  num_envs = num_seeds * episodes
+
+  first = _make_env(env_name, max_episode_steps)
+  # The rest are clones of the first from its spec (cheap even when the first came from a dataset).
+  fns = [lambda: first] + [lambda: gym.make(first.spec)] * (num_envs - 1)
+  envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+  try:
+    space = envs.single_action_space
+    action_dim = int(np.prod(space.shape))
+    horizon = max_episode_steps or first.spec.max_episode_steps
+    if horizon is None:
+      raise ValueError(f"{env_name}: the env has no time limit; pass max_episode_steps.")
+    low, high = space.low.astype(np.float64), space.high.astype(np.float64)
+    # tanh actions live in [-1, 1]; only envs with other bounds need rescaling.
+    rescale = not (np.all(low == -1.0) and np.all(high == 1.0))
+    policy = _policy_fn(tuple(config.actor_hidden), action_dim, float(config.log_std_min),
+                        float(config.log_std_max))
+
+    obs, _ = envs.reset(seed=[int(s) for s in env_seeds(seed, num_seeds, episodes).ravel()])
+    returns = np.zeros(num_envs, np.float64)
+    alive = np.ones(num_envs, bool)
+    for _ in range(horizon):
+      obs_in = jnp.asarray(obs.reshape(num_seeds, episodes, -1), jnp.float32)
+      action = np.asarray(policy(variables, obs_in), np.float64).reshape(num_envs, *space.shape)
+      if rescale:
+        action = low + 0.5 * (action + 1.0) * (high - low)
+      obs, reward, terminated, truncated, _ = envs.step(action.astype(space.dtype))
+      returns += np.where(alive, reward, 0.0)
+      alive &= ~(terminated | truncated)
+      if not alive.any():
+        break
+  finally:
+    envs.close()
+  out = returns.reshape(num_seeds, episodes)
+  chex.assert_shape(out, (num_seeds, episodes))
+  return out
+
+
+def aulc(scores) -> np.ndarray:
+  """Area under the learning curve [S]: the mean normalised score over all T evaluation points.
+
+  scores: [T, S] normalised scores (evaluation point x seed).
+  """
+  scores = np.asarray(scores, np.float64)
+  if scores.ndim != 2 or scores.shape[0] == 0:
+    raise ValueError(f"aulc needs scores of shape [T, S] with T >= 1, got shape {scores.shape}.")
+  return scores.mean(axis=0)

@@ -1,0 +1,142 @@
+"""Bellman targets: one short pure function per algorithm, all with the same signature
+
+    target(agent, batch, key, *, dyn, config, term_fn) -> (y [B], aux {name: scalar})
+
+picked once, outside jit, by `get_target(config)`. `train.py` binds dyn/config/term_fn with
+functools.partial and hands `sac.update` a `target_fn(agent, batch, key)`.
+
+Batches come from `buffer.sample_mixed`, which puts the n_real = int(B * real_ratio) real rows first;
+`_real_rows` relies on that to give real rows the plain, unpenalised target where a target recomputes
+model predictions (elite_spread, mixture, MOBILE). Real rows carry zero variance, so `mombo_lcb`
+needs no mask: there the penalty vanishes by itself.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from mombo_jax import dynamics, sac
+
+
+def _finish(y, config):
+  """Clamp (reference code: targets >= 0) and stop gradients."""
+  if config.clip_target_min is not None:
+    y = jnp.maximum(y, config.clip_target_min)
+  return jax.lax.stop_gradient(y)
+
+
+def _real_rows(batch_size, config):
+  """bool [B]: True for the leading real rows of a mixed batch."""
+  return jnp.arange(batch_size) < int(batch_size * config.real_ratio)
+
+
+def _mm_min(agent, obs, obs_var, key, config):
+  """a' ~ pi(obs); (mean, var) [..., B] of the target critic with the smaller MM mean."""
+  action = sac.policy_sample(agent, obs, key, config)
+  mean, var = agent.critic.apply_fn(agent.target_critic_params, obs, action, obs_var)  # [E, ..., B]
+  j = jnp.argmin(mean, axis=0)[None]
+  return (jnp.take_along_axis(mean, j, axis=0)[0], jnp.take_along_axis(var, j, axis=0)[0])
+
+
+def _plain_min(agent, obs, key, config):
+  """a' ~ pi(obs); min over target critics of Q(obs, a') [..., B]."""
+  action = sac.policy_sample(agent, obs, key, config)
+  return agent.critic.apply_fn(agent.target_critic_params, obs, action).min(axis=0)
+
+
+def _elite_predictions(dyn, batch, config, term_fn):
+  """Per-elite model predictions at (s, a): next-state mean/var [E, B, S], reward mean/var, done [E, B]."""
+  s_mean, s_var, r_mean, r_var = dynamics.predict(dyn, batch.obs, batch.action, config)
+  take = lambda x: jnp.take(x, dyn.elites, axis=0)
+  s_mean, s_var, r_mean, r_var = map(take, (s_mean, s_var, r_mean, r_var))
+  done = jax.vmap(lambda nxt: term_fn(batch.obs, batch.action, nxt))(s_mean).astype(jnp.float32)
+  return s_mean, s_var, r_mean, r_var, done
+
+
+def _plain_target(agent, batch, key, config):
+  """r + gamma (1 - d) min_j Q'(s', a'), the deterministic backup of real rows."""
+  return batch.reward + config.gamma * (1.0 - batch.done) * _plain_min(agent, batch.next_obs, key,
+                                                                         config)
+
+
+def mombo_lcb(agent, batch, key, *, dyn, config, term_fn):
+  """MOMBO (paper eq. 1 + reward variance), from the stored Gaussian of the producing elite:
+
+  y = r + g(1-d) m* - beta sqrt(var_r + g^2 (1-d) v*),  (m*, v*) = MM moments of the target critic
+  with the smaller mean at (mu_s', a' ~ pi(mu_s')), input variance var_s'. The Gaussian's mean is the
+  elite's mean (next_obs_mean, reward_mean), not the sample the rollout continued from.
+  """
+  del dyn, term_fn
+  m, v = _mm_min(agent, batch.next_obs_mean, batch.next_obs_var, key, config)
+  not_done = 1.0 - batch.done
+  std = jnp.sqrt(batch.reward_var + config.gamma**2 * not_done * v)
+  y = batch.reward_mean + config.gamma * not_done * m - config.beta * std
+  return _finish(y, config), {"penalty": config.beta * std.mean(), "target_std": std.mean()}
+
+
+def _per_elite_mm(agent, batch, key, dyn, config, term_fn):
+  """T_e = r_e + g(1-d_e) m_e and its MM variance var_r,e + g^2 (1-d_e) v_e, both [E, B]."""
+  s_mean, s_var, r_mean, r_var, done = _elite_predictions(dyn, batch, config, term_fn)
+  keys = jax.random.split(key, s_mean.shape[0])
+  m, v = jax.vmap(lambda s, sv, k: _mm_min(agent, s, sv, k, config))(s_mean, s_var, keys)
+  not_done = 1.0 - done
+  return r_mean + config.gamma * not_done * m, r_var + config.gamma**2 * not_done * v
+
+
+def mombo_elite_spread(agent, batch, key, *, dyn, config, term_fn):
+  """What the public MOMBO code does: y = mean_e T_e - beta std_e T_e (ddof=1); MM variance unused."""
+  k_model, k_real = jax.random.split(key)
+  t, _ = _per_elite_mm(agent, batch, k_model, dyn, config, term_fn)
+  penalty = config.beta * t.std(axis=0, ddof=1)
+  y = jnp.where(_real_rows(batch.reward.shape[0], config), _plain_target(agent, batch, k_real, config),
+                t.mean(axis=0) - penalty)
+  return _finish(y, config), {"penalty": penalty.mean()}
+
+
+def mombo_mixture(agent, batch, key, *, dyn, config, term_fn):
+  """Law of total variance over elites: var = mean_e(MM var_e) + var_e(T_e); y = mean - beta sqrt(var)."""
+  k_model, k_real = jax.random.split(key)
+  t, t_var = _per_elite_mm(agent, batch, k_model, dyn, config, term_fn)
+  std = jnp.sqrt(t_var.mean(axis=0) + t.var(axis=0))
+  y = jnp.where(_real_rows(batch.reward.shape[0], config), _plain_target(agent, batch, k_real, config),
+                t.mean(axis=0) - config.beta * std)
+  return _finish(y, config), {"penalty": config.beta * std.mean(), "target_std": std.mean()}
+
+
+def mobile(agent, batch, key, *, dyn, config, term_fn):
+  """MOBILE: penalty = std over elites (ddof=1) of the mean over N next-state samples of min_j Q';
+  zero for real rows; y = r - beta penalty + g(1-d) min_j Q'(s', a'), s' from the buffer."""
+  del term_fn
+  k_noise, k_pi, k_next = jax.random.split(key, 3)
+  s_mean, s_var, _, _ = dynamics.predict(dyn, batch.obs, batch.action, config)
+  s_mean, s_std = jnp.take(s_mean, dyn.elites, 0), jnp.sqrt(jnp.take(s_var, dyn.elites, 0))
+  n = config.mobile_num_samples
+  eps = jax.random.normal(k_noise, (n,) + s_mean.shape, s_mean.dtype)
+  samples = s_mean + s_std * eps                                        # [N, E, B, S]
+  q = _plain_min(agent, samples, k_pi, config)                          # [N, E, B]
+  penalty = q.mean(axis=0).std(axis=0, ddof=1)                          # [B]
+  penalty = jnp.where(_real_rows(batch.reward.shape[0], config), 0.0, penalty)
+  y = batch.reward - config.beta * penalty + config.gamma * (1.0 - batch.done) * _plain_min(
+      agent, batch.next_obs, k_next, config)
+  return _finish(y, config), {"penalty": config.beta * penalty.mean()}
+
+
+def mopo(agent, batch, key, *, dyn, config, term_fn):
+  """MOPO: the reward was penalised at rollout time; plain SAC soft target."""
+  del dyn, term_fn
+  return sac.soft_target(agent, batch, key, config)
+
+
+_MOMBO = {"lcb": mombo_lcb, "elite_spread": mombo_elite_spread, "mixture": mombo_mixture}
+
+
+def get_target(config):
+  """The target function of config.algo (and config.target for MOMBO)."""
+  if config.algo == "mombo":
+    return _MOMBO[config.target]
+  return {"mobile": mobile, "mopo": mopo}[config.algo]
+
+
+def bind(config, dyn, term_fn):
+  """target_fn(agent, batch, key) for sac.update, with the dynamics and config bound."""
+  return functools.partial(get_target(config), dyn=dyn, config=config, term_fn=term_fn)

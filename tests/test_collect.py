@@ -1,0 +1,157 @@
+"""experiments/collect.py: recipes on tiny budgets, written as real Minari datasets and read back."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments import collect
+from mombo_jax import data
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+  """A fresh MINARI_DATASETS_PATH for this module (other tests may build the same names)."""
+  path = tmp_path_factory.mktemp("minari_collect")
+  old = os.environ.get("MINARI_DATASETS_PATH")
+  os.environ["MINARI_DATASETS_PATH"] = str(path)
+  yield path
+  if old is None:
+    os.environ.pop("MINARI_DATASETS_PATH", None)
+  else:
+    os.environ["MINARI_DATASETS_PATH"] = old
+
+
+def _check_chaining(t, episodes):
+  ends = np.concatenate([ep["terminations"] | ep["truncations"] for ep in episodes])
+  chained = np.all(t.next_observations[:-1] == t.observations[1:], axis=1)
+  np.testing.assert_array_equal(chained[~ends[:-1]], True)
+
+
+def test_rollout_counts_and_cuts():
+  episodes = collect.rollout(lambda: data.make_env("hopper-random", max_episode_steps=7),
+                             collect.random_policy(3, 0), 40, seed=0, num_envs=3)
+  assert sum(len(ep["rewards"]) for ep in episodes) == 40
+  for ep in episodes:
+    n = len(ep["rewards"])
+    assert ep["observations"].shape == (n + 1, 11) and ep["actions"].shape == (n, 3)
+    assert n <= 7
+    assert ep["terminations"][-1] or ep["truncations"][-1]  # every episode is closed
+    assert not (ep["terminations"][:-1] | ep["truncations"][:-1]).any()
+
+
+def test_replay_episodes():
+  n = 6
+  replay = dict(obs=np.arange(n, dtype=np.float32)[:, None], action=np.zeros((n, 1), np.float32),
+                reward=np.ones(n, np.float32), next_obs=np.arange(1, n + 1, dtype=np.float32)[:, None],
+                terminated=np.array([0, 1, 0, 0, 0, 0], np.float32),
+                end=np.array([0, 1, 0, 1, 0, 0], np.float32))
+  eps = collect._replay_episodes(replay)
+  assert [len(e["rewards"]) for e in eps] == [2, 2, 2]
+  assert eps[0]["terminations"].tolist() == [False, True]
+  assert eps[1]["truncations"].tolist() == [False, True]   # a time limit
+  assert eps[2]["truncations"].tolist() == [False, True]   # cut at the medium point
+  np.testing.assert_array_equal(eps[1]["observations"][:, 0], [2, 3, 4])
+
+
+def test_mix_episodes_shares():
+  def eps(count, length, tag):
+    return [dict(rewards=np.full(length, tag, float)) for _ in range(count)]
+  base, better = eps(100, 10, 0.0), eps(50, 20, 1.0)
+  mixed = collect.mix_episodes(base, better, 0.1, seed=0)
+  n_better = sum(len(e["rewards"]) for e in mixed if e["rewards"][0] == 1.0)
+  total = sum(len(e["rewards"]) for e in mixed)
+  assert n_better == 100 and total == 1000
+
+
+def test_build_random(root):
+  dataset_id = collect.build_random("hopper-random", steps=300, seed=0, log_fn=lambda *_: None,
+                                    max_episode_steps=30)
+  assert dataset_id == "mombo/hopper/random-v0"
+  t = data.load_transitions("hopper-random")
+  assert len(t.rewards) == 300 and t.observations.dtype == np.float32
+  assert np.all(np.abs(t.actions) <= 1.0) and t.actions.std() > 0.3  # uniform in [-1, 1]
+  _check_chaining(t, collect.read_episodes("hopper-random"))
+  low, high, source = data.ref_scores("hopper-random")
+  assert (low, high) == data.D4RL_REF_SCORES["hopper"] and "metadata" in source
+  assert data.make_env(dataset_id).spec.max_episode_steps == 1000  # evaluation env: standard
+  # Never silently overwritten; --overwrite rebuilds.
+  with pytest.raises(collect.UserError, match="--overwrite"):
+    collect.build_random("hopper-random", steps=10, log_fn=lambda *_: None)
+  collect.build_random("hopper-random", steps=50, seed=1, log_fn=lambda *_: None, overwrite=True)
+  assert len(data.load_transitions("hopper-random").rewards) == 50
+  with pytest.raises(ValueError):
+    collect.build_random("hopper-medium", steps=10)
+
+
+def test_cli(root, tmp_path):
+  env = dict(os.environ, MINARI_DATASETS_PATH=str(tmp_path), HF_HUB_OFFLINE="1")
+  run = lambda *args: subprocess.run([sys.executable, "-m", "experiments.collect", *args],
+                                     cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+  bad = run("--env=hopper-foo")
+  assert bad.returncode == 1 and "Valid names" in bad.stderr and "Traceback" not in bad.stderr
+  good = run("--env=walker2d-random", "--steps=60", "--max_episode_steps=20")
+  assert good.returncode == 0, good.stderr
+  assert "steps/s" in good.stdout and "mombo/walker2d/random-v0" in good.stdout
+  again = run("--env=walker2d-random", "--steps=60")
+  assert again.returncode == 0 and "already exists" in again.stdout
+
+
+TINY = collect.Options(steps=120, sac_steps=300, start_steps=100, eval_every=100, eval_episodes=1,
+                       medium_fraction=-1.0, checkpoint_every=1000, log_every=100, hidden=(16, 16),
+                       batch_size=32, num_envs=4, max_episode_steps=40, seed=0)
+
+
+@pytest.mark.slow
+def test_sac_qualities_end_to_end(root, tmp_path):
+  """One tiny SAC run writes medium-replay, medium, expert, medium-expert and a mixture; a longer
+  --sac_steps resumes it from its Orbax checkpoint."""
+  logs = []
+  opts = collect.Options(**{**TINY.__dict__, "workdir": str(tmp_path)})
+  builder = collect.Builder(opts, log_fn=logs.append)
+  for name in ("hopper-medium-replay", "hopper-medium-expert", "hopper-random-medium-10pct"):
+    builder.build(name)
+  # medium_fraction=-1: the first evaluation (step 100) is the medium point.
+  result = builder.sac_run("hopper")
+  assert result.medium_step == 100 and [s for s, _ in result.evals] == [100, 200, 300]
+  replay = data.load_transitions("hopper-medium-replay")
+  assert len(replay.rewards) == 100
+  _check_chaining(replay, collect.read_episodes("hopper-medium-replay"))
+  medium = data.load_transitions("hopper-medium")
+  expert = data.load_transitions("hopper-expert")
+  both = data.load_transitions("hopper-medium-expert")
+  assert len(medium.rewards) == len(expert.rewards) == opts.steps
+  np.testing.assert_array_equal(both.observations,
+                                np.concatenate([medium.observations, expert.observations]))
+  # The SAC policies act in [-1, 1] and are not the random policy's uniform actions.
+  assert np.all(np.abs(expert.actions) <= 1.0)
+  random = data.load_transitions("hopper-random")  # built as the mixture's ingredient
+  mixed = collect.read_episodes("hopper-random-medium-10pct")
+  total = sum(len(e["rewards"]) for e in mixed)
+  assert abs(total - len(random.rewards)) <= opts.max_episode_steps
+  assert data.ref_scores("hopper-medium-expert")[2].startswith("metadata")
+  assert any("steps/s" in line and "ETA" in line for line in logs)
+
+  # Resume: same workdir, longer run.
+  logs.clear()
+  longer = collect.Options(**{**opts.__dict__, "sac_steps": 400})
+  result2 = collect.Builder(longer, log_fn=logs.append).sac_run("hopper")
+  assert any("resumed the SAC run at step 300" in line for line in logs)
+  assert result2.medium_step == 100 and [s for s, _ in result2.evals] == [100, 200, 300, 400]
+  np.testing.assert_array_equal(result2.replay["obs"], result.replay["obs"])
+  # Other network settings do not silently reuse the checkpoint.
+  other = collect.Options(**{**opts.__dict__, "hidden": (8, 8)})
+  with pytest.raises(collect.UserError, match="another --workdir"):
+    collect.Builder(other, log_fn=logs.append).sac_run("hopper")
+
+
+def test_unreached_medium_point_is_explained(root, tmp_path, monkeypatch):
+  monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+  # Expert-level returns are out of reach for 120 steps of SAC (same shapes as above: no compiling).
+  opts = collect.Options(**{**TINY.__dict__, "sac_steps": 120, "medium_fraction": 1.0,
+                            "workdir": str(tmp_path / "work")})
+  with pytest.raises(collect.UserError, match="never reached the medium point"):
+    collect.Builder(opts, log_fn=lambda *_: None).build("hopper-medium")

@@ -1,0 +1,190 @@
+"""Datasets: a tiny real Minari dataset round-trips through load_transitions; names, errors, scores
+and environments. Nothing here touches the network (a guard fails any connection attempt)."""
+import os
+import socket
+import time
+
+import gymnasium as gym
+import minari
+import numpy as np
+import pytest
+
+from mombo_jax import config as config_lib
+from mombo_jax import data
+
+TINY_ID = "test/hopper/tiny-v0"
+TINY_STEPS = 150
+TINY_LIMIT = 25            # max_episode_steps: forces truncations between terminations
+TINY_REF = (-1.0, 10.0)
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+  def refuse(*args, **kwargs):
+    raise AssertionError(f"network access attempted: {args}")
+  monkeypatch.setattr(socket, "create_connection", refuse)
+  monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+  """A fresh MINARI_DATASETS_PATH for this module."""
+  path = tmp_path_factory.mktemp("minari_data")
+  old = os.environ.get("MINARI_DATASETS_PATH")
+  os.environ["MINARI_DATASETS_PATH"] = str(path)
+  yield path
+  if old is None:
+    os.environ.pop("MINARI_DATASETS_PATH", None)
+  else:
+    os.environ["MINARI_DATASETS_PATH"] = old
+
+
+@pytest.fixture(scope="module")
+def tiny(root):
+  """A DataCollector dataset on Hopper-v5 plus the raw steps it recorded."""
+  env = minari.DataCollector(gym.make("Hopper-v5", max_episode_steps=TINY_LIMIT))
+  env.action_space.seed(0)
+  obs, _ = env.reset(seed=0)
+  steps = []
+  for _ in range(TINY_STEPS):
+    action = env.action_space.sample()
+    next_obs, reward, terminated, truncated, _ = env.step(action)
+    steps.append((obs, action, reward, next_obs, terminated, truncated))
+    obs = next_obs
+    if terminated or truncated:
+      obs, _ = env.reset()
+  env.create_dataset(TINY_ID, algorithm_name="uniform-random", author="tests",
+                     author_email="tests@example.com", code_permalink="tests/test_data.py",
+                     description="tiny", eval_env="Hopper-v5", ref_min_score=TINY_REF[0], ref_max_score=TINY_REF[1])
+  env.close()
+  return steps
+
+
+def test_round_trip(tiny):
+  t = data.load_transitions(TINY_ID)
+  assert isinstance(t, data.Transitions)
+  for field in t:
+    assert field.dtype == np.float32
+    assert field.shape[0] == TINY_STEPS
+  assert t.observations.shape == t.next_observations.shape == (TINY_STEPS, 11)
+  assert t.actions.shape == (TINY_STEPS, 3)
+  obs, action, reward, next_obs, terminated, truncated = map(np.asarray, zip(*tiny))
+  np.testing.assert_array_equal(t.observations, obs.astype(np.float32))
+  np.testing.assert_array_equal(t.next_observations, next_obs.astype(np.float32))
+  np.testing.assert_array_equal(t.actions, action.astype(np.float32))
+  np.testing.assert_array_equal(t.rewards, reward.astype(np.float32))
+  np.testing.assert_array_equal(t.terminals, terminated.astype(np.float32))
+  # The data covers both ways an episode ends; truncations keep terminal 0 (they bootstrap).
+  # (A step can be both when the time limit hits a termination: terminated wins.)
+  truncated_only = truncated & ~terminated
+  assert terminated.any() and truncated_only.any()
+  assert not t.terminals[truncated_only].any()
+  # s' chains into the next row's s inside an episode, and not across episode ends.
+  ends = terminated | truncated
+  chained = np.all(t.next_observations[:-1] == t.observations[1:], axis=1)
+  np.testing.assert_array_equal(chained[~ends[:-1]], True)
+  assert not chained[ends[:-1]].any()
+
+
+def test_flatten_episodes_by_hand():
+  ep1 = dict(observations=np.arange(8, dtype=np.float64).reshape(4, 2), actions=np.zeros((3, 1)),
+             rewards=np.array([1.0, 2.0, 3.0]), terminations=np.array([False, False, True]),
+             truncations=np.array([False, False, False]))
+  ep2 = dict(observations=np.full((3, 2), 9.0), actions=np.ones((2, 1)), rewards=np.ones(2),
+             terminations=np.array([False, False]), truncations=np.array([False, True]))
+  t = data.flatten_episodes([ep1, ep2])
+  np.testing.assert_array_equal(t.observations[:3], ep1["observations"][:-1])
+  np.testing.assert_array_equal(t.next_observations[:3], ep1["observations"][1:])
+  np.testing.assert_array_equal(t.terminals, [0, 0, 1, 0, 0])
+  np.testing.assert_array_equal(t.rewards, [1, 2, 3, 1, 1])
+  with pytest.raises(ValueError, match="no episodes"):
+    data.flatten_episodes([])
+  with pytest.raises(ValueError, match=r"T\+1"):
+    data.flatten_episodes([dict(ep1, observations=ep1["observations"][:3])])
+
+
+def test_names():
+  for name in config_lib.valid_names():
+    dataset_id = data.minari_id(name)
+    assert dataset_id.startswith("mombo/") and dataset_id.endswith("-v0")
+    assert data.short_name(dataset_id) == name
+  assert data.minari_id("hopper-random") == "mombo/hopper/random-v0"
+  assert data.minari_id("walker2d-random-expert-50pct") == "mombo/walker2d/random-expert-50pct-v0"
+  assert data.short_name("mujoco/hopper/medium-v0") is None
+  assert data.env_name("mujoco/halfcheetah/expert-v0") == "halfcheetah"
+  assert data.env_name("walker2d-medium") == "walker2d"
+
+
+@pytest.mark.parametrize("name", ["hopper-foo", "ant-random", "hopper", ""])
+def test_unknown_name_is_a_value_error(root, name):
+  start = time.time()
+  with pytest.raises(ValueError, match="hopper-medium-replay"):  # lists the valid names
+    data.load_transitions(name, download=True)
+  assert time.time() - start < 1.0
+
+
+def test_malformed_id(root):
+  with pytest.raises(ValueError, match="Malformed"):
+    data.load_transitions("a/b/c/", download=False)
+
+
+def test_missing_dataset_names_the_collect_command(root, monkeypatch):
+  start = time.time()
+  with pytest.raises(data.DatasetNotFoundError) as info:
+    data.load_transitions("walker2d-medium-replay")
+  message = str(info.value)
+  assert "python -m experiments.collect --env=walker2d-medium-replay" in message
+  assert "mombo/walker2d/medium-replay-v0" in message and str(root) in message
+  assert info.value.command == "python -m experiments.collect --env=walker2d-medium-replay"
+  assert isinstance(info.value, FileNotFoundError)
+  # Our own namespace is never downloaded; a public id offline fails fast too.
+  with pytest.raises(data.DatasetNotFoundError, match="only where they were built"):
+    data.load_transitions("hopper-random", download=True)
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  with pytest.raises(data.DatasetNotFoundError, match="HF_HUB_OFFLINE") as info:
+    data.load_transitions("mujoco/hopper/medium-v0", download=True)
+  assert "python -m experiments.collect --env=hopper-medium" in str(info.value)
+  monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+  monkeypatch.setattr(data, "_reachable", lambda *a, **k: False)
+  with pytest.raises(data.DatasetNotFoundError, match="cannot be reached"):
+    data.load_transitions("mujoco/hopper/medium-v0", download=True)
+  assert time.time() - start < 5.0
+
+
+def test_reachability_check_is_bounded(monkeypatch):
+  """The probe gives up after its timeout even when the connection attempt hangs."""
+  def hang(*args, **kwargs):
+    time.sleep(2)
+    raise OSError("timed out")
+  monkeypatch.setattr(socket, "create_connection", hang)
+  start = time.time()
+  assert data._reachable(timeout=0.2) is False
+  assert time.time() - start < 1.0
+
+
+def test_scores_from_metadata_and_fallback(tiny):
+  low, high, source = data.ref_scores(TINY_ID)
+  assert (low, high) == TINY_REF and "metadata" in source
+  np.testing.assert_allclose(data.normalized_score(TINY_ID, [[-1.0, 10.0], [4.5, 21.0]]),
+                             [[0.0, 100.0], [50.0, 200.0]])
+  low, high, source = data.ref_scores("hopper-random")  # not built here: D4RL fallback
+  assert (low, high) == data.D4RL_REF_SCORES["hopper"] and "D4RL" in source
+  scores = data.normalized_score("hopper-random", np.array([low, high]))
+  np.testing.assert_allclose(scores, [0.0, 100.0])
+  assert data.normalized_score("walker2d", 4592.3) == pytest.approx(100.0)
+  assert data.ref_scores("halfcheetah")[:2] == (-280.178953, 12135.0)
+
+
+def test_make_env(tiny):
+  env = data.make_env("hopper-medium")
+  assert env.spec.id == "Hopper-v5" and env.spec.max_episode_steps == 1000
+  env.close()
+  env = data.make_env(TINY_ID)  # the dataset's own (evaluation) spec
+  assert env.spec.id == "Hopper-v5" and env.spec.max_episode_steps == 1000
+  env.close()
+  for name, gym_id in [("halfcheetah-random", "HalfCheetah-v5"), ("walker2d-expert", "Walker2d-v5")]:
+    env = data.make_env(name)
+    assert env.spec.id == gym_id
+    env.close()
+  with pytest.raises(ValueError):
+    data.make_env("hopper-bad")

@@ -1,0 +1,136 @@
+"""Model rollouts: branches stop at terminals, rows chain (obs = previous next_obs, obs_var =
+previous next_obs_var), variances come from the producing elite, MOPO penalty, seed vmapping."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mombo_jax import buffer, dynamics, rollout
+from mombo_jax import config as config_lib
+
+S, A, N, K = 3, 2, 64, 4
+TERM_THRESHOLD = 0.3     # the test's termination: action[0] > 0.3 (about 35 % per step)
+
+
+def _config(**kw):
+  return config_lib.make_config(
+      "hopper-medium", dyn_hidden=(16, 16), dyn_weight_decay=(2.5e-5, 5e-5, 1e-4), dyn_members=3,
+      dyn_elites=2, rollout_length=K, **kw)
+
+
+def _policy(obs, key):
+  return jax.random.uniform(key, (obs.shape[0], A), minval=-1.0, maxval=1.0)
+
+
+def _term(obs, action, next_obs):
+  return action[:, 0] > TERM_THRESHOLD
+
+
+@pytest.fixture(scope="module")
+def setup():
+  cfg = _config()
+  dyn = jax.jit(lambda k: dynamics.init_state(k, S, A, cfg))(jax.random.PRNGKey(0))
+  # Non-trivial normaliser and elites (member 1 is not an elite: it must never be used).
+  dyn = dyn.replace(input_mean=jnp.full((S + A,), 0.1), input_std=jnp.full((S + A,), 2.0),
+                    elites=jnp.asarray([2, 0], jnp.int32))
+  start = jax.random.normal(jax.random.PRNGKey(1), (N, S))
+  return cfg, dyn, start
+
+
+_JITTED = {}
+_predict = jax.jit(dynamics.predict, static_argnums=3)
+
+
+def _run(cfg, dyn, start, key, capacity=N * K):
+  """rollout.run into a fresh ring, jitted once per config (tests share the compilations)."""
+  if cfg not in _JITTED:
+    _JITTED[cfg] = jax.jit(lambda k, d, s, b: rollout.run(k, _policy, d, s, b, cfg, _term))
+  return _JITTED[cfg](key, dyn, start, buffer.init_ring(capacity, S, A))
+
+
+def _elite_match(dyn, cfg, buf, beta=0.0):
+  """For each filled row, the member whose Gaussian it carries (asserts there is exactly one)."""
+  s_mean, s_var, r_mean, r_var = _predict(dyn, buf.data.obs, buf.data.action, cfg)
+  rows = jax.tree.map(lambda x: np.asarray(x)[:int(buf.count)], buf.data)
+  s_mean, s_var, r_mean, r_var = (np.asarray(x)[:, :int(buf.count)]
+                                  for x in (s_mean, s_var, r_mean, r_var))
+  std_all = jnp.sqrt(jnp.concatenate([s_var, r_var[..., None]], -1))
+  penalty = np.asarray(jnp.max(jnp.linalg.norm(std_all, axis=-1), axis=0))
+  match = []
+  for m in range(cfg.dyn_members):
+    ok = (np.all(np.isclose(rows.next_obs_mean, s_mean[m], rtol=1e-5, atol=1e-6), -1)
+          & np.all(np.isclose(rows.next_obs_var, s_var[m], rtol=1e-5, atol=1e-7), -1)
+          & np.isclose(rows.reward_var, r_var[m], rtol=1e-5, atol=1e-7)
+          & np.isclose(rows.reward_mean, r_mean[m] - beta * penalty, rtol=1e-5, atol=1e-5))
+    match.append(ok)
+  match = np.stack(match)
+  assert np.all(match.sum(0) == 1), "every row must carry exactly one member's Gaussian"
+  return match.argmax(0)
+
+
+def test_rollout_chains_stops_at_terminals_and_stores_variances(setup):
+  cfg, dyn, start = setup
+  buf, metrics = _run(cfg, dyn, start, jax.random.PRNGKey(2))
+  data = jax.tree.map(np.asarray, buf.data)
+  count = int(buf.count)
+  # Reconstruct the branches: rows are step-major, alive branches in order within a step.
+  alive = np.ones(N, bool)
+  prev_next = np.asarray(start)
+  prev_var = np.zeros((N, S), np.float32)
+  pos = 0
+  for t in range(K):
+    ids = np.flatnonzero(alive)
+    rows = slice(pos, pos + len(ids))
+    np.testing.assert_allclose(data.obs[rows], prev_next[ids], rtol=1e-6)
+    np.testing.assert_allclose(data.obs_var[rows], prev_var[ids], rtol=1e-6)
+    if t == 0:
+      assert np.all(data.obs_var[rows] == 0)
+    done = data.action[rows, 0] > TERM_THRESHOLD
+    np.testing.assert_array_equal(data.done[rows], done.astype(np.float32))
+    prev_next = np.zeros((N, S), np.float32)
+    prev_var = np.zeros((N, S), np.float32)
+    prev_next[ids], prev_var[ids] = data.next_obs[rows], data.next_obs_var[rows]
+    alive[ids[done]] = False
+    pos += len(ids)
+  assert pos == count, "no rows after a branch's terminal, none missing"
+  assert 0 < alive.sum() < N and count < N * K        # both outcomes occurred
+  np.testing.assert_allclose(metrics["length"], count / N, rtol=1e-6)
+  np.testing.assert_allclose(metrics["terminated_frac"], 1 - alive.mean(), rtol=1e-6)
+  np.testing.assert_allclose(metrics["num_added"], count)
+  np.testing.assert_allclose(metrics["reward"], np.mean(data.reward[:count]), rtol=1e-5)
+  assert np.all(data.next_obs_var[:count] > 0) and np.all(data.reward_var[:count] > 0)
+  elite = _elite_match(dyn, cfg, buf)
+  assert set(np.unique(elite)) == {0, 2}
+  # Samples differ from the means (noise was drawn) but stay within a few stds of them.
+  z = (data.next_obs[:count] - data.next_obs_mean[:count]) / np.sqrt(data.next_obs_var[:count])
+  assert 0.7 < np.std(z) < 1.3
+
+
+def test_mopo_penalises_reward(setup):
+  plain_cfg, dyn, start = setup
+  cfg = _config(algo="mopo", beta=2.0)
+  buf, metrics = _run(cfg, dyn, start, jax.random.PRNGKey(2))
+  count = int(buf.count)
+  rows = jax.tree.map(lambda x: x[:count], buf.data)
+  _elite_match(dyn, plain_cfg, buf, beta=2.0)   # predict reads only the dyn_* fields
+  assert metrics["mopo_penalty"] > 0
+  # Same key as the MOMBO run: identical samples, so the rewards differ by exactly the penalty.
+  plain, _ = _run(plain_cfg, dyn, start, jax.random.PRNGKey(2))
+  np.testing.assert_allclose(np.mean(plain.data.reward[:count]) - np.mean(rows.reward),
+                             2.0 * metrics["mopo_penalty"], rtol=1e-4)
+
+
+def test_vmaps_over_seeds_and_matches_single_runs(setup):
+  cfg, dyn, start = setup
+  dyns = jax.tree.map(lambda x: jnp.stack([x, x * 1.01]), dyn)
+  dyns = dyns.replace(elites=jnp.asarray([[2, 0], [1, 2]], jnp.int32))
+  keys = jax.random.split(jax.random.PRNGKey(5), 2)
+  bufs = jax.vmap(lambda _: buffer.init_ring(2 * N, S, A))(jnp.arange(2))
+  run = jax.jit(jax.vmap(lambda k, d, b: rollout.run(k, _policy, d, start, b, cfg, _term)))
+  out_bufs, metrics = run(keys, dyns, bufs)
+  assert metrics["reward"].shape == (2,)
+  for i in range(2):
+    single, m = _run(cfg, jax.tree.map(lambda x: x[i], dyns), start, keys[i], capacity=2 * N)
+    assert int(single.count) == int(out_bufs.count[i])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b[i], rtol=1e-5, atol=1e-6),
+                 single.data, out_bufs.data)

@@ -1,0 +1,203 @@
+"""Each Bellman target pinned against a straightforward numpy (float64) re-computation.
+
+The random draws (policy actions, MOBILE's next-state samples) are reproduced by splitting the key
+exactly as the target does; everything else — the moment-matched critic, the min over critics,
+the elite statistics — is recomputed independently in numpy/scipy.
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from mombo_jax import buffer, config as config_lib, dynamics, sac, targets
+
+B, S, A = 16, 5, 2
+RTOL, ATOL = 2e-4, 2e-4
+
+
+@pytest.fixture(scope="module")
+def cfg():
+  return config_lib.make_config("hopper-random", "mombo", preset="tiny", real_ratio=0.25,
+                                beta=0.7, clip_target_min=None)
+
+
+@pytest.fixture(scope="module")
+def agent(cfg):
+  return sac.init_agent(jax.random.PRNGKey(0), S, A, cfg, total_steps=10)
+
+
+@pytest.fixture(scope="module")
+def dyn(cfg):
+  dyn = dynamics.init_state(jax.random.PRNGKey(1), S, A, cfg)
+  # Elites out of member order, to catch a target that ignores dyn.elites.
+  elites = jnp.arange(cfg.dyn_members - 1, cfg.dyn_members - 1 - cfg.dyn_elites, -1, dtype=jnp.int32)
+  return dyn.replace(input_mean=jnp.full((S + A,), 0.1), input_std=jnp.full((S + A,), 1.5),
+                     elites=elites)
+
+
+@pytest.fixture(scope="module")
+def batch():
+  rng = np.random.default_rng(0)
+  f = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)  # noqa: E731
+  v = lambda *shape: jnp.asarray(rng.uniform(0.0, 0.5, size=shape), jnp.float32)  # noqa: E731
+  done = jnp.asarray(rng.uniform(size=B) < 0.3, jnp.float32)
+  return buffer.Batch(obs=f(B, S), action=jnp.tanh(f(B, A)), reward=f(B), next_obs=f(B, S),
+                      done=done, obs_var=v(B, S), next_obs_mean=f(B, S), next_obs_var=v(B, S),
+                      reward_mean=f(B), reward_var=v(B))
+
+
+def _layers(critic_params, member):
+  p = critic_params["params"]["members"]
+  names = sorted(p, key=lambda n: int(n.split("_")[1]))
+  return [(np.asarray(p[n]["kernel"][member], np.float64), np.asarray(p[n]["bias"][member], np.float64))
+          for n in names]
+
+
+def np_critic_mm(critic_params, obs, action, obs_var, member):
+  """Textbook moment matching in float64: (mean, var) [...]."""
+  x = np.concatenate([obs, action], -1).astype(np.float64)
+  v = np.concatenate([obs_var, np.zeros_like(action)], -1).astype(np.float64)
+  layers = _layers(critic_params, member)
+  for i, (w, b) in enumerate(layers):
+    x, v = x @ w + b, v @ (w * w)
+    if i < len(layers) - 1:
+      s = np.sqrt(np.maximum(v, 1e-300))
+      a = x / s
+      m = x * norm.cdf(a) + s * norm.pdf(a)
+      v = np.where(v > 0, (x**2 + v) * norm.cdf(a) + x * s * norm.pdf(a) - m**2, 0.0)
+      x = np.where(v > 0, m, np.maximum(x, 0))
+  return x[..., 0], v[..., 0]
+
+
+def np_critic(critic_params, obs, action, member):
+  x = np.concatenate([obs, action], -1).astype(np.float64)
+  layers = _layers(critic_params, member)
+  for i, (w, b) in enumerate(layers):
+    x = x @ w + b
+    if i < len(layers) - 1:
+      x = np.maximum(x, 0)
+  return x[..., 0]
+
+
+def np_min_q(agent, obs, action):
+  p = agent.target_critic_params
+  return np.minimum(np_critic(p, obs, action, 0), np_critic(p, obs, action, 1))
+
+
+def test_lcb(cfg, agent, batch):
+  key = jax.random.PRNGKey(3)
+  y, _ = targets.mombo_lcb(agent, batch, key, dyn=None, config=cfg, term_fn=None)
+  a = np.asarray(sac.policy_sample(agent, batch.next_obs_mean, key, cfg))
+  p, nb = agent.target_critic_params, jax.tree.map(np.asarray, batch)
+  moments = [np_critic_mm(p, nb.next_obs_mean, a, nb.next_obs_var, j) for j in range(2)]
+  j = np.argmin([moments[0][0], moments[1][0]], axis=0)
+  m = np.where(j == 0, moments[0][0], moments[1][0])
+  v = np.where(j == 0, moments[0][1], moments[1][1])
+  g, nd = cfg.gamma, 1 - nb.done
+  expected = nb.reward_mean + g * nd * m - cfg.beta * np.sqrt(nb.reward_var + g**2 * nd * v)
+  np.testing.assert_allclose(np.asarray(y), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_lcb_zero_variance_is_plain_backup(cfg, agent, batch):
+  """Real rows (zero variances) get exactly r + g (1-d) min_j Q'(s', a')."""
+  real = batch.replace(next_obs_var=jnp.zeros_like(batch.next_obs_var),
+                       reward_var=jnp.zeros_like(batch.reward_var), next_obs_mean=batch.next_obs,
+                       reward_mean=batch.reward)
+  key = jax.random.PRNGKey(4)
+  y, _ = targets.mombo_lcb(agent, real, key, dyn=None, config=cfg, term_fn=None)
+  y_plain = targets._plain_target(agent, real, key, cfg)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(y_plain))
+
+
+def test_clamp(cfg, agent, batch):
+  clamped = dataclasses.replace(cfg, clip_target_min=0.0)
+  key = jax.random.PRNGKey(3)
+  y, _ = targets.mombo_lcb(agent, batch, key, dyn=None, config=cfg, term_fn=None)
+  yc, _ = targets.mombo_lcb(agent, batch, key, dyn=None, config=clamped, term_fn=None)
+  assert np.any(np.asarray(y) < 0)
+  np.testing.assert_array_equal(np.asarray(yc), np.maximum(np.asarray(y), 0.0))
+
+
+def test_mopo_soft_target(cfg, agent, batch):
+  mopo_cfg = config_lib.make_config("hopper-random", "mopo", preset="tiny")
+  key = jax.random.PRNGKey(5)
+  y, _ = targets.get_target(mopo_cfg)(agent, batch, key, dyn=None, config=mopo_cfg, term_fn=None)
+  mean, log_std = agent.actor.apply_fn(agent.actor.params, batch.next_obs)
+  from mombo_jax.critics import sample_tanh_gaussian
+  a, logp = map(np.asarray, sample_tanh_gaussian(mean, log_std, key))
+  nb = jax.tree.map(np.asarray, batch)
+  alpha = np.exp(mopo_cfg.log_alpha_init)
+  expected = nb.reward + mopo_cfg.gamma * (1 - nb.done) * (np_min_q(agent, nb.next_obs, a) - alpha * logp)
+  np.testing.assert_allclose(np.asarray(y), expected, rtol=RTOL, atol=ATOL)
+
+
+def _np_elites(dyn, batch, cfg, term_fn):
+  s_mean, s_var, r_mean, r_var = map(np.asarray, dynamics.predict(dyn, batch.obs, batch.action, cfg))
+  e = np.asarray(dyn.elites)
+  s_mean, s_var, r_mean, r_var = s_mean[e], s_var[e], r_mean[e], r_var[e]
+  done = np.stack([np.asarray(term_fn(batch.obs, batch.action, jnp.asarray(s))) for s in s_mean])
+  return s_mean, s_var, r_mean, r_var, done.astype(np.float64)
+
+
+def _np_per_elite(agent, batch, key, dyn, cfg, term_fn):
+  s_mean, s_var, r_mean, r_var, done = _np_elites(dyn, batch, cfg, term_fn)
+  keys = jax.random.split(key, s_mean.shape[0])
+  p = agent.target_critic_params
+  t, tv = [], []
+  for e in range(s_mean.shape[0]):
+    a = np.asarray(sac.policy_sample(agent, jnp.asarray(s_mean[e]), keys[e], cfg))
+    mom = [np_critic_mm(p, s_mean[e], a, s_var[e], j) for j in range(2)]
+    pick = np.argmin([mom[0][0], mom[1][0]], axis=0)
+    m = np.where(pick == 0, mom[0][0], mom[1][0])
+    v = np.where(pick == 0, mom[0][1], mom[1][1])
+    t.append(r_mean[e] + cfg.gamma * (1 - done[e]) * m)
+    tv.append(r_var[e] + cfg.gamma**2 * (1 - done[e]) * v)
+  return np.array(t), np.array(tv)
+
+
+def _np_plain(agent, batch, key, cfg):
+  a = np.asarray(sac.policy_sample(agent, batch.next_obs, key, cfg))
+  nb = jax.tree.map(np.asarray, batch)
+  return nb.reward + cfg.gamma * (1 - nb.done) * np_min_q(agent, nb.next_obs, a)
+
+
+@pytest.mark.parametrize("mode", ["elite_spread", "mixture"])
+def test_mombo_elite_modes(cfg, agent, batch, dyn, mode):
+  term_fn = dynamics.termination_fn("hopper")
+  key = jax.random.PRNGKey(6)
+  y, _ = targets.get_target(dataclasses.replace(cfg, target=mode))(
+      agent, batch, key, dyn=dyn, config=cfg, term_fn=term_fn)
+  k_model, k_real = jax.random.split(key)
+  t, tv = _np_per_elite(agent, batch, k_model, dyn, cfg, term_fn)
+  if mode == "elite_spread":
+    model_y = t.mean(0) - cfg.beta * t.std(0, ddof=1)
+  else:
+    model_y = t.mean(0) - cfg.beta * np.sqrt(tv.mean(0) + t.var(0))
+  n_real = int(B * cfg.real_ratio)
+  expected = np.concatenate([_np_plain(agent, batch, k_real, cfg)[:n_real], model_y[n_real:]])
+  np.testing.assert_allclose(np.asarray(y), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_mobile(cfg, agent, batch, dyn):
+  mob = config_lib.make_config("hopper-random", "mobile", preset="tiny", real_ratio=0.25, beta=0.7,
+                               clip_target_min=None, mobile_num_samples=3)
+  key = jax.random.PRNGKey(7)
+  y, _ = targets.mobile(agent, batch, key, dyn=dyn, config=mob, term_fn=None)
+  k_noise, k_pi, k_next = jax.random.split(key, 3)
+  s_mean, s_var, _, _ = map(np.asarray, dynamics.predict(dyn, batch.obs, batch.action, mob))
+  e = np.asarray(dyn.elites)
+  s_mean, s_std = s_mean[e], np.sqrt(s_var[e])
+  eps = np.asarray(jax.random.normal(k_noise, (mob.mobile_num_samples,) + s_mean.shape))
+  samples = s_mean + s_std * eps
+  a = np.asarray(sac.policy_sample(agent, jnp.asarray(samples, jnp.float32), k_pi, mob))
+  q = np_min_q(agent, samples, a)                                    # [N, E, B]
+  penalty = q.mean(0).std(0, ddof=1)
+  penalty[: int(B * mob.real_ratio)] = 0.0
+  nb = jax.tree.map(np.asarray, batch)
+  a_next = np.asarray(sac.policy_sample(agent, batch.next_obs, k_next, mob))
+  expected = (nb.reward - mob.beta * penalty
+              + mob.gamma * (1 - nb.done) * np_min_q(agent, nb.next_obs, a_next))
+  np.testing.assert_allclose(np.asarray(y), expected, rtol=RTOL, atol=ATOL)

@@ -1,7 +1,8 @@
 r"""Build D4RL-recipe datasets as local Minari datasets (SPEC.md section 7).
 
   python -m experiments.collect --env=hopper-random                 # 1M uniform-random steps
-  python -m experiments.collect --env=hopper-medium-replay,hopper-medium,hopper-expert,hopper-medium-expert
+  python -m experiments.collect \
+      --env=hopper-medium-replay,hopper-medium,hopper-expert,hopper-medium-expert
   python -m experiments.collect --env=walker2d-random-expert-5pct
 
 Datasets are written under MINARI_DATASETS_PATH as `mombo/<env>/<quality>-v0`
@@ -34,7 +35,6 @@ stopped (the interrupted episode is cut: marked truncated). Running again with a
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import shutil
@@ -48,31 +48,38 @@ import numpy as np
 from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("env", None, "Dataset short name(s), comma-separated, e.g. hopper-random or "
-                  "hopper-medium,hopper-expert.")
-flags.DEFINE_integer("steps", 1_000_000, "Transitions of each random / medium / expert dataset "
-                     "(and the size of a mixed dataset).")
-flags.DEFINE_integer("sac_steps", 1_000_000, "Environment steps (= gradient steps) of the SAC run.")
-flags.DEFINE_integer("start_steps", 10_000, "Uniform-random warm-up steps of the SAC run.")
-flags.DEFINE_integer("eval_every", 10_000, "SAC steps between deterministic evaluations.")
-flags.DEFINE_integer("eval_episodes", 10, "Episodes per SAC evaluation.")
-flags.DEFINE_float("medium_fraction", 1.0 / 3.0, "The medium policy is the first whose evaluation "
-                   "return reaches this fraction of the D4RL expert return.")
-flags.DEFINE_integer("checkpoint_every", 50_000, "SAC steps between Orbax checkpoints.")
-flags.DEFINE_integer("log_every", 5_000, "Steps between progress lines.")
-flags.DEFINE_list("hidden", ["256", "256"], "SAC hidden layer widths (actor and critics).")
-flags.DEFINE_integer("batch_size", 256, "SAC batch size.")
-flags.DEFINE_enum("rollout_policy", "stochastic", ["stochastic", "deterministic"],
-                  "How the medium / expert policies act when their datasets are recorded.")
-flags.DEFINE_integer("num_envs", 8, "Environments stepped side by side when recording a policy "
-                     "(one batched policy call per round).")
-flags.DEFINE_integer("max_episode_steps", None, "Episode time limit (default: the env's 1000).")
-flags.DEFINE_integer("seed", 0, "Seed of everything random here.")
-flags.DEFINE_string("workdir", "runs/collect", "Where the SAC runs keep their checkpoints.")
-flags.DEFINE_bool("overwrite", False, "Rebuild the named datasets even if they exist.")
+
+
+def define_flags():
+  """Flags are defined only when this module runs as the program (see the __main__ block), so
+  tests can import it next to experiments.run (absl flags are global: both define --env)."""
+  flags.DEFINE_list("env", None, "Dataset short name(s), comma-separated, e.g. hopper-random or "
+                    "hopper-medium,hopper-expert.")
+  flags.DEFINE_integer("steps", 1_000_000, "Transitions of each random / medium / expert dataset "
+                       "(and the size of a mixed dataset).")
+  flags.DEFINE_integer("sac_steps", 1_000_000, "Environment steps (= gradient steps) of the SAC "
+                       "run.")
+  flags.DEFINE_integer("start_steps", 10_000, "Uniform-random warm-up steps of the SAC run.")
+  flags.DEFINE_integer("eval_every", 10_000, "SAC steps between deterministic evaluations.")
+  flags.DEFINE_integer("eval_episodes", 10, "Episodes per SAC evaluation.")
+  flags.DEFINE_float("medium_fraction", 1.0 / 3.0, "The medium policy is the first whose "
+                     "evaluation return reaches this fraction of the D4RL expert return.")
+  flags.DEFINE_integer("checkpoint_every", 50_000, "SAC steps between Orbax checkpoints.")
+  flags.DEFINE_integer("log_every", 5_000, "Steps between progress lines.")
+  flags.DEFINE_list("hidden", ["256", "256"], "SAC hidden layer widths (actor and critics).")
+  flags.DEFINE_integer("batch_size", 256, "SAC batch size.")
+  flags.DEFINE_enum("rollout_policy", "stochastic", ["stochastic", "deterministic"],
+                    "How the medium / expert policies act when their datasets are recorded.")
+  flags.DEFINE_integer("num_envs", 8, "Environments stepped side by side when recording a policy "
+                       "(one batched policy call per round).")
+  flags.DEFINE_integer("max_episode_steps", None, "Episode time limit (default: the env's 1000).")
+  flags.DEFINE_integer("seed", 0, "Seed of everything random here.")
+  flags.DEFINE_string("workdir", "runs/collect", "Where the SAC runs keep their checkpoints.")
+  flags.DEFINE_bool("overwrite", False, "Rebuild the named datasets even if they exist.")
+
 
 # Standard online SAC (Haarnoja et al. 2018; the D4RL behaviour policies were trained like this):
-# Adam 3e-4 everywhere, automatic temperature, soft backup, no target clamp, constant learning rates.
+# Adam 3e-4 everywhere, automatic temperature, soft backup, no target clamp, constant lr.
 # algo="mopo" only selects the plain (not moment-matched) critic in the actor loss.
 ONLINE_SAC = dict(algo="mopo", actor_lr=3e-4, critic_lr=3e-4, alpha_lr=3e-4, auto_alpha=True,
                   log_alpha_init=0.0, actor_cosine_schedule=False, deterministic_backup=False,
@@ -277,7 +284,7 @@ def _summary(episodes: Sequence[dict]) -> str:
 def build_random(name: str, steps: int = 1_000_000, seed: int = 0, log_fn=_print,
                  max_episode_steps: Optional[int] = None, overwrite: bool = False,
                  num_envs: int = 1) -> str:
-  """Write `<env>-random`: `steps` transitions of a uniform random policy. Returns the dataset id."""
+  """Write `<env>-random`: `steps` transitions of a uniform random policy; returns its id."""
   from mombo_jax import data
   env, quality = data.parse_name(name)
   if quality != "random":
@@ -395,7 +402,9 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   env = make_env()
   obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]
   act_and_update, act, mode = _jitted(config)
-  ckpt = _SacCheckpoints(workdir, config, total_steps) if workdir else None
+  settings = dict(seed=seed, start_steps=start_steps, obs_dim=obs_dim, action_dim=action_dim,
+                  max_episode_steps=env.spec.max_episode_steps if env.spec else None)
+  ckpt = _SacCheckpoints(workdir, config, total_steps, settings) if workdir else None
 
   state, meta = None, None
   if ckpt is not None:
@@ -407,7 +416,9 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
                  medium_actor=jax.tree_util.tree_map(np.asarray, agent.actor.params))
     meta = dict(step=0, medium_step=-1, medium_size=0, evals=[], episodes=0)
   else:
-    log_fn(f"resumed the SAC run at step {meta['step']} from {ckpt.directory}")
+    reached = (f"medium point at step {meta['medium_step']}" if meta["medium_step"] >= 0
+               else "medium point not reached yet")
+    log_fn(f"resumed the SAC run at step {meta['step']} from {ckpt.directory} ({reached})")
     if meta["step"] > 0:
       state["replay"]["end"][meta["step"] - 1] = 1.0  # the interrupted episode is cut here
   replay = state["replay"]
@@ -438,7 +449,7 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   obs, _ = env.reset(seed=int(rng.integers(2**31)))
   episode_return, last_return = 0.0, float("nan")
   action = None
-  t_start, step_start = time.time(), step
+  window = (step, time.time())  # (step, time) of the last progress line
   while step < total_steps:
     if step < start_steps or action is None:
       action = rng.uniform(-1.0, 1.0, action_dim).astype(np.float32)
@@ -466,7 +477,10 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
       action = np.asarray(act(agent, obs.astype(np.float32), k))
     meta["step"] = step
     if step % log_every == 0 or step == total_steps:
-      rate = (step - step_start) / max(time.time() - t_start, 1e-9)
+      # Rate over the last interval: the warm-up (no gradient steps) is much faster.
+      now = time.time()
+      rate = (step - window[0]) / max(now - window[1], 1e-9)
+      window = (step, now)
       log_fn(f"SAC step {step}/{total_steps}  {rate:.0f} steps/s  last episode return "
              f"{last_return:.1f}  episodes {meta['episodes']}  ETA "
              f"{_fmt_time((total_steps - step) / max(rate, 1e-9))}")
@@ -487,10 +501,11 @@ class _SacCheckpoints:
   """Orbax CheckpointManager for the SAC run: state pytree (agent, replay, key data, medium actor)
   plus JSON metadata (step, medium point, evaluations, the run's settings for a sanity check)."""
 
-  def __init__(self, directory: str, config, total_steps: int):
+  def __init__(self, directory: str, config, total_steps: int, run_settings: dict):
     import orbax.checkpoint as ocp
     self.directory = os.path.abspath(directory)
     self.config = config
+    self.run_settings = run_settings
     self.total_steps = total_steps
     self._ocp = ocp
     self._mgr = ocp.CheckpointManager(
@@ -500,7 +515,7 @@ class _SacCheckpoints:
   def _settings(self):
     c = self.config
     return dict(actor_hidden=list(c.actor_hidden), critic_hidden=list(c.critic_hidden),
-                batch_size=c.batch_size)
+                batch_size=c.batch_size, **self.run_settings)
 
   def save(self, step: int, state: dict, meta: dict):
     ocp = self._ocp
@@ -607,8 +622,8 @@ class Builder:
       raise UserError(
           f"The SAC run on {env} never reached the medium point ({self.opts.medium_fraction:.3g} x "
           f"expert return) in {self.opts.sac_steps} steps (best evaluation {ret:.1f} at step "
-          f"{step}). Run again with a larger --sac_steps (the run resumes) or a lower "
-          "--medium_fraction.")
+          f"{step}). Run again with a larger --sac_steps (the run resumes, and its later "
+          "evaluations are checked), or with a lower --medium_fraction and a fresh --workdir.")
     return result
 
   def _policy_episodes(self, env: str, actor_params, config, seed_key: str) -> List[dict]:
@@ -735,4 +750,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

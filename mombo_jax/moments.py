@@ -1,54 +1,72 @@
 """Moment matching of diagonal Gaussians through affine maps and ReLU (paper Alg. 1, Lemma 1).
 
+API
+  mm_linear(mean, var, kernel, bias) -> (mean, var)     diagonal Gaussian through x @ kernel + bias
+  mm_relu(mean, var) -> (m, v)                          moments of relu(X), X ~ N(mean, var)
+  mm_leaky_relu(mean, var, negative_slope) -> (m, v)    the same for leaky_relu (via mm_relu)
+  ACTIVATION_MOMENTS                                    name -> moment function
+  mc_moments(fn, mean, var, key, n, chunk_size=None)    Monte Carlo moments of fn(X), chunked
+
 For X ~ N(mu, s^2) with a = mu / s, Lemma 1 (i) gives the moments of Y = max(0, X) as
 
   E[Y]   = s * h(a),    h(a) = a Phi(a) + phi(a),
   Var[Y] = s^2 * g(a),  g(a) = (a^2 + 1) Phi(a) + a phi(a) - h(a)^2.
 
-The textbook evaluation loses everything to cancellation: for a << 0 the terms of h are O(1) while
-h ~ phi(a) / a^2, and those of g are O(|a|) while g ~ 2 phi(a) / |a|^3; for a >> 0 Var[Y] = s^2
-minus tiny corrections is computed as E[Y^2] - E[Y]^2 with E[Y]^2 ~ mu^2 >> s^2. Here every
+Evaluated as written this cancels catastrophically: for a << 0 the terms of h are O(1) while
+h ~ phi(a) / a^2 and those of g are O(|a|) while g ~ 2 phi(a) / |a|^3; for a >> 0 Var[Y] = s^2
+minus tiny corrections comes out of E[Y^2] - E[Y]^2 with E[Y]^2 ~ mu^2 >> s^2. Here every
 quantity is a product or a sum of positive terms:
 
-* Write t = |a| and the Mills ratio R(t) = Q(t) / phi(t) as Laplace's continued fraction
-  R = 1 / (t + c1), c_k = k / (t + c_{k+1}). Then, exactly,
-    1 - t R = c1 R =: A,   (t^2 + 1) R - t = c1 c2 R,
-    h(-t) = phi(t) A,      g(-t) = phi(t) A (c2 - h(-t)),
-  and c2 - h(-t) is never a cancellation (h(-t) <= 0.32 c2). The continued fraction is evaluated
-  bottom-up with a fixed number of terms for t >= 2 (24 terms in float32, 96 in float64; error
-  ~1 ulp there), and for t < 2 c1 = 1/R - t, c2 = 1/c1 - t from R = Q/phi via erfc (the forward
-  recurrence amplifies the error of R by at most ~15x there).
-* a <= 0 (mu <= 0): E[Y] = s h(-t), Var[Y] = s^2 g(-t).
-* a > 0: Y = X + max(0, -X) gives h(a) = a + h(-a) and
-    g(a) = 1 - T,  T = h(-t) (c2 + h(-t) + 2 t)  (a sum of positive terms, T <= 0.66),
-  so E[Y] = mu + s h(-t) >= mu and Var[Y] = s^2 (1 - T) <= s^2 with the tail computed directly.
-* phi(t) is evaluated as exp(SHIFT - t^2/2) * exp(-SHIFT) for t > sqrt(2 SHIFT), SHIFT =
-  -log(tiny)/2, so that no intermediate underflows while the result is a normal number (e.g.
-  s = 1e19, t = 15 in float32).
+* t = |a|. Laplace's continued fraction for the Mills ratio R(t) = Q(t) / phi(t) (Q = 1 - Phi),
+  R = 1 / (t + c1), c_k = k / (t + c_{k+1}), gives exactly
+    A := 1 - t R = c1 R = 1 / (t (t + c2) + 1),   (t^2 + 1) R - t = c1 c2 R,
+    h(-t) = phi(t) A,                             g(-t) = phi(t) A (c2 - h(-t)),
+  where c2 - h(-t) is no cancellation (h(-t) <= 0.32 c2). c2(t) itself is a Chebyshev series in
+  t / (t + 4) on [0, 64] (31 terms, 1e-16; float32 uses 17), interpolated with mpmath by
+  `_c2_chebyshev_coefficients` (a test re-derives the table). No erf/erfc is needed.
+* mu <= 0: E[Y] = s h(-t), Var[Y] = s^2 g(-t).
+* mu > 0: Y = X + max(0, -X) gives h(a) = a + h(-a) and g(a) = 1 - T with the tail
+    T = h(-t) (c2 + h(-t) + 2 t)      (positive terms; T <= 1 - g(0) = 0.66),
+  so E[Y] = mu + s h(-t) and Var[Y] = s^2 (1 - T): the small correction is computed directly.
+* phi(t) is computed as exp(SHIFT - t^2/2) * exp(-SHIFT) beyond t = sqrt(2 SHIFT), SHIFT =
+  -log(tiny)/2, so no intermediate underflows while the result is a normal number (s = 1e19,
+  t = 15 in float32). |a| is clipped at 64, where every tail term has underflowed in both dtypes.
 
-Measured accuracy (benchmarks/bench_moments.py, mpmath reference at 80 digits evaluated at the
-exact floating-point inputs, grid a = mu/s in +-[1e-4, 1e4] (log spaced) and 0, var in
-[1e-30, 1e10] (log spaced)), worst relative error where the true value is a normal number:
+Accuracy (benchmarks/bench_moments.py; mpmath at 80 digits evaluated at the exact floating-point
+inputs; 32,923 points: a = mu/s in {0, +-logspace(-4, 4, 401)} x var in logspace(-30, 10, 41)).
+Worst relative error where the true value is a normal number, by |a| band:
 
-                   E[Y] (a<=0)   E[Y] (a>0)   Var[Y] (a<=0)   Var[Y] (a>0)
-  float32          see BENCH     see BENCH    see BENCH       see BENCH
-  float64          see BENCH     see BENCH    see BENCH       see BENCH
+              float32 (eps 1.2e-7)                          float64 (eps 2.2e-16)
+  |a|         E[Y] a<=0  E[Y] a>0  Var a<=0  Var a>0         E[Y] a<=0  E[Y] a>0  Var a<=0  Var a>0
+  [0, 1)      3.5e-7     2.4e-7    3.1e-7    5.4e-7          6.2e-16    4.9e-16   7.4e-16   9.9e-16
+  [1, 4)      1.4e-6     7.2e-8    1.4e-6    1.1e-7          2.3e-15    2.1e-16   2.4e-15   2.2e-16
+  [4, 10)     9.9e-6     5.1e-8    9.9e-6    8.3e-8          1.3e-14    0         1.3e-14   2.2e-16
+  [10, 40)    1.2e-5     0         1.3e-5    0               2.3e-13    0         2.3e-13   0
+  [40, 1e4]   (underflow) 0        (underflow) 0             (underflow) 0        (underflow) 0
 
-The error grows like t^2 * eps for large t: the rounding of a = mu/s (relative eps) moves
-phi(a) by a relative t^2 eps, which is the conditioning of the problem, not of the method (in
-float32 the true moments for mu < 0 leave the normal range at t ~ 13-16). Where the true value
-underflows (is subnormal or below), the result is 0 or a subnormal within a few smallest-normal
-units of it (|error| <= 4 * tiny). Lemma 1 (ii) m >= max(mu, 0) and (iii) 0 <= v <= var hold
-exactly in floating point (they are also enforced by clamps that the math makes no-ops).
+Overall: rel. error <= 0.85 (16 + a^2) eps. The a^2 eps part is not the method: a = mu / s is
+rounded (relative error ~eps) and phi(a) moves by a relative a^2 times that, so any evaluation
+from the rounded a has it; it is largest just before the true value leaves the normal range
+(|a| ~ 13-16 in float32, ~37-46 in float64, depending on var). Where the true value is subnormal
+or underflows, the result is within 0.95 (float32) / 0.42 (float64) smallest-normal units of it
+(0 or a subnormal; XLA:CPU flushes subnormals to zero). Lemma 1 (ii) m >= max(mu, 0) and
+(iii) 0 <= v <= var hold exactly in floating point (also enforced by clamps that the math makes
+no-ops). Subnormal inputs count as 0, as in every XLA:CPU op.
 
 var == 0 returns exactly (relu(mean), 0), bit for bit, so a moment-matched network at zero input
-variance is the plain ReLU network. Negative var is treated as 0 (it is not a variance).
+variance is the plain ReLU network. Negative var is treated as 0 (it is not a variance); a NaN
+var gives a NaN variance.
 
-Gradients (custom_jvp, closed form, finite for every finite input):
+Gradients (custom_jvp, closed form, finite for every finite input; checked against mpmath):
   dm/dmu = Phi(a), dm/dvar = phi(a) / (2 s), dv/dmu = 2 m Phi(-a), dv/dvar = g(a) - a h(a) Phi(-a).
 At var == 0 they are the limits var -> 0+: dm/dmu = relu'(mu) (jax's convention, 0 at mu = 0),
 dm/dvar = 0 (the true derivative is +inf at mu == 0 only), dv/dmu = 0, dv/dvar = 1 for mu > 0,
-0 for mu < 0 and g(0) = (pi - 1) / (2 pi) for mu == 0.
+0 for mu < 0 and g(0) = (pi - 1) / (2 pi) at mu == 0. So gradients of a moment-matched critic at
+zero input variance equal the plain critic's.
+
+Cost: on XLA:CPU mm_relu costs about as much as the textbook formula (both ~4 ns per element on
+the 2-core test machine), i.e. on CPU two mm_relu calls on [256, 256] cost about one plain
+forward pass of a [256, 256] critic; see benchmarks/bench_moments.txt.
 """
 import functools
 import math
@@ -205,7 +223,8 @@ def _mm_relu_parts(mean, var):
   zero = jnp.zeros_like(mean)
   one = jnp.ones_like(mean)
   m = jnp.where(pos, jnp.maximum(m, relu), relu)         # Lemma 1 (ii), a no-op in exact math
-  v = jnp.where(pos, jnp.clip(v, 0.0, var_s), zero)      # Lemma 1 (iii), likewise
+  # Lemma 1 (iii), likewise; a NaN variance stays visible instead of reading as 0.
+  v = jnp.where(pos, jnp.clip(v, 0.0, var_s), jnp.where(jnp.isnan(var), var, zero))
   step = jnp.where(mean > 0, one, zero)
   dm_dmean = jnp.where(pos, dm_dmean, step)
   dm_dvar = jnp.where(pos, dm_dvar, zero)

@@ -60,8 +60,10 @@ def actor_lr_schedule(config: Config, total_steps: int):
   """Actor learning rate: cosine-annealed to 0 over `total_steps` gradient steps, or constant."""
   if config.actor_cosine_schedule:
     if total_steps < 1:
-      raise ValueError(f"total_steps must be >= 1 for the actor's cosine schedule, got {total_steps}.")
-    return optax.cosine_decay_schedule(init_value=config.actor_lr, decay_steps=total_steps, alpha=0.0)
+      raise ValueError("total_steps must be >= 1 for the actor's cosine schedule, got "
+                       f"{total_steps}.")
+    return optax.cosine_decay_schedule(init_value=config.actor_lr, decay_steps=total_steps,
+                                       alpha=0.0)
   return config.actor_lr
 
 
@@ -73,7 +75,7 @@ def _train_state(apply_fn, params, tx) -> TrainState:
 
 def init_agent(key: jax.Array, obs_dim: int, action_dim: int, config: Config,
                total_steps: int) -> AgentState:
-  """Fresh networks and optimisers. `total_steps` = gradient steps of the whole run (cosine schedule).
+  """Fresh networks and optimisers; `total_steps` = gradient steps of the run (cosine schedule).
 
   Vmap over a leading key axis for several seeds: `jax.vmap(lambda k: init_agent(k, ...))(keys)`.
   Compiled once per (dims, config, total_steps): run eagerly, Flax init would compile every small
@@ -83,7 +85,8 @@ def init_agent(key: jax.Array, obs_dim: int, action_dim: int, config: Config,
   if not config.actor_cosine_schedule:
     total_steps = 1  # unused: one cache entry (and one set of optimiser objects) for all lengths
   elif total_steps < 1:
-    raise ValueError(f"total_steps must be >= 1 for the actor's cosine schedule, got {total_steps}.")
+    raise ValueError("total_steps must be >= 1 for the actor's cosine schedule, got "
+                     f"{total_steps}.")
   return _init_agent(key, int(obs_dim), int(action_dim), config, int(total_steps))
 
 
@@ -106,7 +109,7 @@ def _init_agent(key, obs_dim, action_dim, config, total_steps):
 
 
 def alpha(agent: AgentState, config: Config) -> jax.Array:
-  """The entropy temperature: exp(log_alpha) when config.auto_alpha, else config.alpha (f32 scalar)."""
+  """Entropy temperature (f32 scalar): exp(log_alpha) if config.auto_alpha, else config.alpha."""
   if config.auto_alpha:
     return jnp.exp(agent.log_alpha.params["log_alpha"])
   return jnp.asarray(config.alpha, jnp.float32)

@@ -1,4 +1,4 @@
-"""experiments/collect.py: recipes on tiny budgets, written as real Minari datasets and read back."""
+"""experiments/collect.py: recipes on tiny budgets, written as real Minari datasets, read back."""
 import os
 import subprocess
 import sys
@@ -46,7 +46,8 @@ def test_rollout_counts_and_cuts():
 def test_replay_episodes():
   n = 6
   replay = dict(obs=np.arange(n, dtype=np.float32)[:, None], action=np.zeros((n, 1), np.float32),
-                reward=np.ones(n, np.float32), next_obs=np.arange(1, n + 1, dtype=np.float32)[:, None],
+                reward=np.ones(n, np.float32),
+                next_obs=np.arange(1, n + 1, dtype=np.float32)[:, None],
                 terminated=np.array([0, 1, 0, 0, 0, 0], np.float32),
                 end=np.array([0, 1, 0, 1, 0, 0], np.float32))
   eps = collect._replay_episodes(replay)
@@ -82,15 +83,31 @@ def test_build_random(root):
   with pytest.raises(collect.UserError, match="--overwrite"):
     collect.build_random("hopper-random", steps=10, log_fn=lambda *_: None)
   collect.build_random("hopper-random", steps=50, seed=1, log_fn=lambda *_: None, overwrite=True)
-  assert len(data.load_transitions("hopper-random").rewards) == 50
+  assert len(data.load_transitions("hopper-random").rewards) == 50  # not the cached 300 rows
   with pytest.raises(ValueError):
     collect.build_random("hopper-medium", steps=10)
 
 
+def test_flags_defined_only_as_program():
+  """Importing collect next to run defines no flag (both have --env; absl flags are global);
+  define_flags() gives defaults equal to Options' (checked in a fresh process)."""
+  from absl import flags
+  from experiments import run  # noqa: F401  (would raise DuplicateFlagError if flags clashed)
+  assert "sac_steps" not in flags.FLAGS
+  code = ("from experiments import collect; collect.define_flags(); collect.FLAGS(['collect']); "
+          "assert collect.options_from_flags() == collect.Options(), collect.options_from_flags()")
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       timeout=60)
+  assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.slow
 def test_cli(root, tmp_path):
   env = dict(os.environ, MINARI_DATASETS_PATH=str(tmp_path), HF_HUB_OFFLINE="1")
-  run = lambda *args: subprocess.run([sys.executable, "-m", "experiments.collect", *args],
-                                     cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+  def run(*args):
+    return subprocess.run([sys.executable, "-m", "experiments.collect", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
   bad = run("--env=hopper-foo")
   assert bad.returncode == 1 and "Valid names" in bad.stderr and "Traceback" not in bad.stderr
   good = run("--env=walker2d-random", "--steps=60", "--max_episode_steps=20")

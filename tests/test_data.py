@@ -55,7 +55,8 @@ def tiny(root):
       obs, _ = env.reset()
   env.create_dataset(TINY_ID, algorithm_name="uniform-random", author="tests",
                      author_email="tests@example.com", code_permalink="tests/test_data.py",
-                     description="tiny", eval_env="Hopper-v5", ref_min_score=TINY_REF[0], ref_max_score=TINY_REF[1])
+                     description="tiny", eval_env="Hopper-v5", ref_min_score=TINY_REF[0],
+                     ref_max_score=TINY_REF[1])
   env.close()
   return steps
 
@@ -84,6 +85,20 @@ def test_round_trip(tiny):
   chained = np.all(t.next_observations[:-1] == t.observations[1:], axis=1)
   np.testing.assert_array_equal(chained[~ends[:-1]], True)
   assert not chained[ends[:-1]].any()
+
+
+def test_transitions_cache(tiny, root):
+  fresh = data.load_transitions(TINY_ID, cache=False)
+  first = data.load_transitions(TINY_ID)
+  cached = list((root / ".mombo_cache" / TINY_ID).glob("transitions-*.npz"))
+  assert len(cached) == 1
+  second = data.load_transitions(TINY_ID)  # from the cache file
+  for a, b, c in zip(fresh, first, second):
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
+    assert c.dtype == np.float32
+  assert TINY_ID in minari.list_local_datasets()  # the hidden cache folder is not a dataset
+  assert len(minari.list_local_datasets()) == 1
 
 
 def test_flatten_episodes_by_hand():
@@ -182,7 +197,8 @@ def test_make_env(tiny):
   env = data.make_env(TINY_ID)  # the dataset's own (evaluation) spec
   assert env.spec.id == "Hopper-v5" and env.spec.max_episode_steps == 1000
   env.close()
-  for name, gym_id in [("halfcheetah-random", "HalfCheetah-v5"), ("walker2d-expert", "Walker2d-v5")]:
+  for name, gym_id in [("halfcheetah-random", "HalfCheetah-v5"),
+                       ("walker2d-expert", "Walker2d-v5")]:
     env = data.make_env(name)
     assert env.spec.id == gym_id
     env.close()

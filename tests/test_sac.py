@@ -23,7 +23,8 @@ def _batch(seed=0, obs_var_scale=0.0, done=None):
   reward = rng.normal(size=B).astype(np.float32)
   done = np.zeros(B, np.float32) if done is None else np.asarray(done, np.float32)
   obs_var = (obs_var_scale * rng.uniform(size=(B, OBS_DIM))).astype(np.float32)
-  return Batch(obs=jnp.asarray(obs), action=jnp.asarray(rng.uniform(-1, 1, (B, ACT_DIM)), jnp.float32),
+  action = rng.uniform(-1, 1, (B, ACT_DIM)).astype(np.float32)
+  return Batch(obs=jnp.asarray(obs), action=jnp.asarray(action),
                reward=jnp.asarray(reward), next_obs=jnp.asarray(next_obs), done=jnp.asarray(done),
                obs_var=jnp.asarray(obs_var), next_obs_mean=jnp.asarray(next_obs),
                next_obs_var=jnp.zeros_like(next_obs), reward_mean=jnp.asarray(reward),
@@ -188,8 +189,8 @@ def test_actor_cosine_schedule_reaches_zero(agent, cfg):
   assert float(schedule(0)) == pytest.approx(cfg.actor_lr)
   assert float(schedule(5)) == pytest.approx(cfg.actor_lr / 2)
   assert float(schedule(10)) == 0.0
-  assert sac.actor_lr_schedule(dataclasses.replace(cfg, actor_cosine_schedule=False), 10) == \
-      cfg.actor_lr
+  constant = dataclasses.replace(cfg, actor_cosine_schedule=False)
+  assert sac.actor_lr_schedule(constant, 10) == cfg.actor_lr
 
 
 def test_scan_and_seed_vmap_match_sequential_updates(agent, cfg):

@@ -1,6 +1,6 @@
 """Benchmark: the online SAC behind the medium / expert datasets (experiments/collect.py), on CPU.
 
-  nice -n 10 python -m benchmarks.bench_sac --steps=250000   # the run recorded in bench_sac.txt
+  nice -n 10 python -m benchmarks.bench_sac --steps=250000 --workdir=/tmp/sac_long  # bench_sac.txt
   python -m benchmarks.bench_sac --steps=3000 --start_steps=1000 --eval_every=1000   # smoke test
 
 Runs the collector's own `train_sac` (one env step + one gradient step per step, standard online

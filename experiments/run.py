@@ -47,6 +47,8 @@ def define_flags():
                     "--preset=quick/tiny).")
   flags.DEFINE_integer("build_steps", None, "Steps of a random dataset built by --build_missing "
                        "(default 1M, quick preset 100k).")
+  flags.DEFINE_bool("download", False, "Try Minari's server for a dataset that is not local "
+                    "(e.g. --dataset=mujoco/hopper/medium-v0).")
   flags.DEFINE_integer("keep_checkpoints", 3, "Checkpoints kept in <workdir>/checkpoints.")
   flags.DEFINE_integer("stop_after", None, "Stop after this many epochs of this launch (e.g. to fit "
                        "a job time limit); the same command resumes.")
@@ -60,11 +62,11 @@ def log(msg):
   print(msg, flush=True)
 
 
-def load_dataset(dataset, config, build_missing, build_steps):
+def load_dataset(dataset, config, build_missing, build_steps, download=False):
   """Transitions of `dataset`; builds a missing random dataset when allowed."""
   from mombo_jax import data
   try:
-    return data.load_transitions(dataset)
+    return data.load_transitions(dataset, download=download)
   except data.DatasetNotFoundError as e:
     quality = dataset.partition("-")[2]
     if not (build_missing and quality == "random"):
@@ -110,7 +112,7 @@ def _mean_metrics(metrics):
 
 
 def train(config, dataset, workdir, dynamics_dir=None, build_missing=False, build_steps=1_000_000,
-          keep=3, stop_after=None):
+          keep=3, stop_after=None, download=False):
   """A whole run (all seeds); resumes from <workdir>/checkpoints when present. Returns the summary,
   or None when `stop_after` epochs of this call ended it early (as a preempted job would)."""
   import jax
@@ -133,7 +135,7 @@ def train(config, dataset, workdir, dynamics_dir=None, build_missing=False, buil
   with open(cfg_path, "w") as f:
     json.dump(cfg_json, f, indent=1)
 
-  transitions = load_dataset(dataset, config, build_missing, build_steps)
+  transitions = load_dataset(dataset, config, build_missing, build_steps, download)
   if transitions.actions.shape[1] != _action_dim(config):
     raise UserError(f"Dataset {dataset} has action dim {transitions.actions.shape[1]} but "
                     f"{config.env_name} needs {_action_dim(config)}; check --dataset / --env.")
@@ -302,7 +304,7 @@ def main(argv):
   try:
     train(config, dataset=dataset, workdir=workdir, dynamics_dir=FLAGS.dynamics_dir,
           build_missing=build, build_steps=build_steps, keep=FLAGS.keep_checkpoints,
-          stop_after=FLAGS.stop_after)
+          stop_after=FLAGS.stop_after, download=FLAGS.download)
   except UserError as e:
     sys.exit(f"error: {e}")
 

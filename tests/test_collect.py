@@ -8,6 +8,7 @@ import pytest
 
 from experiments import collect
 from mombo_jax import data
+from tests.conftest import minari_root_at
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -15,14 +16,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
   """A fresh MINARI_DATASETS_PATH for this module (other tests may build the same names)."""
-  path = tmp_path_factory.mktemp("minari_collect")
-  old = os.environ.get("MINARI_DATASETS_PATH")
-  os.environ["MINARI_DATASETS_PATH"] = str(path)
-  yield path
-  if old is None:
-    os.environ.pop("MINARI_DATASETS_PATH", None)
-  else:
-    os.environ["MINARI_DATASETS_PATH"] = old
+  with minari_root_at(tmp_path_factory.mktemp("minari_collect")) as path:
+    yield path
 
 
 def _check_chaining(t, episodes):

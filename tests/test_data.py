@@ -11,6 +11,7 @@ import pytest
 
 from mombo_jax import config as config_lib
 from mombo_jax import data
+from tests.conftest import minari_root_at
 
 TINY_ID = "test/hopper/tiny-v0"
 TINY_STEPS = 150
@@ -29,14 +30,8 @@ def no_network(monkeypatch):
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
   """A fresh MINARI_DATASETS_PATH for this module."""
-  path = tmp_path_factory.mktemp("minari_data")
-  old = os.environ.get("MINARI_DATASETS_PATH")
-  os.environ["MINARI_DATASETS_PATH"] = str(path)
-  yield path
-  if old is None:
-    os.environ.pop("MINARI_DATASETS_PATH", None)
-  else:
-    os.environ["MINARI_DATASETS_PATH"] = old
+  with minari_root_at(tmp_path_factory.mktemp("minari_data")) as path:
+    yield path
 
 
 @pytest.fixture(scope="module")

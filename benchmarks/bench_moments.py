@@ -2,14 +2,27 @@
 of mm_relu against an mpmath reference.
 
   python benchmarks/bench_moments.py [--out benchmarks/bench_moments.txt] [--skip_accuracy]
+                                     [--skip_steps]
 
 Timing: one MMCritic (hidden [256, 256]) on batch 256, obs dim 17 + action dim 6 (HalfCheetah),
 jitted, warmed up, each call timed with block_until_ready; the median over repetitions (and the
-min) in ms. Monte Carlo draws N next states per batch row from N(obs, obs_var) and returns the
-mean and variance of Q over them (mombo_jax.moments.mc_moments, chunked so N = 10000 fits in
-memory). "MM, textbook formula" is the same network with the unstable closed form of the
-reference code, to show what the stable mm_relu costs on top of it; the last three rows time the
-elementwise step alone on one hidden layer ([256, 256]).
+min) in ms. The short calls are timed round-robin so that background load on a shared machine
+hits them alike; "x plain" is the ratio of medians, "x plain (min)" the ratio of minima. Monte
+Carlo draws N next states per batch row from N(obs, obs_var) and returns the mean and variance of
+Q over them (mombo_jax.moments.mc_moments, chunked so N = 10000 fits in memory). "MM, textbook
+formula" is the same network with the unstable closed form of the reference code, to show what
+the stable mm_relu costs on top of it; the last three rows time the elementwise step alone on one
+hidden layer ([256, 256]).
+
+Training step (what the moment matching costs where it is used): one `sac.update` (batch 256,
+critics and actor [256, 256], 2 critics, walker2d dims obs 17 / action 6, state variances 0.01),
+50 steps per jitted lax.scan, the variants timed round-robin: SAC with its soft target and plain
+critics; the MOMBO lcb step; and its two halves, the lcb target with the plain actor loss and the
+plain deterministic target with the moment-matched actor loss. "lcb, free mm_relu" swaps mm_relu
+for a stand-in of negligible cost with the same data flow (not a valid algorithm): what the step
+would cost if mm_relu were free, i.e. the floor set by the variance matmuls. Wall ms per step
+(median, min) and process CPU ms per step (less sensitive to other processes); ratios to SAC are
+medians of the per-round ratios.
 
 Accuracy: relative error of E[relu(X)] and Var[relu(X)] against mpmath (80 digits, at the exact
 floating-point inputs) on a grid of a = mean/std in {0, +-logspace(-4, 4, 401)} and var in
@@ -17,6 +30,7 @@ logspace(-30, 10, 41), per dtype and regime; where the true value is subnormal o
 absolute error in units of the smallest normal number.
 """
 import argparse
+import dataclasses
 import os
 import platform
 import statistics
@@ -28,26 +42,31 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from mombo_jax import buffer, config as config_lib, critics, sac, targets  # noqa: E402
 from mombo_jax.critics import MMCritic  # noqa: E402
 from mombo_jax.moments import mc_moments, mm_linear, mm_relu  # noqa: E402
 
 BATCH, OBS_DIM, ACT_DIM, HIDDEN = 256, 17, 6, (256, 256)
 MC_SAMPLES = (2, 10, 100, 10000)
 MC_CHUNK = 100                     # samples per lax.scan step: 25,600 critic rows at once
-MIN_SECONDS, MAX_REPS = 2.0, 200   # repeat each timing until this much time or this many calls
+MIN_SECONDS, MAX_REPS = 2.0, 400   # repeat each timing until this much time or this many calls
 
 
-def _time(fn, *args):
-  """Median and min wall time (ms) of a jitted call, after compilation and 2 warm-up calls."""
-  for _ in range(3):
-    jax.block_until_ready(fn(*args))
-  times = []
+def _time_interleaved(rows, seconds):
+  """Time several jitted calls round-robin, so that a varying background load (a shared CPU)
+  hits them alike. Each call is compiled and warmed up first; every call is timed alone with
+  block_until_ready. Returns [(median ms, min ms, reps)] in the order of rows."""
+  for _, fn, args in rows:
+    for _ in range(3):
+      jax.block_until_ready(fn(*args))
+  times = [[] for _ in rows]
   start = time.perf_counter()
-  while len(times) < MAX_REPS and (time.perf_counter() - start < MIN_SECONDS or len(times) < 3):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append((time.perf_counter() - t0) * 1e3)
-  return statistics.median(times), min(times), len(times)
+  while len(times[0]) < MAX_REPS and (time.perf_counter() - start < seconds or len(times[0]) < 3):
+    for i, (_, fn, args) in enumerate(rows):
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times[i].append((time.perf_counter() - t0) * 1e3)
+  return [(statistics.median(t), min(t), len(t)) for t in times]
 
 
 def _textbook_relu(mean, var):
@@ -90,11 +109,97 @@ def timing_table():
   rows += [("  mm_relu alone", jax.jit(mm_relu), (pre, pre_var)),
            ("  textbook alone", jax.jit(_textbook_relu), (pre, pre_var)),
            ("  relu alone", jax.jit(jax.nn.relu), (pre,))]
-  results = [(name, *_time(fn, *args)) for name, fn, args in rows]
-  plain = results[0][1]
-  lines = [f"{'method':<24}{'median ms':>11}{'min ms':>10}{'reps':>6}{'x plain':>9}"]
-  for name, med, low, reps in results:
-    lines.append(f"{name:<24}{med:>11.3f}{low:>10.3f}{reps:>6}{med / plain:>9.2f}")
+  # Calls under ~10 ms are interleaved with each other; the long Monte Carlo runs go separately.
+  fast = [r for r in rows if "N=100" not in r[0]]
+  slow = [r for r in rows if "N=100" in r[0]]
+  stats = dict(zip([r[0] for r in fast], _time_interleaved(fast, 6 * MIN_SECONDS)))
+  for row in slow:
+    stats[row[0]] = _time_interleaved([row], MIN_SECONDS)[0]
+  plain_med, plain_min, _ = stats["plain forward"]
+  lines = [f"{'method':<24}{'median ms':>11}{'min ms':>10}{'reps':>6}{'x plain':>9}"
+           f"{'x plain (min)':>15}"]
+  for name, _, _ in rows:
+    med, low, reps = stats[name]
+    lines.append(f"{name:<24}{med:>11.3f}{low:>10.3f}{reps:>6}{med / plain_med:>9.2f}"
+                 f"{low / plain_min:>15.2f}")
+  return lines
+
+
+@jax.custom_jvp
+def _free_mm_relu(mean, var):
+  """Stand-in for mm_relu with negligible cost but the same data flow (m and its derivative
+  depend on var, v on mean), so no variance matmul becomes dead code: step_table's floor row."""
+  return jax.nn.relu(mean), 0.5 * var
+
+
+@_free_mm_relu.defjvp
+def _free_mm_relu_jvp(primals, tangents):
+  (mean, var), (d_mean, d_var) = primals, tangents
+  return (_free_mm_relu(mean, var),
+          (jnp.where(mean > 0, d_mean, 0.0) + var * d_var, 0.5 * d_var + mean * d_mean))
+
+
+def step_table(steps=50, rounds=9):
+  """ms per training step of SAC and MOMBO lcb variants (see the module docstring)."""
+  rng = np.random.default_rng(0)
+  n = BATCH * steps
+  f = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)  # noqa: E731
+  var = lambda *shape: jnp.full(shape, 0.01, jnp.float32)  # noqa: E731
+  data = buffer.Batch(obs=f(n, OBS_DIM), action=jnp.tanh(f(n, ACT_DIM)), reward=f(n),
+                      next_obs=f(n, OBS_DIM), done=jnp.zeros(n), obs_var=var(n, OBS_DIM),
+                      next_obs_mean=f(n, OBS_DIM), next_obs_var=var(n, OBS_DIM),
+                      reward_mean=f(n), reward_var=var(n))
+  mombo = config_lib.make_config("walker2d-medium", "mombo")
+  mopo = config_lib.make_config("walker2d-medium", "mopo")
+  plain_actor = dataclasses.replace(mombo, algo="mobile")   # sac.update's plain actor loss
+
+  def lcb(agent, batch, key):
+    return targets.mombo_lcb(agent, batch, key, dyn=None, config=mombo, term_fn=None)
+
+  def det(agent, batch, key):   # plain target critics, deterministic backup
+    return targets._plain_target(agent, batch, key, mombo), {}  # pylint: disable=protected-access
+
+  def soft(agent, batch, key):
+    return sac.soft_target(agent, batch, key, mopo)
+
+  def compiled(config, target_fn):
+    agent = sac.init_agent(jax.random.PRNGKey(0), OBS_DIM, ACT_DIM, config, 10**6)
+
+    def run(agent, data, key):
+      batches = jax.tree.map(lambda x: x.reshape((steps, BATCH) + x.shape[1:]), data)
+      body = lambda a, inp: sac.update(a, inp[0], inp[1], target_fn, config)  # noqa: E731
+      return jax.lax.scan(body, agent, (batches, jax.random.split(key, steps)))
+
+    fn = jax.jit(run).lower(agent, data, jax.random.PRNGKey(1)).compile()
+    return lambda: jax.block_until_ready(fn(agent, data, jax.random.PRNGKey(1)))
+
+  rows = [("sac (soft target)", compiled(mopo, soft)),
+          ("lcb target, plain actor", compiled(plain_actor, lcb)),
+          ("plain target, MM actor", compiled(mombo, det)),
+          ("lcb (full)", compiled(mombo, lcb))]
+  real = critics.mm_relu
+  critics.mm_relu = _free_mm_relu      # traced into this one program only
+  try:
+    rows.append(("lcb, free mm_relu", compiled(mombo, lcb)))
+  finally:
+    critics.mm_relu = real
+  for _, fn in rows:
+    fn()
+  wall = [[] for _ in rows]
+  cpu = [[] for _ in rows]
+  for _ in range(rounds):
+    for i, (_, fn) in enumerate(rows):
+      t0, c0 = time.perf_counter(), time.process_time()
+      fn()
+      wall[i].append((time.perf_counter() - t0) * 1e3 / steps)
+      cpu[i].append((time.process_time() - c0) * 1e3 / steps)
+  wall, cpu = np.array(wall), np.array(cpu)
+  lines = [f"{'variant':<26}{'wall med':>9}{'wall min':>9}{'x sac':>7}{'cpu med':>9}{'x sac':>7}"
+           "   (ms per step)"]
+  for i, (name, _) in enumerate(rows):
+    lines.append(f"{name:<26}{np.median(wall[i]):>9.2f}{wall[i].min():>9.2f}"
+                 f"{np.median(wall[i] / wall[0]):>7.2f}{np.median(cpu[i]):>9.2f}"
+                 f"{np.median(cpu[i] / cpu[0]):>7.2f}")
   return lines
 
 
@@ -157,6 +262,7 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", default=None, help="also write the report to this file")
   parser.add_argument("--skip_accuracy", action="store_true", help="timing only")
+  parser.add_argument("--skip_steps", action="store_true", help="no training-step table")
   args = parser.parse_args()
   cores = os.cpu_count()
   devices = jax.devices()
@@ -173,6 +279,11 @@ def main():
   t0 = time.time()
   lines += timing_table()
   lines.append(f"(load average {os.getloadavg()[0]:.1f} at the end of the timings)")
+  if not args.skip_steps:
+    lines += ["", f"## One training step (sac.update), batch {BATCH}, critics and actor "
+              f"{list(HIDDEN)}, obs {OBS_DIM} + action {ACT_DIM}", ""]
+    lines += step_table()
+    lines.append(f"(load average {os.getloadavg()[0]:.1f} at the end of the step timings)")
   if not args.skip_accuracy:
     lines += ["", "## mm_relu accuracy vs mpmath (80 digits)", ""]
     lines += accuracy_table()

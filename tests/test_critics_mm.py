@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax.critics import CriticEnsemble, MMCritic
+from mombo_jax.critics import CriticEnsemble, MMCritic, MMDense
 from mombo_jax.moments import mc_moments, mm_linear, mm_relu
 
 S, A, B = 5, 2, 2
@@ -265,3 +265,22 @@ def test_state_variance_enters_and_action_variance_is_zero(ensemble):
     np.testing.assert_allclose(by_hand[j][0], mean[j], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(by_hand[j][1], var[j], rtol=1e-6, atol=1e-12)
     assert np.all(with_act_var[j][1] > var[j] * (1 + 1e-3))
+
+
+def test_mm_dense_variance_of_leading_inputs_only():
+  """MMDense with var [..., K], K < I: the other inputs are exact, i.e. the same as padding var
+  with zeros (what the critic does for the actions); K > I is an error that says so."""
+  rng = np.random.default_rng(16)
+  x = jnp.asarray(rng.normal(size=(3, S + A)), jnp.float32)
+  var = jnp.asarray(rng.uniform(0.1, 1.0, size=(3, S)), jnp.float32)
+  dense = MMDense(4)
+  params = jax.jit(dense.init)(jax.random.PRNGKey(17), x)
+  padded = jnp.concatenate([var, jnp.zeros((3, A), jnp.float32)], -1)
+  (m_k, v_k), (m_pad, v_pad), (plain, _) = jax.jit(lambda p: (
+      dense.apply(p, x, var), dense.apply(p, x, padded), dense.apply(p, x)))(params)
+  np.testing.assert_array_equal(m_k, plain)         # the mean path is the plain layer
+  np.testing.assert_array_equal(m_pad, plain)
+  np.testing.assert_allclose(v_k, v_pad, rtol=1e-6)
+  assert np.all(v_k > 0)
+  with pytest.raises(ValueError, match="K <= the input size"):
+    dense.apply(params, x, jnp.ones((3, S + A + 1), jnp.float32))

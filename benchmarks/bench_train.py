@@ -1,7 +1,7 @@
 """Training speed: gradient steps per target (MOMBO lcb / elite_spread / mixture, MOBILE, plain SAC)
 and whole epochs (rollout + 1000 steps) for 1 and 4 vmapped seeds.
 
-  python benchmarks/bench_train.py [--steps=1000] [--skip_epochs] > benchmarks/bench_train.txt
+  python3 -m benchmarks.bench_train [--steps=1000] [--skip_epochs] > benchmarks/bench_train.txt
 
 Paper-size networks (actor and critics [256, 256], dynamics 7 x 4x200), walker2d dimensions
 (obs 17, action 6), batch 256, real ratio 0.05. Data are random arrays: speed does not depend on
@@ -111,7 +111,7 @@ def bench_epochs(args, rng):
       holder["state"], m = epoch(holder["state"], real, keys)
       jax.block_until_ready(holder["state"])
 
-    t = _best(run, args.repeats)
+    t = _best(run, args.epoch_repeats)
     one = one or t
     print(f"| {seeds} | {t:.2f} | {t / seeds:.2f} | {t / one:.2f} |")
 
@@ -128,18 +128,23 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--steps", type=int, default=1000)
   parser.add_argument("--rollout", type=int, default=50_000)
-  parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--epoch_repeats", type=int, default=1)
   parser.add_argument("--skip_epochs", action="store_true")
   parser.add_argument("--skip_steps", action="store_true")
   args = parser.parse_args()
   print("# bench_train")
   print(f"hardware: {_cpu()}, {os.cpu_count()} cores; devices: {jax.device_count()} x "
         f"{jax.devices()[0].device_kind} ({jax.default_backend()}); jax {jax.__version__}")
+  print(f"load average at start: {os.getloadavg()[0]:.1f}")
+  t0 = time.time()
   rng = np.random.default_rng(0)
   if not args.skip_steps:
     bench_steps(args, rng)
   if not args.skip_epochs:
     bench_epochs(args, rng)
+  print(f"\nload average at end: {os.getloadavg()[0]:.1f}; benchmark wall time "
+        f"{time.time() - t0:.0f} s")
 
 
 if __name__ == "__main__":

@@ -76,7 +76,10 @@ def test_kill_and_resume_equals_uninterrupted(dataset, dyn_dir, tmp_path, mombo_
   assert run.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1) is None
   with open(tmp_path / "metrics.csv") as f:
     assert len(f.read().strip().splitlines()) == 1 + 1 * 2
-  summary = run.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir)
+  # Resumed at epoch 1, one more epoch finishes the run: a run that restarted from scratch would
+  # stop again after its first epoch and return None.
+  summary = run.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1)
+  assert summary is not None
   jax.tree.map(np.testing.assert_array_equal, _final_params(str(straight)),
                _final_params(str(tmp_path)))
   with open(tmp_path / "metrics.csv") as f:

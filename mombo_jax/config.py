@@ -37,6 +37,7 @@ class Config:
   critic_lr: float = 3e-4
   alpha_lr: float = 1e-4
   auto_alpha: bool = True
+  alpha_max: Optional[float] = 1.0    # the MOMBO, MOBILE and MOPO references clamp alpha <= 1; None: uncapped
   alpha: float = 0.2                  # the fixed alpha when auto_alpha is False
   log_alpha_init: float = 0.0
   target_entropy: Optional[float] = None   # None -> -dim(A)
@@ -57,6 +58,9 @@ class Config:
   mobile_num_samples: int = 10
   eval_every: int = 10                # epochs between evaluations
   eval_episodes: int = 10
+  # A seed whose loss leaves [-max_abs_loss, max_abs_loss] (or turns non-finite) counts as diverged:
+  # a finite but exploding run (e.g. beta=1e18 gives critic losses ~1e37) must not run on silently.
+  max_abs_loss: float = 1e12
 
   # Dynamics ensemble (SPEC.md section 5).
   dyn_members: int = 7
@@ -75,19 +79,7 @@ class Config:
   dyn_logvar_coef: float = 0.01
 
   def __post_init__(self):
-    if self.algo not in ALGOS:
-      raise ValueError(f"Unknown algo {self.algo!r}; choose one of {', '.join(ALGOS)}.")
-    if self.target not in TARGETS:
-      raise ValueError(f"Unknown target {self.target!r}; choose one of {', '.join(TARGETS)}.")
-    if not 0.0 <= self.real_ratio <= 1.0:
-      raise ValueError(f"real_ratio must lie in [0, 1], got {self.real_ratio}.")
-    if self.num_seeds < 1:
-      raise ValueError(f"num_seeds must be >= 1, got {self.num_seeds}.")
-    if self.dyn_elites > self.dyn_members:
-      raise ValueError(f"dyn_elites ({self.dyn_elites}) > dyn_members ({self.dyn_members}).")
-    if len(self.dyn_weight_decay) != len(self.dyn_hidden) + 1:
-      raise ValueError("dyn_weight_decay needs one entry per dynamics layer "
-                       f"({len(self.dyn_hidden) + 1}), got {len(self.dyn_weight_decay)}.")
+    _validate(self)
 
   @property
   def env_name(self) -> str:
@@ -100,10 +92,93 @@ class Config:
     return self.buffer_retain_epochs * self.rollout_batch_size * self.rollout_length
 
 
+_POSITIVE_INTS = ("num_seeds", "batch_size", "num_critics", "epochs", "steps_per_epoch",
+                  "rollout_batch_size", "rollout_length", "buffer_retain_epochs",
+                  "mobile_num_samples", "eval_every", "eval_episodes", "dyn_members", "dyn_elites",
+                  "dyn_batch_size", "dyn_max_holdout", "dyn_patience")
+_POSITIVE_FLOATS = ("gamma", "actor_lr", "critic_lr", "alpha_lr", "dyn_lr", "max_abs_loss")
+_NONNEG_FLOATS = ("tau", "alpha", "beta", "dyn_improvement", "dyn_logvar_coef")
+_FINITE_FLOATS = ("log_alpha_init", "log_std_min", "log_std_max", "dyn_max_logvar_init",
+                  "dyn_min_logvar_init")
+
+
+def _validate(c: "Config"):
+  """Every field checked once, here, so a bad flag is refused before any data or model work.
+  Each message names the field (= the flag where one exists) and what it must be."""
+  import math
+
+  def is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+  def is_num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+  if c.algo not in ALGOS:
+    raise ValueError(f"Unknown algo {c.algo!r}; choose one of {', '.join(ALGOS)}.")
+  if c.target not in TARGETS:
+    raise ValueError(f"Unknown target {c.target!r}; choose one of {', '.join(TARGETS)}.")
+  parse_name(c.env)
+  for name in _POSITIVE_INTS:
+    v = getattr(c, name)
+    if not is_int(v) or v < 1:
+      raise ValueError(f"{name} must be a positive integer, got {v!r}.")
+  if not is_int(c.seed) or c.seed < 0:
+    raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}.")
+  for name in _POSITIVE_FLOATS:
+    v = getattr(c, name)
+    if not is_num(v) or v <= 0:
+      raise ValueError(f"{name} must be a finite number > 0, got {v!r}.")
+  for name in _NONNEG_FLOATS:
+    v = getattr(c, name)
+    if not is_num(v) or v < 0:
+      raise ValueError(f"{name} must be a finite number >= 0, got {v!r}.")
+  for name in _FINITE_FLOATS:
+    v = getattr(c, name)
+    if not is_num(v):
+      raise ValueError(f"{name} must be a finite number, got {v!r}.")
+  if not c.gamma <= 1.0:
+    raise ValueError(f"gamma must lie in (0, 1], got {c.gamma}.")
+  if not c.tau <= 1.0:
+    raise ValueError(f"tau must lie in [0, 1], got {c.tau}.")
+  if not (is_num(c.real_ratio) and 0.0 <= c.real_ratio <= 1.0):
+    raise ValueError(f"real_ratio must lie in [0, 1], got {c.real_ratio!r}.")
+  if not (is_num(c.dyn_holdout_ratio) and 0.0 < c.dyn_holdout_ratio < 1.0):
+    raise ValueError(f"dyn_holdout_ratio must lie in (0, 1), got {c.dyn_holdout_ratio!r}.")
+  if c.log_std_min >= c.log_std_max:
+    raise ValueError(f"log_std_min ({c.log_std_min}) must be < log_std_max ({c.log_std_max}).")
+  if c.dyn_min_logvar_init >= c.dyn_max_logvar_init:
+    raise ValueError(f"dyn_min_logvar_init ({c.dyn_min_logvar_init}) must be < "
+                     f"dyn_max_logvar_init ({c.dyn_max_logvar_init}).")
+  for name in ("alpha_max", "target_entropy", "clip_target_min"):
+    v = getattr(c, name)
+    if v is not None and not is_num(v):
+      raise ValueError(f"{name} must be a finite number or None, got {v!r}.")
+  if c.alpha_max is not None and c.alpha_max <= 0:
+    raise ValueError(f"alpha_max must be > 0 or None, got {c.alpha_max}.")
+  if c.dyn_max_epochs is not None and (not is_int(c.dyn_max_epochs) or c.dyn_max_epochs < 1):
+    raise ValueError(f"dyn_max_epochs must be a positive integer or None, got {c.dyn_max_epochs!r}.")
+  for name in ("actor_hidden", "critic_hidden", "dyn_hidden"):
+    v = getattr(c, name)
+    if not v or not all(is_int(h) and h > 0 for h in v):
+      raise ValueError(f"{name} must be a non-empty tuple of positive integers, got {v!r}.")
+  if not all(is_num(w) and w >= 0 for w in c.dyn_weight_decay):
+    raise ValueError(f"dyn_weight_decay entries must be finite numbers >= 0, got {c.dyn_weight_decay!r}.")
+  if c.dyn_elites > c.dyn_members:
+    raise ValueError(f"dyn_elites ({c.dyn_elites}) > dyn_members ({c.dyn_members}).")
+  if c.algo == "mobile" and c.dyn_elites < 2:
+    raise ValueError("MOBILE's penalty is a std over elites: dyn_elites must be >= 2.")
+  if c.algo == "mombo" and c.target != "lcb" and c.dyn_elites < 2:
+    raise ValueError(f"The {c.target} target needs dyn_elites >= 2.")
+  if len(c.dyn_weight_decay) != len(c.dyn_hidden) + 1:
+    raise ValueError("dyn_weight_decay needs one entry per dynamics layer "
+                     f"({len(c.dyn_hidden) + 1}), got {len(c.dyn_weight_decay)}.")
+
+
 # (k, MOMBO beta, MOBILE beta, MOPO lambda, extra overrides). SPEC.md section 6.
-# MOPO lambda for the random tasks is not published: 1.0 is a placeholder.
+# MOPO lambda for hopper-random and walker2d-random is not published: 1.0 is a placeholder
+# (halfcheetah-random's 0.5 is OfflineRL-Kit's).
 _D4RL_TABLE = {
-    "halfcheetah-random": (5, 0.5, 0.5, 1.0, {}),
+    "halfcheetah-random": (5, 0.5, 0.5, 0.5, {}),
     "halfcheetah-medium": (5, 0.75, 0.5, 0.5, {}),
     "halfcheetah-medium-replay": (5, 0.2, 0.1, 0.5, {}),
     "halfcheetah-medium-expert": (5, 1.0, 1.0, 2.5, {"real_ratio": 0.5}),

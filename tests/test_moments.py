@@ -325,22 +325,30 @@ def test_chebyshev_table_reproduces():
                              atol=1e-17)
 
 
-def test_float32_rational_c2_table_reproduces_and_matches_mpmath():
-  """The float32 c2 = P / Q: the stored table is what `_c2_rational_coefficients` fits, every
-  coefficient is positive (Horner in t >= 0 then has no cancellation), and it agrees with c2 from
-  mpmath far below float32's resolution on the fitted range."""
-  p, q, fit_error = moments._c2_rational_coefficients()
-  np.testing.assert_allclose(p, moments._C2_P32, rtol=1e-9)
-  np.testing.assert_allclose(q, moments._C2_Q32, rtol=1e-9)
-  assert fit_error < 1e-9
-  assert min(moments._C2_P32) > 0 and min(moments._C2_Q32) > 0
-  ts = np.linspace(0.0, moments._C2_RATIONAL_T_MAX, 25)
-  got = (np.polynomial.polynomial.polyval(ts, moments._C2_P32)
-         / np.polynomial.polynomial.polyval(ts, moments._C2_Q32))
+def _c2_mpmath(ts):
   with mpmath.workdps(60):   # c1 = phi/Q - t and c2 = 1/c1 - t each cancel ~t^2: 60 digits spare
-    ref = []
+    out = []
     for t in ts:
       t = mpmath.mpf(float(t))
       c1 = mpmath.npdf(t) / mpmath.ncdf(-t) - t
-      ref.append(float(1 / c1 - t))
+      out.append(float(1 / c1 - t))
+  return np.asarray(out)
+
+
+def test_float32_rational_c2_table_is_positive_and_matches_mpmath():
+  """The float32 c2 = P / Q as STORED: every coefficient is positive (Horner in t >= 0 then has no
+  cancellation), and it agrees with c2 from mpmath far below float32's resolution on the fitted
+  range. The refit is ill-conditioned (its coefficients differ between CPUs/BLAS builds by ~1e-4
+  relative while fitting equally well), so the test checks what the fit achieves, never its digits."""
+  assert min(moments._C2_P32) > 0 and min(moments._C2_Q32) > 0
+  ts = np.linspace(0.0, moments._C2_RATIONAL_T_MAX, 121)
+  ref = _c2_mpmath(ts)
+  got = (np.polynomial.polynomial.polyval(ts, moments._C2_P32)
+         / np.polynomial.polynomial.polyval(ts, moments._C2_Q32))
   np.testing.assert_allclose(got, ref, rtol=1e-9)
+  # The fitting procedure itself still works on this machine: a refit is as accurate (bound well
+  # below float32's eps ~1.2e-7, loose enough for any BLAS), whatever coefficients it picks.
+  p, q, fit_error = moments._c2_rational_coefficients()
+  assert fit_error < 1e-8
+  refit = (np.polynomial.polynomial.polyval(ts, p) / np.polynomial.polynomial.polyval(ts, q))
+  np.testing.assert_allclose(refit, ref, rtol=1e-8)

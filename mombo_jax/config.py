@@ -54,6 +54,10 @@ class Config:
   rollout_batch_size: int = 50_000
   rollout_length: int = 5
   buffer_retain_epochs: int = 5
+  # Rollout rule beside the gymnasium-faithful termination functions: a synthetic branch whose next
+  # state has any |x| >= this ends there (terminal row), as in the references' termination code for
+  # all three envs. Real envs never get there; a runaway learned model does.
+  rollout_obs_limit: Optional[float] = 100.0
   beta: float = 1.0                   # MOMBO beta / MOBILE beta / MOPO lambda, per algo
   mobile_num_samples: int = 10
   eval_every: int = 10                # epochs between evaluations
@@ -149,10 +153,12 @@ def _validate(c: "Config"):
   if c.dyn_min_logvar_init >= c.dyn_max_logvar_init:
     raise ValueError(f"dyn_min_logvar_init ({c.dyn_min_logvar_init}) must be < "
                      f"dyn_max_logvar_init ({c.dyn_max_logvar_init}).")
-  for name in ("alpha_max", "target_entropy", "clip_target_min"):
+  for name in ("alpha_max", "target_entropy", "clip_target_min", "rollout_obs_limit"):
     v = getattr(c, name)
     if v is not None and not is_num(v):
       raise ValueError(f"{name} must be a finite number or None, got {v!r}.")
+  if c.rollout_obs_limit is not None and c.rollout_obs_limit <= 0:
+    raise ValueError(f"rollout_obs_limit must be > 0 or None, got {c.rollout_obs_limit}.")
   if c.alpha_max is not None and c.alpha_max <= 0:
     raise ValueError(f"alpha_max must be > 0 or None, got {c.alpha_max}.")
   if c.dyn_max_epochs is not None and (not is_int(c.dyn_max_epochs) or c.dyn_max_epochs < 1):

@@ -3,7 +3,14 @@
 Pure and jittable; vmap it over seeds. The k steps run in a lax.scan; every step's rows are stacked
 and written with one masked `buffer.add` at the end (rows of branches that already terminated are
 masked out, so the ring only ever holds real model transitions).
+
+Two rollout rules beside the gymnasium-faithful termination functions (dynamics.termination_fn):
+- runaway: a next state with any |x| >= config.rollout_obs_limit (100, as the references'
+  termination code for all three envs) is written as a terminal row and ends its branch;
+- non-finite: a model output (next state, reward, or their variances) that is NaN/inf ends its
+  branch and is NOT written, so the ring never holds a row whose target could turn NaN.
 """
+import functools
 from typing import Callable
 
 import chex
@@ -27,9 +34,10 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   penalised by config.beta * mopo_penalty.
 
   Returns (buf, metrics) with scalar metrics: reward (mean over written rows), terminated_frac
-  (fraction of branches that terminated within k steps), length (mean steps per branch),
-  mopo_penalty (mean over written rows), next_obs_var (mean over written rows and dims),
-  num_added (rows written).
+  (fraction of branches that ended within k steps: terminal, runaway or non-finite), length (mean
+  rows written per branch), mopo_penalty (mean over written rows), next_obs_var (mean over written
+  rows and dims), num_added (rows written), nonfinite_frac (fraction of branches ended by a
+  non-finite model output, whose row was dropped).
   """
   chex.assert_rank(start_obs, 2)
   n, _ = start_obs.shape
@@ -42,34 +50,54 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
     action = policy_fn(obs, k_pi)
     chex.assert_rank(action, 2)
     out = dynamics.step(dyn, obs, action, k_model, config)
-    done = term_fn(obs, action, out.next_obs)
     reward, reward_mean = out.reward, out.reward_mean
     if penalise:
       reward = reward - config.beta * out.mopo_penalty
       reward_mean = reward_mean - config.beta * out.mopo_penalty
+    finite = _all_finite(out.next_obs, out.next_obs_mean, out.next_obs_var, reward, reward_mean,
+                         out.reward_var)
+    done = term_fn(obs, action, out.next_obs)
+    if config.rollout_obs_limit is not None:
+      done = done | jnp.any(jnp.abs(out.next_obs) >= config.rollout_obs_limit, axis=-1)
     rows = buffer_lib.Batch(
         obs=obs, action=action, reward=reward, next_obs=out.next_obs,
         done=done.astype(jnp.float32), obs_var=obs_var, next_obs_mean=out.next_obs_mean,
         next_obs_var=out.next_obs_var, reward_mean=reward_mean, reward_var=out.reward_var)
-    return (out.next_obs, out.next_obs_var, alive & ~done), (rows, alive, out.mopo_penalty)
+    written = alive & finite
+    still = written & ~done
+    # Ended branches carry zeros, not the model's NaN/inf, into the next step's inputs.
+    next_obs = jnp.where(still[:, None], out.next_obs, 0.0)
+    next_var = jnp.where(still[:, None], out.next_obs_var, 0.0)
+    return (next_obs, next_var, still), (rows, written, alive & ~finite, out.mopo_penalty)
 
   init = (start_obs, jnp.zeros_like(start_obs), jnp.ones((n,), bool))
-  (_, _, alive_end), (rows, written, penalty) = jax.lax.scan(
+  (_, _, alive_end), (rows, written, dropped, penalty) = jax.lax.scan(
       one_step, init, jax.random.split(key, k))
   # [k, N, ...] -> [k * N, ...]: step-major order, so older steps enter the ring first.
   flat = jax.tree.map(lambda x: x.reshape((k * n,) + x.shape[2:]), rows)
   mask = written.reshape(k * n)
   buf = buffer_lib.add(buf, flat, mask)
 
-  w = mask.astype(jnp.float32)
-  n_rows = jnp.sum(w)
+  n_rows = jnp.sum(mask.astype(jnp.float32))
   denom = jnp.maximum(n_rows, 1.0)
+
+  def masked_mean(x):
+    # Selection, not multiplication: a NaN in an unwritten row must not reach the metric.
+    return jnp.sum(jnp.where(mask, x, 0.0)) / denom
+
   metrics = {
-      "reward": jnp.sum(flat.reward * w) / denom,
+      "reward": masked_mean(flat.reward),
       "terminated_frac": 1.0 - jnp.mean(alive_end.astype(jnp.float32)),
       "length": n_rows / n,
-      "mopo_penalty": jnp.sum(penalty.reshape(k * n) * w) / denom,
-      "next_obs_var": jnp.sum(jnp.mean(flat.next_obs_var, axis=-1) * w) / denom,
+      "mopo_penalty": masked_mean(penalty.reshape(k * n)),
+      "next_obs_var": masked_mean(jnp.mean(flat.next_obs_var, axis=-1)),
       "num_added": n_rows,
+      "nonfinite_frac": jnp.sum(dropped.astype(jnp.float32)) / n,
   }
   return buf, metrics
+
+
+def _all_finite(*arrays):
+  """bool [N]: every entry of row n is finite in every array ([N] or [N, D])."""
+  ok = [jnp.isfinite(a) if a.ndim == 1 else jnp.all(jnp.isfinite(a), axis=-1) for a in arrays]
+  return functools.reduce(jnp.logical_and, ok)

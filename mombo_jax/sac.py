@@ -109,9 +109,18 @@ def _init_agent(key, obs_dim, action_dim, config, total_steps):
 
 
 def alpha(agent: AgentState, config: Config) -> jax.Array:
-  """Entropy temperature (f32 scalar): exp(log_alpha) if config.auto_alpha, else config.alpha."""
+  """Entropy temperature (f32 scalar): exp(log_alpha) if config.auto_alpha, else config.alpha.
+
+  With auto_alpha the temperature is capped at config.alpha_max (1.0 by default), as the MOMBO,
+  MOBILE and MOPO references do (`clamp(log_alpha.exp(), 0, 1)`): on penalised synthetic rewards the
+  entropy term can otherwise dominate early. The cap acts on the value used in the losses and
+  targets only; log_alpha's own gradient step is unaffected.
+  """
   if config.auto_alpha:
-    return jnp.exp(agent.log_alpha.params["log_alpha"])
+    value = jnp.exp(agent.log_alpha.params["log_alpha"])
+    if config.alpha_max is not None:
+      value = jnp.minimum(value, jnp.asarray(config.alpha_max, jnp.float32))
+    return value
   return jnp.asarray(config.alpha, jnp.float32)
 
 

@@ -134,3 +134,36 @@ def test_vmaps_over_seeds_and_matches_single_runs(setup):
     assert int(single.count) == int(out_bufs.count[i])
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b[i], rtol=1e-5, atol=1e-6),
                  single.data, out_bufs.data)
+
+
+def test_runaway_branches_end_and_nonfinite_rows_are_never_written(setup):
+  """|next_obs| >= rollout_obs_limit ends a branch with a terminal row; a NaN/inf model output
+  ends it without writing the row; the metrics stay finite (selection, not multiplication)."""
+  cfg, dyn, start = setup
+  start = np.array(start)
+  runaway, nan_rows, inf_rows = np.arange(0, 8), np.arange(8, 12), np.arange(12, 16)
+  start[runaway, 1] = 1e3            # next_obs = obs + small delta: |x| >= 100 at once
+  start[nan_rows, 0] = np.nan
+  start[inf_rows, 2] = np.inf
+  buf, metrics = _run(cfg, dyn, jnp.asarray(start), jax.random.PRNGKey(2))
+  count = int(buf.count)
+  data = jax.tree.map(lambda x: np.asarray(x)[:count], buf.data)
+  for field in jax.tree.leaves(data):
+    assert np.all(np.isfinite(field)), "a non-finite row reached the ring"
+  first = np.isin(np.arange(N), np.concatenate([nan_rows, inf_rows]), invert=True)
+  # Step 0 writes one row per branch except the non-finite ones, in branch order.
+  n0 = int(first.sum())
+  np.testing.assert_allclose(data.obs[:n0, 1], start[first, 1], rtol=1e-6)
+  big = np.abs(data.obs[:n0, 1]) >= 100
+  assert big.sum() == len(runaway)
+  assert np.all(data.done[:n0][big] == 1.0), "a runaway transition must be terminal"
+  # Those branches stopped: no later row starts from a state with |x| >= 100.
+  assert np.all(np.abs(data.obs[n0:]) < 100)
+  for v in metrics.values():
+    assert np.isfinite(v)
+  np.testing.assert_allclose(metrics["nonfinite_frac"], 8 / N, rtol=1e-6)
+  # Without the rule, the runaway branches go on.
+  loose = _config(rollout_obs_limit=None)
+  buf2, _ = _run(loose, dyn, jnp.asarray(start), jax.random.PRNGKey(2))
+  rows2 = np.asarray(buf2.data.obs)[:int(buf2.count)]
+  assert np.sum(np.abs(rows2[:, 1]) >= 100) > len(runaway)

@@ -83,6 +83,26 @@ def test_alpha(agent, cfg):
   assert sac.target_entropy(dataclasses.replace(cfg, target_entropy=-0.5), ACT_DIM) == -0.5
 
 
+def test_alpha_is_capped_like_the_references(agent, cfg):
+  """alpha = min(exp(log_alpha), alpha_max) (the references clamp at 1); log_alpha itself and its
+  gradient step are untouched by the cap."""
+  big = agent.replace(log_alpha=agent.log_alpha.replace(
+      params={"log_alpha": jnp.asarray(2.0, jnp.float32)}))
+  assert cfg.alpha_max == 1.0
+  assert float(sac.alpha(big, cfg)) == 1.0
+  assert float(sac.alpha(big, dataclasses.replace(cfg, alpha_max=None))) == pytest.approx(
+      np.exp(2.0), rel=1e-6)
+  assert float(sac.alpha(big, dataclasses.replace(cfg, alpha_max=3.0))) == pytest.approx(3.0)
+  small = agent.replace(log_alpha=agent.log_alpha.replace(
+      params={"log_alpha": jnp.asarray(-1.0, jnp.float32)}))
+  assert float(sac.alpha(small, cfg)) == pytest.approx(np.exp(-1.0), rel=1e-6)
+  new, metrics = update(big, _batch(3), jax.random.key(3), cfg)
+  assert float(metrics["alpha"]) == 1.0
+  # The alpha loss still moves log_alpha from 2.0 (Adam's first step is ~lr in size).
+  assert float(new.log_alpha.params["log_alpha"]) != 2.0
+  assert abs(float(new.log_alpha.params["log_alpha"]) - 2.0) < 2 * cfg.alpha_lr
+
+
 def _expected_soft_target(agent, batch, key, config):
   mean, log_std = agent.actor.apply_fn(agent.actor.params, batch.next_obs)
   a, logp = sample_tanh_gaussian(mean, log_std, key)

@@ -149,7 +149,8 @@ def soft_target(agent: AgentState, batch: Batch, key: jax.Array, config: Config)
   q_next = agent.critic.apply_fn(agent.target_critic_params, batch.next_obs, next_action).min(0)
   if not config.deterministic_backup:
     q_next = q_next - alpha(agent, config) * next_logp
-  y = batch.reward + config.gamma * (1.0 - batch.done) * q_next
+  # Selection, not (1 - d) * q: a NaN/inf value behind a terminal must not reach the target.
+  y = batch.reward + config.gamma * jnp.where(batch.done > 0, 0.0, q_next)
   if config.clip_target_min is not None:
     y = jnp.maximum(y, config.clip_target_min)
   chex.assert_shape(y, batch.reward.shape)

@@ -9,6 +9,10 @@ Batches come from `buffer.sample_mixed`, which puts the n_real = int(B * real_ra
 `_real_rows` relies on that to give real rows the plain, unpenalised target where a target recomputes
 model predictions (elite_spread, mixture, MOBILE). Real rows carry zero variance, so `mombo_lcb`
 needs no mask: there the penalty vanishes by itself.
+
+Terminal rows bootstrap through `_continue` (selection), never `(1 - d) * value`: a NaN/inf next
+value times zero is NaN. `config.deterministic_backup=False` adds SAC's entropy term
+-alpha * log pi(a'|s') to every next-state value (MOMBO's three modes, MOBILE, MOPO alike).
 """
 import functools
 
@@ -16,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from mombo_jax import dynamics, sac
+from mombo_jax.critics import sample_tanh_gaussian
 
 
 def _finish(y, config):
@@ -30,18 +35,34 @@ def _real_rows(batch_size, config):
   return jnp.arange(batch_size) < int(batch_size * config.real_ratio)
 
 
+def _continue(done, value):
+  """value where the episode goes on, 0 at terminals (selection: a NaN behind a terminal stays out)."""
+  return jnp.where(done > 0, jnp.zeros_like(value), value)
+
+
+def _next_action(agent, obs, key, config, soft=True):
+  """a' ~ pi(.|obs) [..., A] and the entropy bonus -alpha log pi(a'|obs) [...] of a soft backup
+  (zero for the deterministic backup, or when soft=False)."""
+  mean, log_std = sac._actor_apply(agent, obs, config)
+  action, logp = sample_tanh_gaussian(mean, log_std, key)
+  if config.deterministic_backup or not soft:
+    return action, jnp.zeros_like(logp)
+  return action, -sac.alpha(agent, config) * logp
+
+
 def _mm_min(agent, obs, obs_var, key, config):
-  """a' ~ pi(obs); (mean, var) [..., B] of the target critic with the smaller MM mean."""
-  action = sac.policy_sample(agent, obs, key, config)
+  """a' ~ pi(obs); (mean, var) [..., B] of the target critic with the smaller MM mean (plus the
+  entropy bonus in the mean for a soft backup)."""
+  action, bonus = _next_action(agent, obs, key, config)
   mean, var = agent.critic.apply_fn(agent.target_critic_params, obs, action, obs_var)  # [E, ..., B]
   j = jnp.argmin(mean, axis=0)[None]
-  return (jnp.take_along_axis(mean, j, axis=0)[0], jnp.take_along_axis(var, j, axis=0)[0])
+  return (jnp.take_along_axis(mean, j, axis=0)[0] + bonus, jnp.take_along_axis(var, j, axis=0)[0])
 
 
-def _plain_min(agent, obs, key, config):
-  """a' ~ pi(obs); min over target critics of Q(obs, a') [..., B]."""
-  action = sac.policy_sample(agent, obs, key, config)
-  return agent.critic.apply_fn(agent.target_critic_params, obs, action).min(axis=0)
+def _plain_min(agent, obs, key, config, soft=True):
+  """a' ~ pi(obs); min over target critics of Q(obs, a') [..., B] (+ entropy bonus if soft)."""
+  action, bonus = _next_action(agent, obs, key, config, soft)
+  return agent.critic.apply_fn(agent.target_critic_params, obs, action).min(axis=0) + bonus
 
 
 def _elite_predictions(dyn, batch, config, term_fn):
@@ -54,9 +75,9 @@ def _elite_predictions(dyn, batch, config, term_fn):
 
 
 def _plain_target(agent, batch, key, config):
-  """r + gamma (1 - d) min_j Q'(s', a'), the deterministic backup of real rows."""
-  return batch.reward + config.gamma * (1.0 - batch.done) * _plain_min(agent, batch.next_obs, key,
-                                                                         config)
+  """r + gamma (1 - d) min_j Q'(s', a'), the backup of real rows."""
+  return batch.reward + config.gamma * _continue(batch.done, _plain_min(agent, batch.next_obs, key,
+                                                                          config))
 
 
 def mombo_lcb(agent, batch, key, *, dyn, config, term_fn):
@@ -68,9 +89,8 @@ def mombo_lcb(agent, batch, key, *, dyn, config, term_fn):
   """
   del dyn, term_fn
   m, v = _mm_min(agent, batch.next_obs_mean, batch.next_obs_var, key, config)
-  not_done = 1.0 - batch.done
-  std = jnp.sqrt(batch.reward_var + config.gamma**2 * not_done * v)
-  y = batch.reward_mean + config.gamma * not_done * m - config.beta * std
+  std = jnp.sqrt(batch.reward_var + config.gamma**2 * _continue(batch.done, v))
+  y = batch.reward_mean + config.gamma * _continue(batch.done, m) - config.beta * std
   return _finish(y, config), {"penalty": config.beta * std.mean(), "target_std": std.mean()}
 
 
@@ -79,8 +99,8 @@ def _per_elite_mm(agent, batch, key, dyn, config, term_fn):
   s_mean, s_var, r_mean, r_var, done = _elite_predictions(dyn, batch, config, term_fn)
   keys = jax.random.split(key, s_mean.shape[0])
   m, v = jax.vmap(lambda s, sv, k: _mm_min(agent, s, sv, k, config))(s_mean, s_var, keys)
-  not_done = 1.0 - done
-  return r_mean + config.gamma * not_done * m, r_var + config.gamma**2 * not_done * v
+  return (r_mean + config.gamma * _continue(done, m),
+          r_var + config.gamma**2 * _continue(done, v))
 
 
 def mombo_elite_spread(agent, batch, key, *, dyn, config, term_fn):
@@ -113,11 +133,12 @@ def mobile(agent, batch, key, *, dyn, config, term_fn):
   n = config.mobile_num_samples
   eps = jax.random.normal(k_noise, (n,) + s_mean.shape, s_mean.dtype)
   samples = s_mean + s_std * eps                                        # [N, E, B, S]
-  q = _plain_min(agent, samples, k_pi, config)                          # [N, E, B]
+  # The penalty measures Q's spread only (the reference adds no entropy term here).
+  q = _plain_min(agent, samples, k_pi, config, soft=False)              # [N, E, B]
   penalty = q.mean(axis=0).std(axis=0, ddof=1)                          # [B]
   penalty = jnp.where(_real_rows(batch.reward.shape[0], config), 0.0, penalty)
-  y = batch.reward - config.beta * penalty + config.gamma * (1.0 - batch.done) * _plain_min(
-      agent, batch.next_obs, k_next, config)
+  y = batch.reward - config.beta * penalty + config.gamma * _continue(
+      batch.done, _plain_min(agent, batch.next_obs, k_next, config))
   return _finish(y, config), {"penalty": config.beta * penalty.mean()}
 
 

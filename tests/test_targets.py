@@ -201,3 +201,65 @@ def test_mobile(cfg, agent, batch, dyn):
   expected = (nb.reward - mob.beta * penalty
               + mob.gamma * (1 - nb.done) * np_min_q(agent, nb.next_obs, a_next))
   np.testing.assert_allclose(np.asarray(y), expected, rtol=RTOL, atol=ATOL)
+
+
+def _logp(agent, obs, key, cfg):
+  from mombo_jax.critics import sample_tanh_gaussian
+  mean, log_std = agent.actor.apply_fn(agent.actor.params, obs)
+  return np.asarray(sample_tanh_gaussian(mean, log_std, key)[1], np.float64)
+
+
+def test_soft_backup_is_honoured_by_mombo_and_mobile(cfg, agent, batch, dyn):
+  """deterministic_backup=False adds -alpha log pi(a'|s') to the next value; the penalties (MOMBO's
+  std, MOBILE's spread) are unchanged by it."""
+  nb = jax.tree.map(np.asarray, batch)
+  alpha = float(sac.alpha(agent, cfg))
+  key = jax.random.PRNGKey(3)
+  soft = dataclasses.replace(cfg, deterministic_backup=False)
+  y_det, _ = targets.mombo_lcb(agent, batch, key, dyn=None, config=cfg, term_fn=None)
+  y_soft, _ = targets.mombo_lcb(agent, batch, key, dyn=None, config=soft, term_fn=None)
+  bonus = -alpha * _logp(agent, batch.next_obs_mean, key, cfg)
+  np.testing.assert_allclose(np.asarray(y_soft) - np.asarray(y_det),
+                             cfg.gamma * (1 - nb.done) * bonus, rtol=1e-3, atol=1e-3)
+  assert np.any(np.abs(bonus[nb.done == 0]) > 1e-2)   # the check has teeth
+
+  mob = config_lib.make_config("hopper-random", "mobile", preset="tiny", real_ratio=0.25, beta=0.7,
+                               clip_target_min=None, mobile_num_samples=3)
+  key = jax.random.PRNGKey(7)
+  y_det, _ = targets.mobile(agent, batch, key, dyn=dyn, config=mob, term_fn=None)
+  y_soft, _ = targets.mobile(agent, batch, key, dyn=dyn,
+                             config=dataclasses.replace(mob, deterministic_backup=False), term_fn=None)
+  k_next = jax.random.split(key, 3)[2]
+  bonus = -alpha * _logp(agent, batch.next_obs, k_next, mob)
+  np.testing.assert_allclose(np.asarray(y_soft) - np.asarray(y_det),
+                             mob.gamma * (1 - nb.done) * bonus, rtol=1e-3, atol=1e-3)
+
+  term_fn = dynamics.termination_fn("hopper")
+  for mode in ("elite_spread", "mixture"):
+    det_cfg = dataclasses.replace(cfg, target=mode)
+    y_det, _ = targets.get_target(det_cfg)(agent, batch, key, dyn=dyn, config=det_cfg,
+                                           term_fn=term_fn)
+    soft_cfg = dataclasses.replace(det_cfg, deterministic_backup=False)
+    y_soft, _ = targets.get_target(soft_cfg)(agent, batch, key, dyn=dyn, config=soft_cfg,
+                                             term_fn=term_fn)
+    assert np.all(np.isfinite(np.asarray(y_soft)))
+    assert not np.allclose(np.asarray(y_soft), np.asarray(y_det))
+
+
+def test_nan_behind_a_terminal_never_reaches_the_target(cfg, agent, batch, dyn):
+  """A terminal row whose next state is NaN bootstraps nothing: its target stays finite."""
+  done = np.asarray(batch.done).copy()
+  done[:4] = 1.0
+  nan_rows = np.zeros((B, 1), bool)
+  nan_rows[:4] = True
+  poison = lambda x: jnp.where(jnp.asarray(nan_rows), jnp.nan, x)  # noqa: E731
+  bad = batch.replace(done=jnp.asarray(done), next_obs=poison(batch.next_obs),
+                      next_obs_mean=poison(batch.next_obs_mean),
+                      next_obs_var=poison(batch.next_obs_var))
+  key = jax.random.PRNGKey(8)
+  mob = dataclasses.replace(cfg, algo="mobile", mobile_num_samples=3)
+  mopo = config_lib.make_config("hopper-random", "mopo", preset="tiny")
+  for config in (cfg, dataclasses.replace(cfg, deterministic_backup=False), mob, mopo):
+    y, _ = targets.get_target(config)(agent, bad, key, dyn=dyn, config=config,
+                                      term_fn=dynamics.termination_fn("hopper"))
+    assert np.all(np.isfinite(np.asarray(y))), config.algo

@@ -269,8 +269,12 @@ def _mm_relu_parts(mean, var):
   s = jnp.sqrt(var_s)
   # s >= sqrt(tiny) > tiny, so the max is a no-op; it stops XLA from rewriting mean / sqrt(var) as
   # mean * rsqrt(var) (when nothing else uses s), which on CPU is ~10x slower and less accurate.
-  t = jnp.minimum(jnp.abs(mean / jnp.maximum(s, finfo.tiny)), _T_MAX)
+  a = mean / jnp.maximum(s, finfo.tiny)
   right = mean > 0
+  # t = |a|, written as a select on the same `right` that picks the branch below: at mean == 0 the
+  # left (mu <= 0) formulas run, and their t must then move as -a. jnp.abs's derivative at 0 is +1,
+  # which flipped the sign of every second derivative there (the jvp rule is itself differentiated).
+  t = jnp.minimum(jnp.where(right, a, -a), _T_MAX)
   a_tail, ca = _tail_factors(t, dtype)               # A and c2 A
   big = t > t_big
   phi_s = jnp.exp(jnp.where(big, shift, 0.0) - 0.5 * t * t) * _INV_SQRT_2PI   # phi(t) / scale

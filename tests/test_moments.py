@@ -352,3 +352,26 @@ def test_float32_rational_c2_table_is_positive_and_matches_mpmath():
   assert fit_error < 1e-8
   refit = (np.polynomial.polynomial.polyval(ts, p) / np.polynomial.polynomial.polyval(ts, q))
   np.testing.assert_allclose(refit, ref, rtol=1e-8)
+
+
+@pytest.mark.parametrize("output", [0, 1])
+def test_mm_relu_hessian_matches_finite_differences(output):
+  """Second derivatives (w.r.t. mean and var, of m and of v) agree with central differences of the
+  gradient, at mean == 0 (where jnp.abs's derivative once flipped their sign) and elsewhere."""
+  with jax.enable_x64(True):
+    def f(x):
+      return mm_relu(x[0], x[1])[output]
+
+    hess, grad = jax.jit(jax.hessian(f)), jax.jit(jax.grad(f))
+    h = 1e-5
+    for point in [(0.0, 1.0), (0.0, 0.3), (1e-9, 2.0), (0.5, 1.0), (-0.7, 0.2), (2.5, 0.5),
+                  (-4.0, 0.5), (30.0, 1.0), (-30.0, 1.0)]:
+      x = jnp.asarray(point, jnp.float64)
+      got = np.asarray(hess(x))
+      fd = np.stack([(np.asarray(grad(x + h * e)) - np.asarray(grad(x - h * e))) / (2 * h)
+                     for e in np.eye(2)])
+      np.testing.assert_allclose(got, fd, rtol=1e-5, atol=1e-7, err_msg=f"at {point}")
+      assert np.all(np.isfinite(got))
+    # At mean == 0, var == 1: d2m/dmean2 = phi(0) > 0 (Phi's slope), not -phi(0).
+    if output == 0:
+      assert float(hess(jnp.asarray([0.0, 1.0]))[0, 0]) == pytest.approx(0.3989423, rel=1e-6)

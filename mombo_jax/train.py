@@ -2,6 +2,13 @@
 epoch's gradient steps on mixed real/synthetic batches. Pure; jit-compiled once, vmapped over seeds.
 
 Never imports gymnasium, Minari, Orbax or absl: data comes in as arrays.
+
+Divergence is handled per seed inside the compiled epoch: after the gradient steps, a seed whose
+step losses (critic, actor, alpha) went non-finite or beyond +-config.max_abs_loss, or whose agent
+(parameters, target parameters, optimiser states) holds a non-finite value, keeps the agent it
+entered the epoch with (its last healthy one) and is marked `diverged` for good. The selection is a
+per-seed `jnp.where`, so the other seeds' computations are untouched (no lax.cond under vmap). A
+diverged seed's step metrics may be NaN: consumers mask them with metrics["diverged"].
 """
 import dataclasses
 import functools
@@ -20,6 +27,7 @@ class TrainState(struct.PyTreeNode):
   buffer: buffer.RingBuffer
   dynamics: dynamics.DynamicsState
   epoch: jax.Array          # int32 scalar: epochs completed
+  diverged: jax.Array       # bool scalar: frozen at its last healthy agent (see module docstring)
 
 
 def init(key, config, real: buffer.Batch, dyn) -> TrainState:
@@ -28,7 +36,8 @@ def init(key, config, real: buffer.Batch, dyn) -> TrainState:
   agent = sac.init_agent(key, obs_dim, action_dim, config,
                          total_steps=config.epochs * config.steps_per_epoch)
   ring = buffer.init_ring(config.synthetic_capacity, obs_dim, action_dim)
-  return TrainState(agent=agent, buffer=ring, dynamics=dyn, epoch=jnp.zeros((), jnp.int32))
+  return TrainState(agent=agent, buffer=ring, dynamics=dyn, epoch=jnp.zeros((), jnp.int32),
+                    diverged=jnp.zeros((), bool))
 
 
 def init_seeds(keys, config, real, dyn):
@@ -40,7 +49,9 @@ def make_epoch(config):
   """Returns a pure epoch(state, real, key) -> (state, metrics) of one seed.
 
   real: the real dataset, Batch [N, ...] (shared by all seeds: vmap it with in_axes None).
-  metrics: {name: [steps_per_epoch]} per gradient step, plus rollout statistics (scalars).
+  metrics: {name: [steps_per_epoch]} per gradient step, plus rollout statistics (scalars),
+  `diverged` (bool scalar: the seed is frozen, this epoch or before) and `diverged/<quantity>` (bool
+  scalars, quantity in DIVERGENCE_CHECKS: which check failed THIS epoch on a healthy seed).
   """
   target = targets.get_target(config)
   term_fn = dynamics.termination_fn(config.env_name)
@@ -62,11 +73,40 @@ def make_epoch(config):
 
     agent, step_metrics = jax.lax.scan(step, agent,
                                        jax.random.split(k_steps, config.steps_per_epoch))
+    failed = health_checks(agent, step_metrics, config)
+    newly = functools.reduce(jnp.logical_or, failed.values())
+    diverged = state.diverged | newly
+    # Selection per seed: the frozen seed keeps its input agent; its ring buffer may take the new
+    # rows (it is never trained on again) so no second copy of the large buffer is kept.
+    agent = jax.tree.map(lambda new, old: jnp.where(diverged, old, new), agent, state.agent)
     metrics = dict(step_metrics)
     metrics.update({f"rollout/{k}": v for k, v in roll_metrics.items()})
-    return state.replace(agent=agent, buffer=ring, epoch=state.epoch + 1), metrics
+    metrics["diverged"] = diverged
+    metrics.update({f"diverged/{k}": v & ~state.diverged for k, v in failed.items()})
+    return state.replace(agent=agent, buffer=ring, epoch=state.epoch + 1,
+                         diverged=diverged), metrics
 
   return epoch
+
+
+DIVERGENCE_CHECKS = ("critic_loss", "actor_loss", "alpha_loss", "params")
+
+
+def health_checks(agent: sac.AgentState, step_metrics: dict, config) -> dict:
+  """{quantity: bool scalar, True = failed} for one seed after an epoch's gradient steps.
+
+  step_metrics[name]: [steps] losses of the epoch; a loss fails when any step is non-finite or
+  beyond +-config.max_abs_loss (a finite explosion, e.g. beta=1e18, is a divergence too).
+  `params`: any non-finite floating leaf of the agent (parameters, targets, optimiser states).
+  """
+  failed = {}
+  for name in DIVERGENCE_CHECKS[:-1]:
+    x = step_metrics[name]
+    failed[name] = ~jnp.all(jnp.isfinite(x) & (jnp.abs(x) <= config.max_abs_loss))
+  leaves = [x for x in jax.tree.leaves(agent) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  failed["params"] = ~functools.reduce(jnp.logical_and,
+                                       [jnp.all(jnp.isfinite(x)) for x in leaves])
+  return failed
 
 
 def _policy(agent, config, obs, key):

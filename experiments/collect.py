@@ -35,6 +35,7 @@ stopped (the interrupted episode is cut: marked truncated). Running again with a
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -227,9 +228,22 @@ def dataset_exists(name: str) -> bool:
   return data.exists_locally(name)
 
 
+RECIPE_STEPS = {"random": 1_000_000, "medium": 1_000_000, "expert": 1_000_000,
+                "medium-expert": 2_000_000, "medium-replay": None, "mixed": 1_000_000}
+
+
+def provenance_for(name: str, recipe: str, steps: int) -> dict:
+  """What `data.provenance` reads back: the recipe, the transitions written, the full recipe's size
+  (None where it has none) and the command that rebuilds the dataset at full size."""
+  return {"recipe": recipe, "steps": int(steps), "recipe_steps": RECIPE_STEPS.get(recipe),
+          "command": f"python -m experiments.collect --env={name} --overwrite"}
+
+
 def write_dataset(name: str, episodes: Sequence[dict], description: str, algorithm: str,
-                  max_episode_steps: Optional[int] = None, overwrite: bool = False):
-  """Write episodes as the Minari dataset of short name `name` with D4RL reference scores."""
+                  max_episode_steps: Optional[int] = None, overwrite: bool = False, *,
+                  provenance: Optional[dict] = None):
+  """Write episodes as the Minari dataset of short name `name` with D4RL reference scores, and
+  `provenance` (see provenance_for) as metadata key data.PROVENANCE_KEY."""
   import minari
   from minari.data_collector import EpisodeBuffer
   from mombo_jax import data
@@ -253,6 +267,10 @@ def write_dataset(name: str, episodes: Sequence[dict], description: str, algorit
           dataset_id, buffers, env=env, eval_env=eval_env.spec, algorithm_name=algorithm,
           author=AUTHOR, code_permalink="experiments/collect.py", ref_min_score=low,
           ref_max_score=high, description=description)
+    if provenance is not None:
+      from minari.dataset.minari_storage import MinariStorage
+      MinariStorage(os.path.join(path, "data")).update_metadata(
+          {data.PROVENANCE_KEY: json.dumps(provenance)})
   except BaseException:
     shutil.rmtree(path, ignore_errors=True)  # no half-written dataset blocks the next attempt
     raise
@@ -298,9 +316,11 @@ def build_random(name: str, steps: int = 1_000_000, seed: int = 0, log_fn=_print
                      num_envs)
   elapsed = time.time() - t0
   log_fn(f"{name}: {_summary(episodes)}; {steps / max(elapsed, 1e-9):.0f} steps/s")
+  written = sum(len(ep["rewards"]) for ep in episodes)
   dataset_id = write_dataset(name, episodes, f"{steps} steps of a uniform random policy on "
                              f"{data.GYM_IDS[env]} (D4RL recipe).", "uniform-random",
-                             max_episode_steps, overwrite)
+                             max_episode_steps, overwrite,
+                             provenance=provenance_for(name, "random", written))
   log_fn(f"wrote {dataset_id} ({time.time() - t0:.1f} s in all)")
   return dataset_id
 
@@ -590,8 +610,12 @@ class Builder:
     return dataset_exists(name)
 
   def _write(self, name, episodes, description, algorithm, overwrite=False):
+    from mombo_jax import data
+    quality = data.parse_name(name)[1]
+    recipe = "mixed" if quality.endswith("pct") else quality
+    written = sum(len(ep["rewards"]) for ep in episodes)
     dataset_id = write_dataset(name, episodes, description, algorithm, self.opts.max_episode_steps,
-                               overwrite)
+                               overwrite, provenance=provenance_for(name, recipe, written))
     self.log(f"wrote {dataset_id}: {_summary(episodes)}")
     return dataset_id
 

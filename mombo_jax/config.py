@@ -81,6 +81,7 @@ class Config:
   dyn_max_logvar_init: float = 0.5
   dyn_min_logvar_init: float = -10.0
   dyn_logvar_coef: float = 0.01
+  dyn_checkpoint_every_s: float = 60.0     # seconds between checkpoints of dynamics training
 
   def __post_init__(self):
     _validate(self)
@@ -101,7 +102,8 @@ _POSITIVE_INTS = ("num_seeds", "batch_size", "num_critics", "epochs", "steps_per
                   "mobile_num_samples", "eval_every", "eval_episodes", "dyn_members", "dyn_elites",
                   "dyn_batch_size", "dyn_max_holdout", "dyn_patience")
 _POSITIVE_FLOATS = ("gamma", "actor_lr", "critic_lr", "alpha_lr", "dyn_lr", "max_abs_loss")
-_NONNEG_FLOATS = ("tau", "alpha", "beta", "dyn_improvement", "dyn_logvar_coef")
+_NONNEG_FLOATS = ("tau", "alpha", "beta", "dyn_improvement", "dyn_logvar_coef",
+                  "dyn_checkpoint_every_s")
 _FINITE_FLOATS = ("log_alpha_init", "log_std_min", "log_std_max", "dyn_max_logvar_init",
                   "dyn_min_logvar_init")
 

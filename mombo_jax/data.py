@@ -52,6 +52,9 @@ D4RL_REF_SCORES = {
     "hopper": (-20.272305, 3234.3),
     "walker2d": (1.629008, 4592.3),
 }
+# Minari metadata key of the datasets built or imported here: a JSON string of {"recipe", "steps",
+# "recipe_steps", "command"} (experiments.collect.provenance_for).
+PROVENANCE_KEY = "mombo_provenance"
 # Seconds the reachability check may take before a download attempt is declared hopeless.
 _REACH_TIMEOUT_S = 3.0
 _REMOTE_HOSTS = {"hf": "huggingface.co", "gcp": "storage.googleapis.com"}
@@ -323,6 +326,60 @@ def _write_cache(path: str, transitions: Transitions):
                   "will be slower next time.")
     if os.path.exists(tmp):
       os.remove(tmp)
+
+
+# ---------------------------------------------------------------------------------- identity
+
+def provenance(name: str) -> Optional[dict]:
+  """How a local dataset was built ({"recipe", "steps", "recipe_steps", "command"}), from its
+  metadata; None when it is not local or records none (e.g. a downloaded Minari dataset)."""
+  import json
+  meta = _local_metadata(_resolve(name))
+  raw = meta.get(PROVENANCE_KEY) if meta else None
+  if not raw:
+    return None
+  try:
+    out = json.loads(raw) if isinstance(raw, str) else dict(raw)
+  except (TypeError, ValueError):
+    return None
+  return out if isinstance(out, dict) else None
+
+
+def smaller_than_recipe(name: str) -> Optional[str]:
+  """A sentence saying that a local dataset is a reduced build of its recipe (fewer transitions
+  than the recipe's size), with the command that rebuilds it; None when it is full size or
+  records no recipe."""
+  prov = provenance(name)
+  if not prov or not prov.get("recipe_steps") or prov.get("steps") is None:
+    return None
+  if int(prov["steps"]) >= int(prov["recipe_steps"]):
+    return None
+  return (f"{_resolve(name)} is a reduced build: {int(prov['steps'])} transitions where its "
+          f"recipe ({prov.get('recipe')}) has {int(prov['recipe_steps'])}. Rebuild it at full "
+          f"size with `{prov.get('command')}`, or pass --allow_small_dataset to train on it anyway.")
+
+
+def dataset_env(name: str) -> Optional[str]:
+  """The environment a dataset belongs to, from its short name, or for an id from its local
+  metadata (eval env spec, env spec) or the id itself; None when nothing tells."""
+  try:
+    return env_name(name)
+  except ValueError:
+    return None
+
+
+def fingerprint(transitions: Transitions, samples: int = 4096) -> str:
+  """A cheap, process-independent fingerprint of a dataset's arrays: CRC32 over the shapes and a
+  fixed strided subsample (<= `samples` rows) of every field. Tells datasets apart (another env,
+  size, recipe or rebuild) without hashing gigabytes."""
+  import zlib
+  crc = 0
+  for field in transitions:
+    arr = np.ascontiguousarray(np.asarray(field, np.float32))
+    crc = zlib.crc32(repr(arr.shape).encode(), crc)
+    step = max(1, arr.shape[0] // samples)
+    crc = zlib.crc32(np.ascontiguousarray(arr[::step]).tobytes(), crc)
+  return f"{crc:08x}"
 
 
 # ------------------------------------------------------------------------------------- scores

@@ -334,6 +334,7 @@ def _dyn_config(config):
   from mombo_jax.config import Config
   fields = {f: getattr(config, f) for f in Config.__dataclass_fields__ if f.startswith("dyn_")}
   fields["dyn_max_epochs"] = None
+  fields.pop("dyn_checkpoint_every_s")
   return Config(**fields)
 
 
@@ -358,7 +359,34 @@ def make_arrays(transitions):
   return jnp.asarray(inputs), jnp.asarray(targets)
 
 
-def _fit(keys, transitions, config, log_fn, batched: bool, history) -> DynamicsState:
+class Interrupted(Exception):
+  """Dynamics training stopped on request (should_stop) after checkpointing; `epoch` reached.
+  Calling train / train_seeds again with the same checkpoint_dir resumes from there."""
+
+  def __init__(self, epoch: int, checkpoint_dir: str):
+    super().__init__(f"dynamics training stopped after epoch {epoch}; its state is in "
+                     f"{checkpoint_dir} and the same call resumes from it")
+    self.epoch = epoch
+    self.checkpoint_dir = checkpoint_dir
+
+
+def _resume(ckpt, st, identity):
+  """The checkpointed training state (template st) if there is one; refuses another identity."""
+  from mombo_jax import checkpoint
+  if ckpt is None or ckpt.latest_step() is None:
+    return st, False
+  restored, meta = ckpt.restore(st)
+  differs = identity_mismatch(meta, identity or {})
+  if differs:
+    raise checkpoint.CheckpointError(
+        f"The unfinished dynamics training in {ckpt.directory} belongs to another setup "
+        f"({_fmt_mismatch(differs)}); delete that folder to train from scratch, or pass another "
+        "--dynamics_dir.")
+  return restored, True
+
+
+def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_dir=None,
+         should_stop=None, identity=None) -> DynamicsState:
   inputs, targets = make_arrays(transitions)
   n_train, n_hold = split_sizes(inputs.shape[0], config)
   if n_hold < 1 or n_train < 1:
@@ -366,6 +394,15 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history) -> DynamicsS
                      f"(holdout ratio {config.dyn_holdout_ratio}); pass more data.")
   init, epoch, finish = _compiled(_dyn_config(config), batched)
   st = init(keys, inputs, targets)
+  ckpt = None
+  if checkpoint_dir is not None:
+    from mombo_jax import checkpoint
+    ckpt = checkpoint.RunCheckpointer(checkpoint_dir, keep=2)
+  st, resumed = _resume(ckpt, st, identity)
+  if resumed:
+    log_fn(f"dynamics: resumed unfinished training from {checkpoint_dir} at epoch "
+           f"{int(np.max(jax.device_get(st.epoch)))}")
+  last_save = time.time()
   max_epochs = jnp.asarray(np.iinfo(np.int32).max if config.dyn_max_epochs is None
                            else config.dyn_max_epochs, jnp.int32)
   num_seeds = keys.shape[0] if batched else 1
@@ -388,30 +425,48 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history) -> DynamicsS
            f"at most {left} epoch(s) left unless a member improves")
     if not active.any():
       break
+    stop = should_stop is not None and should_stop()
+    if ckpt is not None and (stop or time.time() - last_save >= config.dyn_checkpoint_every_s):
+      ckpt.save(int(ep.max()), st, {"identity": identity or {}})
+      last_save = time.time()
+    if stop:
+      raise Interrupted(int(ep.max()), checkpoint_dir)
   return finish(st)
 
 
 def train(key, transitions, config, log_fn: Callable = print,
-          history: Optional[list] = None) -> DynamicsState:
+          history: Optional[list] = None, **resume) -> DynamicsState:
   """Trains one seed's ensemble on data.Transitions (numpy). key: PRNG key [2].
 
   log_fn gets one progress line per epoch. history: if a list, one dict per epoch is appended
-  (epoch [1], holdout_mse [1, M], best [1, M], active [1]; numpy).
+  (epoch [1], holdout_mse [1, M], best [1, M], active [1]; numpy). `resume`: checkpoint_dir,
+  should_stop, identity as in train_seeds.
   """
   chex.assert_shape(key, (2,))
-  return _fit(key, transitions, config, log_fn, False, history)
+  return _fit(key, transitions, config, log_fn, False, history, **resume)
 
 
 def train_seeds(keys, transitions, config, log_fn: Callable = print,
-                history: Optional[list] = None) -> DynamicsState:
+                history: Optional[list] = None, *, checkpoint_dir: Optional[str] = None,
+                should_stop: Optional[Callable[[], bool]] = None,
+                identity: Optional[dict] = None) -> DynamicsState:
   """Trains len(keys) seeds' ensembles in one vmapped call per epoch. keys [N, 2].
 
   Returns a DynamicsState with a leading seed axis N. Each seed stops on its own; stopped seeds
   stay frozen while the others finish, so seed i's result equals train(keys[i], ...).
-  history: as in `train`, with N rows per array.
+  history: as in `train`, with N rows per array (only the epochs of this call after a resume).
+
+  checkpoint_dir: the training state is saved there (every config.dyn_checkpoint_every_s seconds,
+  and when stopping), and a call with the same checkpoint_dir resumes from it, ending with the same
+  result as an uninterrupted call; a checkpoint of another `identity` is refused.
+  should_stop: polled after each epoch; when it returns True the state is checkpointed and
+  `Interrupted` raised (needs checkpoint_dir).
   """
   chex.assert_rank(keys, 2)
-  return _fit(keys, transitions, config, log_fn, True, history)
+  if should_stop is not None and checkpoint_dir is None:
+    raise ValueError("should_stop needs a checkpoint_dir to save the interrupted training in.")
+  return _fit(keys, transitions, config, log_fn, True, history, checkpoint_dir, should_stop,
+              identity)
 
 
 def init_state(key, obs_dim: int, action_dim: int, config) -> DynamicsState:
@@ -490,8 +545,34 @@ _META_FIELDS = ("dyn_members", "dyn_elites", "dyn_hidden", "dyn_weight_decay",
                 "dyn_max_logvar_init", "dyn_min_logvar_init")
 
 
-def save(path: str, dyn: DynamicsState, config, overwrite: bool = False) -> None:
-  """Writes dyn (one seed or a leading seed axis) with Orbax; metadata rebuilds the module."""
+def identity(config, transitions, extra: Optional[dict] = None) -> dict:
+  """What must match for saved dynamics to be reused: the ensemble's shape (members, elites,
+  hidden sizes, obs/action dims, seeds) plus the caller's `extra` (dataset id, size, fingerprint,
+  env). JSON-friendly values only."""
+  out = dict(dyn_members=config.dyn_members, dyn_elites=config.dyn_elites,
+             dyn_hidden=list(config.dyn_hidden), obs_dim=int(transitions.observations.shape[1]),
+             action_dim=int(transitions.actions.shape[1]), num_seeds=config.num_seeds,
+             seed=config.seed)
+  out.update(extra or {})
+  return out
+
+
+def identity_mismatch(meta: dict, expected: dict) -> dict:
+  """{key: (saved, expected)} for every key of `expected` whose saved value (meta["identity"])
+  differs or is missing; empty when the saved dynamics fit."""
+  saved = (meta or {}).get("identity") or {}
+  return {k: (saved.get(k, "<not recorded>"), v) for k, v in expected.items()
+          if saved.get(k, "<not recorded>") != v}
+
+
+def _fmt_mismatch(differs: dict) -> str:
+  return "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in sorted(differs.items()))
+
+
+def save(path: str, dyn: DynamicsState, config, overwrite: bool = False,
+         identity: Optional[dict] = None) -> None:
+  """Writes dyn (one seed or a leading seed axis) with Orbax; metadata rebuilds the module and
+  records `identity` (see `identity`) for reuse checks."""
   from mombo_jax import checkpoint
   obs_dim = int(dyn.params["max_logvar"].shape[-1]) - 1
   in_dim = int(dyn.input_mean.shape[-1])
@@ -500,7 +581,7 @@ def save(path: str, dyn: DynamicsState, config, overwrite: bool = False) -> None
   meta["dyn_hidden"] = list(meta["dyn_hidden"])
   meta["dyn_weight_decay"] = list(meta["dyn_weight_decay"])
   meta.update(obs_dim=obs_dim, action_dim=in_dim - obs_dim, num_seeds=seeds, env=config.env,
-              kind="mombo_jax.dynamics")
+              kind="mombo_jax.dynamics", identity=identity or {})
   tree = {"params": dyn.params, "input_mean": dyn.input_mean, "input_std": dyn.input_std,
           "elites": dyn.elites}
   checkpoint.save_pytree(path, jax.device_get(tree), meta, overwrite=overwrite)

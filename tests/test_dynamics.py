@@ -298,3 +298,50 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
                                   workdir=str(tmp_path), log_fn=lines.append)
   with pytest.raises(train_dynamics.UserError, match="Valid names"):
     train_dynamics.train_and_save(env="hopper-mediocre", workdir=str(tmp_path))
+
+
+def test_interrupted_training_resumes_to_the_same_ensemble(fitted, tmp_path):
+  """should_stop -> checkpoint + Interrupted; the same call resumes and ends bit for bit where an
+  uninterrupted call ends (same compiled functions, same machine). Another identity is refused."""
+  from mombo_jax import checkpoint
+  _, data, _, _ = fitted
+  cfg = _config(dyn_patience=10, dyn_max_epochs=6, dyn_checkpoint_every_s=0.0)
+  keys = jax.random.split(jax.random.PRNGKey(4), 2)
+  quiet = lambda _: None  # noqa: E731
+  whole = dynamics.train_seeds(keys, data, cfg, log_fn=quiet)
+  ident = {"dataset": "test/hetero-v0", "fingerprint": "abc"}
+  calls = []
+
+  def stop_after_two():
+    calls.append(1)
+    return len(calls) == 2
+
+  ckpt_dir = str(tmp_path / "partial")
+  with pytest.raises(dynamics.Interrupted) as info:
+    dynamics.train_seeds(keys, data, cfg, log_fn=quiet, checkpoint_dir=ckpt_dir,
+                         should_stop=stop_after_two, identity=ident)
+  assert info.value.epoch == 2
+  with pytest.raises(checkpoint.CheckpointError, match="fingerprint"):
+    dynamics.train_seeds(keys, data, cfg, log_fn=quiet, checkpoint_dir=ckpt_dir,
+                         identity=dict(ident, fingerprint="other"))
+  lines = []
+  resumed = dynamics.train_seeds(keys, data, cfg, log_fn=lines.append, checkpoint_dir=ckpt_dir,
+                                 identity=ident)
+  assert "resumed" in lines[0] and "epoch 2" in lines[0]
+  assert len(lines) == 1 + 4        # the resume line, then epochs 3..6 only
+  jax.tree.map(np.testing.assert_array_equal, whole, resumed)
+
+
+def test_saved_identity_is_checked(fitted, tmp_path):
+  cfg, data, dyn, _ = fitted
+  ident = dynamics.identity(cfg, data, {"dataset": "test/hetero-v0", "fingerprint": "abc"})
+  assert ident["dyn_members"] == 3 and ident["obs_dim"] == 1
+  dynamics.save(str(tmp_path / "d"), dyn, cfg, identity=ident)
+  _, meta = dynamics.load(str(tmp_path / "d"))
+  assert dynamics.identity_mismatch(meta, ident) == {}
+  seven = dynamics.identity(_config(dyn_members=7, dyn_elites=5), data,
+                            {"dataset": "test/hetero-v0", "fingerprint": "abc"})
+  assert dynamics.identity_mismatch(meta, seven) == {"dyn_members": (3, 7), "dyn_elites": (2, 5)}
+  assert "fingerprint" in dynamics.identity_mismatch(meta, dict(ident, fingerprint="zzz"))
+  # A save from before identities were recorded matches nothing.
+  assert set(dynamics.identity_mismatch({}, ident)) == set(ident)

@@ -268,8 +268,7 @@ def write_dataset(name: str, episodes: Sequence[dict], description: str, algorit
           author=AUTHOR, code_permalink="experiments/collect.py", ref_min_score=low,
           ref_max_score=high, description=description)
     if provenance is not None:
-      from minari.dataset.minari_storage import MinariStorage
-      MinariStorage(os.path.join(path, "data")).update_metadata(
+      minari.load_dataset(dataset_id).storage.update_metadata(
           {data.PROVENANCE_KEY: json.dumps(provenance)})
   except BaseException:
     shutil.rmtree(path, ignore_errors=True)  # no half-written dataset blocks the next attempt

@@ -97,7 +97,9 @@ def test_changed_config_refuses_workdir(dataset, dyn_dir, tmp_path):
 def test_missing_dataset_names_the_command(minari_root, tmp_path):
   from experiments import run
   with pytest.raises(run.UserError, match="experiments.collect"):
-    run.train(_config("mombo"), "walker2d-medium-replay", str(tmp_path))
+    run.train(_config("mombo"), "hopper-medium-replay", str(tmp_path))
+  # A failed launch leaves no config.json behind, so the corrected command is not blocked.
+  assert not (tmp_path / "config.json").exists()
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +148,171 @@ def test_mm_critic_at_zero_variance_matches_plain_update(tiny_setup):
   noisy = batch.replace(obs_var=jnp.full_like(batch.obs_var, 0.5))
   _, noisy_m = update(agent, noisy, keys[1], target_fn, config)
   assert abs(float(noisy_m["actor_loss"]) - float(mm_m["actor_loss"])) > 1e-4
+
+
+# ------------------------------------------------------------------------------ refusals up front
+
+def test_dataset_of_another_env_is_refused(dataset, tmp_path):
+  from experiments import run
+  walker = config_lib.make_config("walker2d-random", "mombo", preset="tiny", **TINY)
+  for name in ("mombo/hopper/random-v0", "hopper-random"):
+    with pytest.raises(run.UserError, match="holds hopper data.*walker2d"):
+      run.train(walker, name, str(tmp_path / "w"))
+  assert not (tmp_path / "w" / "config.json").exists()
+
+
+def test_reduced_build_refused_with_paper_settings(dataset, tmp_path):
+  """The test dataset is a 2,000-step build of the 1M-step random recipe."""
+  from experiments import run
+  assert data.provenance(dataset)["steps"] < data.provenance(dataset)["recipe_steps"]
+  with pytest.raises(run.UserError, match="reduced build.*experiments.collect --env=hopper-random "
+                     "--overwrite.*--allow_small_dataset"):
+    run.train(_config("mombo"), dataset, str(tmp_path), require_full=True)
+  assert not (tmp_path / "config.json").exists()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(keep=0), "--keep_checkpoints"), (dict(stop_after=0), "--stop_after"),
+    (dict(build_steps=0), "--build_steps")])
+def test_bad_run_arguments_are_refused(tmp_path, kwargs, match):
+  from experiments import run
+  with pytest.raises(run.UserError, match=match):
+    run.validate(_config("mombo"), DATASET, str(tmp_path), **kwargs)
+
+
+def test_bad_workdirs_are_refused(tmp_path):
+  from experiments import run
+  afile = tmp_path / "afile"
+  afile.write_text("x")
+  with pytest.raises(run.UserError, match="--workdir=.*is a file"):
+    run.validate(_config("mombo"), DATASET, str(afile))
+  with pytest.raises(run.UserError, match="--workdir=.*cannot be created"):
+    run.validate(_config("mombo"), DATASET, str(afile / "sub"))
+  with pytest.raises(run.UserError, match="--dynamics_dir=.*is a file"):
+    run.validate(_config("mombo"), DATASET, str(tmp_path / "ok"), dynamics_dir=str(afile))
+  with pytest.raises(run.UserError, match="Unknown dataset name"):
+    run.validate(_config("mombo"), "hopper-randm", str(tmp_path / "ok"))
+
+
+def _run_cli(args, env_extra=None, timeout=120):
+  import subprocess
+  import sys
+  env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
+  return subprocess.run([sys.executable, "-m", "experiments.run"] + args, capture_output=True,
+                        text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("flag", ["--epochs=-1", "--beta=nan", "--eval_every=0",
+                                  "--keep_checkpoints=0"])
+def test_cli_refuses_bad_flags_in_one_line_before_any_work(tmp_path, flag):
+  out = _run_cli([flag, "--env=hopper-random", f"--workdir={tmp_path / 'w'}"],
+                 {"MINARI_DATASETS_PATH": str(tmp_path / "empty")})
+  assert out.returncode != 0
+  assert "Traceback" not in out.stderr
+  lines = [l for l in out.stderr.strip().splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+  assert flag.split("=")[0].lstrip("-") in lines[0]
+  assert not (tmp_path / "w" / "config.json").exists()
+
+
+def test_epochs_change_needs_consent_and_is_recorded(tmp_path):
+  from experiments import run
+  first, _ = run.check_workdir_config(str(tmp_path), _config("mombo"), DATASET)
+  (tmp_path / "config.json").write_text(json.dumps(first))
+  longer = _config("mombo", epochs=5, eval_every=2)
+  with pytest.raises(run.UserError, match="--allow_epochs_change"):
+    run.check_workdir_config(str(tmp_path), longer, DATASET)
+  new, notes = run.check_workdir_config(str(tmp_path), longer, DATASET, allow_epochs_change=True)
+  assert new["epochs"] == 5 and new["epochs_changes"][0]["from"] == 2
+  assert "re-spanned" in new["epochs_changes"][0]["actor_lr_schedule"]
+  assert any("eval_every" in n for n in notes)
+  # eval_every / eval_episodes alone may change freely.
+  run.check_workdir_config(str(tmp_path), _config("mombo", eval_episodes=3), DATASET)
+
+
+def test_dynamics_of_another_setup_are_refused(dataset, dyn_dir, tmp_path, mombo_run):
+  """mombo_run saved 3-member ensembles for seeds 0-1 in dyn_dir; a 4-member config must be refused
+  with what differs, before anything reaches JAX."""
+  from experiments import run
+  other = _config("mombo", num_seeds=2, dyn_members=4)
+  with pytest.raises(run.UserError, match="another setup.*dyn_members: saved 3, now 4"):
+    run.train(other, dataset, str(tmp_path), dynamics_dir=dyn_dir)
+
+
+# ----------------------------------------------------------------------------------- divergence
+
+@pytest.mark.slow
+def test_a_diverging_seed_is_frozen_and_the_others_finish_unchanged(dataset, dyn_dir, tmp_path,
+                                                                    mombo_run):
+  from experiments import run
+  straight_dir, straight = mombo_run
+  summary = run.train(_config("mombo", num_seeds=2), dataset, str(tmp_path), dynamics_dir=dyn_dir,
+                      _poison=(0, 1))
+  assert [(d["seed"], d["epoch"]) for d in summary["diverged"]] == [(0, 2)]
+  assert "params" in summary["diverged"][0]["quantity"]
+  # Seed 1 trained exactly as in the run where nothing diverged (same compiled program).
+  assert summary["final_normalized_score"][1] == straight["final_normalized_score"][1]
+  assert summary["aulc"][1] == straight["aulc"][1]
+  assert summary["final_normalized_score_mean"] == summary["final_normalized_score"][1]
+  assert summary["final_normalized_score_std"] == 0.0
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(a[1], b[1]),
+               _final_params(str(straight_dir))["agent"], _final_params(str(tmp_path))["agent"])
+  assert json.loads((tmp_path / "summary.json").read_text())["diverged"][0]["seed"] == 0
+  # Resuming a finished run with a diverged seed keeps the record (it lives in the checkpoint).
+  again = run.train(_config("mombo", num_seeds=2), dataset, str(tmp_path), dynamics_dir=dyn_dir)
+  assert again["diverged"] == summary["diverged"]
+
+
+# -------------------------------------------------------------------------------------- signals
+
+def _interrupt_at(args, env_extra, trigger, sig):
+  """Starts experiments.run, sends `sig` once a stdout line contains `trigger`; returns
+  (exit code, output)."""
+  import signal as _signal
+  import subprocess
+  import sys
+  env = dict(os.environ, PYTHONUNBUFFERED="1", **env_extra)
+  proc = subprocess.Popen([sys.executable, "-m", "experiments.run"] + args, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=env)
+  seen = []
+  for line in proc.stdout:
+    seen.append(line)
+    if trigger in line:
+      proc.send_signal(sig)
+      break
+  rest, _ = proc.communicate(timeout=300)
+  assert _signal.Signals(sig) in (_signal.SIGINT, _signal.SIGTERM)
+  return proc.returncode, "".join(seen) + rest
+
+
+@pytest.mark.slow
+def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, minari_root,
+                                                                        tmp_path):
+  import signal as _signal
+  from experiments import run
+  overrides = dict(epochs=3, dyn_max_epochs=4)
+  args = ["--env=hopper-random", "--preset=tiny", "--epochs=3", "--dynamics_max_epochs=4",
+          "--steps_per_epoch=5", "--rollout_batch_size=32", f"--workdir={tmp_path / 'cli'}"]
+  env = {"MINARI_DATASETS_PATH": str(minari_root)}
+  # Mid-dynamics: the dynamics epoch ends, its state is saved, and the run says how to resume.
+  code, out = _interrupt_at(args, env, "dynamics epoch 1:", _signal.SIGTERM)
+  assert code == 143, out
+  assert "Traceback" not in out and "Resume with:" in out and "dynamics epoch" in out
+  assert os.path.isdir(tmp_path / "cli" / "dynamics" / "seed0x1.partial")
+  # Mid-training (Ctrl-C): the epoch finishes and is checkpointed.
+  code, out = _interrupt_at(args, env, "epoch 1/3", _signal.SIGINT)
+  assert code == 130, out
+  assert "resumed unfinished training" in out and "Traceback" not in out
+  assert not os.path.exists(tmp_path / "cli" / "dynamics" / "seed0x1.partial")
+  done = _run_cli(args, env, timeout=300)
+  assert done.returncode == 0, done.stdout + done.stderr
+  assert "Resumed from" in done.stdout
+  interrupted = json.loads((tmp_path / "cli" / "summary.json").read_text())
+  # The same run without interruptions, in this process.
+  cfg = config_lib.make_config(DATASET, "mombo", preset="tiny", steps_per_epoch=5,
+                               rollout_batch_size=32, **overrides)
+  straight = run.train(cfg, DATASET, str(tmp_path / "straight"))
+  assert interrupted["epochs"] == straight["epochs"] == [1, 2, 3]
+  np.testing.assert_allclose(interrupted["final_normalized_score"],
+                             straight["final_normalized_score"], rtol=1e-6)
+  np.testing.assert_allclose(interrupted["aulc"], straight["aulc"], rtol=1e-6)

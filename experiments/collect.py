@@ -517,19 +517,17 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
 
 
 class _SacCheckpoints:
-  """Orbax CheckpointManager for the SAC run: state pytree (agent, replay, key data, medium actor)
-  plus JSON metadata (step, medium point, evaluations, the run's settings for a sanity check)."""
+  """The SAC run's checkpoints (mombo_jax.checkpoint.RunCheckpointer, kind "collector"): state
+  pytree (agent, replay, key data, medium actor) plus metadata (step, medium point, evaluations,
+  the run's settings for a sanity check)."""
 
   def __init__(self, directory: str, config, total_steps: int, run_settings: dict):
-    import orbax.checkpoint as ocp
+    from mombo_jax import checkpoint
     self.directory = os.path.abspath(directory)
     self.config = config
     self.run_settings = run_settings
     self.total_steps = total_steps
-    self._ocp = ocp
-    self._mgr = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True,
-                                                             enable_async_checkpointing=False))
+    self._ckpt = checkpoint.RunCheckpointer(self.directory, keep=2, kind="collector")
 
   def _settings(self):
     c = self.config
@@ -537,32 +535,31 @@ class _SacCheckpoints:
                 batch_size=c.batch_size, **self.run_settings)
 
   def save(self, step: int, state: dict, meta: dict):
-    ocp = self._ocp
     meta = dict(meta, settings=self._settings(), capacity=int(state["replay"]["obs"].shape[0]))
-    self._mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                 meta=ocp.args.JsonSave(meta)), force=True)
-    self._mgr.wait_until_finished()
+    self._ckpt.save(step, state, meta)
 
   def restore(self, obs_dim: int, action_dim: int):
-    """(state, meta) of the latest checkpoint, or (None, None) when there is none."""
+    """(state, meta) of the latest valid checkpoint, or (None, None) when there is none."""
     import jax
-    from mombo_jax import sac
-    ocp = self._ocp
-    step = self._mgr.latest_step()
-    if step is None:
+    from mombo_jax import checkpoint, sac
+    try:
+      meta = self._ckpt.metadata()
+    except checkpoint.CheckpointError as e:
+      raise UserError(str(e)) from None
+    if meta is None:
       return None, None
-    meta = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     if meta.get("settings") != self._settings():
       raise UserError(f"The SAC checkpoint in {self.directory} was made with {meta.get('settings')}"
                       f", not {self._settings()}; use another --workdir or the same settings.")
     capacity = int(meta["capacity"])
     agent = sac.init_agent(jax.random.key(0), obs_dim, action_dim, self.config, self.total_steps)
-    template = dict(agent=agent, key=jax.random.key_data(jax.random.key(0)),
+    template = dict(agent=agent, key=np.asarray(jax.random.key_data(jax.random.key(0))),
                     replay=_empty_replay(capacity, obs_dim, action_dim),
                     medium_actor=jax.tree_util.tree_map(np.asarray, agent.actor.params))
-    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, template)
-    state = self._mgr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract)))["state"]
+    try:
+      state, meta = self._ckpt.restore(template)
+    except checkpoint.CheckpointError as e:
+      raise UserError(str(e)) from None
     state["replay"] = {k: np.array(v) for k, v in state["replay"].items()}
     if capacity < self.total_steps:  # a longer run continues a finished one
       grown = _empty_replay(self.total_steps, obs_dim, action_dim)

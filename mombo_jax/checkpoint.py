@@ -1,17 +1,19 @@
 """Checkpoints: whole pytrees (TrainStates, optax states, flax.struct dataclasses, PRNG keys,
-leading seed axes) saved with Orbax, plus JSON metadata, written atomically and verified on load.
+leading seed axes) through Orbax's CheckpointManager, plus JSON metadata, verified on load.
 
-Layout of one checkpoint directory:
-  <path>/checkpoint.json   format tag, user metadata, the saved tree's leaves (shape, dtype,
-                           typed-key impl), and a (size, crc32) manifest of every file under state/
-  <path>/state/            the Orbax PyTree checkpoint of `flax.serialization.to_state_dict(tree)`
+One mechanism for everything that is saved: run checkpoints (`RunCheckpointer`, keep-N numbered
+steps), the dynamics ensembles and their unfinished training, and the collector's SAC state. Each is
+a CheckpointManager directory `<dir>/<step>/` with two items:
+  state/   the Orbax PyTree of `flax.serialization.to_state_dict(tree)` as numpy arrays
+  meta/    JSON: format tag, kind, user metadata, the saved leaves (shape, dtype, typed-key impl)
+           and a CRC32 of every leaf's bytes
+Orbax gives the atomic commit (a step is written to a temporary folder and renamed into place; a
+killed write leaves no step behind), keep-N and the latest step.
 
-Why our own manifest: Orbax/tensorstore do not reliably notice a truncated or overwritten chunk file
-(some corruptions decode to wrong numbers silently), and their errors come from deep inside
-tensorstore. Checking sizes and CRC32s first gives one clear `CheckpointError` naming the bad file.
-
-Why the temp dir + rename: checkpoint.json is written last, inside a hidden temp dir that is renamed
-into place only when complete, so a crash mid-write leaves either the old checkpoint or nothing.
+Why the per-leaf CRC32s: Orbax does not notice every corruption. A byte flipped inside a stored
+chunk restores silently as wrong numbers (tests/test_checkpoint.py shows it with Orbax alone);
+truncated or zeroed chunks do raise, deep inside tensorstore. Checking the restored values against
+the CRCs turns both into one clear `CorruptCheckpointError` naming the step and the leaf.
 
 Orbax sees only nested dicts of numpy arrays (Python scalars become 0-d arrays, typed PRNG keys
 become their uint32 key data), which keeps it away from custom pytree nodes; the template's own
@@ -21,11 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
-import re
-import shutil
-import uuid
 import warnings
 import zlib
 from typing import Any, Optional
@@ -35,15 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-FORMAT = "mombo_jax.checkpoint/1"
-_META_FILE = "checkpoint.json"
-_STATE_DIR = "state"
+FORMAT = "mombo_jax.checkpoint/2"
 _ROOT = "tree"
-_STEP_RE = re.compile(r"^step_(\d+)$")
-_LEFTOVER_RE = re.compile(r"^\.step_\d+\.(tmp|old)-[0-9a-f]+$")
-_TMP_TAG = ".tmp-"
-_OLD_TAG = ".old-"
-_CRC_CHUNK = 1 << 24
+_ITEMS = ("state", "meta")
 _MAX_LISTED = 10          # mismatches listed in an error message before "... and N more"
 
 
@@ -140,82 +132,7 @@ def _json_default(obj):
 
 
 # ----------------------------------------------------------------------------------------------
-# Files.
-
-def _crc32(filename: str) -> int:
-  crc = 0
-  with open(filename, "rb") as f:
-    while chunk := f.read(_CRC_CHUNK):
-      crc = zlib.crc32(chunk, crc)
-  return crc
-
-
-def _manifest(root: str) -> dict:
-  """{relative path: [size, crc32]} of every file under root/state."""
-  out = {}
-  for dirpath, _, filenames in os.walk(os.path.join(root, _STATE_DIR)):
-    for name in filenames:
-      full = os.path.join(dirpath, name)
-      out[os.path.relpath(full, root)] = [os.path.getsize(full), _crc32(full)]
-  return out
-
-
-def _fsync_dir(path: str):
-  try:
-    fd = os.open(path, os.O_RDONLY)
-  except OSError:
-    return
-  try:
-    os.fsync(fd)
-  except OSError:
-    pass
-  finally:
-    os.close(fd)
-
-
-def _body_crc(body: dict) -> int:
-  return zlib.crc32(json.dumps(body, sort_keys=True).encode())
-
-
-def _read_header(path: str) -> dict:
-  """Parse and verify checkpoint.json and the file manifest. Raises CorruptCheckpointError."""
-  fix = ("Delete it (or the whole workdir) and re-run, or pass --workdir elsewhere; "
-         "RunCheckpointer falls back to an older step automatically.")
-  meta_file = os.path.join(path, _META_FILE)
-  if not os.path.isdir(path):
-    raise CheckpointError(f"No checkpoint at {path}: the directory does not exist. Check the path.")
-  if not os.path.isfile(meta_file):
-    raise CorruptCheckpointError(f"Checkpoint {path} is incomplete: {_META_FILE} is missing "
-                                 "(not written by mombo_jax.checkpoint, or the write was cut off). "
-                                 + fix)
-  try:
-    with open(meta_file) as f:
-      header = json.load(f)
-    body = header["body"]
-    ok = header["crc32"] == _body_crc(body) and body["format"] == FORMAT
-  except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-    raise CorruptCheckpointError(f"Checkpoint {path} is corrupt: {meta_file} is unreadable "
-                                 f"({type(e).__name__}: {e}). {fix}") from e
-  if not ok:
-    raise CorruptCheckpointError(f"Checkpoint {path} is corrupt: {meta_file} fails its checksum or "
-                                 f"has an unknown format (expected {FORMAT}). {fix}")
-  for rel, (size, crc) in body["files"].items():
-    full = os.path.join(path, rel)
-    if not os.path.isfile(full):
-      raise CorruptCheckpointError(f"Checkpoint {path} is corrupt: file {rel} is missing. {fix}")
-    actual = os.path.getsize(full)
-    if actual != size:
-      raise CorruptCheckpointError(f"Checkpoint {path} is corrupt: file {rel} has {actual} bytes, "
-                                   f"expected {size} (truncated or overwritten). {fix}")
-    if _crc32(full) != crc:
-      raise CorruptCheckpointError(f"Checkpoint {path} is corrupt: file {rel} fails its CRC32 "
-                                   f"check (contents altered). {fix}")
-  return body
-
-
-def _remove(path: str):
-  shutil.rmtree(path, ignore_errors=True)
-
+# Orbax storage.
 
 def _orbax():
   # Imported lazily: Orbax is heavy and only the edges of the program need it.
@@ -223,94 +140,116 @@ def _orbax():
   return ocp
 
 
-# ----------------------------------------------------------------------------------------------
-# Public API.
+def _manager(directory: str, keep: Optional[int], create: bool = True):
+  ocp = _orbax()
+  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
+                                         enable_async_checkpointing=False,
+                                         cleanup_tmp_directories=True)
+  return ocp.CheckpointManager(directory, options=options, item_names=_ITEMS)
 
-def save_pytree(path: str, tree: Any, metadata: Optional[dict] = None, overwrite: bool = False):
-  """Save `tree` (any pytree of arrays / Python scalars, e.g. a TrainState with a leading seed axis)
-  and JSON-serialisable `metadata` to the directory `path`, atomically.
 
-  Refuses to replace an existing `path` unless overwrite=True; even then the old checkpoint stays in
-  place until the new one is complete.
-  """
-  path = os.path.abspath(os.fspath(path))
-  if os.path.exists(path) and not overwrite:
-    raise CheckpointError(f"Checkpoint path {path} already exists. Pass overwrite=True, delete it, "
-                          "or choose another path.")
+def _leaf_crc(arr: np.ndarray) -> int:
+  return zlib.crc32(np.ascontiguousarray(arr).tobytes())
+
+
+def _encode(tree: Any, metadata: Optional[dict], kind: str, where: str):
+  """-> (nested numpy dict for Orbax, JSON body for the meta item)."""
   try:
     meta_json = json.loads(json.dumps(metadata or {}, default=_json_default))
   except (TypeError, ValueError) as e:
-    raise CheckpointError(f"Checkpoint metadata for {path} is not JSON-serialisable ({e}). Pass "
+    raise CheckpointError(f"Checkpoint metadata for {where} is not JSON-serialisable ({e}). Pass "
                           "plain dicts / lists / numbers / strings (dataclasses and numpy values "
                           "are converted).") from e
-
   leaves, empty, nones = _flatten(_state_dict(tree))
   arrays, leaf_desc = {}, []
   for p, leaf in leaves.items():
     arr, impl = _to_numpy(p, leaf)
     arrays[p] = arr
-    leaf_desc.append([list(p), list(arr.shape), arr.dtype.name, impl, _is_weak(leaf)])
+    leaf_desc.append([list(p), list(arr.shape), arr.dtype.name, impl, _is_weak(leaf),
+                      _leaf_crc(arr)])
+  body = dict(format=FORMAT, kind=kind, metadata=meta_json, leaves=leaf_desc,
+              empty=[list(p) for p in empty], nones=[list(p) for p in nones])
+  return _nest(arrays, empty, nones), body
 
-  parent = os.path.dirname(path)
-  os.makedirs(parent, exist_ok=True)
-  tmp = os.path.join(parent, f".{os.path.basename(path)}{_TMP_TAG}{uuid.uuid4().hex[:12]}")
+
+def _save_step(mngr, step: int, tree: Any, metadata: Optional[dict], kind: str):
+  ocp = _orbax()
+  where = os.path.join(str(mngr.directory), str(step))
+  state, body = _encode(tree, metadata, kind, where)
   try:
-    os.makedirs(tmp)
-    ocp = _orbax()
-    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
-      ckptr.save(os.path.join(tmp, _STATE_DIR),
-                 args=ocp.args.PyTreeSave(_nest(arrays, empty, nones)))
-    body = dict(format=FORMAT, metadata=meta_json, leaves=leaf_desc,
-                empty=[list(p) for p in empty], nones=[list(p) for p in nones],
-                files=_manifest(tmp))
-    with open(os.path.join(tmp, _META_FILE), "w") as f:
-      json.dump(dict(body=body, crc32=_body_crc(body)), f, indent=1, sort_keys=True)
-      f.flush()
-      os.fsync(f.fileno())
-    _fsync_dir(tmp)
-    if os.path.exists(path):
-      # Swap: the old checkpoint is moved aside (not deleted) until the new one is in place.
-      old = os.path.join(parent, f".{os.path.basename(path)}{_OLD_TAG}{uuid.uuid4().hex[:12]}")
-      os.rename(path, old)
-      os.rename(tmp, path)
-      _remove(old)
-    else:
-      os.rename(tmp, path)
-    _fsync_dir(parent)
-  except BaseException as e:
-    _remove(tmp)
-    if isinstance(e, (CheckpointError, KeyboardInterrupt, SystemExit)):
-      raise
-    raise CheckpointError(f"Saving checkpoint {path} failed ({type(e).__name__}: {e}). Nothing was "
-                          "written there; check free disk space and permissions.") from e
+    saved = mngr.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state),
+                                                    meta=ocp.args.JsonSave(body)), force=True)
+    mngr.wait_until_finished()
+  except (KeyboardInterrupt, SystemExit):
+    raise
+  except Exception as e:  # Orbax / tensorstore / OS errors: one clear message
+    raise CheckpointError(f"Saving the {kind} checkpoint {where} failed ({type(e).__name__}: {e}). "
+                          "Nothing was committed there; check free disk space and "
+                          "permissions.") from e
+  if not saved:
+    raise CheckpointError(f"Orbax declined to save the {kind} checkpoint {where} (a step at or "
+                          "after it exists).")
 
 
-def load_pytree(path: str, template: Any = None):
-  """Load a checkpoint written by `save_pytree`. Returns (tree, metadata dict).
+def _fix(kind: str, step_dir: str) -> str:
+  if kind == "run":
+    return (f"Runs fall back to the previous checkpoint by themselves; to drop this one, delete "
+            f"{step_dir} only.")
+  if kind == "dynamics":
+    return f"Delete {os.path.dirname(step_dir)} and the dynamics ensembles are trained again."
+  return f"Delete {step_dir} (only that folder) and run again."
 
-  With `template` (a pytree like the one saved: concrete arrays or jax.ShapeDtypeStruct leaves, e.g.
-  from jax.eval_shape), the result has the template's structure and node types; jax-array /
-  ShapeDtypeStruct leaves come back as jax arrays (on the template's sharding when it has one),
-  numpy leaves as numpy, Python scalars as Python scalars, typed PRNG keys as typed keys. Any
-  structure, shape or dtype difference -> TemplateMismatchError listing the differences.
-  Without a template: nested dicts (flax state-dict form) of numpy arrays; typed PRNG keys come back
-  as typed jax key arrays.
-  Missing, truncated or altered files -> CorruptCheckpointError naming the file.
-  """
-  path = os.path.abspath(os.fspath(path))
-  body = _read_header(path)
-  saved = {tuple(p): (tuple(shape), dtype, impl, weak)
-           for p, shape, dtype, impl, weak in body["leaves"]}
-  empty = [tuple(p) for p in body["empty"]]
-  nones = [tuple(p) for p in body["nones"]]
+
+def _read_step(mngr, step: int, template: Any, kind: str):
+  """(tree, user metadata) of one step, verified; see load_pytree for the template rules."""
+  ocp = _orbax()
+  step_dir = os.path.join(str(mngr.directory), str(step))
+  fix = _fix(kind, step_dir)
+  try:
+    body = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    saved = {tuple(p): (tuple(shape), dtype, impl, weak, crc)
+             for p, shape, dtype, impl, weak, crc in body["leaves"]}
+    empty = [tuple(p) for p in body["empty"]]
+    nones = [tuple(p) for p in body["nones"]]
+    ok = body.get("format") == FORMAT
+  except (KeyboardInterrupt, SystemExit):
+    raise
+  except Exception as e:
+    raise CorruptCheckpointError(f"The {kind} checkpoint {step_dir} is corrupt: its meta item is "
+                                 f"unreadable ({type(e).__name__}: {str(e)[:300]}). {fix}") from e
+  if not ok:
+    raise CorruptCheckpointError(f"The {kind} checkpoint {step_dir} has an unknown format "
+                                 f"{body.get('format')!r} (expected {FORMAT}). {fix}")
 
   if template is not None:
     template_sd = _state_dict(template)
     t_leaves = _flatten(template_sd)[0]
-    _check_template(path, saved, t_leaves)
+    _check_template(step_dir, kind, saved, t_leaves)
 
-  flat = _restore_arrays(path, saved, empty, nones)
-  for p, (_, _, impl, _) in saved.items():
+  args = {p: ocp.RestoreArgs(restore_type=np.ndarray) for p in saved}
+  try:
+    restored = mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(restore_args=_nest(args, empty, nones))))["state"]
+  except (KeyboardInterrupt, SystemExit):
+    raise
+  except Exception as e:  # tensorstore raises many types; one clear message for all of them
+    raise CorruptCheckpointError(
+        f"The {kind} checkpoint {step_dir} could not be read by Orbax ({type(e).__name__}: "
+        f"{str(e)[:300]}): files are missing, truncated or altered. {fix}") from e
+  flat = _flatten(restored)[0]
+  for p, (shape, dtype, _, _, crc) in saved.items():
+    arr = flat.get(p)
+    got = None if arr is None else (tuple(np.shape(arr)), np.asarray(arr).dtype.name)
+    if got != (shape, dtype):
+      raise CorruptCheckpointError(f"The {kind} checkpoint {step_dir} is inconsistent: leaf "
+                                   f"{_fmt(p[1:])} came back as {got}, expected {(shape, dtype)}. "
+                                   + fix)
+    if _leaf_crc(np.asarray(arr)) != crc:
+      raise CorruptCheckpointError(f"The {kind} checkpoint {step_dir} is corrupt: leaf "
+                                   f"{_fmt(p[1:])} fails its CRC32 check (its stored bytes were "
+                                   f"altered). {fix}")
+  flat = {p: np.asarray(flat[p]) for p in saved}
+  for p, (_, _, impl, _, _) in saved.items():
     if impl is not None:
       flat[p] = jax.random.wrap_key_data(jnp.asarray(flat[p]), impl=impl)
 
@@ -320,10 +259,67 @@ def load_pytree(path: str, template: Any = None):
   try:
     tree = flax.serialization.from_state_dict(template, _fill(template_sd, out)[_ROOT])
   except (ValueError, KeyError, TypeError) as e:
-    raise TemplateMismatchError(f"Checkpoint {path} does not fit the template ({e}). It was "
-                                "written by a different config or code version: delete the workdir "
-                                "or pass --workdir elsewhere.") from e
+    raise TemplateMismatchError(f"The {kind} checkpoint {step_dir} does not fit the template "
+                                f"({e}): it was written by a different config or code "
+                                "version.") from e
   return tree, body["metadata"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API.
+
+def save_pytree(path: str, tree: Any, metadata: Optional[dict] = None, overwrite: bool = False,
+                kind: str = "saved"):
+  """Save `tree` (any pytree of arrays / Python scalars, e.g. a TrainState with a leading seed axis)
+  and JSON-serialisable `metadata` as the CheckpointManager directory `path` (one step kept).
+
+  Refuses an existing checkpoint at `path` unless overwrite=True; even then the old step stays in
+  place until the new one is committed. `kind` names the checkpoint in error messages ("run",
+  "dynamics", "collector", ...).
+  """
+  path = os.path.abspath(os.fspath(path))
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise CheckpointError(f"Checkpoint path {path} is a file; choose another path.")
+  exists = os.path.isdir(path) and bool(os.listdir(path))
+  if exists and not overwrite:
+    raise CheckpointError(f"Checkpoint path {path} already exists. Pass overwrite=True, delete it, "
+                          "or choose another path.")
+  _encode(tree, metadata, kind, path)      # bad metadata fails before anything touches the disk
+  mngr = _manager(path, keep=1)
+  try:
+    latest = mngr.latest_step()
+    _save_step(mngr, 0 if latest is None else latest + 1, tree, metadata, kind)
+  finally:
+    mngr.close()
+
+
+def load_pytree(path: str, template: Any = None, kind: str = "saved"):
+  """Load a checkpoint written by `save_pytree`. Returns (tree, metadata dict).
+
+  With `template` (a pytree like the one saved: concrete arrays or jax.ShapeDtypeStruct leaves, e.g.
+  from jax.eval_shape), the result has the template's structure and node types; jax-array /
+  ShapeDtypeStruct leaves come back as jax arrays (on the template's sharding when it has one),
+  numpy leaves as numpy, Python scalars as Python scalars, typed PRNG keys as typed keys. Any
+  structure, shape or dtype difference -> TemplateMismatchError listing the differences, before
+  any array is read.
+  Without a template: nested dicts (flax state-dict form) of numpy arrays; typed PRNG keys come back
+  as typed jax key arrays.
+  Missing, truncated or altered data -> CorruptCheckpointError naming the step and the fix.
+  """
+  path = os.path.abspath(os.fspath(path))
+  if not os.path.isdir(path):
+    raise CheckpointError(f"No {kind} checkpoint at {path}: the directory does not exist. Check "
+                          "the path.")
+  mngr = _manager(path, keep=None, create=False)
+  try:
+    step = mngr.latest_step()
+    if step is None:
+      raise CorruptCheckpointError(f"The {kind} checkpoint {path} holds no committed step (the "
+                                   f"write was cut off, or it is not a checkpoint). Delete {path} "
+                                   "and run again.")
+    return _read_step(mngr, step, template, kind)
+  finally:
+    mngr.close()
 
 
 def _fill(template_sd, out, prefix=()):
@@ -348,7 +344,7 @@ def _template_desc(leaf):
                               "init function as the saved state (jax.eval_shape works).")
 
 
-def _check_template(path, saved, t_leaves):
+def _check_template(path, kind, saved, t_leaves):
   problems = []
   problems += [f"template leaf {_fmt(p[1:])} is not in the checkpoint"
                for p in sorted(set(t_leaves) - set(saved))]
@@ -356,7 +352,7 @@ def _check_template(path, saved, t_leaves):
                for p in sorted(set(saved) - set(t_leaves))]
   for p in sorted(set(t_leaves) & set(saved)):
     shape, dtype, is_key, weak = _template_desc(t_leaves[p])
-    s_shape, s_dtype, s_impl, s_weak = saved[p]
+    s_shape, s_dtype, s_impl, s_weak = saved[p][:4]
     if is_key != (s_impl is not None):
       where = "template" if is_key else "checkpoint"
       problems.append(f"{_fmt(p[1:])}: typed PRNG key in the {where} only (use the same key "
@@ -375,33 +371,10 @@ def _check_template(path, saved, t_leaves):
     shown = problems[:_MAX_LISTED]
     more = f"\n  ... and {len(problems) - len(shown)} more" if len(problems) > len(shown) else ""
     raise TemplateMismatchError(
-        f"Checkpoint {path} does not match the template ({len(problems)} difference(s)):\n  "
-        + "\n  ".join(shown) + more + "\nIt was written by a different config (seeds, network "
-        "sizes, env) or code version. Delete the workdir or pass --workdir elsewhere.")
-
-
-def _restore_arrays(path, saved, empty, nones) -> dict:
-  """Read every leaf as numpy: {path tuple: np.ndarray}."""
-  ocp = _orbax()
-  args = {p: ocp.RestoreArgs(restore_type=np.ndarray) for p in saved}
-  try:
-    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
-      restored = ckptr.restore(os.path.join(path, _STATE_DIR),
-                               args=ocp.args.PyTreeRestore(restore_args=_nest(args, empty, nones)))
-  except Exception as e:  # tensorstore raises many types; one clear message for all of them
-    raise CorruptCheckpointError(
-        f"Checkpoint {path} could not be read by Orbax ({type(e).__name__}: {str(e)[:500]}). Its "
-        "files pass their checksums, so it may come from an incompatible Orbax version. Delete it "
-        "(or the workdir) and re-run, or pass --workdir elsewhere.") from e
-  flat = _flatten(restored)[0]
-  for p, (shape, dtype, _, _) in saved.items():
-    arr = flat.get(p)
-    got = None if arr is None else (tuple(np.shape(arr)), np.asarray(arr).dtype.name)
-    if got != (shape, dtype):
-      raise CorruptCheckpointError(f"Checkpoint {path} is inconsistent: leaf {_fmt(p[1:])} came "
-                                   f"back as {got}, expected {(shape, dtype)}. Delete it and "
-                                   "re-run.")
-  return {p: np.asarray(flat[p]) for p in saved}
+        f"The {kind} checkpoint {path} does not match the template ({len(problems)} "
+        "difference(s)):\n  " + "\n  ".join(shown) + more + "\nIt was written by a different "
+        "config (seeds, network sizes, env) or code version: pass another --workdir (or "
+        "--dynamics_dir) for this config.")
 
 
 def _like(template_leaf, value, dtype):
@@ -420,36 +393,33 @@ def _like(template_leaf, value, dtype):
 
 
 class RunCheckpointer:
-  """Numbered checkpoints of one run: `<directory>/step_<NNNNNNNNN>` (e.g. <workdir>/checkpoints).
+  """Numbered checkpoints of one run in `directory` (e.g. <workdir>/checkpoints), one Orbax
+  CheckpointManager step each.
 
-  save(step, state, metadata) writes atomically and then keeps the newest `keep` (always including
-  the one just written); restore(template) loads the newest valid one, skipping corrupt ones with a
-  CheckpointWarning. The restored metadata carries "step", the step actually restored.
+  save(step, state, metadata) commits atomically and keeps the newest `keep` (always including
+  the one just written; steps after it, left by a timeline that was abandoned when an older step was
+  restored, are removed first). restore(template) loads the newest valid one, skipping corrupt ones
+  with a CheckpointWarning. The restored metadata carries "step", the step actually restored.
+  `kind` names the checkpoints in messages ("run", "dynamics training", "collector").
   """
 
-  def __init__(self, directory: str, keep: Optional[int] = 3):
+  def __init__(self, directory: str, keep: Optional[int] = 3, kind: str = "run"):
     if keep is not None and keep < 1:
       raise ValueError(f"keep must be >= 1 or None (keep all), got {keep}.")
     self.directory = os.path.abspath(os.fspath(directory))
     self.keep = keep
-    os.makedirs(self.directory, exist_ok=True)
-    # Leftovers of writes killed mid-way: never valid, so safe to drop.
-    for name in os.listdir(self.directory):
-      if _LEFTOVER_RE.match(name):
-        logging.info("Removing unfinished checkpoint write %s", name)
-        _remove(os.path.join(self.directory, name))
+    self.kind = kind
+    if os.path.exists(self.directory) and not os.path.isdir(self.directory):
+      raise CheckpointError(f"{self.directory} is a file, not a checkpoint folder.")
+    self._mngr = _manager(self.directory, keep)
 
   def path(self, step: int) -> str:
-    return os.path.join(self.directory, f"step_{int(step):09d}")
+    return os.path.join(self.directory, str(int(step)))
 
   def steps(self) -> list:
-    """Committed steps (checkpoint.json present), ascending. Not checksum-verified."""
-    out = []
-    for name in os.listdir(self.directory):
-      m = _STEP_RE.match(name)
-      if m and os.path.isfile(os.path.join(self.directory, name, _META_FILE)):
-        out.append(int(m.group(1)))
-    return sorted(out)
+    """Committed steps, ascending. Not verified (restore checks)."""
+    self._mngr.reload()
+    return sorted(int(s) for s in self._mngr.all_steps())
 
   def latest_step(self) -> Optional[int]:
     """Newest committed step or None. restore() may still fall back if that one is corrupt; use
@@ -465,32 +435,50 @@ class RunCheckpointer:
     if "step" in metadata and metadata["step"] != step:
       raise ValueError(f"metadata['step'] = {metadata['step']} disagrees with step = {step}.")
     metadata["step"] = step
-    save_pytree(self.path(step), state, metadata, overwrite=True)
-    if self.keep is not None:
-      others = [s for s in self.steps() if s != step]
-      for old in others[:max(len(others) - (self.keep - 1), 0)]:
-        _remove(self.path(old))
+    _encode(state, metadata, self.kind, self.path(step))   # bad metadata: nothing is touched
+    for stale in [s for s in self.steps() if s >= step]:
+      self._mngr.delete(stale)
+    _save_step(self._mngr, step, state, metadata, self.kind)
+
+  def metadata(self, step: Optional[int] = None) -> Optional[dict]:
+    """The user metadata of `step` (default: the latest) without reading any array, e.g. to
+    build the template; None when there is no checkpoint."""
+    step = self.latest_step() if step is None else int(step)
+    if step is None:
+      return None
+    ocp = _orbax()
+    try:
+      body = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+      return dict(body["metadata"])
+    except (KeyboardInterrupt, SystemExit):
+      raise
+    except Exception as e:
+      raise CorruptCheckpointError(f"The {self.kind} checkpoint {self.path(step)} is corrupt: its "
+                                   f"meta item is unreadable ({type(e).__name__}). "
+                                   + _fix(self.kind, self.path(step))) from e
 
   def restore(self, template: Any = None, step: Optional[int] = None):
     """(state, metadata) of `step`, or of the newest valid step when step is None."""
     if step is not None:
-      return load_pytree(self.path(step), template)
+      return _read_step(self._mngr, int(step), template, self.kind)
     steps = self.steps()
     if not steps:
-      raise CheckpointError(f"No checkpoint in {self.directory}. Start the run without resuming, "
-                            "or point --workdir at the run to resume.")
+      raise CheckpointError(f"No {self.kind} checkpoint in {self.directory}.")
     skipped = []
     for s in reversed(steps):
       try:
-        state, meta = load_pytree(self.path(s), template)
+        state, meta = _read_step(self._mngr, s, template, self.kind)
       except CorruptCheckpointError as e:
         skipped.append(s)
-        warnings.warn(f"Skipping corrupt checkpoint at step {s}: {e}", CheckpointWarning,
-                      stacklevel=2)
+        warnings.warn(f"Skipping corrupt {self.kind} checkpoint at step {s}: {e}",
+                      CheckpointWarning, stacklevel=2)
         continue
       if skipped:
-        warnings.warn(f"Fell back to checkpoint step {s} because newer step(s) {skipped} are "
-                      "corrupt.", CheckpointWarning, stacklevel=2)
+        warnings.warn(f"Fell back to {self.kind} checkpoint step {s} because newer step(s) "
+                      f"{skipped} are corrupt.", CheckpointWarning, stacklevel=2)
       return state, meta
-    raise CheckpointError(f"Every checkpoint in {self.directory} is corrupt (steps {steps}). "
-                          "Delete the workdir and start again, or pass --workdir elsewhere.")
+    raise CheckpointError(f"Every {self.kind} checkpoint in {self.directory} is corrupt (steps "
+                          f"{steps}). Delete {self.directory} to start that part again.")
+
+  def close(self):
+    self._mngr.close()

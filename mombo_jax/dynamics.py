@@ -397,7 +397,7 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_d
   ckpt = None
   if checkpoint_dir is not None:
     from mombo_jax import checkpoint
-    ckpt = checkpoint.RunCheckpointer(checkpoint_dir, keep=2)
+    ckpt = checkpoint.RunCheckpointer(checkpoint_dir, keep=2, kind="dynamics training")
   st, resumed = _resume(ckpt, st, identity)
   if resumed:
     log_fn(f"dynamics: resumed unfinished training from {checkpoint_dir} at epoch "
@@ -584,14 +584,14 @@ def save(path: str, dyn: DynamicsState, config, overwrite: bool = False,
               kind="mombo_jax.dynamics", identity=identity or {})
   tree = {"params": dyn.params, "input_mean": dyn.input_mean, "input_std": dyn.input_std,
           "elites": dyn.elites}
-  checkpoint.save_pytree(path, jax.device_get(tree), meta, overwrite=overwrite)
+  checkpoint.save_pytree(path, jax.device_get(tree), meta, overwrite=overwrite, kind="dynamics")
 
 
 def load(path: str):
   """-> (DynamicsState, metadata dict). metadata holds obs_dim, action_dim, num_seeds (None for a
   single seed) and the dyn_* fields the module needs (apply with a Config carrying them)."""
   from mombo_jax import checkpoint
-  tree, meta = checkpoint.load_pytree(path)
+  tree, meta = checkpoint.load_pytree(path, kind="dynamics")
   if meta.get("kind") != "mombo_jax.dynamics":
     raise checkpoint.CheckpointError(f"{path} does not hold a dynamics ensemble saved by "
                                      "mombo_jax.dynamics.save.")

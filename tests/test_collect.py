@@ -79,6 +79,11 @@ def test_build_random(root):
     collect.build_random("hopper-random", steps=10, log_fn=lambda *_: None)
   collect.build_random("hopper-random", steps=50, seed=1, log_fn=lambda *_: None, overwrite=True)
   assert len(data.load_transitions("hopper-random").rewards) == 50  # not the cached 300 rows
+  # Provenance: the recipe, what was written, the recipe's full size and how to rebuild it.
+  assert data.provenance("hopper-random") == {
+      "recipe": "random", "steps": 50, "recipe_steps": 1_000_000,
+      "command": "python -m experiments.collect --env=hopper-random --overwrite"}
+  assert "reduced build" in data.smaller_than_recipe("hopper-random")
   with pytest.raises(ValueError):
     collect.build_random("hopper-medium", steps=10)
 
@@ -145,6 +150,12 @@ def test_sac_qualities_end_to_end(root, tmp_path):
   total = sum(len(e["rewards"]) for e in mixed)
   assert abs(total - len(random.rewards)) <= opts.max_episode_steps
   assert data.ref_scores("hopper-medium-expert")[2].startswith("metadata")
+  assert data.provenance("hopper-medium-replay")["recipe_steps"] is None   # no fixed size
+  assert data.smaller_than_recipe("hopper-medium-replay") is None
+  assert data.provenance("hopper-medium-expert") == {
+      "recipe": "medium-expert", "steps": 2 * opts.steps, "recipe_steps": 2_000_000,
+      "command": "python -m experiments.collect --env=hopper-medium-expert --overwrite"}
+  assert data.provenance("hopper-random-medium-10pct")["recipe"] == "mixed"
   assert any("steps/s" in line and "ETA" in line for line in logs)
 
   # Resume: same workdir, longer run.

@@ -34,8 +34,7 @@ def _config(algo="mombo", **kw):
 
 
 def _final_params(workdir):
-  ckpt = checkpoint.RunCheckpointer(os.path.join(workdir, "checkpoints"))
-  tree, _ = checkpoint.load_pytree(ckpt.path(ckpt.latest_step()))
+  tree, _ = checkpoint.RunCheckpointer(os.path.join(workdir, "checkpoints")).restore()
   return tree
 
 

@@ -767,6 +767,10 @@ def main(argv):
   except (UserError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
+  except KeyboardInterrupt:
+    print("\nInterrupted. Run the same command again: finished datasets are kept and the SAC run "
+          "resumes from its last checkpoint (every --checkpoint_every steps).", file=sys.stderr)
+    sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -251,9 +251,7 @@ def get_dynamics(config, transitions, seed_keys, dynamics_dir, dataset, should_s
   import numpy as np
   from mombo_jax import checkpoint, data, dynamics
   path = os.path.join(dynamics_dir, f"seed{config.seed}x{config.num_seeds}")
-  ident = dynamics.identity(config, transitions, {
-      "dataset": data._resolve(dataset), "num_transitions": int(len(transitions.rewards)),
-      "fingerprint": data.fingerprint(transitions), "env": config.env_name})
+  ident = dynamics.identity(config, transitions, data.dataset_identity(dataset, transitions))
   if os.path.exists(path):
     try:
       dyn, meta = dynamics.load(path)

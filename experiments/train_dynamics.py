@@ -8,6 +8,7 @@ layout `experiments.run --dynamics_dir=<workdir>` reuses; seed i's key is the on
 (fold_in(PRNGKey(seed + i), 0)), so both entry points train identical models.
 """
 import os
+import shutil
 import sys
 import time
 
@@ -55,15 +56,19 @@ def resolve(env, dataset):
   return env, dataset, note
 
 
+class Stopped(Exception):
+  """SIGINT / SIGTERM stopped the training at a safe point (after checkpointing)."""
+
+
 def train_and_save(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, preset="paper",
-                   workdir=None, overwrite=False, log_fn=print):
+                   workdir=None, overwrite=False, log_fn=print, should_stop=None):
   """Loads the dataset, trains `seeds` ensembles in one vmapped run, saves them -> saved path."""
   import jax
   import jax.numpy as jnp
   import numpy as np
 
+  from mombo_jax import checkpoint, data, dynamics
   from mombo_jax import config as config_lib
-  from mombo_jax import data, dynamics
 
   try:
     env, dataset, note = resolve(env, dataset)
@@ -99,10 +104,21 @@ def train_and_save(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
   seed_keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(seed, seed + seeds))
   dyn_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(seed_keys)   # as experiments/run.py
   t0 = time.time()
-  dyn = dynamics.train_seeds(dyn_keys, transitions, config, log_fn=log_fn)
+  ident = dynamics.identity(config, transitions, data.dataset_identity(dataset, transitions))
+  partial = path + ".partial"
+  try:
+    dyn = dynamics.train_seeds(dyn_keys, transitions, config, log_fn=log_fn,
+                               checkpoint_dir=partial, should_stop=should_stop, identity=ident)
+  except dynamics.Interrupted as e:
+    raise Stopped(f"Stopped after dynamics epoch {e.epoch}; the same command resumes from "
+                  f"{partial}.") from None
+  except checkpoint.CheckpointError as e:
+    raise UserError(str(e)) from None
   log_fn(f"Trained in {time.time() - t0:.0f} s; elites per seed: "
          f"{np.asarray(dyn.elites).tolist()}.")
-  dynamics.save(path, dyn, config, overwrite=overwrite)
+  # The identity experiments.run checks before reusing these ensembles.
+  dynamics.save(path, dyn, config, overwrite=overwrite, identity=ident)
+  shutil.rmtree(partial, ignore_errors=True)
   log_fn(f"Saved to {path} (reuse with: python -m experiments.run --env={env} --seed={seed} "
          f"--seeds={seeds} --dynamics_dir={workdir}).")
   return path
@@ -111,12 +127,19 @@ def train_and_save(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
+  from experiments.run import StopFlag
+  stop = StopFlag()
+  stop.install()
   try:
     train_and_save(env=FLAGS.env, dataset=FLAGS.dataset, seeds=FLAGS.seeds, seed=FLAGS.seed,
                    max_epochs=FLAGS.max_epochs, preset=FLAGS.preset, workdir=FLAGS.workdir,
-                   overwrite=FLAGS.overwrite, log_fn=lambda s: print(s, flush=True))
+                   overwrite=FLAGS.overwrite, log_fn=lambda s: print(s, flush=True),
+                   should_stop=stop)
   except UserError as e:
     sys.exit(f"error: {e}")
+  except Stopped as e:
+    print(str(e), file=sys.stderr, flush=True)
+    sys.exit(128 + (stop.signum or 2))
 
 
 if __name__ == "__main__":

@@ -368,6 +368,13 @@ def dataset_env(name: str) -> Optional[str]:
     return None
 
 
+def dataset_identity(name: str, transitions: Transitions) -> dict:
+  """What identifies the data a model was trained on: the Minari id, the number of transitions and
+  the fingerprint of the arrays (saved dynamics are reused only when all three match)."""
+  return {"dataset": _resolve(name), "num_transitions": int(len(transitions.rewards)),
+          "fingerprint": fingerprint(transitions)}
+
+
 def fingerprint(transitions: Transitions, samples: int = 4096) -> str:
   """A cheap, process-independent fingerprint of a dataset's arrays: CRC32 over the shapes and a
   fixed strided subsample (<= `samples` rows) of every field. Tells datasets apart (another env,

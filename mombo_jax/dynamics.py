@@ -546,10 +546,10 @@ _META_FIELDS = ("dyn_members", "dyn_elites", "dyn_hidden", "dyn_weight_decay",
 
 
 def identity(config, transitions, extra: Optional[dict] = None) -> dict:
-  """What must match for saved dynamics to be reused: the ensemble's shape (members, elites,
-  hidden sizes, obs/action dims, seeds) plus the caller's `extra` (dataset id, size, fingerprint,
-  env). JSON-friendly values only."""
-  out = dict(dyn_members=config.dyn_members, dyn_elites=config.dyn_elites,
+  """What must match for saved dynamics to be reused: the env and the ensemble's shape (members,
+  elites, hidden sizes, obs/action dims, seeds) plus the caller's `extra` (data.dataset_identity:
+  dataset id, size, fingerprint). JSON-friendly values only."""
+  out = dict(env=config.env_name, dyn_members=config.dyn_members, dyn_elites=config.dyn_elites,
              dyn_hidden=list(config.dyn_hidden), obs_dim=int(transitions.observations.shape[1]),
              action_dim=int(transitions.actions.shape[1]), num_seeds=config.num_seeds,
              seed=config.seed)

@@ -293,6 +293,11 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
   dyn, meta = dynamics.load(path)
   assert meta["num_seeds"] == 2 and meta["obs_dim"] == s and meta["action_dim"] == a
   assert dyn.elites.shape == (2, 2) and dyn.input_mean.shape == (2, s + a)
+  # Saved with the identity experiments.run checks before reusing them (same preset and seeds).
+  run_config = config_lib.make_config("hopper-medium", "mombo", "tiny", seed=3, num_seeds=2)
+  expected = dynamics.identity(run_config, fake, data_lib.dataset_identity("hopper-medium", fake))
+  assert dynamics.identity_mismatch(meta, expected) == {}
+  assert not (tmp_path / "seed3x2.partial").exists()
   with pytest.raises(train_dynamics.UserError, match="already exists"):
     train_dynamics.train_and_save(env="hopper-medium", seeds=2, seed=3, preset="tiny",
                                   workdir=str(tmp_path), log_fn=lines.append)

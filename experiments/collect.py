@@ -241,22 +241,28 @@ def provenance_for(name: str, recipe: str, steps: int) -> dict:
 
 def write_dataset(name: str, episodes: Sequence[dict], description: str, algorithm: str,
                   max_episode_steps: Optional[int] = None, overwrite: bool = False, *,
-                  provenance: Optional[dict] = None):
-  """Write episodes as the Minari dataset of short name `name` with D4RL reference scores, and
-  `provenance` (see provenance_for) as metadata key data.PROVENANCE_KEY."""
+                  provenance: Optional[dict] = None, ref_scores: Optional[tuple] = None,
+                  env_name: Optional[str] = None, extra_metadata: Optional[dict] = None):
+  """Write episodes as a Minari dataset: `name` is a short name (-> data.minari_id) or a full
+  Minari id (used as it is; its env from `env_name`, else from the id). Metadata: the env and its
+  gymnasium v5 eval env, reference returns (`ref_scores` (min, max), default D4RL's for the env),
+  `provenance` (see provenance_for) under data.PROVENANCE_KEY, and `extra_metadata` (JSON-encoded
+  values). episodes: dicts of observations [T+1, S], actions [T, A], rewards, terminations,
+  truncations [T]."""
   import minari
   from minari.data_collector import EpisodeBuffer
   from mombo_jax import data
-  dataset_id = data.minari_id(name)
+  dataset_id = name if "/" in name else data.minari_id(name)
+  env_id = env_name or data.env_name(name)
   path = os.path.join(data.datasets_root(), dataset_id)
   if os.path.exists(path):
     if not overwrite:
       raise UserError(f"Dataset {dataset_id} already exists at {path}; pass --overwrite to "
                       "rebuild it.")
     shutil.rmtree(path)
-  env = _make_env(name, max_episode_steps)
-  eval_env = _make_env(name)
-  low, high = data.D4RL_REF_SCORES[data.env_name(name)]
+  env = _make_env(env_id, max_episode_steps)
+  eval_env = _make_env(env_id)
+  low, high = ref_scores or data.D4RL_REF_SCORES[data.env_name(env_id)]
   buffers = [EpisodeBuffer(id=i, observations=ep["observations"], actions=ep["actions"],
                            rewards=ep["rewards"], terminations=ep["terminations"],
                            truncations=ep["truncations"]) for i, ep in enumerate(episodes)]
@@ -267,15 +273,19 @@ def write_dataset(name: str, episodes: Sequence[dict], description: str, algorit
           dataset_id, buffers, env=env, eval_env=eval_env.spec, algorithm_name=algorithm,
           author=AUTHOR, code_permalink="experiments/collect.py", ref_min_score=low,
           ref_max_score=high, description=description)
+    extra = {k: json.dumps(v) for k, v in (extra_metadata or {}).items()}
     if provenance is not None:
-      minari.load_dataset(dataset_id).storage.update_metadata(
-          {data.PROVENANCE_KEY: json.dumps(provenance)})
+      extra[data.PROVENANCE_KEY] = json.dumps(provenance)
+    if extra:
+      minari.load_dataset(dataset_id).storage.update_metadata(extra)
   except BaseException:
     shutil.rmtree(path, ignore_errors=True)  # no half-written dataset blocks the next attempt
     raise
   finally:
     env.close()
     eval_env.close()
+  from mombo_jax import cards
+  cards.write_card(dataset_id, episodes=episodes)   # dataset_card.md + returns_hist.png
   return dataset_id
 
 

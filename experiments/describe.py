@@ -1,0 +1,39 @@
+r"""Print (and write) the card of a local dataset: size, return distribution, recipe, and how it
+compares with D4RL's published file of the same name.
+
+  python -m experiments.describe --dataset=hopper-medium-replay
+  python -m experiments.describe --dataset=d4rl/hopper/medium-replay-v2 --out=benchmarks/datasets/x
+
+Writes dataset_card.md and returns_hist.png next to the dataset (or into --out).
+"""
+import sys
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """Defined only when run as the program (absl flags are global; tests import this module)."""
+  flags.DEFINE_string("dataset", None, "Short name or Minari id of a local dataset.")
+  flags.DEFINE_string("out", None, "Folder for the card (default: next to the dataset).")
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  from mombo_jax import cards
+  if not FLAGS.dataset:
+    sys.exit("error: --dataset is required, e.g. --dataset=hopper-medium-replay.")
+  try:
+    path = cards.write_card(FLAGS.dataset, FLAGS.out)
+  except (ValueError, FileNotFoundError) as e:   # unknown names; data.DatasetNotFoundError
+    sys.exit(f"error: {e}")
+  with open(path) as f:
+    print(f.read())
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,114 @@
+"""Dataset cards: what a local dataset holds, how it was made, and how it compares with D4RL's
+published file of the same name. `write_card(name)` writes `dataset_card.md` and
+`returns_hist.png` next to the dataset (or into `out_dir`); `experiments.describe` prints it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+from mombo_jax import d4rl, data
+
+
+def episode_stats(name: str, episodes: Optional[Sequence[dict]] = None) -> dict:
+  """Per-episode returns [E] and lengths [E] of a local dataset, plus its id and env. `episodes`
+  (dicts with "rewards", as just written) saves reading them back (slow for 1M random steps)."""
+  if episodes is None:
+    episodes = [{"rewards": ep.rewards} for ep in data.load_dataset(name).iterate_episodes()]
+  returns, lengths = [], []
+  for ep in episodes:
+    rewards = np.asarray(ep["rewards"], np.float64)
+    returns.append(float(rewards.sum()))
+    lengths.append(len(rewards))
+  return dict(dataset_id=data._resolve(name), env=data.env_name(name),
+              returns=np.asarray(returns), lengths=np.asarray(lengths, np.int64))
+
+
+def summary(values: np.ndarray) -> dict:
+  """mean, std, min, q25, median, q75, max of a 1-D array."""
+  q = np.percentile(values, [0, 25, 50, 75, 100])
+  return dict(mean=float(values.mean()), std=float(values.std()), min=float(q[0]),
+              q25=float(q[1]), median=float(q[2]), q75=float(q[3]), max=float(q[4]))
+
+
+def _short_name(stats: dict) -> Optional[str]:
+  """The D4RL short name a dataset corresponds to ('hopper-medium-replay'), if any."""
+  name = data.short_name(stats["dataset_id"])
+  if name:
+    return name
+  parts = stats["dataset_id"].split("/")
+  quality = parts[-1].rpartition("-v")[0]
+  candidate = f"{stats['env']}-{quality}"
+  return candidate if candidate in d4rl.PUBLISHED else None
+
+
+def card_text(name: str, stats: Optional[dict] = None) -> str:
+  """The Markdown card of a local dataset."""
+  stats = stats or episode_stats(name)
+  returns, lengths = stats["returns"], stats["lengths"]
+  normalised = data.normalized_score(name, returns)
+  low, high, source = data.ref_scores(name)
+  raw, norm, length = summary(returns), summary(normalised), summary(lengths.astype(np.float64))
+  prov = data.provenance(name) or {}
+  lines = [f"# Dataset card: {stats['dataset_id']}", "",
+           f"- environment: {stats['env']} (evaluated in gymnasium's v5 env)",
+           f"- transitions: {int(lengths.sum())}",
+           f"- episodes: {len(lengths)}",
+           f"- recipe: {prov.get('recipe', 'not recorded')}"
+           + (f" ({prov['steps']} of the recipe's {prov['recipe_steps']} steps)"
+              if prov.get("recipe_steps") else ""),
+           f"- rebuild: `{prov['command']}`" if prov.get("command") else "- rebuild: not recorded",
+           f"- normalised with R_random={low:.2f}, R_expert={high:.2f} ({source})", "",
+           "| per episode | mean | std | min | q25 | median | q75 | max |",
+           "|---|---|---|---|---|---|---|---|"]
+  for label, s in (("return", raw), ("normalised return", norm), ("length", length)):
+    lines.append(f"| {label} | " + " | ".join(f"{s[k]:.1f}" for k in
+                                               ("mean", "std", "min", "q25", "median", "q75",
+                                                "max")) + " |")
+  short = _short_name(stats)
+  published = d4rl.PUBLISHED.get(short) if short else None
+  lines.append("")
+  if published:
+    rows, mean, std = published
+    lines += [f"Compared with D4RL's published `{short}-v2` (rows in complete episodes and episode "
+              "return; source in mombo_jax/d4rl.py):", "",
+              "| | transitions | mean return | std return |", "|---|---|---|---|",
+              f"| D4RL v2 | {rows} | {_fmt(mean)} | {_fmt(std)} |",
+              f"| this dataset | {int(lengths.sum())} | {raw['mean']:.1f} | {raw['std']:.1f} |"]
+  else:
+    lines.append("No published D4RL statistics for this name.")
+  lines += ["", "![episode returns](returns_hist.png)", ""]
+  return "\n".join(lines)
+
+
+def _fmt(x):
+  return "n/a" if x is None else f"{x:.1f}"
+
+
+def write_card(name: str, out_dir: Optional[str] = None,
+               episodes: Optional[Sequence[dict]] = None) -> str:
+  """Writes dataset_card.md and returns_hist.png into out_dir (default: the dataset's own folder
+  in the Minari root); returns the card's path. episodes: see episode_stats."""
+  stats = episode_stats(name, episodes)
+  out_dir = out_dir or os.path.join(data.datasets_root(), stats["dataset_id"])
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, "dataset_card.md")
+  with open(path, "w") as f:
+    f.write(card_text(name, stats))
+  _histogram(stats, os.path.join(out_dir, "returns_hist.png"))
+  return path
+
+
+def _histogram(stats: dict, path: str):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(5, 3.2))
+  ax.hist(stats["returns"], bins=min(50, max(5, len(stats["returns"]) // 5)), color="tab:blue")
+  ax.set(xlabel="episode return", ylabel="episodes",
+         title=f"{stats['dataset_id']} ({len(stats['returns'])} episodes)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)

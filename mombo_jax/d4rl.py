@@ -1,0 +1,163 @@
+"""D4RL's own hdf5 files (the v2 MuJoCo datasets the paper trains on) as episodes for Minari.
+
+D4RL's layout: one row per step, `observations` [N, S], `actions` [N, A], `rewards` [N],
+`terminals` [N], `timeouts` [N], optionally `next_observations` [N, S], plus `infos/*` (per row)
+and `metadata/*` groups. Episodes end at a terminal or a timeout.
+
+Minari stores an episode as observations [T + 1, S] (the states visited, including the last next
+state) and T actions / rewards / terminations / truncations; `data.flatten_episodes` turns that back
+into (s, a, r, s', terminal) rows. `to_episodes` maps one onto the other so that the rows come back
+exactly as D4RL's `qlearning_dataset` (d4rl/__init__.py) would give them:
+- with `next_observations`: every row is kept with the file's own s'. Where a row's s' is not the
+  next row's s within an episode (it happens in D4RL's files), the episode is cut there (truncated:
+  the cut still bootstraps), so that every transition keeps its exact s'.
+- without: s' is the next row's s; a row that ends in a timeout has no next state and is dropped
+  (qlearning_dataset skips `timeouts[i]` rows), and so is the file's last row. A terminal row keeps
+  the following row's s as its s' (only its terminal flag matters then), as qlearning_dataset does.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import numpy as np
+
+REQUIRED = ("observations", "actions", "rewards", "terminals", "timeouts")
+OBS_DIM = {"hopper": 11, "walker2d": 17, "halfcheetah": 17}
+ACTION_DIM = {"hopper": 3, "walker2d": 6, "halfcheetah": 6}
+
+
+class D4RLFormatError(ValueError):
+  """The file is not in D4RL's layout, or does not fit the environment; the message says why."""
+
+
+def read_hdf5(path: str) -> Dict[str, np.ndarray]:
+  """The arrays of a D4RL hdf5 file: the REQUIRED keys, `next_observations` when present,
+  `infos/<k>` per-row arrays and `metadata/<k>` values (as stored)."""
+  import h5py
+  out = {}
+  try:
+    f = h5py.File(path, "r")
+  except OSError as e:
+    raise D4RLFormatError(f"{path} is not a readable hdf5 file ({e}).") from None
+  with f:
+    missing = [k for k in REQUIRED if k not in f]
+    if missing:
+      raise D4RLFormatError(f"{path} is not in D4RL's layout: missing {', '.join(missing)} "
+                            f"(it has {', '.join(sorted(f.keys())) or 'no keys'}).")
+    for key in REQUIRED + ("next_observations",):
+      if key in f:
+        out[key] = np.asarray(f[key][()])
+    for group in ("infos", "metadata"):
+      if group in f and hasattr(f[group], "keys"):
+        for key in f[group].keys():
+          item = f[group][key]
+          if hasattr(item, "shape"):
+            out[f"{group}/{key}"] = item[()]
+  return out
+
+
+def check(arrays: Dict[str, np.ndarray], env: str) -> int:
+  """Refuses shapes that do not fit each other or `env` (halfcheetah | hopper | walker2d); returns
+  the number of rows N."""
+  obs, act = arrays["observations"], arrays["actions"]
+  if obs.ndim != 2 or act.ndim != 2:
+    raise D4RLFormatError(f"observations and actions must be 2-D, got shapes {obs.shape} and "
+                          f"{act.shape}.")
+  n = obs.shape[0]
+  for key in ("actions", "rewards", "terminals", "timeouts", "next_observations"):
+    if key in arrays and arrays[key].shape[0] != n:
+      raise D4RLFormatError(f"{key} has {arrays[key].shape[0]} rows, observations {n}.")
+  for key in ("rewards", "terminals", "timeouts"):
+    if arrays[key].ndim != 1:
+      raise D4RLFormatError(f"{key} must be 1-D, got shape {arrays[key].shape}.")
+  if "next_observations" in arrays and arrays["next_observations"].shape != obs.shape:
+    raise D4RLFormatError(f"next_observations has shape {arrays['next_observations'].shape}, "
+                          f"observations {obs.shape}.")
+  if obs.shape[1] != OBS_DIM[env] or act.shape[1] != ACTION_DIM[env]:
+    raise D4RLFormatError(f"The file holds obs dim {obs.shape[1]} and action dim {act.shape[1]}, "
+                          f"but {env} has {OBS_DIM[env]} and {ACTION_DIM[env]}: is --env right?")
+  return n
+
+
+def nonfinite_rows(arrays: Dict[str, np.ndarray]) -> np.ndarray:
+  """bool [N]: rows with a NaN/inf in observations, actions, rewards or next_observations."""
+  bad = ~np.isfinite(arrays["rewards"])
+  for key in ("observations", "actions", "next_observations"):
+    if key in arrays:
+      bad |= ~np.all(np.isfinite(arrays[key]), axis=1)
+  return bad
+
+
+def to_episodes(arrays: Dict[str, np.ndarray], keep: Optional[np.ndarray] = None) -> List[dict]:
+  """Minari episodes (dicts of observations [T+1, S], actions [T, A], rewards, terminations,
+  truncations [T]) holding exactly D4RL's qlearning_dataset transitions (module docstring).
+
+  keep: bool [N] rows to keep (e.g. the finite ones); a dropped row cuts its episode there.
+  """
+  obs, act, rew = arrays["observations"], arrays["actions"], arrays["rewards"]
+  term = arrays["terminals"].astype(bool)
+  timeout = arrays["timeouts"].astype(bool)
+  n = obs.shape[0]
+  keep = np.ones(n, bool) if keep is None else np.asarray(keep, bool)
+  nxt = arrays.get("next_observations")
+  if nxt is None:
+    # qlearning_dataset: s' = the next row; timed-out rows and the last row have none.
+    nxt = np.concatenate([obs[1:], obs[-1:]], axis=0)
+    keep = keep & ~timeout
+    keep[-1] = False
+  episodes, rows = [], []
+
+  def close(terminated):
+    if rows:
+      idx = np.asarray(rows)
+      ep_term = np.zeros(len(idx), bool)
+      ep_trunc = np.zeros(len(idx), bool)
+      (ep_term if terminated else ep_trunc)[-1] = True
+      episodes.append(dict(observations=np.concatenate([obs[idx], nxt[idx[-1:]]], axis=0),
+                           actions=act[idx], rewards=rew[idx], terminations=ep_term,
+                           truncations=ep_trunc))
+    rows.clear()
+
+  for i in range(n):
+    if not keep[i]:
+      close(False)
+      continue
+    if rows and not np.array_equal(obs[i], nxt[rows[-1]]):
+      close(False)              # the previous row's s' is not this s: the chain is cut here
+    rows.append(i)
+    if term[i]:
+      close(True)
+    elif timeout[i]:
+      close(False)
+  close(False)
+  return episodes
+
+
+# Published statistics of D4RL's v2 MuJoCo files: (rows in complete episodes, mean and std of the
+# episode return). Source: the recorded output of the Decision Transformer repository's
+# gym/data/download_d4rl_datasets.py (github.com/kzl/decision-transformer), which splits each v2
+# file at terminals and timeouts exactly as to_episodes does. random sets are 1M rows (D4RL paper,
+# Fu et al. 2020); their return statistics are not in that output.
+PUBLISHED = {
+    "halfcheetah-medium": (1_000_000, 4770.33, 355.75),
+    "halfcheetah-medium-replay": (202_000, 3093.29, 1680.69),
+    "halfcheetah-expert": (1_000_000, 10656.43, 441.68),
+    "hopper-medium": (999_906, 1422.06, 378.95),
+    "hopper-medium-replay": (402_000, 467.30, 511.03),
+    "hopper-expert": (999_494, 3511.36, 328.59),
+    "walker2d-medium": (999_995, 2852.09, 1095.44),
+    "walker2d-medium-replay": (302_000, 682.70, 895.96),
+    "walker2d-expert": (999_214, 4920.51, 136.39),
+    "halfcheetah-random": (1_000_000, None, None),
+    "hopper-random": (1_000_000, None, None),
+    "walker2d-random": (1_000_000, None, None),
+}
+# The download URL of each v2 file, from d4rl/infos.py (the files are public; no machine of this
+# project can fetch them).
+D4RL_URL = "http://rail.eecs.berkeley.edu/datasets/offline_rl/gym_mujoco_v2/{env}_{quality}-v2.hdf5"
+
+
+def url(name: str) -> str:
+  """The public download URL of D4RL's v2 file for a short name like 'hopper-medium-replay'."""
+  env, _, quality = name.partition("-")
+  return D4RL_URL.format(env=env, quality=quality.replace("-", "_"))

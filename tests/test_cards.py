@@ -1,0 +1,40 @@
+"""Dataset cards: the numbers against a direct computation on a tiny dataset."""
+import os
+import re
+
+import numpy as np
+
+from experiments import import_d4rl
+from experiments.collect import read_episodes
+from mombo_jax import cards, data
+from tests.test_import_d4rl import _arrays, _write
+
+
+def test_card_numbers_match_a_direct_computation(minari_root, tmp_path):
+  dataset_id = "test-cards/hopper/medium-replay-v2"
+  import_d4rl.import_file(_write(tmp_path / "f.hdf5", _arrays()), "hopper-medium-replay",
+                          dataset_id, log_fn=lambda *_: None)
+  card_dir = os.path.join(data.datasets_root(), dataset_id)
+  # Written by the importer already, beside the data.
+  assert os.path.isfile(os.path.join(card_dir, "dataset_card.md"))
+  assert os.path.getsize(os.path.join(card_dir, "returns_hist.png")) > 0
+  episodes = read_episodes(dataset_id)
+  returns = np.array([float(np.sum(e["rewards"], dtype=np.float64)) for e in episodes])
+  stats = cards.episode_stats(dataset_id)
+  np.testing.assert_allclose(stats["returns"], returns, rtol=1e-6)
+  np.testing.assert_array_equal(stats["lengths"], [len(e["rewards"]) for e in episodes])
+  text = cards.card_text(dataset_id, stats)
+  assert f"- transitions: {sum(len(e['rewards']) for e in episodes)}" in text
+  assert f"- episodes: {len(episodes)}" in text
+  row = re.search(r"\| return \| (.*) \|", text).group(1).split(" | ")
+  q = np.percentile(returns, [0, 25, 50, 75, 100])
+  want = [returns.mean(), returns.std(), q[0], q[1], q[2], q[3], q[4]]
+  np.testing.assert_allclose([float(x) for x in row], want, atol=0.051)
+  norm = re.search(r"\| normalised return \| (.*) \|", text).group(1).split(" | ")
+  np.testing.assert_allclose(float(norm[0]), data.normalized_score(dataset_id, returns).mean(),
+                             atol=0.051)
+  # Compared with D4RL's published hopper-medium-replay-v2.
+  assert "| D4RL v2 | 402000 | 467.3 | 511.0 |" in text
+  assert "recipe: d4rl-import" in text
+  out = cards.write_card(dataset_id, str(tmp_path / "card"))
+  assert open(out).read() == text

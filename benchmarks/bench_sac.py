@@ -3,8 +3,9 @@
   nice -n 10 python -m benchmarks.bench_sac --steps=250000 --workdir=/tmp/sac_long  # bench_sac.txt
   python -m benchmarks.bench_sac --steps=3000 --start_steps=1000 --eval_every=1000   # smoke test
 
-Runs the collector's own `train_sac` (one env step + one gradient step per step, standard online
-hyperparameters `collect.ONLINE_SAC`, [256, 256] nets, batch 256) with the collector's seeding,
+Runs the collector's own `train_sac` (one gradient step per env step, in chunks of --train_every;
+standard online hyperparameters `collect.ONLINE_SAC`, [256, 256] nets, batch 256) with the
+collector's seeding,
 so `--workdir=W` leaves a checkpoint that `python -m experiments.collect --env=<env>-medium-replay
 --workdir=W --sac_steps=...` resumes. Prints every progress / evaluation line as it comes
 (timestamped), then a table per checkpoint: interval steps/s with and without the evaluation time,
@@ -47,6 +48,8 @@ def main():
   p.add_argument("--workdir", default=None, help="Collector workdir for Orbax checkpoints "
                  "(<workdir>/<env>/sac); default: no checkpoints.")
   p.add_argument("--checkpoint_every", type=int, default=defaults.checkpoint_every)
+  p.add_argument("--train_every", type=int, default=defaults.train_every,
+                 help="Env steps between chunks of as many gradient steps (1: after each step).")
   args = p.parse_args()
 
   config = collect.online_config(args.env, args.hidden, args.batch_size)
@@ -56,7 +59,8 @@ def main():
   print(f"# jax {jax.__version__}, numpy {np.__version__}, python {platform.python_version()}")
   print(f"# {data.GYM_IDS[args.env]}: {args.steps} steps, warm-up {args.start_steps} uniform-random"
         f" steps, eval every {args.eval_every} steps ({args.eval_episodes} deterministic episodes),"
-        f" hidden {args.hidden}, batch {args.batch_size}, seed {args.seed} (collector's SAC seed "
+        f" hidden {args.hidden}, batch {args.batch_size}, gradient steps in chunks of "
+        f"{args.train_every}, seed {args.seed} (collector's SAC seed "
         f"{args.seed + collect._SEED_OFFSETS['sac']}), checkpoints "
         f"{'in ' + args.workdir if args.workdir else 'off'}")
   print(f"# medium point: eval return >= {args.medium_fraction:.3g} x D4RL expert {expert} = "
@@ -77,7 +81,8 @@ def main():
       start_steps=args.start_steps, eval_every=args.eval_every, eval_episodes=args.eval_episodes,
       seed=args.seed + collect._SEED_OFFSETS["sac"],
       medium_return=args.medium_fraction * expert, workdir=workdir,
-      checkpoint_every=args.checkpoint_every, log_every=args.eval_every, log_fn=log)
+      checkpoint_every=args.checkpoint_every, log_every=args.eval_every, log_fn=log,
+      train_every=args.train_every)
   total = time.perf_counter() - t_start
 
   # Per checkpoint: the progress line is logged just before the evaluation, so the gap between

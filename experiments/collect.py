@@ -66,6 +66,8 @@ def define_flags():
   flags.DEFINE_float("medium_fraction", 1.0 / 3.0, "The medium policy is the first whose "
                      "evaluation return reaches this fraction of the D4RL expert return.")
   flags.DEFINE_integer("checkpoint_every", 50_000, "SAC steps between Orbax checkpoints.")
+  flags.DEFINE_integer("train_every", 1000, "SAC env steps between chunks of as many gradient "
+                       "steps (D4RL's rlkit SAC alternates 1000 and 1000; 1 = after every step).")
   flags.DEFINE_integer("log_every", 5_000, "Steps between progress lines.")
   flags.DEFINE_list("hidden", ["256", "256"], "SAC hidden layer widths (actor and critics).")
   flags.DEFINE_integer("batch_size", 256, "SAC batch size.")
@@ -84,7 +86,7 @@ def define_flags():
 # algo="mopo" only selects the plain (not moment-matched) critic in the actor loss.
 ONLINE_SAC = dict(algo="mopo", actor_lr=3e-4, critic_lr=3e-4, alpha_lr=3e-4, auto_alpha=True,
                   log_alpha_init=0.0, actor_cosine_schedule=False, deterministic_backup=False,
-                  clip_target_min=None)
+                  clip_target_min=None, alpha_max=None)
 SAC_QUALITIES = ("medium-replay", "medium", "expert", "medium-expert")
 _SEED_OFFSETS = {"random": 0, "sac": 1, "medium": 2, "expert": 3, "mix": 4, "eval": 5}
 AUTHOR = "mombo_jax experiments/collect.py"
@@ -104,6 +106,7 @@ class Options:
   eval_episodes: int = 10
   medium_fraction: float = 1.0 / 3.0
   checkpoint_every: int = 50_000
+  train_every: int = 1000
   log_every: int = 5_000
   hidden: tuple = (256, 256)
   batch_size: int = 256
@@ -343,9 +346,19 @@ def online_config(env: str, hidden: Sequence[int], batch_size: int):
                 batch_size=batch_size, **ONLINE_SAC)
 
 
+_REPLAY_FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
+
+
 def _make_jitted(config):
-  """act_and_update(agent, rows (obs, action, reward, next_obs, done) [B], obs [S], key)
-  -> (agent, action [A] for obs by the updated policy, metrics). Plus act and mode on one obs."""
+  """(insert, train) jitted for one online-SAC config (acting runs on the host: host_actor).
+
+  insert(replay, rows, start) -> replay: writes rows (obs, action, reward, next_obs, terminated,
+    each [K, ...]) at start..start+K-1 of the device replay (donated: updated in place).
+  train(agent, replay, size, keys [n]) -> agent: n SAC updates in one lax.scan, each on a batch
+    sampled uniformly on the device from the first `size` rows.
+  Sampling on the device and running a whole chunk of updates per call remove the per-step host
+  round-trips (numpy gathers, batch uploads, one dispatch per update) that bound the collector.
+  """
   import functools
   import jax
   import jax.numpy as jnp
@@ -353,20 +366,51 @@ def _make_jitted(config):
   from mombo_jax.buffer import Batch
   target_fn = functools.partial(sac.soft_target, config=config)
 
-  @jax.jit
-  def act_and_update(agent, rows, obs, key):
-    k_update, k_act = jax.random.split(key)
-    o, a, r, o2, d = rows
-    zeros_o, zeros_r = jnp.zeros_like(o), jnp.zeros_like(r)
-    batch = Batch(obs=o, action=a, reward=r, next_obs=o2, done=d, obs_var=zeros_o,
-                  next_obs_mean=o2, next_obs_var=jnp.zeros_like(o2), reward_mean=r,
-                  reward_var=zeros_r)
-    agent, metrics = sac.update(agent, batch, k_update, target_fn, config)
-    return agent, sac.policy_sample(agent, obs[None], k_act, config)[0], metrics
+  @functools.partial(jax.jit, donate_argnums=(0,))
+  def insert(replay, rows, start):
+    return {k: jax.lax.dynamic_update_slice_in_dim(replay[k], jnp.asarray(v, replay[k].dtype),
+                                                   start, 0)
+            for k, v in zip(_REPLAY_FIELDS, rows)}
 
-  act = jax.jit(lambda agent, obs, key: sac.policy_sample(agent, obs[None], key, config)[0])
-  mode = jax.jit(lambda agent, obs: sac.policy_mode(agent, obs[None], config)[0])
-  return act_and_update, act, mode
+  @functools.partial(jax.jit, donate_argnums=(0,))
+  def train(agent, replay, size, keys):
+    def one(agent, key):
+      k_idx, k_update = jax.random.split(key)
+      idx = jax.random.randint(k_idx, (config.batch_size,), 0, size)
+      o, a, r, o2, d = (replay[k][idx] for k in _REPLAY_FIELDS)
+      batch = Batch(obs=o, action=a, reward=r, next_obs=o2, done=d, obs_var=jnp.zeros_like(o),
+                    next_obs_mean=o2, next_obs_var=jnp.zeros_like(o2), reward_mean=r,
+                    reward_var=jnp.zeros_like(r))
+      return sac.update(agent, batch, k_update, target_fn, config)[0], None
+
+    return jax.lax.scan(one, agent, keys)[0]
+
+  return insert, train
+
+
+def host_actor(actor_params, config) -> Callable:
+  """The actor as a numpy function on one observation: f(obs [S], rng or None) -> action [A]
+  (a sample when rng is a numpy Generator, tanh(mean) when None). A [256, 256] MLP on one state
+  costs tens of microseconds in numpy, several times less than a jitted call's dispatch, and the
+  online loop acts once per environment step."""
+  import jax
+  layers = jax.device_get(actor_params)["params"]
+  n = len(config.actor_hidden)
+  hidden = [(np.asarray(layers[f"Dense_{i}"]["kernel"]), np.asarray(layers[f"Dense_{i}"]["bias"]))
+            for i in range(n)]
+  mean_w, mean_b = (np.asarray(layers[f"Dense_{n}"][k]) for k in ("kernel", "bias"))
+  std_w, std_b = (np.asarray(layers[f"Dense_{n + 1}"][k]) for k in ("kernel", "bias"))
+
+  def f(obs, rng=None):
+    x = np.asarray(obs, np.float32)
+    for w, b in hidden:
+      x = np.maximum(x @ w + b, 0.0)
+    mean = x @ mean_w + mean_b
+    if rng is None:
+      return np.tanh(mean)
+    log_std = np.clip(x @ std_w + std_b, config.log_std_min, config.log_std_max)
+    return np.tanh(mean + np.exp(log_std) * rng.standard_normal(mean.shape, np.float32))
+  return f
 
 
 _JIT_CACHE: Dict = {}
@@ -418,8 +462,9 @@ def _empty_replay(capacity: int, obs_dim: int, action_dim: int) -> dict:
 def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int, eval_every: int,
               eval_episodes: int, seed: int, medium_return: Optional[float] = None,
               workdir: Optional[str] = None, checkpoint_every: int = 50_000,
-              log_every: int = 5_000, log_fn=_print) -> SacResult:
-  """Online SAC (one env step, one gradient step), resumable from Orbax checkpoints in workdir.
+              log_every: int = 5_000, log_fn=_print, train_every: int = 1000) -> SacResult:
+  """Online SAC (one gradient step per env step, run in chunks of train_every), resumable from
+  checkpoints in workdir.
 
   make_env() -> gymnasium env with a Box action space. Evaluations (deterministic policy,
   eval_episodes episodes) run every eval_every steps; the first one whose mean reaches
@@ -430,7 +475,9 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
 
   env = make_env()
   obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]
-  act_and_update, act, mode = _jitted(config)
+  insert, train = _jitted(config)
+  if train_every < 1:
+    raise UserError(f"--train_every must be >= 1, got {train_every}.")
   settings = dict(seed=seed, start_steps=start_steps, obs_dim=obs_dim, action_dim=action_dim,
                   max_episode_steps=env.spec.max_episode_steps if env.spec else None)
   ckpt = _SacCheckpoints(workdir, config, total_steps, settings) if workdir else None
@@ -443,7 +490,7 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
     state = dict(agent=agent, key=jax.random.key_data(jax.random.key(seed + 1)),
                  replay=_empty_replay(total_steps, obs_dim, action_dim),
                  medium_actor=jax.tree_util.tree_map(np.asarray, agent.actor.params))
-    meta = dict(step=0, medium_step=-1, medium_size=0, evals=[], episodes=0)
+    meta = dict(step=0, medium_step=-1, medium_size=0, evals=[], episodes=0, trained=0)
   else:
     reached = (f"medium point at step {meta['medium_step']}" if meta["medium_step"] >= 0
                else "medium point not reached yet")
@@ -453,6 +500,9 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   replay = state["replay"]
   agent = state["agent"]
   key = jax.random.wrap_key_data(np.asarray(state["key"], np.uint32))
+  device_replay, uploaded = None, 0   # the sampling copy on the device and the rows it holds
+  policy = host_actor(agent.actor.params, config)    # refreshed after every training chunk
+  act_rng = np.random.default_rng([seed, meta["step"], 1])
   rng = np.random.default_rng([seed, meta["step"]])
   step = meta["step"]
 
@@ -462,7 +512,7 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
       ckpt.save(step, state, meta)
 
   def eval_now():
-    returns = evaluate(make_env, lambda o: mode(agent, o), eval_episodes,
+    returns = evaluate(make_env, policy, eval_episodes,
                        seed * 1000 + _SEED_OFFSETS["eval"] + step)
     meta["evals"].append([step, float(returns.mean())])
     reached = ""
@@ -475,6 +525,8 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
 
   # Gradient steps start once the warm-up is over and a full batch exists.
   learning_starts = max(start_steps, config.batch_size)
+  if meta.get("trained") is None:   # a checkpoint from before chunked training: one per step
+    meta["trained"] = max(0, meta["step"] - learning_starts + 1)
   obs, _ = env.reset(seed=int(rng.integers(2**31)))
   episode_return, last_return = 0.0, float("nan")
   action = None
@@ -495,15 +547,21 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
       meta["episodes"] += 1
       obs, _ = env.reset(seed=int(rng.integers(2**31)))
     step += 1
-    key, k = jax.random.split(key)
-    if step >= learning_starts:
-      idx = rng.integers(0, step, config.batch_size)
-      rows = (replay["obs"][idx], replay["action"][idx], replay["reward"][idx],
-              replay["next_obs"][idx], replay["terminated"][idx])
-      agent, action, _ = act_and_update(agent, rows, obs.astype(np.float32), k)
-      action = np.asarray(action)
-    elif step >= start_steps:
-      action = np.asarray(act(agent, obs.astype(np.float32), k))
+    # One gradient step per environment step from learning_starts on, run in chunks of
+    # train_every (as D4RL's rlkit SAC alternates 1000 env steps with 1000 gradient steps).
+    due = step - learning_starts + 1 - meta["trained"]
+    if due > 0 and (step % train_every == 0 or step == total_steps):
+      if device_replay is None:  # first chunk (or a resume): upload everything collected so far
+        device_replay, uploaded = {k: jax.device_put(replay[k]) for k in _REPLAY_FIELDS}, step
+      elif uploaded < step:
+        rows = tuple(replay[k][uploaded:step] for k in _REPLAY_FIELDS)
+        device_replay, uploaded = insert(device_replay, rows, np.int32(uploaded)), step
+      key, k_train = jax.random.split(key)
+      agent = train(agent, device_replay, np.int32(step), jax.random.split(k_train, due))
+      meta["trained"] += due
+      policy = host_actor(agent.actor.params, config)
+    if step >= start_steps:
+      action = policy(obs, act_rng).astype(np.float32)
     meta["step"] = step
     if step % log_every == 0 or step == total_steps:
       # Rate over the last interval: the warm-up (no gradient steps) is much faster.
@@ -577,7 +635,8 @@ class _SacCheckpoints:
         grown[k][:capacity] = v
       state["replay"] = grown
     state["medium_actor"] = jax.tree_util.tree_map(np.asarray, state["medium_actor"])
-    meta = {k: meta[k] for k in ("step", "medium_step", "medium_size", "evals", "episodes")}
+    meta = {k: meta.get(k) for k in ("step", "medium_step", "medium_size", "evals", "episodes",
+                                      "trained")}
     return state, meta
 
 
@@ -641,7 +700,8 @@ class Builder:
                        start_steps=o.start_steps, eval_every=o.eval_every,
                        eval_episodes=o.eval_episodes, seed=o.seed + _SEED_OFFSETS["sac"],
                        medium_return=medium_return, workdir=workdir,
-                       checkpoint_every=o.checkpoint_every, log_every=o.log_every, log_fn=self.log)
+                       checkpoint_every=o.checkpoint_every, log_every=o.log_every, log_fn=self.log,
+                       train_every=o.train_every)
     self._sac[env] = result
     return result
 
@@ -751,6 +811,7 @@ def options_from_flags() -> Options:
   return Options(steps=FLAGS.steps, sac_steps=FLAGS.sac_steps, start_steps=FLAGS.start_steps,
                  eval_every=FLAGS.eval_every, eval_episodes=FLAGS.eval_episodes,
                  medium_fraction=FLAGS.medium_fraction, checkpoint_every=FLAGS.checkpoint_every,
+                 train_every=FLAGS.train_every,
                  log_every=FLAGS.log_every, hidden=tuple(int(h) for h in FLAGS.hidden),
                  batch_size=FLAGS.batch_size, rollout_policy=FLAGS.rollout_policy,
                  num_envs=FLAGS.num_envs, max_episode_steps=FLAGS.max_episode_steps,

@@ -265,10 +265,14 @@ def test_update_rejects_bad_batch_shapes(agent, cfg):
 
 # --------------------------------------------------------------------------- learning check
 
-PENDULUM_STEPS = 5000
-# Uniform random actions score about -1200 on Pendulum-v1; a working SAC with these settings
-# reaches about -250 within 5000 steps, and a SAC whose actor climbs -Q stays below -1500.
-PENDULUM_PASS = -700.0
+PENDULUM_STEPS = 8000
+PENDULUM_EVAL_EVERY = 1000
+# Uniform random actions score about -1200 on Pendulum-v1 and a SAC whose actor climbs -Q stays
+# below -1500. A working SAC with these settings (gradient steps in the collector's default chunks
+# of 1000) swings up between 3000 and 6000 steps, and its evaluations at 7000 and 8000 steps lay
+# between -300 and -120 for seeds 0-3 (measured 2026-11-22). A single evaluation at 5000 steps
+# (this test's former criterion) ranged from -1356 to -165 over seeds: too early to judge.
+PENDULUM_PASS = -500.0
 
 
 def pendulum_config():
@@ -283,9 +287,9 @@ def run_pendulum(seed=0):
   import gymnasium as gym
   from experiments import collect
   result = collect.train_sac(lambda: gym.make("Pendulum-v1"), pendulum_config(), PENDULUM_STEPS,
-                             start_steps=500, eval_every=PENDULUM_STEPS, eval_episodes=3,
+                             start_steps=500, eval_every=PENDULUM_EVAL_EVERY, eval_episodes=3,
                              seed=seed, log_every=PENDULUM_STEPS, log_fn=lambda *_: None)
-  return result.evals[-1][1]
+  return [r for _, r in result.evals]
 
 
 @pytest.mark.slow
@@ -293,5 +297,9 @@ def test_sac_learns_pendulum():
   """Online SAC (the loop experiments/collect.py builds datasets with) swings the pendulum up.
   Fails when the actor ascends -Q (checked by hand: about -1900), when the critic target or the
   tanh action mapping is wrong, or when updates do not happen."""
-  final = run_pendulum()
-  assert final > PENDULUM_PASS, f"SAC did not learn Pendulum-v1: final return {final:.0f}"
+  returns = run_pendulum()
+  assert len(returns) == PENDULUM_STEPS // PENDULUM_EVAL_EVERY
+  final = float(np.mean(returns[-2:]))
+  assert final > PENDULUM_PASS, (
+      f"SAC did not learn Pendulum-v1: mean of the last two evaluations {final:.0f} "
+      f"(all: {[round(r) for r in returns]})")

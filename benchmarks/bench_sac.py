@@ -33,6 +33,46 @@ def _load() -> str:
   return f"{one:.2f} {five:.2f} {fifteen:.2f} (1/5/15 min; {os.cpu_count()} visible cores)"
 
 
+def compute_bound(config, obs_dim: int, action_dim: int, seconds: float = 5.0) -> dict:
+  """What one SAC update costs and what this machine can do at best.
+
+  flops: XLA's cost analysis of the collector's compiled update (one step of the `train` scan).
+  matmul_gflops: measured float32 matmul throughput of this machine, as the best of repeated
+    jitted chains of [batch, w] x [w, w] products (w = the widest hidden layer): the shapes SAC's
+    layers have, so the figure includes XLA's per-op overhead for matrices of this size.
+  updates_per_s_bound: matmul_gflops / flops, an upper bound for env steps/s with one update each.
+  """
+  import jax.numpy as jnp
+  from mombo_jax import sac
+  _, train = collect._make_jitted(config)
+  agent = sac.init_agent(jax.random.key(0), obs_dim, action_dim, config, 1)
+  n = 1024
+  replay = {"obs": np.zeros((n, obs_dim), np.float32),
+            "action": np.zeros((n, action_dim), np.float32), "reward": np.zeros(n, np.float32),
+            "next_obs": np.zeros((n, obs_dim), np.float32), "terminated": np.zeros(n, np.float32)}
+  compiled = train.lower(agent, replay, np.int32(n), jax.random.split(jax.random.key(1), 1)
+                         ).compile()
+  cost = compiled.cost_analysis()
+  flops = float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
+
+  width, chain = max(config.critic_hidden), 64
+  x = jnp.ones((config.batch_size, width), jnp.float32)
+  w = jnp.full((width, width), 1.0 / width, jnp.float32)
+
+  @jax.jit
+  def products(x, w):
+    return jax.lax.fori_loop(0, chain, lambda _, y: y @ w, x)
+
+  products(x, w).block_until_ready()
+  per_call = 2.0 * config.batch_size * width * width * chain
+  best, t_end = 0.0, time.perf_counter() + seconds
+  while time.perf_counter() < t_end:
+    t = time.perf_counter()
+    products(x, w).block_until_ready()
+    best = max(best, per_call / (time.perf_counter() - t))
+  return dict(flops=flops, matmul_gflops=best / 1e9, updates_per_s_bound=best / flops)
+
+
 def main():
   defaults = collect.Options()
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -66,6 +106,14 @@ def main():
   print(f"# medium point: eval return >= {args.medium_fraction:.3g} x D4RL expert {expert} = "
         f"{args.medium_fraction * expert:.1f}")
   print(f"# load average before: {_load()}", flush=True)
+  env = collect._make_env(args.env)
+  bound = compute_bound(config, env.observation_space.shape[0], env.action_space.shape[0])
+  env.close()
+  print(f"# one SAC update: {bound['flops'] / 1e6:.0f} MFLOP (XLA cost analysis); this machine's "
+        f"float32 matmul throughput at these shapes: {bound['matmul_gflops']:.1f} GFLOP/s "
+        f"(best of repeated [{args.batch_size}, {max(args.hidden)}] x [{max(args.hidden)}, "
+        f"{max(args.hidden)}] chains) -> at most {bound['updates_per_s_bound']:.0f} updates/s",
+        flush=True)
 
   t_start = time.perf_counter()
   lines = []  # (seconds since start, line)
@@ -119,6 +167,9 @@ def main():
     print(f"# steady state (steps {first}..{steady[-1]}): "
           f"{(steady[-1] - first) / (t1 - t0):.1f} steps/s with evaluations, "
           f"{(steady[-1] - first) / (t1 - t0 - eval_time):.1f} steps/s of training alone")
+    alone = (steady[-1] - first) / (t1 - t0 - eval_time)
+    print(f"# = {alone * bound['flops'] / 1e9:.1f} GFLOP/s of SAC updates, "
+          f"{100 * alone / bound['updates_per_s_bound']:.0f}% of the matmul bound above")
   print(f"# best eval return {best:.1f} at step {best_step} (normalized "
         f"{float(data.normalized_score(args.env, best)):.1f}); final "
         f"{result.evals[-1][1]:.1f}; medium point "

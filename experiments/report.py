@@ -1,0 +1,39 @@
+r"""Tables and learning curves over many runs, in the paper's layout.
+
+  python -m experiments.report runs/                       # writes into runs/
+  python -m experiments.report runs/a runs/b --out=report/
+
+Finds every run workdir (config.json + metrics.csv + summary.json, written by experiments.run)
+under the folders, groups runs by environment, dataset and algorithm (seeds of several runs pooled),
+and writes report.md, report.tex (final normalised score and AULC, mean +- std over seeds, best in
+bold, within one std of the best underlined, averages and average ranks) and curves_<env>.png.
+"""
+import sys
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """Defined only when run as the program (absl flags are global; tests import this module)."""
+  flags.DEFINE_string("out", None, "Output folder (default: the first folder given).")
+
+
+def main(argv):
+  from mombo_jax import report
+  dirs = argv[1:]
+  if not dirs:
+    sys.exit("error: pass one or more folders holding runs, e.g. "
+             "`python -m experiments.report runs/`.")
+  try:
+    result = report.write_report(dirs, FLAGS.out, log=lambda m: print(m, file=sys.stderr))
+  except report.ReportError as e:
+    sys.exit(f"error: {e}")
+  print(f"{len(result['runs'])} run(s) in {len(result['groups'])} group(s); wrote "
+        + ", ".join(result["files"]))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

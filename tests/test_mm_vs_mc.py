@@ -1,0 +1,117 @@
+"""Moment matching vs Monte Carlo (experiments.mm_vs_mc, mombo_jax.analysis): with a linear critic,
+where moment matching is exact, the Monte Carlo estimates converge to the MM mean with an error
+that shrinks like sqrt(v / N); the script runs end to end on a run folder."""
+import csv
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from mombo_jax import analysis
+from mombo_jax.critics import MMCritic
+from tests.conftest_runs import tiny_run  # noqa: F401  (session fixture)
+
+NS = (2, 10, 100, 1000, 10000)
+
+
+@pytest.fixture(scope="module")
+def linear_setup():
+  """A critic with no hidden layer (Q = w . [s, a] + b) and a batch of next-state Gaussians."""
+  critic = MMCritic(hidden_dims=())
+  k_init, k_mu, k_var, k_a = jax.random.split(jax.random.PRNGKey(3), 4)
+  batch, obs_dim, action_dim = 3, 5, 2
+  mu = jax.random.normal(k_mu, (batch, obs_dim))
+  var = jax.random.uniform(k_var, (batch, obs_dim), minval=0.2, maxval=2.0)
+  action = jax.random.uniform(k_a, (batch, action_dim), minval=-1, maxval=1)
+  params = jax.jit(critic.init)(k_init, mu, action)      # one compilation, not op by op
+  return critic, params, mu, var, action
+
+
+def test_mm_is_exact_for_a_linear_critic(linear_setup):
+  critic, params, mu, var, action = linear_setup
+  m, v = critic.apply(params, mu, action, var)
+  w = np.asarray(params["params"]["MMDense_0"]["kernel"], np.float64)[:, 0]
+  b = float(params["params"]["MMDense_0"]["bias"][0])
+  x = np.concatenate([np.asarray(mu, np.float64), np.asarray(action, np.float64)], axis=1)
+  np.testing.assert_allclose(m, x @ w + b, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(v, np.asarray(var, np.float64) @ w[:mu.shape[1]] ** 2, rtol=1e-5)
+
+
+def test_mc_converges_to_the_mm_mean_like_one_over_sqrt_n(linear_setup):
+  """For a linear Q, an N-sample estimate is exactly N(m, v / N): the standardised errors
+  z = (estimate - m) / sqrt(v / N) over all repeats and states are standard normal for every N.
+  Their sum of squares is chi-square with R*B degrees of freedom and their mean is N(0, 1/(R*B));
+  the bounds are those distributions' 1e-6 quantiles, not fixed digits."""
+  critic, params, mu, var, action = linear_setup
+  m, v = (np.asarray(x, np.float64) for x in critic.apply(params, mu, action, var))
+  q_fn = lambda obs, act: critic.apply(params, obs, act)  # noqa: E731
+  repeats = 100
+  dof = repeats * mu.shape[0]
+  lo, hi = stats.chi2.ppf(1e-6, dof) / dof, stats.chi2.ppf(1 - 1e-6, dof) / dof
+  z_bound = stats.norm.isf(1e-6 / 2) / np.sqrt(dof)
+  # One compilation for all N.
+  draw = jax.jit(lambda key: {n: analysis.mc_estimates(q_fn, mu, var, action,
+                                                       jax.random.fold_in(key, n), n, repeats)
+                              for n in NS})
+  estimates = draw(jax.random.PRNGKey(0))
+  rms = {}
+  for n in NS:
+    est = np.asarray(estimates[n], np.float64)
+    assert est.shape == (repeats, mu.shape[0])
+    z = (est - m) / np.sqrt(v / n)
+    assert lo <= np.mean(z ** 2) <= hi, (n, np.mean(z ** 2))
+    assert abs(np.mean(z)) <= z_bound, (n, np.mean(z))
+    rms[n] = np.sqrt(np.mean((est - m) ** 2))
+  # Hence the raw error shrinks like 1/sqrt(N): 10000 samples are sqrt(5000) ~ 70x closer than 2,
+  # up to the chi-square slack of the two draws.
+  assert rms[10000] / rms[2] <= np.sqrt(hi / lo) * np.sqrt(2 / 10000)
+  assert rms[10000] / rms[2] >= np.sqrt(lo / hi) * np.sqrt(2 / 10000)
+
+
+def test_member_q_picks_each_states_critic(tiny_run):
+  workdir, state = tiny_run
+  nets = analysis.load_run(workdir).nets[1]
+  obs = jnp.asarray(np.random.default_rng(0).normal(size=(4, 11)), jnp.float32)
+  action = jnp.zeros((4, 3))
+  both = nets.q(obs, action)                                       # [2, 4]
+  member = jnp.array([0, 1, 1, 0])
+  got = analysis.member_q_fn(nets, member)(obs, action)
+  np.testing.assert_array_equal(got, both[member, jnp.arange(4)])
+  # The loader hands back seed 1's target critic exactly as the run state holds it.
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b[1]), nets.target_critic,
+               state.agent.target_critic_params)
+
+
+@pytest.mark.slow
+def test_script_end_to_end(tiny_run, tmp_path):
+  workdir, _ = tiny_run
+  out = subprocess.run(
+      [sys.executable, "-m", "experiments.mm_vs_mc", f"--run={workdir}", "--num_states=2",
+       "--repeats=16", "--n_samples=2,100", f"--out={tmp_path}"],
+      capture_output=True, text=True, timeout=300, env=dict(os.environ))
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert (tmp_path / "mm_vs_mc.png").stat().st_size > 10_000
+  with open(tmp_path / "mm_vs_mc.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert [(r["method"], r["n_samples"]) for r in rows] == [("MM", "0"), ("MC", "2"),
+                                                           ("MC", "100")] * 2
+  for r in rows:
+    assert all(np.isfinite(float(r[k])) for k in ("estimate_mean", "estimate_std", "mm_mean",
+                                                   "seconds_per_call"))
+    assert float(r["seconds_per_call"]) > 0
+  # Spread over repeats shrinks with N (the expected ratio is sqrt(50) ~ 7; with 16 repeats a
+  # ratio below 2 needs an F(15, 15) draw above 12.5: p ~ 1e-5).
+  for b in ("0", "1"):
+    spread = {r["n_samples"]: float(r["estimate_std"]) for r in rows
+              if r["state"] == b and r["method"] == "MC"}
+    assert spread["100"] < spread["2"] / 2
+  with open(tmp_path / "mm_vs_mc_estimates.csv") as f:
+    assert len(list(csv.DictReader(f))) == 2 * 2 * 16
+  bad = subprocess.run([sys.executable, "-m", "experiments.mm_vs_mc", f"--run={tmp_path}"],
+                       capture_output=True, text=True, timeout=120)
+  assert bad.returncode != 0 and "Traceback" not in bad.stderr and "config.json" in bad.stderr

@@ -22,11 +22,9 @@ import time
 import jax
 import numpy as np
 
+from benchmarks import common
 from experiments import collect
 from mombo_jax import data
-
-HARDWARE = "2-core AMD EPYC CPU, no GPU"
-
 
 def _load() -> str:
   one, five, fifteen = os.getloadavg()
@@ -37,12 +35,10 @@ def compute_bound(config, obs_dim: int, action_dim: int, seconds: float = 5.0) -
   """What one SAC update costs and what this machine can do at best.
 
   flops: XLA's cost analysis of the collector's compiled update (one step of the `train` scan).
-  matmul_gflops: measured float32 matmul throughput of this machine, as the best of repeated
-    jitted chains of [batch, w] x [w, w] products (w = the widest hidden layer): the shapes SAC's
-    layers have, so the figure includes XLA's per-op overhead for matrices of this size.
+  matmul_gflops: this machine's float32 matmul throughput at the widest hidden layer's shapes
+    (benchmarks.common.matmul_gflops).
   updates_per_s_bound: matmul_gflops / flops, an upper bound for env steps/s with one update each.
   """
-  import jax.numpy as jnp
   from mombo_jax import sac
   _, train = collect._make_jitted(config)
   agent = sac.init_agent(jax.random.key(0), obs_dim, action_dim, config, 1)
@@ -50,27 +46,10 @@ def compute_bound(config, obs_dim: int, action_dim: int, seconds: float = 5.0) -
   replay = {"obs": np.zeros((n, obs_dim), np.float32),
             "action": np.zeros((n, action_dim), np.float32), "reward": np.zeros(n, np.float32),
             "next_obs": np.zeros((n, obs_dim), np.float32), "terminated": np.zeros(n, np.float32)}
-  compiled = train.lower(agent, replay, np.int32(n), jax.random.split(jax.random.key(1), 1)
-                         ).compile()
-  cost = compiled.cost_analysis()
-  flops = float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
-
-  width, chain = max(config.critic_hidden), 64
-  x = jnp.ones((config.batch_size, width), jnp.float32)
-  w = jnp.full((width, width), 1.0 / width, jnp.float32)
-
-  @jax.jit
-  def products(x, w):
-    return jax.lax.fori_loop(0, chain, lambda _, y: y @ w, x)
-
-  products(x, w).block_until_ready()
-  per_call = 2.0 * config.batch_size * width * width * chain
-  best, t_end = 0.0, time.perf_counter() + seconds
-  while time.perf_counter() < t_end:
-    t = time.perf_counter()
-    products(x, w).block_until_ready()
-    best = max(best, per_call / (time.perf_counter() - t))
-  return dict(flops=flops, matmul_gflops=best / 1e9, updates_per_s_bound=best / flops)
+  flops = common.xla_flops(train.lower(agent, replay, np.int32(n),
+                                       jax.random.split(jax.random.key(1), 1)).compile())
+  gflops = common.matmul_gflops(config.batch_size, max(config.critic_hidden), seconds)
+  return dict(flops=flops, matmul_gflops=gflops, updates_per_s_bound=gflops * 1e9 / flops)
 
 
 def main():
@@ -94,7 +73,7 @@ def main():
 
   config = collect.online_config(args.env, args.hidden, args.batch_size)
   expert = data.D4RL_REF_SCORES[args.env][1]
-  print(f"# bench_sac  hardware: {HARDWARE} ({platform.machine()}, jax backend "
+  print(f"# bench_sac  hardware: {common.cpu_name()} ({platform.machine()}, jax backend "
         f"{jax.default_backend()} {[d.platform for d in jax.devices()]})")
   print(f"# jax {jax.__version__}, numpy {np.__version__}, python {platform.python_version()}")
   print(f"# {data.GYM_IDS[args.env]}: {args.steps} steps, warm-up {args.start_steps} uniform-random"

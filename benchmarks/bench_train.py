@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import common
 from mombo_jax import buffer, config as config_lib, dynamics, sac, targets, train
 
 OBS, ACT = 17, 6
@@ -116,14 +117,6 @@ def bench_epochs(args, rng):
     print(f"| {seeds} | {t:.2f} | {t / seeds:.2f} | {t / one:.2f} |")
 
 
-def _cpu():
-  try:
-    with open("/proc/cpuinfo") as f:
-      return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    return "unknown CPU"
-
-
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--steps", type=int, default=1000)
@@ -134,7 +127,7 @@ def main():
   parser.add_argument("--skip_steps", action="store_true")
   args = parser.parse_args()
   print("# bench_train")
-  print(f"hardware: {_cpu()}, {os.cpu_count()} cores; devices: {jax.device_count()} x "
+  print(f"hardware: {common.cpu_name()}; devices: {jax.device_count()} x "
         f"{jax.devices()[0].device_kind} ({jax.default_backend()}); jax {jax.__version__}")
   print(f"load average at start: {os.getloadavg()[0]:.1f}")
   t0 = time.time()

@@ -52,7 +52,7 @@ def define_flags():
   flags.DEFINE_string("out", None, "The sweep's folder (required).")
   flags.DEFINE_bool("dry_run", False, "Print the commands and exit.")
   for name, kind in BUDGET_FLAGS.items():
-    getattr(flags, f"DEFINE_{kind}")(name, None, f"Passed to every cell's experiments.run.")
+    getattr(flags, f"DEFINE_{kind}")(name, None, "Passed to every cell's experiments.run.")
 
 
 class UserError(Exception):

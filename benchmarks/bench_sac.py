@@ -1,10 +1,10 @@
-"""Benchmark: the online SAC behind the medium / expert datasets (experiments/collect.py), on CPU.
+"""Benchmark: the online SAC behind the medium / expert datasets (mombo_jax.online_sac), on CPU.
 
   nice -n 10 python -m benchmarks.bench_sac --steps=250000 --workdir=/tmp/sac_long  # bench_sac.txt
   python -m benchmarks.bench_sac --steps=3000 --start_steps=1000 --eval_every=1000   # smoke test
 
 Runs the collector's own `train_sac` (one gradient step per env step, in chunks of --train_every;
-standard online hyperparameters `collect.ONLINE_SAC`, [256, 256] nets, batch 256) with the
+standard online hyperparameters `online_sac.ONLINE_SAC`, [256, 256] nets, batch 256) with the
 collector's seeding,
 so `--workdir=W` leaves a checkpoint that `python -m experiments.collect --env=<env>-medium-replay
 --workdir=W --sac_steps=...` resumes. Prints every progress / evaluation line as it comes
@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from benchmarks import common
-from experiments import collect
+from mombo_jax import online_sac, recipes
 from mombo_jax import data
 
 def _load() -> str:
@@ -40,7 +40,7 @@ def compute_bound(config, obs_dim: int, action_dim: int, seconds: float = 5.0) -
   updates_per_s_bound: matmul_gflops / flops, an upper bound for env steps/s with one update each.
   """
   from mombo_jax import sac
-  _, train = collect._make_jitted(config)
+  _, train = online_sac._make_jitted(config)
   agent = sac.init_agent(jax.random.key(0), obs_dim, action_dim, config, 1)
   n = 1024
   replay = {"obs": np.zeros((n, obs_dim), np.float32),
@@ -53,7 +53,7 @@ def compute_bound(config, obs_dim: int, action_dim: int, seconds: float = 5.0) -
 
 
 def main():
-  defaults = collect.Options()
+  defaults = recipes.Options()
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--env", default="hopper", choices=sorted(data.GYM_IDS))
   p.add_argument("--steps", type=int, default=100_000, help="SAC env steps (= gradient steps).")
@@ -71,7 +71,7 @@ def main():
                  help="Env steps between chunks of as many gradient steps (1: after each step).")
   args = p.parse_args()
 
-  config = collect.online_config(args.env, args.hidden, args.batch_size)
+  config = online_sac.online_config(args.env, args.hidden, args.batch_size)
   expert = data.D4RL_REF_SCORES[args.env][1]
   print(f"# bench_sac  hardware: {common.cpu_name()} ({platform.machine()}, jax backend "
         f"{jax.default_backend()} {[d.platform for d in jax.devices()]})")
@@ -80,12 +80,12 @@ def main():
         f" steps, eval every {args.eval_every} steps ({args.eval_episodes} deterministic episodes),"
         f" hidden {args.hidden}, batch {args.batch_size}, gradient steps in chunks of "
         f"{args.train_every}, seed {args.seed} (collector's SAC seed "
-        f"{args.seed + collect._SEED_OFFSETS['sac']}), checkpoints "
+        f"{args.seed + online_sac.SEED_OFFSETS['sac']}), checkpoints "
         f"{'in ' + args.workdir if args.workdir else 'off'}")
   print(f"# medium point: eval return >= {args.medium_fraction:.3g} x D4RL expert {expert} = "
         f"{args.medium_fraction * expert:.1f}")
   print(f"# load average before: {_load()}", flush=True)
-  env = collect._make_env(args.env)
+  env = recipes._make_env(args.env)
   bound = compute_bound(config, env.observation_space.shape[0], env.action_space.shape[0])
   env.close()
   print(f"# one SAC update: {bound['flops'] / 1e6:.0f} MFLOP (XLA cost analysis); this machine's "
@@ -100,13 +100,13 @@ def main():
   def log(msg):
     t = time.perf_counter() - t_start
     lines.append((t, msg))
-    print(f"[{collect._fmt_time(t)}] {msg}", flush=True)
+    print(f"[{online_sac._fmt_time(t)}] {msg}", flush=True)
 
   workdir = os.path.join(args.workdir, args.env, "sac") if args.workdir else None
-  result = collect.train_sac(
-      lambda: collect._make_env(args.env), config, args.steps,
+  result = online_sac.train_sac(
+      lambda: recipes._make_env(args.env), config, args.steps,
       start_steps=args.start_steps, eval_every=args.eval_every, eval_episodes=args.eval_episodes,
-      seed=args.seed + collect._SEED_OFFSETS["sac"],
+      seed=args.seed + online_sac.SEED_OFFSETS["sac"],
       medium_return=args.medium_fraction * expert, workdir=workdir,
       checkpoint_every=args.checkpoint_every, log_every=args.eval_every, log_fn=log,
       train_every=args.train_every)
@@ -133,7 +133,7 @@ def main():
     rate_ex = (step - prev_step) / max(span - prev_eval_s, 1e-9)
     norm = float(data.normalized_score(args.env, mean))
     mark = "  <- medium point" if step == result.medium_step else ""
-    print(f"{step:>8} {collect._fmt_time(t_eval):>9} {rate:>8.1f} {rate_ex:>16.1f} {eval_s:>7.1f} "
+    print(f"{step:>8} {online_sac._fmt_time(t_eval):>9} {rate:>8.1f} {rate_ex:>16.1f} {eval_s:>7.1f} "
           f"{mean:>9.1f} +- {std:>6.1f} {norm:>10.1f}{mark}")
     prev_step, prev_t = step, t_prog
   best_step, best = result.best_eval
@@ -153,7 +153,7 @@ def main():
         f"{float(data.normalized_score(args.env, best)):.1f}); final "
         f"{result.evals[-1][1]:.1f}; medium point "
         f"{'step ' + str(result.medium_step) if result.medium_step >= 0 else 'not reached'}")
-  print(f"# total wall time {collect._fmt_time(total)} ({args.steps / total:.1f} steps/s overall)")
+  print(f"# total wall time {online_sac._fmt_time(total)} ({args.steps / total:.1f} steps/s overall)")
   print(f"# load average after: {_load()}")
 
 

@@ -53,7 +53,7 @@ D4RL_REF_SCORES = {
     "walker2d": (1.629008, 4592.3),
 }
 # Minari metadata key of the datasets built or imported here: a JSON string of {"recipe", "steps",
-# "recipe_steps", "command"} (experiments.collect.provenance_for).
+# "recipe_steps", "command"} (mombo_jax.recipes.provenance_for).
 PROVENANCE_KEY = "mombo_provenance"
 # Seconds the reachability check may take before a download attempt is declared hopeless.
 _REACH_TIMEOUT_S = 3.0

@@ -141,7 +141,7 @@ def soft_target(agent: AgentState, batch: Batch, key: jax.Array, config: Config)
 
   y = r + gamma * (1 - d) * (min_j Q'_j(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s'),
   without the entropy term when config.deterministic_backup. Clamped at config.clip_target_min
-  unless that is None (online SAC, e.g. experiments/collect.py, passes a config with None).
+  unless that is None (online SAC, mombo_jax.online_sac, passes a config with None).
   """
   _check_batch(batch)
   mean, log_std = agent.actor.apply_fn(agent.actor.params, batch.next_obs)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from experiments import collect
-from mombo_jax import data
+from mombo_jax import data, recipes
 from tests.conftest import minari_root_at
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,8 +27,8 @@ def _check_chaining(t, episodes):
 
 
 def test_rollout_counts_and_cuts():
-  episodes = collect.rollout(lambda: data.make_env("hopper-random", max_episode_steps=7),
-                             collect.random_policy(3, 0), 40, seed=0, num_envs=3)
+  episodes = recipes.rollout(lambda: data.make_env("hopper-random", max_episode_steps=7),
+                             recipes.random_policy(3, 0), 40, seed=0, num_envs=3)
   assert sum(len(ep["rewards"]) for ep in episodes) == 40
   for ep in episodes:
     n = len(ep["rewards"])
@@ -45,7 +45,7 @@ def test_replay_episodes():
                 next_obs=np.arange(1, n + 1, dtype=np.float32)[:, None],
                 terminated=np.array([0, 1, 0, 0, 0, 0], np.float32),
                 end=np.array([0, 1, 0, 1, 0, 0], np.float32))
-  eps = collect._replay_episodes(replay)
+  eps = recipes._replay_episodes(replay)
   assert [len(e["rewards"]) for e in eps] == [2, 2, 2]
   assert eps[0]["terminations"].tolist() == [False, True]
   assert eps[1]["truncations"].tolist() == [False, True]   # a time limit
@@ -57,27 +57,27 @@ def test_mix_episodes_shares():
   def eps(count, length, tag):
     return [dict(rewards=np.full(length, tag, float)) for _ in range(count)]
   base, better = eps(100, 10, 0.0), eps(50, 20, 1.0)
-  mixed = collect.mix_episodes(base, better, 0.1, seed=0)
+  mixed = recipes.mix_episodes(base, better, 0.1, seed=0)
   n_better = sum(len(e["rewards"]) for e in mixed if e["rewards"][0] == 1.0)
   total = sum(len(e["rewards"]) for e in mixed)
   assert n_better == 100 and total == 1000
 
 
 def test_build_random(root):
-  dataset_id = collect.build_random("hopper-random", steps=300, seed=0, log_fn=lambda *_: None,
+  dataset_id = recipes.build_random("hopper-random", steps=300, seed=0, log_fn=lambda *_: None,
                                     max_episode_steps=30)
   assert dataset_id == "mombo/hopper/random-v0"
   t = data.load_transitions("hopper-random")
   assert len(t.rewards) == 300 and t.observations.dtype == np.float32
   assert np.all(np.abs(t.actions) <= 1.0) and t.actions.std() > 0.3  # uniform in [-1, 1]
-  _check_chaining(t, collect.read_episodes("hopper-random"))
+  _check_chaining(t, recipes.read_episodes("hopper-random"))
   low, high, source = data.ref_scores("hopper-random")
   assert (low, high) == data.D4RL_REF_SCORES["hopper"] and "metadata" in source
   assert data.make_env(dataset_id).spec.max_episode_steps == 1000  # evaluation env: standard
   # Never silently overwritten; --overwrite rebuilds.
-  with pytest.raises(collect.UserError, match="--overwrite"):
-    collect.build_random("hopper-random", steps=10, log_fn=lambda *_: None)
-  collect.build_random("hopper-random", steps=50, seed=1, log_fn=lambda *_: None, overwrite=True)
+  with pytest.raises(recipes.UserError, match="--overwrite"):
+    recipes.build_random("hopper-random", steps=10, log_fn=lambda *_: None)
+  recipes.build_random("hopper-random", steps=50, seed=1, log_fn=lambda *_: None, overwrite=True)
   assert len(data.load_transitions("hopper-random").rewards) == 50  # not the cached 300 rows
   # Provenance: the recipe, what was written, the recipe's full size and how to rebuild it.
   assert data.provenance("hopper-random") == {
@@ -85,7 +85,7 @@ def test_build_random(root):
       "command": "python -m experiments.collect --env=hopper-random --overwrite"}
   assert "reduced build" in data.smaller_than_recipe("hopper-random")
   with pytest.raises(ValueError):
-    collect.build_random("hopper-medium", steps=10)
+    recipes.build_random("hopper-medium", steps=10)
 
 
 def test_flags_defined_only_as_program():
@@ -117,7 +117,7 @@ def test_cli(root, tmp_path):
   assert again.returncode == 0 and "already exists" in again.stdout
 
 
-TINY = collect.Options(steps=120, sac_steps=300, start_steps=100, eval_every=100, eval_episodes=1,
+TINY = recipes.Options(steps=120, sac_steps=300, start_steps=100, eval_every=100, eval_episodes=1,
                        medium_fraction=-1.0, checkpoint_every=1000, log_every=100, hidden=(16, 16),
                        batch_size=32, num_envs=4, max_episode_steps=40, seed=0)
 
@@ -127,8 +127,8 @@ def test_sac_qualities_end_to_end(root, tmp_path):
   """One tiny SAC run writes medium-replay, medium, expert, medium-expert and a mixture; a longer
   --sac_steps resumes it from its Orbax checkpoint."""
   logs = []
-  opts = collect.Options(**{**TINY.__dict__, "workdir": str(tmp_path)})
-  builder = collect.Builder(opts, log_fn=logs.append)
+  opts = recipes.Options(**{**TINY.__dict__, "workdir": str(tmp_path)})
+  builder = recipes.Builder(opts, log_fn=logs.append)
   for name in ("hopper-medium-replay", "hopper-medium-expert", "hopper-random-medium-10pct"):
     builder.build(name)
   # medium_fraction=-1: the first evaluation (step 100) is the medium point.
@@ -136,7 +136,7 @@ def test_sac_qualities_end_to_end(root, tmp_path):
   assert result.medium_step == 100 and [s for s, _ in result.evals] == [100, 200, 300]
   replay = data.load_transitions("hopper-medium-replay")
   assert len(replay.rewards) == 100
-  _check_chaining(replay, collect.read_episodes("hopper-medium-replay"))
+  _check_chaining(replay, recipes.read_episodes("hopper-medium-replay"))
   medium = data.load_transitions("hopper-medium")
   expert = data.load_transitions("hopper-expert")
   both = data.load_transitions("hopper-medium-expert")
@@ -146,7 +146,7 @@ def test_sac_qualities_end_to_end(root, tmp_path):
   # The SAC policies act in [-1, 1] and are not the random policy's uniform actions.
   assert np.all(np.abs(expert.actions) <= 1.0)
   random = data.load_transitions("hopper-random")  # built as the mixture's ingredient
-  mixed = collect.read_episodes("hopper-random-medium-10pct")
+  mixed = recipes.read_episodes("hopper-random-medium-10pct")
   total = sum(len(e["rewards"]) for e in mixed)
   assert abs(total - len(random.rewards)) <= opts.max_episode_steps
   assert data.ref_scores("hopper-medium-expert")[2].startswith("metadata")
@@ -160,24 +160,24 @@ def test_sac_qualities_end_to_end(root, tmp_path):
 
   # Resume: same workdir, longer run.
   logs.clear()
-  longer = collect.Options(**{**opts.__dict__, "sac_steps": 400})
-  result2 = collect.Builder(longer, log_fn=logs.append).sac_run("hopper")
+  longer = recipes.Options(**{**opts.__dict__, "sac_steps": 400})
+  result2 = recipes.Builder(longer, log_fn=logs.append).sac_run("hopper")
   assert any("resumed the SAC run at step 300" in line for line in logs)
   assert result2.medium_step == 100 and [s for s, _ in result2.evals] == [100, 200, 300, 400]
   np.testing.assert_array_equal(result2.replay["obs"], result.replay["obs"])
   # Other network settings do not silently reuse the checkpoint.
-  other = collect.Options(**{**opts.__dict__, "hidden": (8, 8)})
-  with pytest.raises(collect.UserError, match="another --workdir"):
-    collect.Builder(other, log_fn=logs.append).sac_run("hopper")
+  other = recipes.Options(**{**opts.__dict__, "hidden": (8, 8)})
+  with pytest.raises(recipes.UserError, match="another --workdir"):
+    recipes.Builder(other, log_fn=logs.append).sac_run("hopper")
 
 
 def test_unreached_medium_point_is_explained(root, tmp_path, monkeypatch):
   monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
   # Expert-level returns are out of reach for 120 steps of SAC (same shapes as above: no compiling).
-  opts = collect.Options(**{**TINY.__dict__, "sac_steps": 120, "medium_fraction": 1.0,
+  opts = recipes.Options(**{**TINY.__dict__, "sac_steps": 120, "medium_fraction": 1.0,
                             "workdir": str(tmp_path / "work")})
-  with pytest.raises(collect.UserError, match="never reached the medium point"):
-    collect.Builder(opts, log_fn=lambda *_: None).build("hopper-medium")
+  with pytest.raises(recipes.UserError, match="never reached the medium point"):
+    recipes.Builder(opts, log_fn=lambda *_: None).build("hopper-medium")
 
 
 @pytest.mark.slow
@@ -219,8 +219,8 @@ def test_kill_9_mid_sac_resumes_from_the_last_checkpoint(tmp_path):
 
   # Uninterrupted, in this process, with the same settings.
   with minari_root_at(tmp_path / "straight"):
-    opts = collect.Options(**{**args, "sac_steps": 400, "workdir": str(tmp_path / "w2")})
-    collect.Builder(opts, log_fn=lambda *_: None).build("hopper-medium-replay")
+    opts = recipes.Options(**{**args, "sac_steps": 400, "workdir": str(tmp_path / "w2")})
+    recipes.Builder(opts, log_fn=lambda *_: None).build("hopper-medium-replay")
     straight = data.load_transitions("hopper-medium-replay")
   with minari_root_at(tmp_path / "killed"):
     resumed = data.load_transitions("hopper-medium-replay")

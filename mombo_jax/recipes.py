@@ -1,0 +1,426 @@
+"""D4RL-recipe datasets built here, written as real Minari datasets (SPEC.md section 7).
+
+Recipes (D4RL, Fu et al. 2020):
+- random: `steps` steps of a uniform random policy.
+- One online SAC run per environment (mombo_jax.online_sac) gives the other qualities. Its
+  deterministic evaluation return is checked every `eval_every` steps; the first time it reaches
+  `medium_fraction` x the D4RL expert return, the policy is snapshotted ("medium") and the replay
+  buffer up to that step is `medium-replay`. Training continues to `sac_steps`; the final policy is
+  the "expert".
+- medium / expert: `steps` steps of the medium / final policy, actions sampled from the stochastic
+  policy as D4RL did (rollout_policy="deterministic" uses tanh(mean)), many envs stepped together
+  with one policy call per step.
+- medium-expert: the episodes of medium followed by those of expert.
+- <env>-random-<medium|expert>-<p>pct (Hong et al. 2023, the paper's appendix): as many transitions
+  as the random dataset, p% of them from whole episodes of the medium / expert dataset, the rest
+  from whole random episodes (whole episodes make the shares approximate).
+Missing ingredients are built too; existing datasets are reused, never silently overwritten.
+Datasets live under MINARI_DATASETS_PATH as `mombo/<env>/<quality>-v0` (data.minari_id), with the
+D4RL reference returns and their provenance (recipe, size, rebuild command) in the metadata, and a
+dataset card beside them (mombo_jax.cards).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+import warnings
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from mombo_jax.online_sac import (SEED_OFFSETS, SacResult, UserError, _print, _to_env_action,
+                                  online_config, train_sac)
+
+SAC_QUALITIES = ("medium-replay", "medium", "expert", "medium-expert")
+
+
+AUTHOR = "mombo_jax experiments/collect.py"
+
+
+RECIPE_STEPS = {"random": 1_000_000, "medium": 1_000_000, "expert": 1_000_000,
+                "medium-expert": 2_000_000, "medium-replay": None, "mixed": 1_000_000}
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """Everything a build needs (the CLI flags, as a value tests can construct directly)."""
+  steps: int = 1_000_000
+  sac_steps: int = 1_000_000
+  start_steps: int = 10_000
+  eval_every: int = 10_000
+  eval_episodes: int = 10
+  medium_fraction: float = 1.0 / 3.0
+  checkpoint_every: int = 50_000
+  train_every: int = 1000
+  log_every: int = 5_000
+  hidden: tuple = (256, 256)
+  batch_size: int = 256
+  rollout_policy: str = "stochastic"
+  num_envs: int = 8
+  max_episode_steps: Optional[int] = None
+  seed: int = 0
+  workdir: str = "runs/collect"
+  overwrite: bool = False
+
+
+def _make_env(env: str, max_episode_steps: Optional[int] = None):
+  from mombo_jax import data
+  kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+  return data.make_env(env, **kwargs)
+
+
+def rollout(make_env: Callable, policy: Callable, num_steps: int, seed: int,
+            num_envs: int = 1) -> List[dict]:
+  """Record exactly `num_steps` transitions of `policy` in `num_envs` envs stepped side by side.
+
+  policy(obs [K, S] float32) -> actions [K, A] in [-1, 1].
+  Returns episodes: dicts with observations [T+1, S] (float64, as the env gives them),
+  actions [T, A] (env dtype), rewards [T], terminations [T], truncations [T]. Episodes still
+  running when the budget is spent are cut and marked truncated.
+  """
+  if num_steps < 1:
+    raise ValueError(f"num_steps must be >= 1, got {num_steps}.")
+  num_envs = max(1, min(num_envs, num_steps))
+  envs = [make_env() for _ in range(num_envs)]
+  seeds = np.random.SeedSequence(seed).generate_state(num_envs * 2)
+  rngs = [np.random.default_rng(int(s)) for s in seeds[num_envs:]]
+  open_eps, episodes = [], []
+
+  def start(i, reset_seed=None):
+    obs, _ = envs[i].reset(seed=reset_seed if reset_seed is not None
+                           else int(rngs[i].integers(2**31)))
+    return dict(observations=[obs], actions=[], rewards=[], terminations=[], truncations=[])
+
+  open_eps = [start(i, int(seeds[i]) % 2**31) for i in range(num_envs)]
+  done = 0
+  while done < num_steps:
+    active = min(num_envs, num_steps - done)
+    obs = np.stack([ep["observations"][-1] for ep in open_eps]).astype(np.float32)
+    actions = np.asarray(policy(obs))
+    for i in range(active):
+      ep = open_eps[i]
+      act = _to_env_action(actions[i], envs[i].action_space)
+      next_obs, reward, terminated, truncated, _ = envs[i].step(act)
+      ep["observations"].append(next_obs)
+      ep["actions"].append(act)
+      ep["rewards"].append(float(reward))
+      ep["terminations"].append(bool(terminated))
+      ep["truncations"].append(bool(truncated))
+      if terminated or truncated:
+        episodes.append(_finish_episode(ep))
+        open_eps[i] = start(i)
+    done += active
+  for ep in open_eps:
+    if ep["actions"]:
+      ep["truncations"][-1] = True  # cut by the budget: the next state would still bootstrap
+      episodes.append(_finish_episode(ep))
+  for env in envs:
+    env.close()
+  return episodes
+
+
+def _finish_episode(ep: dict) -> dict:
+  return dict(observations=np.stack(ep["observations"]), actions=np.stack(ep["actions"]),
+              rewards=np.asarray(ep["rewards"], np.float64),
+              terminations=np.asarray(ep["terminations"], bool),
+              truncations=np.asarray(ep["truncations"], bool))
+
+
+def random_policy(action_dim: int, seed: int) -> Callable:
+  """Uniform actions in [-1, 1]^A for a batch of observations."""
+  rng = np.random.default_rng(seed)
+  return lambda obs: rng.uniform(-1.0, 1.0, (obs.shape[0], action_dim)).astype(np.float32)
+
+
+_POLICY_CACHE: Dict = {}
+
+
+def sac_policy(actor_params, config, seed: int, deterministic: bool) -> Callable:
+  """Batched jitted SAC policy on host arrays (compiled once per config and batch size)."""
+  import jax
+  from mombo_jax import sac
+  if (config, deterministic) not in _POLICY_CACHE:
+    _POLICY_CACHE[config, deterministic] = jax.jit(
+        (lambda p, o, k: sac.policy_mode(p, o, config)) if deterministic
+        else (lambda p, o, k: sac.policy_sample(p, o, k, config)))
+  fn = _POLICY_CACHE[config, deterministic]
+  key = [jax.random.key(seed)]
+
+  def policy(obs):
+    key[0], k = jax.random.split(key[0])
+    return np.asarray(fn(actor_params, obs, k))
+  return policy
+
+
+def dataset_exists(name: str) -> bool:
+  from mombo_jax import data
+  return data.exists_locally(name)
+
+
+def provenance_for(name: str, recipe: str, steps: int) -> dict:
+  """What `data.provenance` reads back: the recipe, the transitions written, the full recipe's size
+  (None where it has none) and the command that rebuilds the dataset at full size."""
+  return {"recipe": recipe, "steps": int(steps), "recipe_steps": RECIPE_STEPS.get(recipe),
+          "command": f"python -m experiments.collect --env={name} --overwrite"}
+
+
+def write_dataset(name: str, episodes: Sequence[dict], description: str, algorithm: str,
+                  max_episode_steps: Optional[int] = None, overwrite: bool = False, *,
+                  provenance: Optional[dict] = None, ref_scores: Optional[tuple] = None,
+                  env_name: Optional[str] = None, extra_metadata: Optional[dict] = None):
+  """Write episodes as a Minari dataset: `name` is a short name (-> data.minari_id) or a full
+  Minari id (used as it is; its env from `env_name`, else from the id). Metadata: the env and its
+  gymnasium v5 eval env, reference returns (`ref_scores` (min, max), default D4RL's for the env),
+  `provenance` (see provenance_for) under data.PROVENANCE_KEY, and `extra_metadata` (JSON-encoded
+  values). episodes: dicts of observations [T+1, S], actions [T, A], rewards, terminations,
+  truncations [T]."""
+  import minari
+  from minari.data_collector import EpisodeBuffer
+  from mombo_jax import data
+  dataset_id = name if "/" in name else data.minari_id(name)
+  env_id = env_name or data.env_name(name)
+  path = os.path.join(data.datasets_root(), dataset_id)
+  if os.path.exists(path):
+    if not overwrite:
+      raise UserError(f"Dataset {dataset_id} already exists at {path}; pass --overwrite to "
+                      "rebuild it.")
+    shutil.rmtree(path)
+  env = _make_env(env_id, max_episode_steps)
+  eval_env = _make_env(env_id)
+  low, high = ref_scores or data.D4RL_REF_SCORES[data.env_name(env_id)]
+  buffers = [EpisodeBuffer(id=i, observations=ep["observations"], actions=ep["actions"],
+                           rewards=ep["rewards"], terminations=ep["terminations"],
+                           truncations=ep["truncations"]) for i, ep in enumerate(episodes)]
+  try:
+    with warnings.catch_warnings():
+      warnings.filterwarnings("ignore", message=".*is set to None.*")
+      minari.create_dataset_from_buffers(
+          dataset_id, buffers, env=env, eval_env=eval_env.spec, algorithm_name=algorithm,
+          author=AUTHOR, code_permalink="experiments/collect.py", ref_min_score=low,
+          ref_max_score=high, description=description)
+    extra = {k: json.dumps(v) for k, v in (extra_metadata or {}).items()}
+    if provenance is not None:
+      extra[data.PROVENANCE_KEY] = json.dumps(provenance)
+    if extra:
+      minari.load_dataset(dataset_id).storage.update_metadata(extra)
+  except BaseException:
+    shutil.rmtree(path, ignore_errors=True)  # no half-written dataset blocks the next attempt
+    raise
+  finally:
+    env.close()
+    eval_env.close()
+  from mombo_jax import cards
+  cards.write_card(dataset_id, episodes=episodes)   # dataset_card.md + returns_hist.png
+  return dataset_id
+
+
+def read_episodes(name: str) -> List[dict]:
+  """The episodes of a local dataset, as written by `rollout`."""
+  from mombo_jax import data
+  ds = data.load_dataset(name)
+  return [dict(observations=np.asarray(ep["observations"]), actions=np.asarray(ep["actions"]),
+               rewards=np.asarray(ep["rewards"]), terminations=np.asarray(ep["terminations"]),
+               truncations=np.asarray(ep["truncations"]))
+          for ep in ds.storage.get_episodes(ds.episode_indices)]
+
+
+def _summary(episodes: Sequence[dict]) -> str:
+  steps = sum(len(ep["rewards"]) for ep in episodes)
+  returns = [float(np.sum(ep["rewards"])) for ep in episodes]
+  return (f"{steps} transitions, {len(episodes)} episodes, episode return mean "
+          f"{np.mean(returns):.1f} (min {np.min(returns):.1f}, max {np.max(returns):.1f})")
+
+
+def build_random(name: str, steps: int = 1_000_000, seed: int = 0, log_fn=_print,
+                 max_episode_steps: Optional[int] = None, overwrite: bool = False,
+                 num_envs: int = 1) -> str:
+  """Write `<env>-random`: `steps` transitions of a uniform random policy; returns its id."""
+  from mombo_jax import data
+  env, quality = data.parse_name(name)
+  if quality != "random":
+    raise ValueError(f"build_random builds <env>-random datasets, got {name!r}.")
+  probe = _make_env(name, max_episode_steps)
+  action_dim = probe.action_space.shape[0]
+  probe.close()
+  t0 = time.time()
+  episodes = rollout(lambda: _make_env(name, max_episode_steps),
+                     random_policy(action_dim, seed), steps, seed + SEED_OFFSETS["random"],
+                     num_envs)
+  elapsed = time.time() - t0
+  log_fn(f"{name}: {_summary(episodes)}; {steps / max(elapsed, 1e-9):.0f} steps/s")
+  written = sum(len(ep["rewards"]) for ep in episodes)
+  dataset_id = write_dataset(name, episodes, f"{steps} steps of a uniform random policy on "
+                             f"{data.GYM_IDS[env]} (D4RL recipe).", "uniform-random",
+                             max_episode_steps, overwrite,
+                             provenance=provenance_for(name, "random", written))
+  log_fn(f"wrote {dataset_id} ({time.time() - t0:.1f} s in all)")
+  return dataset_id
+
+
+def _replay_episodes(replay: dict) -> List[dict]:
+  """Replay rows (in collection order) -> episodes; a final unfinished episode is cut."""
+  n = replay["reward"].shape[0]
+  ends = np.flatnonzero(replay["end"] > 0).tolist()
+  if not ends or ends[-1] != n - 1:
+    ends.append(n - 1)
+  episodes, start = [], 0
+  for end in ends:
+    sl = slice(start, end + 1)
+    obs = np.concatenate([replay["obs"][sl], replay["next_obs"][end:end + 1]]).astype(np.float64)
+    terminations = replay["terminated"][sl] > 0
+    truncations = ~terminations
+    truncations[:-1] = False
+    episodes.append(dict(observations=obs, actions=replay["action"][sl].astype(np.float32),
+                         rewards=replay["reward"][sl].astype(np.float64),
+                         terminations=terminations, truncations=truncations))
+    start = end + 1
+  return episodes
+
+
+class Builder:
+  """Builds named datasets, sharing one SAC run per environment."""
+
+  def __init__(self, opts: Options, log_fn=_print):
+    self.opts = opts
+    self.log = log_fn
+    self._sac: Dict[str, SacResult] = {}
+
+  # -- helpers
+  def _exists(self, name: str) -> bool:
+    return dataset_exists(name)
+
+  def _write(self, name, episodes, description, algorithm, overwrite=False):
+    from mombo_jax import data
+    quality = data.parse_name(name)[1]
+    recipe = "mixed" if quality.endswith("pct") else quality
+    written = sum(len(ep["rewards"]) for ep in episodes)
+    dataset_id = write_dataset(name, episodes, description, algorithm, self.opts.max_episode_steps,
+                               overwrite, provenance=provenance_for(name, recipe, written))
+    self.log(f"wrote {dataset_id}: {_summary(episodes)}")
+    return dataset_id
+
+  def sac_run(self, env: str) -> SacResult:
+    if env in self._sac:
+      return self._sac[env]
+    from mombo_jax import data
+    o = self.opts
+    config = online_config(env, o.hidden, o.batch_size)
+    expert_return = data.D4RL_REF_SCORES[env][1]
+    medium_return = o.medium_fraction * expert_return
+    workdir = os.path.join(o.workdir, env, "sac")
+    self.log(f"SAC run on {data.GYM_IDS[env]}: {o.sac_steps} steps, hidden {list(o.hidden)}, "
+             f"medium point at eval return >= {medium_return:.1f} "
+             f"({o.medium_fraction:.3g} x D4RL expert {expert_return}); checkpoints in {workdir}")
+    result = train_sac(lambda: _make_env(env, o.max_episode_steps), config, o.sac_steps,
+                       start_steps=o.start_steps, eval_every=o.eval_every,
+                       eval_episodes=o.eval_episodes, seed=o.seed + SEED_OFFSETS["sac"],
+                       medium_return=medium_return, workdir=workdir,
+                       checkpoint_every=o.checkpoint_every, log_every=o.log_every, log_fn=self.log,
+                       train_every=o.train_every)
+    self._sac[env] = result
+    return result
+
+  def _medium_result(self, env: str) -> SacResult:
+    result = self.sac_run(env)
+    if result.medium_step < 0:
+      step, ret = result.best_eval
+      raise UserError(
+          f"The SAC run on {env} never reached the medium point ({self.opts.medium_fraction:.3g} x "
+          f"expert return) in {self.opts.sac_steps} steps (best evaluation {ret:.1f} at step "
+          f"{step}). Run again with a larger --sac_steps (the run resumes, and its later "
+          "evaluations are checked), or with a lower --medium_fraction and a fresh --workdir.")
+    return result
+
+  def _policy_episodes(self, env: str, actor_params, config, seed_key: str) -> List[dict]:
+    o = self.opts
+    policy = sac_policy(actor_params, config, o.seed + SEED_OFFSETS[seed_key],
+                        o.rollout_policy == "deterministic")
+    t0 = time.time()
+    episodes = rollout(lambda: _make_env(env, o.max_episode_steps), policy, o.steps,
+                       o.seed + SEED_OFFSETS[seed_key], o.num_envs)
+    self.log(f"recorded {o.steps} {seed_key} steps at {o.steps / max(time.time() - t0, 1e-9):.0f}"
+             " steps/s")
+    return episodes
+
+  def _episodes_of(self, name: str) -> List[dict]:
+    """Episodes of an ingredient dataset: read when it exists, else built (and written) now."""
+    if not self._exists(name):
+      self.log(f"ingredient {name} is missing: building it")
+      self.build(name, overwrite=False)
+    return read_episodes(name)
+
+  # -- the recipes
+  def build(self, name: str, overwrite: Optional[bool] = None) -> Optional[str]:
+    from mombo_jax import data
+    overwrite = self.opts.overwrite if overwrite is None else overwrite
+    env, quality = data.parse_name(name)
+    if self._exists(name) and not overwrite:
+      self.log(f"{data.minari_id(name)} already exists: skipped (pass --overwrite to rebuild it)")
+      return None
+    o = self.opts
+    gym_id = data.GYM_IDS[env]
+    if quality == "random":
+      return build_random(name, o.steps, o.seed, self.log, o.max_episode_steps, overwrite=overwrite,
+                          num_envs=1)
+    if quality in SAC_QUALITIES:
+      if quality == "medium-expert":
+        episodes = self._episodes_of(f"{env}-medium") + self._episodes_of(f"{env}-expert")
+        return self._write(name, episodes, f"{env}-medium followed by {env}-expert (D4RL recipe).",
+                           "SAC", overwrite)
+      if quality == "expert":
+        result = self.sac_run(env)
+        episodes = self._policy_episodes(env, result.final_actor, result.config, "expert")
+        return self._write(name, episodes, f"{o.steps} steps of the {o.rollout_policy} SAC policy "
+                           f"after {o.sac_steps} training steps on {gym_id} (D4RL recipe).", "SAC",
+                           overwrite)
+      result = self._medium_result(env)
+      if quality == "medium":
+        episodes = self._policy_episodes(env, result.medium_actor, result.config, "medium")
+        return self._write(name, episodes, f"{o.steps} steps of the {o.rollout_policy} SAC policy "
+                           f"at its medium point (step {result.medium_step}, evaluation return >= "
+                           f"{o.medium_fraction:.3g} x D4RL expert) on {gym_id} (D4RL recipe).",
+                           "SAC", overwrite)
+      episodes = _replay_episodes(result.replay)
+      return self._write(name, episodes, f"The replay buffer of a SAC run on {gym_id} up to its "
+                         f"medium point (step {result.medium_step}) (D4RL recipe).", "SAC",
+                         overwrite)
+    # Mixed: <random|...>-<partner>-<p>pct
+    _, partner, pct = quality.split("-")
+    percent = int(pct[:-3])
+    random_eps = self._episodes_of(f"{env}-random")
+    partner_eps = self._episodes_of(f"{env}-{partner}")
+    wanted = percent / 100.0 * sum(len(ep["rewards"]) for ep in random_eps)
+    available = sum(len(ep["rewards"]) for ep in partner_eps)
+    if available < wanted:
+      self.log(f"warning: {env}-{partner} has {available} transitions, fewer than the "
+               f"{wanted:.0f} that {percent}% of {env}-random asks for; all of them are used")
+    episodes = mix_episodes(random_eps, partner_eps, percent / 100.0,
+                            o.seed + SEED_OFFSETS["mix"])
+    return self._write(name, episodes, f"{env}-random with {percent}% of its transitions replaced "
+                       f"by whole episodes of {env}-{partner} (Hong et al. 2023).", "mixture",
+                       overwrite)
+
+
+def mix_episodes(base: Sequence[dict], better: Sequence[dict], fraction: float,
+                 seed: int) -> List[dict]:
+  """About len(base) transitions: `fraction` of them from whole `better` episodes, the rest whole
+  `base` episodes, each drawn in random order (better ones first in the result)."""
+  rng = np.random.default_rng(seed)
+  total = sum(len(ep["rewards"]) for ep in base)
+
+  def take(episodes, budget):
+    out, count = [], 0
+    for i in rng.permutation(len(episodes)):
+      if count >= budget:
+        break
+      out.append(episodes[i])
+      count += len(episodes[i]["rewards"])
+    return out, count
+
+  better_eps, n_better = take(better, math.ceil(fraction * total))
+  base_eps, _ = take(base, total - n_better)
+  return list(better_eps) + list(base_eps)

@@ -152,6 +152,7 @@ class SacResult:
   """What the datasets need from a SAC run. replay_* arrays hold the first `medium_size` rows."""
   config: object
   final_actor: object                 # actor variables at the end of training
+  steps_done: int                     # env steps trained (< total steps: stopped at medium)
   medium_actor: Optional[object]      # actor variables at the medium point (None: never reached)
   medium_step: int                    # env step of the medium point (-1: never reached)
   medium_size: int                    # replay rows up to the medium point
@@ -170,13 +171,16 @@ def _empty_replay(capacity: int, obs_dim: int, action_dim: int) -> dict:
 def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int, eval_every: int,
               eval_episodes: int, seed: int, medium_return: Optional[float] = None,
               workdir: Optional[str] = None, checkpoint_every: int = 50_000,
-              log_every: int = 5_000, log_fn=_print, train_every: int = 1000) -> SacResult:
+              log_every: int = 5_000, log_fn=_print, train_every: int = 1000,
+              stop_at_medium: bool = False) -> SacResult:
   """Online SAC (one gradient step per env step, run in chunks of train_every), resumable from
   checkpoints in workdir.
 
   make_env() -> gymnasium env with a Box action space. Evaluations (deterministic policy,
   eval_episodes episodes) run every eval_every steps; the first one whose mean reaches
   medium_return (if given) snapshots the actor and the replay size (the medium point).
+  stop_at_medium: end the run at the medium point (checkpointed there; a later call without it
+  resumes towards total_steps). Building medium / medium-replay needs no more.
   """
   import jax
   from mombo_jax import sac
@@ -239,7 +243,7 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   episode_return, last_return = 0.0, float("nan")
   action = None
   window = (step, time.time())  # (step, time) of the last progress line
-  while step < total_steps:
+  while step < total_steps and not (stop_at_medium and meta["medium_step"] >= 0):
     if step < start_steps or action is None:
       action = rng.uniform(-1.0, 1.0, action_dim).astype(np.float32)
     next_obs, reward, terminated, truncated, _ = env.step(
@@ -285,7 +289,10 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   env.close()
   best = max(meta["evals"], key=lambda e: e[1]) if meta["evals"] else (step, float("nan"))
   size = meta["medium_size"]
-  return SacResult(config=config, final_actor=agent.actor.params,
+  if step < total_steps:
+    log_fn(f"SAC run stopped at its medium point (step {step} of {total_steps}): nothing asked "
+           "for more; building the expert resumes it from its checkpoint.")
+  return SacResult(config=config, final_actor=agent.actor.params, steps_done=step,
                    medium_actor=state["medium_actor"] if meta["medium_step"] >= 0 else None,
                    medium_step=meta["medium_step"], medium_size=size,
                    replay={k: v[:size] for k, v in replay.items()},

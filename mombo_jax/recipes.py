@@ -303,9 +303,13 @@ class Builder:
     self.log(f"wrote {dataset_id}: {_summary(episodes)}")
     return dataset_id
 
-  def sac_run(self, env: str) -> SacResult:
-    if env in self._sac:
-      return self._sac[env]
+  def sac_run(self, env: str, until_medium: bool = False) -> SacResult:
+    """The environment's SAC run, trained to --sac_steps, or only up to its medium point when
+    until_medium (medium and medium-replay need no more; an expert build later resumes it)."""
+    cached = self._sac.get(env)
+    if cached is not None and (cached.steps_done >= self.opts.sac_steps
+                               or (until_medium and cached.medium_step >= 0)):
+      return cached
     from mombo_jax import data
     o = self.opts
     config = online_config(env, o.hidden, o.batch_size)
@@ -320,12 +324,12 @@ class Builder:
                        eval_episodes=o.eval_episodes, seed=o.seed + SEED_OFFSETS["sac"],
                        medium_return=medium_return, workdir=workdir,
                        checkpoint_every=o.checkpoint_every, log_every=o.log_every, log_fn=self.log,
-                       train_every=o.train_every)
+                       train_every=o.train_every, stop_at_medium=until_medium)
     self._sac[env] = result
     return result
 
   def _medium_result(self, env: str) -> SacResult:
-    result = self.sac_run(env)
+    result = self.sac_run(env, until_medium=True)
     if result.medium_step < 0:
       step, ret = result.best_eval
       raise UserError(

@@ -171,6 +171,27 @@ def test_sac_qualities_end_to_end(root, tmp_path):
     recipes.Builder(other, log_fn=logs.append).sac_run("hopper")
 
 
+@pytest.mark.slow
+def test_medium_builds_stop_the_sac_run_at_the_medium_point(tmp_path):
+  """medium-replay needs the SAC run only up to its medium point: it stops there (checkpointed),
+  and a later expert build resumes it to --sac_steps."""
+  with minari_root_at(tmp_path / "minari"):
+    opts = recipes.Options(**{**TINY.__dict__, "workdir": str(tmp_path / "work")})
+    logs = []
+    builder = recipes.Builder(opts, log_fn=logs.append)
+    builder.build("hopper-medium-replay")
+    result = builder.sac_run("hopper", until_medium=True)
+    assert result.steps_done == result.medium_step == 100 and result.evals == [(100, result.evals[0][1])]
+    assert any("stopped at its medium point" in line for line in logs)
+    assert len(data.load_transitions("hopper-medium-replay").rewards) == 100
+    logs.clear()
+    recipes.Builder(opts, log_fn=logs.append).build("hopper-expert")
+    assert any("resumed the SAC run at step 100" in line for line in logs)
+    assert len(data.load_transitions("hopper-expert").rewards) == opts.steps
+    full = recipes.Builder(opts, log_fn=logs.append).sac_run("hopper")
+    assert full.steps_done == 300 and [s for s, _ in full.evals] == [100, 200, 300]
+
+
 def test_unreached_medium_point_is_explained(root, tmp_path, monkeypatch):
   monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
   # Expert-level returns are out of reach for 120 steps of SAC (same shapes as above: no compiling).

@@ -23,7 +23,6 @@ from absl import app, flags, logging
 
 from mombo_jax.online_sac import UserError, _print
 from mombo_jax.recipes import Builder, Options
-from mombo_jax.recipes import RECIPE_STEPS, build_random  # noqa: F401  (TEMPORARY)
 
 FLAGS = flags.FLAGS
 

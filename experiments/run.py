@@ -42,10 +42,11 @@ def define_flags():
   flags.DEFINE_string("workdir", None, "Output folder; default runs/<dataset>/<algo>[-target]/s<seed>x<seeds>.")
   flags.DEFINE_string("dynamics_dir", None, "Where the dynamics ensembles are saved / reused; "
                       "default <workdir>/dynamics.")
-  flags.DEFINE_bool("build_missing", None, "Build a missing random dataset locally (default: on for "
-                    "--preset=quick/tiny).")
-  flags.DEFINE_integer("build_steps", None, "Steps of a random dataset built by --build_missing "
-                       "(default 1M, quick preset 100k).")
+  flags.DEFINE_bool("build_missing", None, "Build a missing dataset locally with the collector "
+                    "(any short name: random, SAC-based, mixed); default: random datasets only, with "
+                    "--preset=quick/tiny.")
+  flags.DEFINE_integer("build_steps", None, "Steps of each dataset recorded by --build_missing "
+                       "(default 1M, quick preset 100k, tiny 5k).")
   flags.DEFINE_bool("download", False, "Try Minari's server for a dataset that is not local "
                     "(e.g. --dataset=mujoco/hopper/medium-v0).")
   flags.DEFINE_integer("keep_checkpoints", 3, "Checkpoints kept in <workdir>/checkpoints.")
@@ -53,6 +54,9 @@ def define_flags():
                     "of the dataset's recipe (refused by default).")
   flags.DEFINE_bool("allow_epochs_change", False, "Continue a run with another --epochs (the "
                     "actor's cosine schedule is re-spanned; recorded in config.json).")
+  flags.DEFINE_string("compilation_cache", DEFAULT_COMPILATION_CACHE, "Folder of JAX's "
+                      "persistent compilation cache: a later launch of the same setup reads the "
+                      "compiled epoch from there instead of compiling again. Empty: off.")
   flags.DEFINE_integer("stop_after", None, "Stop after this many epochs of this launch (e.g. to fit "
                        "a job time limit); the same command resumes.")
 
@@ -70,6 +74,7 @@ class Interrupted(Exception):
     self.where = where
 
 
+DEFAULT_COMPILATION_CACHE = os.path.join("~", ".cache", "mombo_jax", "jax")
 EXIT_DIVERGED = 3           # the run finished, but at least one seed diverged and was left out
 _OBS_DIM = {"hopper": 11, "walker2d": 17, "halfcheetah": 17}
 _ACTION_DIM = {"hopper": 3, "walker2d": 6, "halfcheetah": 6}
@@ -111,6 +116,23 @@ class StopFlag:
 
 # --------------------------------------------------------------------------------- validation
 
+def enable_compilation_cache(path: str):
+  """Points JAX's persistent compilation cache at `path` (~ expanded); "" leaves it off. Returns
+  the folder used, or None. A folder that cannot be created only costs the cache (a note)."""
+  if not path:
+    return None
+  path = os.path.expanduser(path)
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    log(f"note: --compilation_cache={path} cannot be created ({e.strerror or e}); compiling "
+        "without a persistent cache.")
+    return None
+  import jax
+  jax.config.update("jax_compilation_cache_dir", path)
+  return path
+
+
 def _check_dir(path: str, flag: str):
   """`path` exists or can be created, is a directory and is writable; else UserError."""
   import tempfile
@@ -139,6 +161,19 @@ def check_dataset_env(dataset: str, config):
                     f"--env of {found}.")
 
 
+def check_seeds_fit_devices(num_seeds: int):
+  """The seed axis is sharded over all local devices: --seeds must be a multiple of their count."""
+  import jax
+  from mombo_jax import train as train_lib
+  n = jax.local_device_count()
+  try:
+    train_lib.check_seed_count(num_seeds, fix=(
+        f"pass --seeds a multiple of {n}, or make fewer devices visible (e.g. "
+        "CUDA_VISIBLE_DEVICES=0, or XLA_FLAGS=--xla_force_host_platform_device_count on CPU)"))
+  except ValueError as e:
+    raise UserError(f"--seeds={num_seeds}: {e}") from None
+
+
 def validate(config, dataset, workdir, dynamics_dir=None, keep=3, stop_after=None,
              build_steps=None):
   """Everything checkable before any data or model work; raises UserError naming the flag."""
@@ -148,6 +183,7 @@ def validate(config, dataset, workdir, dynamics_dir=None, keep=3, stop_after=Non
     raise UserError(f"--stop_after must be >= 1 (or unset), got {stop_after}.")
   if build_steps is not None and build_steps < 1:
     raise UserError(f"--build_steps must be >= 1, got {build_steps}.")
+  check_seeds_fit_devices(config.num_seeds)
   check_dataset_env(dataset, config)
   _check_dir(workdir, "--workdir")
   if dynamics_dir is not None:
@@ -202,20 +238,35 @@ def check_workdir_config(workdir, config, dataset, allow_epochs_change=False):
 # ------------------------------------------------------------------------------------- data
 
 def load_dataset(dataset, config, build_missing, build_steps, download=False, require_full=False):
-  """Transitions of `dataset`; builds a missing random dataset when allowed. A reduced build of a
-  recipe (fewer transitions than its recipe's size) is refused when require_full."""
-  from mombo_jax import data
+  """Transitions of `dataset`; a missing dataset that the collector knows by its short name is
+  built with `build_steps` per recorded dataset when build_missing is True (any quality: random,
+  the SAC qualities, the mixed ones) or "random" (random datasets only: the quick/tiny presets'
+  default, as the others need an online SAC run first). A reduced build of a recipe (fewer
+  transitions than its recipe's size) is refused when require_full."""
+  from mombo_jax import config as config_lib, data, recipes
   try:
     transitions = data.load_transitions(dataset, download=download)
   except data.DatasetNotFoundError as e:
-    quality = dataset.partition("-")[2]
-    if not (build_missing and quality == "random"):
-      raise UserError(str(e)) from None
-    log(f"Dataset {dataset} is missing: building it locally ({build_steps} random steps).")
-    if build_steps < collect_recipe_steps():
-      log(f"note: this is a REDUCED build of {dataset} ({build_steps} of the recipe's "
-          f"{collect_recipe_steps()} steps); paper-preset runs will refuse it until it is rebuilt "
-          f"with `python -m experiments.collect --env={dataset} --overwrite`.")
+    try:
+      quality = config_lib.parse_name(dataset)[1]
+    except ValueError:
+      quality = None                  # a Minari id: nothing here can build it
+    if not quality or not (build_missing is True or (build_missing and quality == "random")):
+      hint = ("" if not quality or quality == "random" else
+              " Or pass --build_missing to have this run build it (an online SAC run first).")
+      raise UserError(str(e) + hint) from None
+    recipe = "mixed" if quality.endswith("pct") else quality
+    sac = "" if quality == "random" else (
+        "; it needs an online SAC run up to its medium point (about 20 minutes for hopper on a "
+        "2-core CPU)" + (" and on to 1M steps for the expert (hours)" if "expert" in quality
+                         else ""))
+    log(f"Dataset {dataset} is missing: building it locally with the collector "
+        f"({build_steps} steps per recorded dataset{sac}).")
+    full = recipes.RECIPE_STEPS.get(recipe)
+    if full and build_steps < min(full, 1_000_000):
+      log(f"note: this is a REDUCED build of {dataset} ({build_steps} steps per recorded dataset "
+          "where the recipe has 1M); paper-preset runs will refuse it until it is rebuilt with "
+          f"`python -m experiments.collect --env={dataset} --overwrite`.")
     # A separate process: experiments.collect defines absl flags of its own.
     import subprocess
     cmd = [sys.executable, "-m", "experiments.collect", f"--env={dataset}", f"--steps={build_steps}",
@@ -237,11 +288,6 @@ def load_dataset(dataset, config, build_missing, build_steps, download=False, re
                     f"dim {transitions.actions.shape[1]}, but {env} needs {_OBS_DIM[env]} and "
                     f"{_ACTION_DIM[env]}; check --dataset / --env.")
   return transitions
-
-
-def collect_recipe_steps():
-  from experiments import collect
-  return collect.RECIPE_STEPS["random"]
 
 
 def get_dynamics(config, transitions, seed_keys, dynamics_dir, dataset, should_stop=None):
@@ -335,7 +381,10 @@ def train(config, dataset, workdir, dynamics_dir=None, build_missing=False, buil
   dyn = get_dynamics(config, transitions, dyn_keys, dynamics_dir or os.path.join(workdir, "dynamics"),
                      dataset, should_stop)
 
-  state = train_lib.init_seeds(init_keys, config, real, dyn)
+  # The seed axis lives split over all local devices from here on (restores keep the placement
+  # of their template); the real dataset is copied to every device once.
+  state = train_lib.shard_seeds(train_lib.init_seeds(init_keys, config, real, dyn))
+  real, epoch_keys = train_lib.replicate(real), train_lib.shard_seeds(epoch_keys)
   ckpt = checkpoint.RunCheckpointer(os.path.join(workdir, "checkpoints"), keep=keep)
   csv_path = os.path.join(workdir, "metrics.csv")
   diverged = {}                      # seed -> {"seed", "epoch", "quantity"}
@@ -359,54 +408,72 @@ def train(config, dataset, workdir, dynamics_dir=None, build_missing=False, buil
       save(epoch)
       raise Interrupted(getattr(should_stop, "signum", None), f"epoch {epoch} (checkpoint in {ckpt.directory})")
 
-  epoch_fn = train_lib.make_seeds_epoch(config)
   fold = jax.jit(jax.vmap(jax.random.fold_in, in_axes=(0, None)))
+  devices = jax.local_devices()
+  log(f"Seeds sharded over {len(devices)} {devices[0].platform} device(s), "
+      f"{config.num_seeds // len(devices)} per device.")
+  # Compiled ahead of the loop, so steps/s and the ETA measure training only. Arguments keep
+  # one placement throughout (the compiled function refuses any other).
+  if start_epoch < config.epochs:
+    t_compile = time.time()
+    epoch_fn = train_lib.make_seeds_epoch(config).lower(
+        state, real, fold(epoch_keys, start_epoch)).compile()
+    log(f"Compiled the epoch in {time.time() - t_compile:.1f} s.")
   ref_min, ref_max, ref_source = data.ref_scores(dataset)
   log(f"Normalised scores use R_random={ref_min:.2f}, R_expert={ref_max:.2f} ({ref_source}).")
   t_start, steps_done = time.time(), 0
-  for epoch in range(start_epoch, config.epochs):
-    stop_requested(epoch)
-    if stop_after is not None and epoch - start_epoch >= stop_after:
-      save(epoch)
-      log(f"Stopping after {stop_after} epoch(s) as asked; run again to resume.")
-      return None
-    if _poison is not None and _poison[1] == epoch:
-      state = _poison_seed(state, _poison[0])
-    state, metrics = epoch_fn(state, real, fold(epoch_keys, epoch))
-    steps_done += config.steps_per_epoch
-    done = epoch + 1
-    frozen = np.asarray(metrics["diverged"])
-    for i, s in enumerate(seeds):
-      if frozen[i] and int(s) not in diverged:
-        what = [k for k in train_lib.DIVERGENCE_CHECKS if bool(np.asarray(metrics[f"diverged/{k}"])[i])]
-        quantity = ", ".join(what) or "unknown"
-        diverged[int(s)] = {"seed": int(s), "epoch": done, "quantity": quantity}
-        log(f"seed {s} diverged at epoch {done} ({quantity} non-finite or beyond +-"
-            f"{config.max_abs_loss:g}); it is frozen at its last healthy state and left out of the "
-            "summary. The other seeds go on.")
-    if done % config.eval_every and done != config.epochs:
+  evaluator = None                   # built at the first evaluation, reused by the others
+  try:
+    for epoch in range(start_epoch, config.epochs):
+      stop_requested(epoch)
+      if stop_after is not None and epoch - start_epoch >= stop_after:
+        save(epoch)
+        log(f"Stopping after {stop_after} epoch(s) as asked; run again to resume.")
+        return None
+      if _poison is not None and _poison[1] == epoch:
+        state = train_lib.shard_seeds(_poison_seed(state, _poison[0]))
+      state, metrics = epoch_fn(state, real, fold(epoch_keys, epoch))
+      steps_done += config.steps_per_epoch
+      done = epoch + 1
+      frozen = np.asarray(metrics["diverged"])
+      for i, s in enumerate(seeds):
+        if frozen[i] and int(s) not in diverged:
+          what = [k for k in train_lib.DIVERGENCE_CHECKS
+                  if bool(np.asarray(metrics[f"diverged/{k}"])[i])]
+          quantity = ", ".join(what) or "unknown"
+          diverged[int(s)] = {"seed": int(s), "epoch": done, "quantity": quantity}
+          log(f"seed {s} diverged at epoch {done} ({quantity} non-finite or beyond +-"
+              f"{config.max_abs_loss:g}); it is frozen at its last healthy state and left out of "
+              "the summary. The other seeds go on.")
+      if done % config.eval_every and done != config.epochs:
+        stop_requested(done)
+        continue
+      means = _mean_metrics(metrics)
+      if evaluator is None:
+        evaluator = evaluate.Evaluator(config, config.env_name, config.num_seeds,
+                                       config.eval_episodes)
+      returns = evaluator.run(state.agent.actor.params, seed=10_000 * config.seed + done)
+      scores = data.normalized_score(dataset, returns)          # [S, episodes]
+      for i, s in enumerate(seeds):
+        row = dict(epoch=done, step=done * config.steps_per_epoch, seed=int(s),
+                   return_mean=float(returns[i].mean()), normalized_score=float(scores[i].mean()),
+                   diverged=float(int(s) in diverged))
+        row.update({k: float(v[i]) for k, v in sorted(means.items())})
+        rows.append(row)
+      outputs.write_rows(csv_path, rows)
+      save(done)
+      elapsed = time.time() - t_start
+      rate = steps_done * config.num_seeds / max(elapsed, 1e-9)
+      eta = (config.epochs - done) * config.steps_per_epoch * config.num_seeds / max(rate, 1e-9)
+      log(f"epoch {done}/{config.epochs}  {rate:.0f} steps/s (all seeds)  score per seed "
+          f"[{', '.join(f'{x:.1f}' for x in scores.mean(axis=1))}]  critic_loss "
+          f"[{', '.join(f'{x:.3g}' for x in means['critic_loss'])}]  ETA {_fmt(eta)}"
+          + (f"  diverged seeds {sorted(diverged)}" if diverged else ""))
       stop_requested(done)
-      continue
-    means = _mean_metrics(metrics)
-    returns = evaluate.run(state.agent.actor.params, config, config.env_name,
-                           config.eval_episodes, seed=10_000 * config.seed + done)
-    scores = data.normalized_score(dataset, returns)          # [S, episodes]
-    for i, s in enumerate(seeds):
-      row = dict(epoch=done, step=done * config.steps_per_epoch, seed=int(s),
-                 return_mean=float(returns[i].mean()), normalized_score=float(scores[i].mean()),
-                 diverged=float(int(s) in diverged))
-      row.update({k: float(v[i]) for k, v in sorted(means.items())})
-      rows.append(row)
-    outputs.write_rows(csv_path, rows)
-    save(done)
-    elapsed = time.time() - t_start
-    rate = steps_done * config.num_seeds / max(elapsed, 1e-9)
-    eta = (config.epochs - done) * config.steps_per_epoch * config.num_seeds / max(rate, 1e-9)
-    log(f"epoch {done}/{config.epochs}  {rate:.0f} steps/s (all seeds)  score per seed "
-        f"[{', '.join(f'{x:.1f}' for x in scores.mean(axis=1))}]  critic_loss "
-        f"[{', '.join(f'{x:.3g}' for x in means['critic_loss'])}]  ETA {_fmt(eta)}"
-        + (f"  diverged seeds {sorted(diverged)}" if diverged else ""))
-    stop_requested(done)
+  finally:
+    if evaluator is not None:
+      evaluator.close()
+
   summary = outputs.summarise(rows, seeds, sorted(diverged.values(), key=lambda d: d["seed"]))
   outputs.write_json(os.path.join(workdir, "summary.json"), summary)
   title = (f"{config.algo} ({config.target}) on {dataset}" if config.algo == "mombo"
@@ -463,12 +530,13 @@ def main(argv):
       f"s{FLAGS.seed}x{FLAGS.seeds}")
   build = FLAGS.build_missing
   if build is None:
-    build = FLAGS.preset in ("quick", "tiny")
+    build = "random" if FLAGS.preset in ("quick", "tiny") else False
   build_steps = FLAGS.build_steps or (100_000 if FLAGS.preset == "quick" else
                                       5_000 if FLAGS.preset == "tiny" else 1_000_000)
   try:
     validate(config, dataset, workdir, FLAGS.dynamics_dir, FLAGS.keep_checkpoints,
              FLAGS.stop_after, build_steps)
+    enable_compilation_cache(FLAGS.compilation_cache)
     summary = train(config, dataset=dataset, workdir=workdir, dynamics_dir=FLAGS.dynamics_dir,
                     build_missing=build, build_steps=build_steps, keep=FLAGS.keep_checkpoints,
                     stop_after=FLAGS.stop_after, download=FLAGS.download,

@@ -85,9 +85,10 @@ class EnsembleDynamics(nn.Module):
     return mean, logvar
 
 
-def make_module(config, obs_dim: int) -> EnsembleDynamics:
+def make_module(config, obs_dim: int, num_members: Optional[int] = None) -> EnsembleDynamics:
+  """The ensemble of config.dyn_members members (or num_members: a subset's parameters)."""
   return EnsembleDynamics(hidden_dims=tuple(config.dyn_hidden), out_dim=obs_dim + 1,
-                          num_members=config.dyn_members,
+                          num_members=num_members or config.dyn_members,
                           max_logvar_init=config.dyn_max_logvar_init,
                           min_logvar_init=config.dyn_min_logvar_init)
 
@@ -111,7 +112,8 @@ class StepResult(struct.PyTreeNode):
   next_obs [B, S], reward [B]: samples from the chosen elite's Gaussian;
   next_obs_mean, next_obs_var [B, S], reward_mean, reward_var [B]: that elite's Gaussian;
   elite int32 [B]: the member index used per row;
-  mopo_penalty [B]: max over all members of the L2 norm of the std over (next-state, reward) dims.
+  mopo_penalty [B]: max over all members of the L2 norm of the std over (next-state, reward) dims
+  (None when step ran with penalty=False).
   """
   next_obs: jax.Array
   reward: jax.Array
@@ -120,7 +122,7 @@ class StepResult(struct.PyTreeNode):
   reward_mean: jax.Array
   reward_var: jax.Array
   elite: jax.Array
-  mopo_penalty: jax.Array
+  mopo_penalty: Optional[jax.Array]
 
   def __getitem__(self, name):
     return getattr(self, name)
@@ -130,16 +132,18 @@ class StepResult(struct.PyTreeNode):
 
 
 def _apply(config, params, x_std):
-  """Raw module call on standardised inputs x_std [M, B, D]."""
+  """Raw module call on standardised inputs x_std [M, B, D] (M: the members in params)."""
   obs_dim = params["max_logvar"].shape[-1] - 1
-  return make_module(config, obs_dim).apply({"params": params}, x_std)
+  return make_module(config, obs_dim, x_std.shape[0]).apply({"params": params}, x_std)
 
 
-def predict(dyn: DynamicsState, obs, action, config):
-  """All members' Gaussians at (obs [B, S], action [B, A]).
+def predict(dyn: DynamicsState, obs, action, config, members=None):
+  """All members' Gaussians at (obs [B, S], action [B, A]), or those of `members` only.
 
-  Returns next_obs_mean [M, B, S] (obs + predicted delta), next_obs_var [M, B, S],
-  reward_mean [M, B], reward_var [M, B].
+  members: int32 [K] member indices (e.g. dyn.elites), None for all M; only those members'
+  networks run.
+  Returns next_obs_mean [K, B, S] (obs + predicted delta), next_obs_var [K, B, S],
+  reward_mean [K, B], reward_var [K, B] (K = M for members=None).
   """
   chex.assert_rank([obs, action], 2)
   chex.assert_equal_shape_prefix([obs, action], 1)
@@ -147,30 +151,46 @@ def predict(dyn: DynamicsState, obs, action, config):
   if dyn.params["max_logvar"].shape[-1] != obs_dim + 1:
     raise ValueError(f"The dynamics model predicts {dyn.params['max_logvar'].shape[-1] - 1} state "
                      f"dims but obs has {obs_dim}: train or load a model for this environment.")
+  params, num = dyn.params, config.dyn_members
+  if members is not None:
+    params = dict(params, members=jax.tree.map(lambda p: p[members], params["members"]))
+    num = members.shape[0]
   x = (jnp.concatenate([obs, action], axis=-1) - dyn.input_mean) / dyn.input_std
-  x = jnp.broadcast_to(x, (config.dyn_members,) + x.shape)
-  mean, logvar = _apply(config, dyn.params, x)
+  x = jnp.broadcast_to(x, (num,) + x.shape)
+  mean, logvar = _apply(config, params, x)
   var = jnp.exp(logvar)
   return obs + mean[..., :obs_dim], var[..., :obs_dim], mean[..., obs_dim], var[..., obs_dim]
 
 
-def step(dyn: DynamicsState, obs, action, key, config) -> StepResult:
-  """One model transition per row with a uniformly random elite per row. See StepResult."""
-  s_mean, s_var, r_mean, r_var = predict(dyn, obs, action, config)
+def step(dyn: DynamicsState, obs, action, key, config, penalty: bool = True) -> StepResult:
+  """One model transition per row with a uniformly random elite per row. See StepResult.
+
+  penalty: compute mopo_penalty, which needs every member's network; False runs the elites' only
+  (E of M networks) and leaves mopo_penalty None. Either way the same key picks the same elite
+  and noise per row.
+  """
   batch, obs_dim = obs.shape
   k_elite, k_noise = jax.random.split(key)
-  elite = dyn.elites[jax.random.randint(k_elite, (batch,), 0, dyn.elites.shape[0])]
+  slot = jax.random.randint(k_elite, (batch,), 0, dyn.elites.shape[0])    # index into elites
+  elite = dyn.elites[slot]
   rows = jnp.arange(batch)
-  pick = lambda a: a[elite, rows]  # noqa: E731
+  if penalty:
+    s_mean, s_var, r_mean, r_var = predict(dyn, obs, action, config)
+    pick = lambda a: a[elite, rows]  # noqa: E731
+  else:
+    s_mean, s_var, r_mean, r_var = predict(dyn, obs, action, config, members=dyn.elites)
+    pick = lambda a: a[slot, rows]  # noqa: E731
   mean_s, var_s, mean_r, var_r = pick(s_mean), pick(s_var), pick(r_mean), pick(r_var)
   noise = jax.random.normal(k_noise, (batch, obs_dim + 1), obs.dtype)
   next_obs = mean_s + jnp.sqrt(var_s) * noise[:, :obs_dim]
   reward = mean_r + jnp.sqrt(var_r) * noise[:, obs_dim]
-  all_var = jnp.concatenate([s_var, r_var[..., None]], axis=-1)          # [M, B, S + 1]
-  penalty = jnp.max(jnp.linalg.norm(jnp.sqrt(all_var), axis=-1), axis=0)
+  mopo = None
+  if penalty:
+    all_var = jnp.concatenate([s_var, r_var[..., None]], axis=-1)          # [M, B, S + 1]
+    mopo = jnp.max(jnp.linalg.norm(jnp.sqrt(all_var), axis=-1), axis=0)
   return StepResult(next_obs=next_obs, reward=reward, next_obs_mean=mean_s, next_obs_var=var_s,
                     reward_mean=mean_r, reward_var=var_r, elite=elite.astype(jnp.int32),
-                    mopo_penalty=penalty)
+                    mopo_penalty=mopo)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Evaluation in the real environment: the deterministic policy tanh(mean) of every seed's actor,
-all seeds x episodes environments stepped together, one jitted policy call per time step.
+all seeds x episodes environments stepped together, one jitted policy call per time step. A run
+builds its envs once (Evaluator) and reuses them for every evaluation.
 
 Returns are undiscounted sums of the environment's rewards up to termination or the time limit;
 `data.normalized_score` turns them into D4RL-normalised scores and `aulc` averages those over a run.
@@ -61,62 +62,99 @@ def env_seeds(seed: int, num_seeds: int, episodes: int) -> np.ndarray:
       num_seeds, episodes)
 
 
-def run(actor_params: Any, config: Config, env_name: str, episodes: int, seed: int,
-        max_episode_steps: Optional[int] = None) -> np.ndarray:
-  """Undiscounted returns [S, episodes] (float64) of the deterministic policy of every seed.
+class Evaluator:
+  """The S x episodes evaluation envs of a run, built once and reused by every evaluation.
 
-  actor_params: the actor's variables ({"params": ...}, as in agent.actor.params) or its bare
-    params, every leaf with a leading seed axis S.
-  env_name: short env ('hopper') or dataset name ('hopper-random' or a Minari id).
-  seed: env (s, e) is reset with env_seeds(seed, S, episodes)[s, e]; same seed, same returns.
-  max_episode_steps: time limit override (tests); None keeps the env's own (1000 for MuJoCo).
-  Episodes end at termination or truncation; later steps of a finished env are not counted (the
-  vector env auto-resets it, and that new episode is ignored).
+  Every evaluation resets each env with its own seed (env_seeds), which restores the whole MuJoCo
+  state and the env's RNG, so a reused set gives the returns a fresh one would. Close it when done
+  (or use it as a context manager).
+
+  config: for the actor's shape; env_name: short env ('hopper') or dataset name ('hopper-random',
+  a Minari id); num_seeds S and episodes: the shape of every evaluation; max_episode_steps: time
+  limit override (tests), None keeps the env's own (1000 for MuJoCo).
   """
-  import gymnasium as gym
 
-  if episodes < 1:
-    raise ValueError(f"episodes must be >= 1, got {episodes}.")
-  if max_episode_steps is not None and max_episode_steps < 1:
-    raise ValueError(f"max_episode_steps must be >= 1 or None, got {max_episode_steps}.")
-  num_seeds = _num_seeds(actor_params)
-  variables = actor_params if "params" in actor_params else {"params": actor_params}
-  num_envs = num_seeds * episodes
+  def __init__(self, config: Config, env_name: str, num_seeds: int, episodes: int,
+               max_episode_steps: Optional[int] = None):
+    import gymnasium as gym
 
-  first = _make_env(env_name, max_episode_steps)
-  # The rest are clones of the first from its spec (cheap even when the first came from a dataset).
-  fns = [lambda: first] + [lambda: gym.make(first.spec)] * (num_envs - 1)
-  envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-  try:
-    space = envs.single_action_space
-    action_dim = int(np.prod(space.shape))
-    horizon = max_episode_steps or first.spec.max_episode_steps
-    if horizon is None:
+    if episodes < 1:
+      raise ValueError(f"episodes must be >= 1, got {episodes}.")
+    if max_episode_steps is not None and max_episode_steps < 1:
+      raise ValueError(f"max_episode_steps must be >= 1 or None, got {max_episode_steps}.")
+    self.num_seeds, self.episodes = int(num_seeds), int(episodes)
+    first = _make_env(env_name, max_episode_steps)
+    self.horizon = max_episode_steps or first.spec.max_episode_steps
+    if self.horizon is None:
+      first.close()
       raise ValueError(f"{env_name}: the env has no time limit; pass max_episode_steps.")
-    low, high = space.low.astype(np.float64), space.high.astype(np.float64)
+    # The rest are clones of the first from its spec (cheap even when the first came from a
+    # dataset).
+    fns = [lambda: first] + [lambda: gym.make(first.spec)] * (self.num_seeds * episodes - 1)
+    self.envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    space = self.envs.single_action_space
+    self._action_shape, self._action_dtype = space.shape, space.dtype
+    self._low, self._high = space.low.astype(np.float64), space.high.astype(np.float64)
     # tanh actions live in [-1, 1]; only envs with other bounds need rescaling.
-    rescale = not (np.all(low == -1.0) and np.all(high == 1.0))
-    policy = _policy_fn(tuple(config.actor_hidden), action_dim, float(config.log_std_min),
-                        float(config.log_std_max))
+    self._rescale = not (np.all(self._low == -1.0) and np.all(self._high == 1.0))
+    self._policy = _policy_fn(tuple(config.actor_hidden), int(np.prod(space.shape)),
+                              float(config.log_std_min), float(config.log_std_max))
 
-    obs, _ = envs.reset(seed=[int(s) for s in env_seeds(seed, num_seeds, episodes).ravel()])
+  def run(self, actor_params: Any, seed: int) -> np.ndarray:
+    """Undiscounted returns [S, episodes] (float64) of the deterministic policy of every seed.
+
+    actor_params: the actor's variables ({"params": ...}, as in agent.actor.params) or its bare
+      params, every leaf with a leading seed axis S.
+    seed: env (s, e) is reset with env_seeds(seed, S, episodes)[s, e]; same seed, same returns.
+    Episodes end at termination or truncation; later steps of a finished env are not counted (the
+    vector env auto-resets it, and that new episode is ignored).
+    """
+    num_seeds = _num_seeds(actor_params)
+    if num_seeds != self.num_seeds:
+      raise ValueError(f"This Evaluator holds envs for {self.num_seeds} seed(s); actor_params has "
+                       f"{num_seeds}. Build an Evaluator per seed count.")
+    variables = actor_params if "params" in actor_params else {"params": actor_params}
+    episodes, num_envs = self.episodes, self.num_seeds * self.episodes
+    obs, _ = self.envs.reset(seed=[int(s) for s in env_seeds(seed, num_seeds, episodes).ravel()])
     returns = np.zeros(num_envs, np.float64)
     alive = np.ones(num_envs, bool)
-    for _ in range(horizon):
+    for _ in range(self.horizon):
       obs_in = jnp.asarray(obs.reshape(num_seeds, episodes, -1), jnp.float32)
-      action = np.asarray(policy(variables, obs_in), np.float64).reshape(num_envs, *space.shape)
-      if rescale:
-        action = low + 0.5 * (action + 1.0) * (high - low)
-      obs, reward, terminated, truncated, _ = envs.step(action.astype(space.dtype))
+      action = np.asarray(self._policy(variables, obs_in), np.float64).reshape(
+          num_envs, *self._action_shape)
+      if self._rescale:
+        action = self._low + 0.5 * (action + 1.0) * (self._high - self._low)
+      obs, reward, terminated, truncated, _ = self.envs.step(action.astype(self._action_dtype))
       returns += np.where(alive, reward, 0.0)
       alive &= ~(terminated | truncated)
       if not alive.any():
         break
-  finally:
-    envs.close()
-  out = returns.reshape(num_seeds, episodes)
-  chex.assert_shape(out, (num_seeds, episodes))
-  return out
+    out = returns.reshape(num_seeds, episodes)
+    chex.assert_shape(out, (num_seeds, episodes))
+    return out
+
+  def close(self):
+    self.envs.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def run(actor_params: Any, config: Config, env_name: str, episodes: int, seed: int,
+        max_episode_steps: Optional[int] = None) -> np.ndarray:
+  """Undiscounted returns [S, episodes] (float64) of the deterministic policy of every seed, in
+  envs built for this call alone (a run's repeated evaluations reuse an Evaluator instead).
+
+  See Evaluator for the arguments; actor_params carries the leading seed axis S.
+  """
+  if episodes < 1:
+    raise ValueError(f"episodes must be >= 1, got {episodes}.")
+  num_seeds = _num_seeds(actor_params)
+  with Evaluator(config, env_name, num_seeds, episodes, max_episode_steps) as evaluator:
+    return evaluator.run(actor_params, seed)
 
 
 def aulc(scores) -> np.ndarray:

@@ -27,7 +27,8 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
 
   policy_fn(obs [N, S], key) -> action [N, A]; dyn: one seed's ensemble; start_obs [N, S] real
   states; term_fn(obs, action, next_obs) -> bool [N] (dynamics.termination_fn).
-  Each step uses one uniformly random elite per row (dynamics.step). A branch that terminates
+  Each step uses one uniformly random elite per row (dynamics.step) and runs only the elites'
+  networks, except for MOPO, whose penalty needs every member's. A branch that terminates
   writes its terminal row (done = 1) and then stops. Rows carry the producing elite's Gaussian
   (next_obs_mean/var, reward_mean/var) and the state's own variance obs_var (the previous step's
   next_obs_var; zero at step 0). MOPO (config.algo == "mopo"): reward and reward_mean are
@@ -35,9 +36,9 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
 
   Returns (buf, metrics) with scalar metrics: reward (mean over written rows), terminated_frac
   (fraction of branches that ended within k steps: terminal, runaway or non-finite), length (mean
-  rows written per branch), mopo_penalty (mean over written rows), next_obs_var (mean over written
-  rows and dims), num_added (rows written), nonfinite_frac (fraction of branches ended by a
-  non-finite model output, whose row was dropped).
+  rows written per branch), next_obs_var (mean over written rows and dims), num_added (rows
+  written), nonfinite_frac (fraction of branches ended by a non-finite model output, whose row was
+  dropped), and for MOPO only mopo_penalty (mean over written rows).
   """
   chex.assert_rank(start_obs, 2)
   n, _ = start_obs.shape
@@ -49,7 +50,7 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
     k_pi, k_model = jax.random.split(step_key)
     action = policy_fn(obs, k_pi)
     chex.assert_rank(action, 2)
-    out = dynamics.step(dyn, obs, action, k_model, config)
+    out = dynamics.step(dyn, obs, action, k_model, config, penalty=penalise)
     reward, reward_mean = out.reward, out.reward_mean
     if penalise:
       reward = reward - config.beta * out.mopo_penalty
@@ -68,7 +69,8 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
     # Ended branches carry zeros, not the model's NaN/inf, into the next step's inputs.
     next_obs = jnp.where(still[:, None], out.next_obs, 0.0)
     next_var = jnp.where(still[:, None], out.next_obs_var, 0.0)
-    return (next_obs, next_var, still), (rows, written, alive & ~finite, out.mopo_penalty)
+    return (next_obs, next_var, still), (rows, written, alive & ~finite,
+                                         out.mopo_penalty if penalise else ())
 
   init = (start_obs, jnp.zeros_like(start_obs), jnp.ones((n,), bool))
   (_, _, alive_end), (rows, written, dropped, penalty) = jax.lax.scan(
@@ -89,11 +91,12 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
       "reward": masked_mean(flat.reward),
       "terminated_frac": 1.0 - jnp.mean(alive_end.astype(jnp.float32)),
       "length": n_rows / n,
-      "mopo_penalty": masked_mean(penalty.reshape(k * n)),
       "next_obs_var": masked_mean(jnp.mean(flat.next_obs_var, axis=-1)),
       "num_added": n_rows,
       "nonfinite_frac": jnp.sum(dropped.astype(jnp.float32)) / n,
   }
+  if penalise:
+    metrics["mopo_penalty"] = masked_mean(penalty.reshape(k * n))
   return buf, metrics
 
 

@@ -67,9 +67,9 @@ def _plain_min(agent, obs, key, config, soft=True):
 
 def _elite_predictions(dyn, batch, config, term_fn):
   """Per-elite model predictions at (s, a): next-state mean/var [E, B, S], reward mean/var, done [E, B]."""
-  s_mean, s_var, r_mean, r_var = dynamics.predict(dyn, batch.obs, batch.action, config)
-  take = lambda x: jnp.take(x, dyn.elites, axis=0)
-  s_mean, s_var, r_mean, r_var = map(take, (s_mean, s_var, r_mean, r_var))
+  # Only the elites' networks run (E of M members).
+  s_mean, s_var, r_mean, r_var = dynamics.predict(dyn, batch.obs, batch.action, config,
+                                                  members=dyn.elites)
   done = jax.vmap(lambda nxt: term_fn(batch.obs, batch.action, nxt))(s_mean).astype(jnp.float32)
   return s_mean, s_var, r_mean, r_var, done
 
@@ -128,8 +128,9 @@ def mobile(agent, batch, key, *, dyn, config, term_fn):
   zero for real rows; y = r - beta penalty + g(1-d) min_j Q'(s', a'), s' from the buffer."""
   del term_fn
   k_noise, k_pi, k_next = jax.random.split(key, 3)
-  s_mean, s_var, _, _ = dynamics.predict(dyn, batch.obs, batch.action, config)
-  s_mean, s_std = jnp.take(s_mean, dyn.elites, 0), jnp.sqrt(jnp.take(s_var, dyn.elites, 0))
+  s_mean, s_var, _, _ = dynamics.predict(dyn, batch.obs, batch.action, config,
+                                         members=dyn.elites)
+  s_std = jnp.sqrt(s_var)
   n = config.mobile_num_samples
   eps = jax.random.normal(k_noise, (n,) + s_mean.shape, s_mean.dtype)
   samples = s_mean + s_std * eps                                        # [N, E, B, S]

@@ -17,6 +17,7 @@ import chex
 import flax.struct as struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from mombo_jax import buffer, dynamics, rollout, sac, targets
 
@@ -113,17 +114,72 @@ def _policy(agent, config, obs, key):
   return sac.policy_sample(agent, obs, key, config)
 
 
-def make_seeds_epoch(config):
-  """jit(vmap(epoch)) over a leading seed axis of state and key; the dataset is shared.
+SEED_AXIS = "seeds"
 
-  The state argument is donated: its buffers (the ring buffer above all) are reused in place.
-  Cached per config (ignoring fields the epoch never reads), so runs in one process share the
-  compiled function.
+
+def seed_mesh():
+  """1-D Mesh over all local devices, axis SEED_AXIS: the seed axis is split over it."""
+  return jax.sharding.Mesh(np.asarray(jax.local_devices()), (SEED_AXIS,))
+
+
+def seed_shardings():
+  """(sharding of a leading seed axis split over all local devices, replicated sharding)."""
+  mesh = seed_mesh()
+  return (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(SEED_AXIS)),
+          jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+
+def check_seed_count(num_seeds: int, fix: str = ""):
+  """Raises ValueError unless num_seeds splits evenly over the local devices.
+
+  fix: the advice that ends the message (default: use a multiple of the device count, or make
+  fewer devices visible).
   """
+  devices = jax.local_devices()
+  n = len(devices)
+  if num_seeds % n:
+    fix = fix or (f"use a multiple of {n} seeds, or make fewer devices visible "
+                  "(CUDA_VISIBLE_DEVICES, or XLA_FLAGS=--xla_force_host_platform_device_count "
+                  "on CPU)")
+    raise ValueError(f"{num_seeds} seed(s) do not split evenly over the {n} local "
+                     f"{devices[0].platform} device(s) the seed axis is sharded over: {fix}.")
+
+
+def shard_seeds(tree):
+  """`tree` (every leaf with a leading seed axis) placed as make_seeds_epoch expects it."""
+  return jax.device_put(tree, seed_shardings()[0])
+
+
+def replicate(tree):
+  """`tree` (e.g. the real dataset) copied onto every local device."""
+  return jax.device_put(tree, seed_shardings()[1])
+
+
+def make_seeds_epoch(config):
+  """jit(shard_map(vmap(epoch))) over a leading seed axis of state and key; the dataset is shared.
+
+  The seed axis of state, key, new state and metrics is sharded over all local devices
+  (seed_shardings), each device training its S / devices seeds; the dataset is replicated. Pass arrays
+  placed with shard_seeds / replicate (or uncommitted ones): a committed array on another
+  placement is refused by jit. config.num_seeds must split evenly over the devices
+  (check_seed_count). The state argument is donated: its buffers (the ring buffer above all) are
+  reused in place. Cached per config (ignoring fields the epoch never reads), so runs in one
+  process share the compiled function.
+  """
+  check_seed_count(config.num_seeds)
   return _seeds_epoch(dataclasses.replace(config, seed=0, num_seeds=1, eval_every=1,
                                           eval_episodes=1))
 
 
 @functools.lru_cache(maxsize=16)
 def _seeds_epoch(config):
-  return jax.jit(jax.vmap(make_epoch(config), in_axes=(0, None, 0)), donate_argnums=0)
+  seeds, shared = seed_shardings()
+  spec = jax.sharding.PartitionSpec
+  # shard_map, not sharding propagation alone: each device runs the vmapped epoch on its own
+  # seeds, and nothing is left to the partitioner that could add cross-device traffic (seeds never
+  # meet). One device: the same program as a plain jit(vmap(epoch)), bit for bit.
+  per_device = jax.shard_map(jax.vmap(make_epoch(config), in_axes=(0, None, 0)),
+                             mesh=seeds.mesh, in_specs=(spec(SEED_AXIS), spec(), spec(SEED_AXIS)),
+                             out_specs=spec(SEED_AXIS), check_vma=False)
+  return jax.jit(per_device, donate_argnums=0, in_shardings=(seeds, shared, seeds),
+                 out_shardings=(seeds, seeds))

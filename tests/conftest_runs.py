@@ -20,14 +20,12 @@ TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, ev
 
 
 @pytest.fixture(scope="session")
-def tiny_run(minari_root, tmp_path_factory):
+def tiny_run(hopper_random_2000, tmp_path_factory):
   """(workdir, TrainState [2 seeds]) of a 2-seed MOMBO run folder on hopper-random."""
   import jax
-  from experiments import collect, run
+  from experiments import run
   from mombo_jax import buffer, checkpoint, config as config_lib, data, dynamics, outputs
   from mombo_jax import train as train_lib
-  if not data.exists_locally(DATASET):
-    collect.build_random(DATASET, steps=2000, seed=0, log_fn=lambda *a: None)
   workdir = str(tmp_path_factory.mktemp("tiny_mombo_run"))
   config = config_lib.make_config(DATASET, "mombo", preset="tiny", **TINY)
   cfg_json, _ = run.check_workdir_config(workdir, config, DATASET)

@@ -77,6 +77,28 @@ def test_constant_action_matches_plain_gymnasium(config):
   assert not np.allclose(got[0], got[1])
 
 
+def test_reused_evaluator_matches_fresh_envs(config):
+  """One env set for a sequence of evaluations (one that ends with a fallen env, whose auto-reset
+  is still pending: seed 0 falls before the horizon, see the test above) gives each evaluation
+  the returns of fresh envs."""
+  horizon = 80
+  falling = _constant_params(config, [[1.0 - 1e-3, -0.9, 0.9], [0.0, 0.0, 0.0]], HOPPER_OBS)
+  random = _random_params(config, num_seeds=2, seed=4)
+  calls = [(falling, 3), (random, 5), (falling, 3), (random, 6)]
+  with evaluate.Evaluator(config, "hopper", num_seeds=2, episodes=2,
+                          max_episode_steps=horizon) as evaluator:
+    envs = evaluator.envs
+    reused = [evaluator.run(params, seed) for params, seed in calls]
+    assert evaluator.envs is envs
+    with pytest.raises(ValueError, match="2 seed"):
+      evaluator.run(_random_params(config, num_seeds=3), 0)
+  for (params, seed), got in zip(calls, reused):
+    fresh = evaluate.run(params, config, "hopper", 2, seed, max_episode_steps=horizon)
+    np.testing.assert_array_equal(got, fresh)
+  np.testing.assert_array_equal(reused[0], reused[2])
+  assert not np.array_equal(reused[1], reused[3])
+
+
 def test_action_bounds_are_rescaled(config, monkeypatch):
   """An env with bounds [-2, 2] (Pendulum) gets low + (a + 1) / 2 * (high - low) = 2a."""
   monkeypatch.setattr(evaluate, "_make_env",

@@ -120,6 +120,43 @@ def test_mopo_penalises_reward(setup):
                              2.0 * metrics["mopo_penalty"], rtol=1e-4)
 
 
+def test_only_the_elites_run_except_for_mopo(setup):
+  """NaN weights in the non-elite member 1: MOMBO / MOBILE rollouts are exactly as with a healthy
+  member 1; MOPO's penalty takes every member, so its rows all turn non-finite and are dropped."""
+  cfg, dyn, start = setup
+  broken = dyn.replace(params=dict(dyn.params, members=jax.tree.map(
+      lambda p: p.at[1].set(jnp.nan), dyn.params["members"])))
+  buf, metrics = _run(cfg, dyn, start, jax.random.PRNGKey(3))
+  got, got_metrics = _run(cfg, broken, start, jax.random.PRNGKey(3))
+  assert int(got.count) == int(buf.count) > 0 and float(got_metrics["nonfinite_frac"]) == 0.0
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), got.data, buf.data)
+  assert "mopo_penalty" not in metrics
+  mopo, mopo_metrics = _run(_config(algo="mopo", beta=2.0), broken, start, jax.random.PRNGKey(3))
+  assert int(mopo.count) == 0 and float(mopo_metrics["nonfinite_frac"]) == 1.0
+
+
+def test_elite_only_step_matches_the_all_member_step(setup):
+  """dynamics.step without the penalty runs the elites' networks only (E of M: XLA's flop count
+  drops accordingly) and draws the same elite and noise per row as the full step."""
+  cfg, dyn, start = setup
+  action = jax.random.uniform(jax.random.PRNGKey(4), (N, A), minval=-1.0, maxval=1.0)
+  step = jax.jit(dynamics.step, static_argnums=(4, 5))
+  args = (dyn, start, action, jax.random.PRNGKey(5), cfg)
+  flops = []
+  for penalty in (True, False):
+    cost = step.lower(*args, penalty).compile().cost_analysis()
+    flops.append((cost[0] if isinstance(cost, list) else cost)["flops"])
+  assert cfg.dyn_members == 3 and cfg.dyn_elites == 2
+  assert flops[1] < flops[0] * 2.5 / 3, flops         # 2 of 3 networks, plus the shared work
+  full, elites = step(*args, True), step(*args, False)
+  assert elites.mopo_penalty is None and full.mopo_penalty.shape == (N,)
+  np.testing.assert_array_equal(elites.elite, full.elite)
+  assert set(np.unique(np.asarray(full.elite))) == {0, 2}
+  for name in ("next_obs", "reward", "next_obs_mean", "next_obs_var", "reward_mean",
+               "reward_var"):
+    np.testing.assert_allclose(elites[name], full[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_vmaps_over_seeds_and_matches_single_runs(setup):
   cfg, dyn, start = setup
   dyns = jax.tree.map(lambda x: jnp.stack([x, x * 1.01]), dyn)

@@ -4,6 +4,7 @@ and the moment-matching critic at zero variance = the plain critic inside the up
 import dataclasses
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -18,10 +19,8 @@ TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, ev
 
 
 @pytest.fixture(scope="module")
-def dataset(minari_root):
-  from experiments import collect
-  collect.build_random(DATASET, steps=2000, seed=0, log_fn=lambda *a: None)
-  return DATASET
+def dataset(hopper_random_2000):
+  return hopper_random_2000
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +85,67 @@ def test_kill_and_resume_equals_uninterrupted(dataset, dyn_dir, tmp_path, mombo_
   assert summary["epochs"] == [1, 2]
 
 
+def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch, capsys):
+  """Three epochs, each evaluated and checkpointed: the epoch is traced and compiled once, ahead
+  of the loop, and the log says so once (the rate after it excludes compilation)."""
+  import functools
+  from experiments import run
+  traces, compiles = [], []
+  make_epoch = train_lib.make_epoch
+
+  def counting_make_epoch(config):
+    epoch = make_epoch(config)
+
+    @functools.wraps(epoch)
+    def counted(*args):
+      traces.append(1)
+      return epoch(*args)
+    return counted
+
+  def on_event(event, duration, fun_name="", **kw):
+    del duration, kw
+    if event == "/jax/core/compile/backend_compile_duration" and fun_name == "jit(epoch)":
+      compiles.append(fun_name)
+
+  monkeypatch.setattr(train_lib, "make_epoch", counting_make_epoch)
+  train_lib._seeds_epoch.cache_clear()        # no compiled epoch of an earlier test is reused
+  jax.monitoring.register_event_duration_secs_listener(on_event)
+  try:
+    # steps_per_epoch=3: a program no other test compiles, so XLA cannot serve it from memory.
+    summary = run.train(_config("mombo", epochs=3, steps_per_epoch=3), dataset, str(tmp_path),
+                        dynamics_dir=dyn_dir)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(on_event)
+    train_lib._seeds_epoch.cache_clear()
+  assert summary["epochs"] == [1, 2, 3]
+  assert len(traces) == 1, f"the epoch was traced {len(traces)} times"
+  assert compiles == ["jit(epoch)"], compiles
+  out = capsys.readouterr().out
+  assert out.count("Compiled the epoch in") == 1, out
+  assert out.index("Compiled the epoch in") < out.index("epoch 1/3")
+  assert out.count(" steps/s ") == 3
+  assert re.search(r"Seeds sharded over 1 \w+ device\(s\), 1 per device", out), out
+
+
+def test_compilation_cache_flag(tmp_path, capsys):
+  from experiments import run
+  old = jax.config.jax_compilation_cache_dir
+  try:
+    assert run.enable_compilation_cache("") is None
+    assert jax.config.jax_compilation_cache_dir == old
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert run.enable_compilation_cache(str(afile / "cache")) is None   # a note, not a failure
+    assert "compiling without a persistent cache" in capsys.readouterr().out
+    assert jax.config.jax_compilation_cache_dir == old
+    path = run.enable_compilation_cache(str(tmp_path / "cache" / "jax"))
+    assert path == str(tmp_path / "cache" / "jax") and os.path.isdir(path)
+    assert jax.config.jax_compilation_cache_dir == path
+    assert run.DEFAULT_COMPILATION_CACHE.startswith("~")
+  finally:
+    jax.config.update("jax_compilation_cache_dir", old)
+
+
 def test_changed_config_refuses_workdir(dataset, dyn_dir, tmp_path):
   from experiments import run
   (tmp_path / "config.json").write_text(json.dumps({"beta": 123.0}))
@@ -99,6 +159,27 @@ def test_missing_dataset_names_the_command(minari_root, tmp_path):
     run.train(_config("mombo"), "hopper-medium-replay", str(tmp_path))
   # A failed launch leaves no config.json behind, so the corrected command is not blocked.
   assert not (tmp_path / "config.json").exists()
+
+
+def test_missing_sac_datasets_are_built_only_when_asked(minari_root, tmp_path, monkeypatch):
+  """The quick/tiny default builds missing random datasets only; --build_missing hands any short
+  name (SAC-based, mixed) to the collector; a Minari id is never built."""
+  import subprocess
+  from experiments import run
+  calls = []
+  monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd) or
+                      subprocess.CompletedProcess(cmd, 1))
+  config = _config("mombo")
+  with pytest.raises(run.UserError, match="--build_missing"):
+    run.load_dataset("hopper-random-medium-1pct", config, "random", 5000)
+  assert calls == []
+  with pytest.raises(run.UserError, match="Building hopper-random-medium-1pct failed"):
+    run.load_dataset("hopper-random-medium-1pct", config, True, 5000)
+  assert calls and calls[0][1:] == ["-m", "experiments.collect", "--env=hopper-random-medium-1pct",
+                                    "--steps=5000", "--seed=0"]
+  with pytest.raises(run.UserError, match="is not in the local Minari root"):
+    run.load_dataset("someone/hopper/other-v0", config, True, 5000)
+  assert len(calls) == 1
 
 
 @pytest.fixture(scope="module")

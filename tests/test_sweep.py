@@ -88,10 +88,8 @@ def test_run_records_statuses_skips_finished_cells_and_stops_after_an_interrupt(
 
 
 @pytest.mark.slow
-def test_cli_runs_a_tiny_sweep_and_skips_it_when_run_again(minari_root, tmp_path):
-  from experiments import collect
-  if not os.path.exists(os.path.join(str(minari_root), "mombo", "hopper", "random-v0")):
-    collect.build_random("hopper-random", steps=2000, seed=0, log_fn=lambda *a: None)
+def test_cli_runs_a_tiny_sweep_and_skips_it_when_run_again(minari_root, hopper_random_2000,
+                                                           tmp_path):
   out = tmp_path / "sweep"
   cmd = [sys.executable, "-m", "experiments.sweep", "--envs=hopper-random", "--algos=mopo",
          "--seeds=1", f"--out={out}"] + [f"--{k}={v}" for k, v in BUDGET.items()]

@@ -1,0 +1,151 @@
+"""The seed axis sharded over several devices trains as on one device; a seed count that does not
+split over the devices is refused.
+
+Several CPU devices exist only when XLA_FLAGS=--xla_force_host_platform_device_count=N is set
+before jax is imported, so both sides run in fresh subprocesses (this file is their script).
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+SEEDS, EPOCHS, S_DIM, A_DIM, N = 4, 2, 11, 3, 128
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tiny_config(num_seeds):
+  from mombo_jax import config as config_lib
+  return config_lib.make_config(
+      "hopper-random", "mombo", preset="tiny", num_seeds=num_seeds, steps_per_epoch=2,
+      rollout_batch_size=8, rollout_length=2, batch_size=8, actor_hidden=(8,), critic_hidden=(8,),
+      dyn_hidden=(8,), dyn_weight_decay=(2.5e-5, 1e-4))
+
+
+def _train(out_path):
+  """Trains SEEDS seeds for EPOCHS epochs on all local devices; saves state and metrics leaves."""
+  import jax
+  import jax.numpy as jnp
+  from mombo_jax import buffer, dynamics
+  from mombo_jax import train as train_lib
+
+  cfg = _tiny_config(SEEDS)
+  rng = np.random.default_rng(0)
+  f = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)  # noqa: E731
+  obs = f(N, S_DIM).at[:, 0].set(1.25).at[:, 1].set(0.0)   # healthy hopper heights / angles
+  zeros = jnp.zeros((N, S_DIM), jnp.float32)
+  real = buffer.Batch(obs=obs, action=jnp.tanh(f(N, A_DIM)), reward=f(N), next_obs=obs,
+                      done=jnp.zeros(N, jnp.float32), obs_var=zeros, next_obs_mean=obs,
+                      next_obs_var=zeros, reward_mean=jnp.zeros(N), reward_var=jnp.zeros(N))
+  keys = jax.random.split(jax.random.PRNGKey(0), SEEDS)
+  # Initialisation compiled without optimisation: op by op, or optimised, it takes longer than
+  # the two epochs.
+  init = jax.jit(lambda k: train_lib.init_seeds(
+      k, cfg, real, jax.vmap(lambda kk: dynamics.init_state(kk, S_DIM, A_DIM, cfg))(k)))
+  state = init.lower(keys).compile({"xla_backend_optimization_level": 0})(keys)
+  state, real = train_lib.shard_seeds(state), train_lib.replicate(real)
+  epoch_fn = train_lib.make_seeds_epoch(cfg)
+  metrics = []
+  for epoch in range(EPOCHS):
+    epoch_keys = jax.random.split(jax.random.PRNGKey(100 + epoch), SEEDS)
+    state, m = epoch_fn(state, real, train_lib.shard_seeds(epoch_keys))
+    metrics.append(m)
+  devices = len(jax.local_devices())
+  spread = {len(leaf.sharding.device_set) for leaf in jax.tree.leaves((state, metrics))}
+  assert spread == {devices}, spread           # every leaf lives on all devices
+  assert len(state.epoch.addressable_shards) == devices
+  # A run checkpoint restores onto the template's sharding, ready for the compiled epoch.
+  from mombo_jax import checkpoint
+  ckpt = checkpoint.RunCheckpointer(out_path + ".ckpt")
+  ckpt.save(EPOCHS, state)
+  restored, _ = ckpt.restore(state)
+  for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state)):
+    assert a.sharding == b.sharding, (a.sharding, b.sharding)
+    np.testing.assert_array_equal(a, b)
+  epoch_fn(restored, real, train_lib.shard_seeds(jax.random.split(jax.random.PRNGKey(9), SEEDS)))
+  leaves = jax.tree.leaves(jax.device_get((state, metrics)))
+  np.savez(out_path, devices=devices, *[np.asarray(x) for x in leaves])
+
+
+def _refuse():
+  """make_seeds_epoch and experiments.run.validate refuse 3 seeds on 4 devices."""
+  from experiments import run
+  from mombo_jax import train as train_lib
+  try:
+    train_lib.make_seeds_epoch(_tiny_config(3))
+  except ValueError as e:
+    print("train:", e)
+  try:
+    run.validate(_tiny_config(3), "hopper-random", os.environ["REFUSE_WORKDIR"])
+  except run.UserError as e:
+    print("run:", e)
+
+
+def _spawn(devices, *args, env_extra=None, module=None):
+  """This file (or `module` with -m) in a fresh process with `devices` CPU devices."""
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  if devices > 1:
+    flags.append(f"--xla_force_host_platform_device_count={devices}")
+  env = dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]),
+             **(env_extra or {}))
+  cmd = ["-m", module] if module else [os.path.abspath(__file__)]
+  return subprocess.Popen([sys.executable, *cmd, *args], cwd=_ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc, ok=True):
+  out, err = proc.communicate(timeout=300)
+  assert (proc.returncode == 0) == ok, out + err
+  return out + err
+
+
+def test_seeds_sharded_over_4_devices_train_as_on_1(tmp_path):
+  # Both processes at once: each is mostly single-threaded compilation.
+  procs = {d: _spawn(d, "train", str(tmp_path / f"d{d}.npz")) for d in (4, 1)}
+  for proc in procs.values():
+    _finish(proc)
+  sharded, single = (np.load(tmp_path / f"d{d}.npz") for d in (4, 1))
+  assert int(sharded["devices"]) == 4 and int(single["devices"]) == 1
+  names = [k for k in single.files if k != "devices"]
+  assert len(names) > 50 and sorted(names) == sorted(k for k in sharded.files if k != "devices")
+  exact = 0
+  for k in names:
+    assert sharded[k].shape == single[k].shape and sharded[k].dtype == single[k].dtype, k
+    if single[k].dtype.kind == "f":
+      # XLA:CPU compiles a 4-partition program with other fusions than a 1-device one, so a few
+      # reductions round differently (last bits, measured); no seed sees another's numbers.
+      np.testing.assert_allclose(sharded[k], single[k], rtol=2e-5, atol=1e-6, err_msg=k)
+      exact += np.array_equal(sharded[k], single[k])
+    else:                  # counters, ring pointers, elites, divergence flags
+      np.testing.assert_array_equal(sharded[k], single[k], err_msg=k)
+  assert exact > len(names) // 2          # most leaves are bit for bit the same
+  # The seeds trained different things (a broken split could make them all seed 0).
+  assert any(not np.array_equal(single[k][0], single[k][1]) for k in names
+             if single[k].ndim and single[k].dtype.kind == "f")
+
+
+def test_seed_count_not_divisible_by_devices_is_refused(tmp_path):
+  script = _spawn(4, "refuse", env_extra={"REFUSE_WORKDIR": str(tmp_path / "w")})
+  cli = _spawn(4, "--seeds=3", "--env=hopper-random", f"--workdir={tmp_path / 'cli'}",
+               module="experiments.run", env_extra={"MINARI_DATASETS_PATH": str(tmp_path / "m")})
+  out = _finish(script)
+  lines = dict(line.split(": ", 1) for line in out.strip().splitlines() if ": " in line)
+  for where in ("train", "run"):
+    assert "3 seed(s)" in lines[where] and "4 local cpu device(s)" in lines[where], out
+  assert "--seeds" in lines["run"] and "multiple of 4" in lines["run"], out
+  # The command line: one `error:` line, before any work.
+  err = _finish(cli, ok=False).strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: --seeds=3: 3 seed(s)"), err
+  assert "multiple of 4" in err[0] and "CUDA_VISIBLE_DEVICES" in err[0]
+  assert not (tmp_path / "w" / "config.json").exists()
+  assert not (tmp_path / "cli" / "config.json").exists()
+
+
+if __name__ == "__main__":
+  if sys.argv[1] == "train":
+    _train(sys.argv[2])
+  else:
+    _refuse()

@@ -126,10 +126,7 @@ def main():
   parser.add_argument("--skip_epochs", action="store_true")
   parser.add_argument("--skip_steps", action="store_true")
   args = parser.parse_args()
-  print("# bench_train")
-  print(f"hardware: {common.cpu_name()}; devices: {jax.device_count()} x "
-        f"{jax.devices()[0].device_kind} ({jax.default_backend()}); jax {jax.__version__}")
-  print(f"load average at start: {os.getloadavg()[0]:.1f}")
+  common.print_header("bench_train")
   t0 = time.time()
   rng = np.random.default_rng(0)
   if not args.skip_steps:

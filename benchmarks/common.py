@@ -45,3 +45,11 @@ def cpu_name() -> str:
   except (OSError, StopIteration):
     name = "unknown CPU"
   return f"{name}, {os.cpu_count()} cores"
+
+
+def print_header(name: str):
+  """The first lines of a record: the benchmark, the hardware, JAX's devices and the load."""
+  print(f"# {name}")
+  print(f"hardware: {cpu_name()}; devices: {jax.device_count()} x "
+        f"{jax.devices()[0].device_kind} ({jax.default_backend()}); jax {jax.__version__}")
+  print(f"load average at start: {os.getloadavg()[0]:.1f}")

@@ -112,8 +112,9 @@ def _epoch_timing(args, real, cells):
   keys = jax.random.split(jax.random.PRNGKey(0), cells)
   dyn = jax.vmap(lambda k: dynamics.init_state(k, OBS, ACT, config))(keys)
   state = train.init_seeds(keys, config, real, dyn)
+  stacked, cell_args = train.single_dataset(real, config)
   t0 = time.perf_counter()
-  compiled = train.make_seeds_epoch(config).lower(state, real, keys).compile()
+  compiled = train.make_seeds_epoch(config).lower(state, stacked, keys, cell_args).compile()
   compile_s = time.perf_counter() - t0
   mem = compiled.memory_analysis()
   mem_gb = ((mem.argument_size_in_bytes + mem.temp_size_in_bytes) / 2**30
@@ -122,7 +123,7 @@ def _epoch_timing(args, real, cells):
   del state
 
   def run():
-    holder["state"], _ = compiled(holder["state"], real, keys)
+    holder["state"], _ = compiled(holder["state"], stacked, keys, cell_args)
     jax.block_until_ready(holder["state"])
 
   run()   # first call: buffers allocated, caches warm

@@ -106,10 +106,11 @@ def bench_epochs(args, rng):
     dyn = jax.vmap(lambda k: dynamics.init_state(k, OBS, ACT, config))(keys)
     state = train.init_seeds(keys, config, real, dyn)
     epoch = train.make_seeds_epoch(config)
+    stacked, cell_args = train.single_dataset(real, config, seeds)
     holder = {"state": state}
 
     def run():
-      holder["state"], m = epoch(holder["state"], real, keys)
+      holder["state"], m = epoch(holder["state"], stacked, keys, cell_args)
       jax.block_until_ready(holder["state"])
 
     t = _best(run, args.epoch_repeats)

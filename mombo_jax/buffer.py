@@ -104,20 +104,45 @@ def sample(buf: RingBuffer, key: jax.Array, n: int) -> Batch:
   return jax.tree.map(lambda d: d[idx], buf.data)
 
 
+def take(real: Batch, idx, dataset=None) -> Batch:
+  """Rows idx [K] of `real` ([N, ...]), or of real[dataset] when `real` is stacked [D, N, ...]."""
+  if dataset is None:
+    return jax.tree.map(lambda d: d[idx], real)
+  return jax.tree.map(lambda d: jnp.asarray(d)[dataset, idx], real)
+
+
+def stack(datasets) -> tuple:
+  """Datasets (Batch [N_d, ...] each) -> (Batch [D, N_max, ...], sizes int32 [D]).
+
+  The rows past a dataset's own size are NaN: sampling draws from [0, size) only (sample_mixed,
+  take), and a NaN that reached training anyway would show as a divergence, not go unnoticed.
+  """
+  sizes = np.asarray([d.reward.shape[0] for d in datasets], np.int32)
+  n_max = int(sizes.max())
+
+  def pad(x):
+    x = np.asarray(x, np.float32)
+    return np.concatenate([x, np.full((n_max - x.shape[0],) + x.shape[1:], np.nan, np.float32)])
+  return jax.tree.map(lambda *xs: np.stack([pad(x) for x in xs]), *datasets), sizes
+
+
 def sample_mixed(real: Batch, buf: RingBuffer, key: jax.Array, batch_size: int,
-                 real_ratio: float) -> Batch:
+                 real_ratio: float, dataset=None, size=None) -> Batch:
   """int(batch_size * real_ratio) real rows, then the rest synthetic -> Batch [batch_size].
 
-  real: Batch [N_real, ...] (e.g. from_transitions). If the ring is still empty, every row is real.
-  batch_size and real_ratio are static (Python numbers).
+  real: Batch [N_real, ...] (e.g. from_transitions), or datasets stacked [D, N_max, ...] (stack)
+  with `dataset` (int scalar, may be traced) picking one of them. size: int scalar (may be traced),
+  the real rows drawn from are [0, size); default all N. If the ring is still empty, every row is
+  real. batch_size and real_ratio are static (Python numbers).
   """
   if not 0.0 <= real_ratio <= 1.0:
     raise ValueError(f"real_ratio must lie in [0, 1], got {real_ratio}.")
   n_real = int(batch_size * real_ratio)
   n_syn = batch_size - n_real
   k_real, k_syn = jax.random.split(key)
-  n_data = real.reward.shape[0]
-  real_rows = jax.tree.map(lambda d: d[jax.random.randint(k_real, (batch_size,), 0, n_data)], real)
+  n_data = real.reward.shape[-1] if size is None else size
+  idx = jax.random.randint(k_real, (batch_size,), 0, n_data)
+  real_rows = take(real, idx, dataset)
   if n_syn == 0:
     return real_rows
   syn_rows = sample(buf, k_syn, n_syn)

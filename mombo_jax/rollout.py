@@ -22,7 +22,7 @@ from mombo_jax import dynamics
 
 
 def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
-        buf: buffer_lib.RingBuffer, config, term_fn: Callable):
+        buf: buffer_lib.RingBuffer, config, term_fn: Callable, beta=None):
   """Rolls out N branches for k = config.rollout_length steps and stores them in `buf`.
 
   policy_fn(obs [N, S], key) -> action [N, A]; dyn: one seed's ensemble; start_obs [N, S] real
@@ -32,7 +32,7 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   writes its terminal row (done = 1) and then stops. Rows carry the producing elite's Gaussian
   (next_obs_mean/var, reward_mean/var) and the state's own variance obs_var (the previous step's
   next_obs_var; zero at step 0). MOPO (config.algo == "mopo"): reward and reward_mean are
-  penalised by config.beta * mopo_penalty.
+  penalised by beta * mopo_penalty (beta: f32 scalar, may be traced; default config.beta).
 
   Returns (buf, metrics) with scalar metrics: reward (mean over written rows), terminated_frac
   (fraction of branches that ended within k steps: terminal, runaway or non-finite), length (mean
@@ -44,6 +44,7 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   n, _ = start_obs.shape
   k = config.rollout_length
   penalise = config.algo == "mopo"
+  beta = config.beta if beta is None else beta
 
   def one_step(carry, step_key):
     obs, obs_var, alive = carry
@@ -53,8 +54,8 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
     out = dynamics.step(dyn, obs, action, k_model, config, penalty=penalise)
     reward, reward_mean = out.reward, out.reward_mean
     if penalise:
-      reward = reward - config.beta * out.mopo_penalty
-      reward_mean = reward_mean - config.beta * out.mopo_penalty
+      reward = reward - beta * out.mopo_penalty
+      reward_mean = reward_mean - beta * out.mopo_penalty
     finite = _all_finite(out.next_obs, out.next_obs_mean, out.next_obs_var, reward, reward_mean,
                          out.reward_var)
     done = term_fn(obs, action, out.next_obs)

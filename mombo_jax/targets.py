@@ -1,8 +1,9 @@
 """Bellman targets: one short pure function per algorithm, all with the same signature
 
-    target(agent, batch, key, *, dyn, config, term_fn) -> (y [B], aux {name: scalar})
+    target(agent, batch, key, *, dyn, config, term_fn, beta=None) -> (y [B], aux {name: scalar})
 
-picked once, outside jit, by `get_target(config)`. `train.py` binds dyn/config/term_fn with
+picked once, outside jit, by `get_target(config)`. beta (f32 scalar, may be traced: a grid of
+betas runs in one program) defaults to config.beta. `train.py` binds dyn/config/term_fn with
 functools.partial and hands `sac.update` a `target_fn(agent, batch, key)`.
 
 Batches come from `buffer.sample_mixed`, which puts the n_real = int(B * real_ratio) real rows first;
@@ -33,6 +34,10 @@ def _finish(y, config):
 def _real_rows(batch_size, config):
   """bool [B]: True for the leading real rows of a mixed batch."""
   return jnp.arange(batch_size) < int(batch_size * config.real_ratio)
+
+
+def _beta(beta, config):
+  return config.beta if beta is None else beta
 
 
 def _continue(done, value):
@@ -80,7 +85,7 @@ def _plain_target(agent, batch, key, config):
                                                                           config))
 
 
-def mombo_lcb(agent, batch, key, *, dyn, config, term_fn):
+def mombo_lcb(agent, batch, key, *, dyn, config, term_fn, beta=None):
   """MOMBO (paper eq. 1 + reward variance), from the stored Gaussian of the producing elite:
 
   y = r + g(1-d) m* - beta sqrt(var_r + g^2 (1-d) v*),  (m*, v*) = MM moments of the target critic
@@ -90,8 +95,8 @@ def mombo_lcb(agent, batch, key, *, dyn, config, term_fn):
   del dyn, term_fn
   m, v = _mm_min(agent, batch.next_obs_mean, batch.next_obs_var, key, config)
   std = jnp.sqrt(batch.reward_var + config.gamma**2 * _continue(batch.done, v))
-  y = batch.reward_mean + config.gamma * _continue(batch.done, m) - config.beta * std
-  return _finish(y, config), {"penalty": config.beta * std.mean(), "target_std": std.mean()}
+  y = batch.reward_mean + config.gamma * _continue(batch.done, m) - _beta(beta, config) * std
+  return _finish(y, config), {"penalty": _beta(beta, config) * std.mean(), "target_std": std.mean()}
 
 
 def _per_elite_mm(agent, batch, key, dyn, config, term_fn):
@@ -103,27 +108,27 @@ def _per_elite_mm(agent, batch, key, dyn, config, term_fn):
           r_var + config.gamma**2 * _continue(done, v))
 
 
-def mombo_elite_spread(agent, batch, key, *, dyn, config, term_fn):
+def mombo_elite_spread(agent, batch, key, *, dyn, config, term_fn, beta=None):
   """What the public MOMBO code does: y = mean_e T_e - beta std_e T_e (ddof=1); MM variance unused."""
   k_model, k_real = jax.random.split(key)
   t, _ = _per_elite_mm(agent, batch, k_model, dyn, config, term_fn)
-  penalty = config.beta * t.std(axis=0, ddof=1)
+  penalty = _beta(beta, config) * t.std(axis=0, ddof=1)
   y = jnp.where(_real_rows(batch.reward.shape[0], config), _plain_target(agent, batch, k_real, config),
                 t.mean(axis=0) - penalty)
   return _finish(y, config), {"penalty": penalty.mean()}
 
 
-def mombo_mixture(agent, batch, key, *, dyn, config, term_fn):
+def mombo_mixture(agent, batch, key, *, dyn, config, term_fn, beta=None):
   """Law of total variance over elites: var = mean_e(MM var_e) + var_e(T_e); y = mean - beta sqrt(var)."""
   k_model, k_real = jax.random.split(key)
   t, t_var = _per_elite_mm(agent, batch, k_model, dyn, config, term_fn)
   std = jnp.sqrt(t_var.mean(axis=0) + t.var(axis=0))
   y = jnp.where(_real_rows(batch.reward.shape[0], config), _plain_target(agent, batch, k_real, config),
-                t.mean(axis=0) - config.beta * std)
-  return _finish(y, config), {"penalty": config.beta * std.mean(), "target_std": std.mean()}
+                t.mean(axis=0) - _beta(beta, config) * std)
+  return _finish(y, config), {"penalty": _beta(beta, config) * std.mean(), "target_std": std.mean()}
 
 
-def mobile(agent, batch, key, *, dyn, config, term_fn):
+def mobile(agent, batch, key, *, dyn, config, term_fn, beta=None):
   """MOBILE: penalty = std over elites (ddof=1) of the mean over N next-state samples of min_j Q';
   zero for real rows; y = r - beta penalty + g(1-d) min_j Q'(s', a'), s' from the buffer."""
   del term_fn
@@ -138,14 +143,14 @@ def mobile(agent, batch, key, *, dyn, config, term_fn):
   q = _plain_min(agent, samples, k_pi, config, soft=False)              # [N, E, B]
   penalty = q.mean(axis=0).std(axis=0, ddof=1)                          # [B]
   penalty = jnp.where(_real_rows(batch.reward.shape[0], config), 0.0, penalty)
-  y = batch.reward - config.beta * penalty + config.gamma * _continue(
+  y = batch.reward - _beta(beta, config) * penalty + config.gamma * _continue(
       batch.done, _plain_min(agent, batch.next_obs, k_next, config))
-  return _finish(y, config), {"penalty": config.beta * penalty.mean()}
+  return _finish(y, config), {"penalty": _beta(beta, config) * penalty.mean()}
 
 
-def mopo(agent, batch, key, *, dyn, config, term_fn):
-  """MOPO: the reward was penalised at rollout time; plain SAC soft target."""
-  del dyn, term_fn
+def mopo(agent, batch, key, *, dyn, config, term_fn, beta=None):
+  """MOPO: the reward was penalised at rollout time (with beta); plain SAC soft target."""
+  del dyn, term_fn, beta
   return sac.soft_target(agent, batch, key, config)
 
 

@@ -46,10 +46,37 @@ def init_seeds(keys, config, real, dyn):
   return jax.vmap(init, in_axes=(0, None, None, 0))(keys, config, real, dyn)
 
 
-def make_epoch(config):
-  """Returns a pure epoch(state, real, key) -> (state, metrics) of one seed.
+class Cell(struct.PyTreeNode):
+  """What may differ between the cells (seeds x datasets x betas) of one compiled program; vmapped
+  with the state (leading cell axis). Every other setting is the config's, shared by all cells."""
+  dataset: jax.Array        # int32 scalar: which of the stacked datasets (buffer.stack) it trains on
+  size: jax.Array           # int32 scalar: that dataset's real transitions (rows past it: padding)
+  beta: jax.Array           # f32 scalar: MOMBO / MOBILE beta, MOPO lambda
 
-  real: the real dataset, Batch [N, ...] (shared by all seeds: vmap it with in_axes None).
+
+def make_cells(dataset, size, beta) -> Cell:
+  """Cell with arrays [C] from per-cell sequences (or numbers, broadcast to the others' length)."""
+  n = max(np.size(dataset), np.size(size), np.size(beta))
+  as_ = lambda x, t: np.broadcast_to(np.asarray(x, t), (n,)).copy()  # noqa: E731
+  return Cell(dataset=as_(dataset, np.int32), size=as_(size, np.int32),
+              beta=as_(beta, np.float32))
+
+
+def single_dataset(real: buffer.Batch, config, cells: int = None):
+  """(real stacked [1, N, ...], Cell [cells]) for seeds of one dataset at config.beta: the
+  datasets and cells arguments of make_seeds_epoch's function for a plain run. cells: default
+  config.num_seeds."""
+  n = real.reward.shape[0]
+  cells = config.num_seeds if cells is None else cells
+  return jax.tree.map(lambda x: x[None], real), make_cells(np.zeros(cells), n, config.beta)
+
+
+def make_epoch(config):
+  """Returns a pure epoch(state, real, key, cell=None) -> (state, metrics) of one cell (one seed).
+
+  real: the real dataset, Batch [N, ...], with cell None (then beta = config.beta); or datasets
+  stacked [D, N_max, ...] (buffer.stack) with a Cell saying which one, its size and beta. Shared by
+  all cells: vmap it with in_axes None.
   metrics: {name: [steps_per_epoch]} per gradient step, plus rollout statistics (scalars),
   `diverged` (bool scalar: the seed is frozen, this epoch or before) and `diverged/<quantity>` (bool
   scalars, quantity in DIVERGENCE_CHECKS: which check failed THIS epoch on a healthy seed).
@@ -57,19 +84,26 @@ def make_epoch(config):
   target = targets.get_target(config)
   term_fn = dynamics.termination_fn(config.env_name)
 
-  def epoch(state: TrainState, real: buffer.Batch, key):
-    chex.assert_rank(real.obs, 2)
+  def epoch(state: TrainState, real: buffer.Batch, key, cell: Cell = None):
+    if cell is None:
+      chex.assert_rank(real.obs, 2)
+      dataset, size, beta = None, real.obs.shape[0], None
+    else:
+      chex.assert_rank(real.obs, 3)
+      dataset, size, beta = cell.dataset, cell.size, cell.beta
     k_start, k_roll, k_steps = jax.random.split(key, 3)
     agent, dyn = state.agent, state.dynamics
-    start = jax.random.randint(k_start, (config.rollout_batch_size,), 0, real.obs.shape[0])
+    start = jax.random.randint(k_start, (config.rollout_batch_size,), 0, size)
     policy_fn = functools.partial(_policy, agent, config)
-    ring, roll_metrics = rollout.run(k_roll, policy_fn, dyn, real.obs[start], state.buffer, config,
-                                     term_fn)
-    target_fn = functools.partial(target, dyn=dyn, config=config, term_fn=term_fn)
+    ring, roll_metrics = rollout.run(k_roll, policy_fn, dyn,
+                                     buffer.take(real, start, dataset).obs, state.buffer, config,
+                                     term_fn, beta=beta)
+    target_fn = functools.partial(target, dyn=dyn, config=config, term_fn=term_fn, beta=beta)
 
     def step(agent, k):
       k_batch, k_update = jax.random.split(k)
-      batch = buffer.sample_mixed(real, ring, k_batch, config.batch_size, config.real_ratio)
+      batch = buffer.sample_mixed(real, ring, k_batch, config.batch_size, config.real_ratio,
+                                  dataset, size)
       return sac.update(agent, batch, k_update, target_fn, config)
 
     agent, step_metrics = jax.lax.scan(step, agent,
@@ -156,19 +190,35 @@ def replicate(tree):
 
 
 def make_seeds_epoch(config):
-  """jit(shard_map(vmap(epoch))) over a leading seed axis of state and key; the dataset is shared.
+  """jit(shard_map(vmap(epoch))) over a leading cell axis of state, key and cells; the datasets
+  are shared: fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C]) -> (state, metrics).
 
-  The seed axis of state, key, new state and metrics is sharded over all local devices
-  (seed_shardings), each device training its S / devices seeds; the dataset is replicated. Pass arrays
-  placed with shard_seeds / replicate (or uncommitted ones): a committed array on another
-  placement is refused by jit. config.num_seeds must split evenly over the devices
-  (check_seed_count). The state argument is donated: its buffers (the ring buffer above all) are
-  reused in place. Cached per config (ignoring fields the epoch never reads), so runs in one
-  process share the compiled function.
+  A cell is one seed of one (dataset, beta); a plain run has C = config.num_seeds cells of one
+  dataset (single_dataset builds its arguments). The cell axis of state, key, cells, new state and
+  metrics is sharded over all local devices (seed_shardings), each device training C / devices
+  cells; the datasets are replicated. Pass arrays placed with shard_seeds / replicate (or
+  uncommitted ones): a committed array on another placement is refused by jit. config.num_seeds
+  is the number of cells C and must split evenly over the devices (check_seed_count). The state
+  argument is donated: its buffers (the ring buffer above all) are reused in place. Cached per
+  config (ignoring fields the epoch never reads), so runs in one process share the compiled function.
   """
   check_seed_count(config.num_seeds)
-  return _seeds_epoch(dataclasses.replace(config, seed=0, num_seeds=1, eval_every=1,
-                                          eval_episodes=1))
+  return _seeds_epoch(epoch_config(config))
+
+
+# Fields the compiled epoch never reads (training the dynamics, evaluation, seeding, naming) and
+# beta (a per-cell array): epoch_config resets them to the defaults.
+_NOT_IN_EPOCH = ("seed", "num_seeds", "eval_every", "eval_episodes", "beta", "dyn_lr",
+                 "dyn_batch_size", "dyn_holdout_ratio", "dyn_max_holdout", "dyn_improvement",
+                 "dyn_patience", "dyn_max_epochs", "dyn_checkpoint_every_s")
+
+
+def epoch_config(config):
+  """config with the fields the compiled epoch never reads set to fixed values: cells whose
+  configs give the same epoch_config can share one compiled program."""
+  defaults = type(config)()
+  return dataclasses.replace(config, env=config.env_name + "-random",  # only the env is read
+                             **{k: getattr(defaults, k) for k in _NOT_IN_EPOCH})
 
 
 @functools.lru_cache(maxsize=16)
@@ -176,10 +226,11 @@ def _seeds_epoch(config):
   seeds, shared = seed_shardings()
   spec = jax.sharding.PartitionSpec
   # shard_map, not sharding propagation alone: each device runs the vmapped epoch on its own
-  # seeds, and nothing is left to the partitioner that could add cross-device traffic (seeds never
+  # cells, and nothing is left to the partitioner that could add cross-device traffic (cells never
   # meet). One device: the same program as a plain jit(vmap(epoch)), bit for bit.
-  per_device = jax.shard_map(jax.vmap(make_epoch(config), in_axes=(0, None, 0)),
-                             mesh=seeds.mesh, in_specs=(spec(SEED_AXIS), spec(), spec(SEED_AXIS)),
+  per_device = jax.shard_map(jax.vmap(make_epoch(config), in_axes=(0, None, 0, 0)),
+                             mesh=seeds.mesh,
+                             in_specs=(spec(SEED_AXIS), spec(), spec(SEED_AXIS), spec(SEED_AXIS)),
                              out_specs=spec(SEED_AXIS), check_vma=False)
-  return jax.jit(per_device, donate_argnums=0, in_shardings=(seeds, shared, seeds),
+  return jax.jit(per_device, donate_argnums=0, in_shardings=(seeds, shared, seeds, seeds),
                  out_shardings=(seeds, seeds))

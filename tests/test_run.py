@@ -200,9 +200,10 @@ def test_vmapped_seeds_equal_single_seed_runs(tiny_setup):
   both = train_lib.init_seeds(keys, config, real, fresh(dyn))
   one = train_lib.init_seeds(keys[1:], config, real, fresh(jax.tree.map(lambda x: x[1:], dyn)))
   epoch_keys = jax.random.split(jax.random.PRNGKey(1), 2)
+  stacked, cells = train_lib.single_dataset(real, config, 2)
   for _ in range(2):
-    both, _ = epoch(both, real, epoch_keys)
-    one, _ = epoch(one, real, epoch_keys[1:])
+    both, _ = epoch(both, stacked, epoch_keys, cells)
+    one, _ = epoch(one, stacked, epoch_keys[1:], jax.tree.map(lambda x: x[1:], cells))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a[1], b[0], rtol=1e-5, atol=1e-6),
                both.agent, one.agent)
   # The two seeds did not train the same thing.

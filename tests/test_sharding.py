@@ -44,12 +44,14 @@ def _train(out_path):
   init = jax.jit(lambda k: train_lib.init_seeds(
       k, cfg, real, jax.vmap(lambda kk: dynamics.init_state(kk, S_DIM, A_DIM, cfg))(k)))
   state = init.lower(keys).compile({"xla_backend_optimization_level": 0})(keys)
+  real, cells = train_lib.single_dataset(real, cfg)
   state, real = train_lib.shard_seeds(state), train_lib.replicate(real)
+  cells = train_lib.shard_seeds(cells)
   epoch_fn = train_lib.make_seeds_epoch(cfg)
   metrics = []
   for epoch in range(EPOCHS):
     epoch_keys = jax.random.split(jax.random.PRNGKey(100 + epoch), SEEDS)
-    state, m = epoch_fn(state, real, train_lib.shard_seeds(epoch_keys))
+    state, m = epoch_fn(state, real, train_lib.shard_seeds(epoch_keys), cells)
     metrics.append(m)
   devices = len(jax.local_devices())
   spread = {len(leaf.sharding.device_set) for leaf in jax.tree.leaves((state, metrics))}
@@ -63,7 +65,8 @@ def _train(out_path):
   for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state)):
     assert a.sharding == b.sharding, (a.sharding, b.sharding)
     np.testing.assert_array_equal(a, b)
-  epoch_fn(restored, real, train_lib.shard_seeds(jax.random.split(jax.random.PRNGKey(9), SEEDS)))
+  epoch_fn(restored, real, train_lib.shard_seeds(jax.random.split(jax.random.PRNGKey(9), SEEDS)),
+           cells)
   leaves = jax.tree.leaves(jax.device_get((state, metrics)))
   np.savez(out_path, devices=devices, *[np.asarray(x) for x in leaves])
 

@@ -54,6 +54,12 @@ def _assert_tree_equal(a, b):
   jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), a, b)
 
 
+def _args(cfg, real, epoch):
+  """(datasets, keys, cells): the epoch's arguments after the state, for SEEDS seeds."""
+  stacked, cells = train_lib.single_dataset(real, cfg, SEEDS)
+  return stacked, _keys(epoch), cells
+
+
 def _keys(epoch):
   return jax.vmap(lambda k: jax.random.fold_in(k, epoch))(
       jax.random.split(jax.random.PRNGKey(7), SEEDS))
@@ -61,13 +67,13 @@ def _keys(epoch):
 
 def test_nonfinite_seed_is_frozen_and_others_untouched(cfg, real):
   epoch_fn = train_lib.make_seeds_epoch(cfg)
-  clean, clean_metrics = epoch_fn(_fresh(cfg, real), real, _keys(0))
+  clean, clean_metrics = epoch_fn(_fresh(cfg, real), *_args(cfg, real, 0))
   assert not np.any(np.asarray(clean_metrics["diverged"]))
   clean = _host(clean)
 
   poisoned = _poison(_fresh(cfg, real), 0)
   poisoned_agent = _host(poisoned.agent)
-  state, metrics = epoch_fn(poisoned, real, _keys(0))
+  state, metrics = epoch_fn(poisoned, *_args(cfg, real, 0))
   np.testing.assert_array_equal(np.asarray(metrics["diverged"]), [True, False])
   flagged = [k for k in train_lib.DIVERGENCE_CHECKS if bool(metrics[f"diverged/{k}"][0])]
   assert "params" in flagged and "critic_loss" in flagged, flagged
@@ -81,7 +87,7 @@ def test_nonfinite_seed_is_frozen_and_others_untouched(cfg, real):
   np.testing.assert_array_equal(np.asarray(state.epoch), [1, 1])
 
   # Frozen for good: a second epoch leaves seed 0 as it was and reports no new failure.
-  state2, metrics2 = epoch_fn(state, real, _keys(1))
+  state2, metrics2 = epoch_fn(state, *_args(cfg, real, 1))
   np.testing.assert_array_equal(np.asarray(metrics2["diverged"]), [True, False])
   assert not any(bool(metrics2[f"diverged/{k}"][0]) for k in train_lib.DIVERGENCE_CHECKS)
   _assert_tree_equal(jax.tree.map(lambda x: x[0], _host(state2.agent)),
@@ -94,7 +100,7 @@ def test_a_finite_explosion_counts_as_divergence(cfg, real):
   strict = dataclasses.replace(cfg, max_abs_loss=1e-6)
   state = _fresh(strict, real)
   before = _host(state.agent)
-  state, metrics = train_lib.make_seeds_epoch(strict)(state, real, _keys(0))
+  state, metrics = train_lib.make_seeds_epoch(strict)(state, *_args(strict, real, 0))
   assert np.all(np.asarray(metrics["diverged"]))
   assert np.all(np.asarray(metrics["diverged/critic_loss"]))
   assert not np.any(np.asarray(metrics["diverged/params"]))   # finite, just too large

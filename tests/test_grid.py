@@ -1,0 +1,108 @@
+"""Grid axes in one program (experiments.run --datasets / --betas): every (dataset, beta, seed) cell
+trains in one compiled epoch, each (dataset, beta) in a workdir of its own that resumes alone and
+holds what a single run of that cell gives."""
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from mombo_jax import buffer, checkpoint, config as config_lib, recipes, runner
+from mombo_jax import train as train_lib
+from mombo_jax.launch import UserError
+
+TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
+SHORT = "mombo/hopper/short-random-v0"     # a shorter second hopper dataset (padded in the stack)
+
+
+@pytest.fixture(scope="module")
+def datasets(hopper_random_2000):
+  """hopper-random (2,000 steps) and SHORT, its first episodes (< 1,000 steps)."""
+  episodes = recipes.read_episodes(hopper_random_2000)
+  keep, n = [], 0
+  for ep in episodes:
+    if n + len(ep["rewards"]) > 900:
+      break
+    keep.append(ep)
+    n += len(ep["rewards"])
+  recipes.write_dataset(SHORT, keep, "test: the first episodes of hopper-random", "uniform random",
+                        env_name="hopper", overwrite=True)
+  return hopper_random_2000, SHORT
+
+
+def _groups(root, datasets, betas, **kw):
+  return runner.plan_groups("hopper-random", "mombo", "tiny", dict(TINY, **kw), datasets, betas,
+                            root=str(root))
+
+
+def _agent(workdir):
+  tree, _ = checkpoint.RunCheckpointer(os.path.join(workdir, "checkpoints")).restore()
+  return tree["agent"]
+
+
+def test_stack_pads_with_nan_and_sampling_stays_inside_each_dataset():
+  rng = np.random.default_rng(0)
+
+  def batch(n, value):
+    x = np.full((n, 2), value, np.float32)
+    r = np.full(n, value, np.float32)
+    return buffer.Batch(obs=x, action=x[:, :1], reward=r, next_obs=x, done=0 * r, obs_var=0 * x,
+                        next_obs_mean=x, next_obs_var=0 * x, reward_mean=r, reward_var=0 * r)
+  stacked, sizes = buffer.stack([batch(50, 1.0), batch(7, 2.0)])
+  assert stacked.obs.shape == (2, 50, 2) and sizes.tolist() == [50, 7]
+  assert np.isnan(stacked.reward[1, 7:]).all() and not np.isnan(stacked.reward[1, :7]).any()
+  ring = buffer.init_ring(4, 2, 1)                 # empty: every row of a batch is real
+  sample = jax.jit(lambda k, d, n: buffer.sample_mixed(stacked, ring, k, 64, 0.5, d, n))
+  for seed in range(20):
+    rows = sample(jax.random.PRNGKey(int(rng.integers(1 << 30))), 1, 7)
+    np.testing.assert_array_equal(rows.reward, 2.0)     # only dataset 1's own 7 rows
+    rows = sample(jax.random.PRNGKey(seed), 0, 50)
+    np.testing.assert_array_equal(rows.reward, 1.0)
+
+
+def test_groups_that_cannot_share_a_program_are_refused(tmp_path):
+  with pytest.raises(UserError, match="auto_alpha"):       # hopper-medium: fixed alpha 0.2
+    runner.check_groups(runner.plan_groups("hopper-random", "mombo", "tiny", {},
+                                           ["hopper-random", "hopper-medium"], None,
+                                           root=str(tmp_path)))
+  with pytest.raises(UserError, match="repeat"):
+    _groups(tmp_path, ["hopper-random"], [1.0, 1.0])
+  # Betas alone differ: one program.
+  runner.check_groups(_groups(tmp_path, ["hopper-random"], [0.5, 2.0]))
+
+
+@pytest.mark.slow
+def test_grid_cells_equal_single_runs_and_resume_alone(datasets, tmp_path):
+  """2 datasets x 2 betas x 1 seed in one program, stopped after one of two epochs. Then one cell
+  (the padded dataset, the second beta) resumes alone to the end and equals a single run of it;
+  the rest of the grid resumes together."""
+  groups = _groups(tmp_path / "grid", list(datasets), [0.5, 3.0])
+  assert [os.path.relpath(g.workdir, tmp_path / "grid") for g in groups] == [
+      os.path.join("hopper-random", "mombo-lcb-beta0.5", "s0x1"),
+      os.path.join("hopper-random", "mombo-lcb-beta3", "s0x1"),
+      os.path.join(SHORT.replace("/", "_"), "mombo-lcb-beta0.5", "s0x1"),
+      os.path.join(SHORT.replace("/", "_"), "mombo-lcb-beta3", "s0x1")]
+  assert runner.train_grid(groups, stop_after=1) == [None] * 4
+  cell = groups[3]
+  assert cell.config.beta == 3.0 and cell.dataset == SHORT
+  summary = runner.train(cell.config, cell.dataset, cell.workdir, cell.dynamics_dir)
+  single = tmp_path / "single"
+  alone = runner.train(cell.config, cell.dataset, str(single), cell.dynamics_dir)
+  grid_agent, single_agent = _agent(cell.workdir), _agent(str(single))
+  # Same data, keys and beta; vmap widths differ (4 cells vs 1), so XLA may fuse differently.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5),
+               grid_agent, single_agent)
+  assert summary["final_normalized_score_mean"] == pytest.approx(
+      alone["final_normalized_score_mean"], abs=1.0)
+
+  # The other three resume together (the finished one is refused: epochs differ).
+  with pytest.raises(UserError, match="different epochs"):
+    runner.train_grid(groups)
+  rest = runner.train_grid(groups[:3])
+  assert all(s is not None and not s["diverged"] for s in rest)
+  # Different betas trained different critics on the same data and seed.
+  a, b = _agent(groups[0].workdir), _agent(groups[1].workdir)
+  assert not all(np.allclose(x, y) for x, y in zip(jax.tree.leaves(a["critic"]),
+                                                   jax.tree.leaves(b["critic"])))
+  for g in groups:
+    assert os.path.exists(os.path.join(g.workdir, "summary.json"))

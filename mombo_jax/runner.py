@@ -263,11 +263,11 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
       steps_done += config.steps_per_epoch
       done = epoch + 1
       frozen = np.asarray(metrics["diverged"])
-      flags = {k: np.asarray(metrics[f"diverged/{k}"]) for k in train_lib.DIVERGENCE_CHECKS}
       for r in runs:
         for i, s in zip(range(r["cells"].start, r["cells"].stop), r["seeds"]):
           if frozen[i] and int(s) not in r["diverged"]:
-            quantity = ", ".join(k for k, v in flags.items() if bool(v[i])) or "unknown"
+            quantity = ", ".join(k for k in train_lib.DIVERGENCE_CHECKS
+                                 if bool(np.asarray(metrics[f"diverged/{k}"])[i])) or "unknown"
             r["diverged"][int(s)] = {"seed": int(s), "epoch": done, "quantity": quantity}
             log(f"seed {s}{_where(r, runs)} diverged at epoch {done} ({quantity} non-finite or "
                 f"beyond +-{config.max_abs_loss:g}); it is frozen at its last healthy state and "

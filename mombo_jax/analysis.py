@@ -16,6 +16,7 @@ import os
 import time
 from typing import Callable, List, Optional, Sequence
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,11 +42,12 @@ def load_config(workdir: str):
   return config_lib.Config(**values), saved.get("dataset") or values.get("env")
 
 
-@dataclasses.dataclass
+@flax.struct.dataclass
 class SeedNets:
   """One seed's trained networks. actor, critic, target_critic: Flax variables ({"params": ...});
-  dyn: DynamicsState of that seed."""
-  config: config_lib.Config
+  dyn: DynamicsState of that seed. A pytree (config static): jitted functions take it as an
+  argument, so XLA never folds the trained weights in as constants (slow compiles)."""
+  config: config_lib.Config = flax.struct.field(pytree_node=False)
   actor: dict
   critic: dict
   target_critic: dict
@@ -188,20 +190,24 @@ def mm_vs_mc(nets: SeedNets, obs, key, ns: Sequence[int] = (2, 10, 100, 1000, 10
   action, _ = nets.policy(obs, k_a)
   mu, var = elite_gaussian(nets, obs, action, elite_rank)
   next_action, _ = nets.policy(mu, k_next)
-  mm = jax.jit(lambda m, v, a: mm_value(nets, m, v, a))
-  member, mm_mean, mm_var = mm(mu, var, next_action)
-  q_fn = member_q_fn(nets, member)
+  # Everything is an argument of the jitted calls (nothing folded in as a constant), so MM and MC
+  # are timed on equal terms.
+  mm = jax.jit(mm_value)
+  member, mm_mean, mm_var = mm(nets, mu, var, next_action)
   out = dict(mm_mean=np.asarray(mm_mean), mm_var=np.asarray(mm_var), member=np.asarray(member),
-             estimates={}, seconds={"MM": time_call(mm, mu, var, next_action,
+             estimates={}, seconds={"MM": time_call(mm, nets, mu, var, next_action,
                                                     number=timing_calls)},
              num_states=int(obs.shape[0]))
+  args = (nets, member, mu, var, next_action)
   for i, n in enumerate(ns):
     n = int(n)
     k = jax.random.fold_in(k_mc, i)
-    many = jax.jit(lambda k, n=n: mc_estimates(q_fn, mu, var, next_action, k, n, repeats))
-    out["estimates"][n] = np.asarray(many(k))
-    one = jax.jit(lambda k, n=n: mc_estimate(q_fn, mu, var, next_action, k, n))
-    out["seconds"][n] = time_call(one, k, number=timing_calls)
+    many = jax.jit(lambda nets, member, m, v, a, k, n=n: mc_estimates(
+        member_q_fn(nets, member), m, v, a, k, n, repeats))
+    out["estimates"][n] = np.asarray(many(*args, k))
+    one = jax.jit(lambda nets, member, m, v, a, k, n=n: mc_estimate(
+        member_q_fn(nets, member), m, v, a, k, n))
+    out["seconds"][n] = time_call(one, *args, k, number=timing_calls)
   return out
 
 
@@ -371,7 +377,8 @@ def real_transitions(nets: SeedNets, env_name: str, episodes: int, seed: int,
   from mombo_jax import data
   env = data.make_env(env_name, **({} if max_episode_steps is None
                                    else {"max_episode_steps": int(max_episode_steps)}))
-  act = jax.jit(nets.policy_mode)
+  policy = jax.jit(SeedNets.policy_mode)
+  act = lambda obs: policy(nets, obs)  # noqa: E731
   low, high = env.action_space.low, env.action_space.high
   rows = {k: [] for k in ("obs", "action", "reward", "next_obs", "done", "episode")}
   try:
@@ -399,11 +406,11 @@ def uncertainty_quality(nets: SeedNets, batch: dict, key, num_samples: int = 100
   """bellman_metrics of one seed on real transitions (real_transitions' dict), plus U, B Q, B^ Q."""
   k_u, k_exact, k_sample = jax.random.split(key, 3)
   obs, action = jnp.asarray(batch["obs"]), jnp.asarray(batch["action"])
-  u = jax.jit(lambda k: penalty(nets, obs, action, k))(k_u)
-  exact = jax.jit(lambda k: exact_bellman(nets, obs, action, k, num_samples))(k_exact)
-  sample = jax.jit(lambda k: sample_bellman(nets, jnp.asarray(batch["reward"]),
-                                            jnp.asarray(batch["next_obs"]),
-                                            jnp.asarray(batch["done"]), k, num_samples))(k_sample)
+  u = jax.jit(penalty)(nets, obs, action, k_u)
+  exact = jax.jit(exact_bellman, static_argnums=4)(nets, obs, action, k_exact, num_samples)
+  sample = jax.jit(sample_bellman, static_argnums=5)(
+      nets, jnp.asarray(batch["reward"]), jnp.asarray(batch["next_obs"]),
+      jnp.asarray(batch["done"]), k_sample, num_samples)
   out = bellman_metrics(u, exact, sample)
   out.update(u=np.asarray(u), exact=np.asarray(exact), sample=np.asarray(sample))
   return out

@@ -61,6 +61,12 @@ def define_flags():
   flags.DEFINE_string("compilation_cache", DEFAULT_COMPILATION_CACHE, "Folder of JAX's "
                       "persistent compilation cache: a later launch of the same setup reads the "
                       "compiled epoch from there instead of compiling again. Empty: off.")
+  flags.DEFINE_string("coordinator_address", None, "Multi-process run: host:port of process 0 "
+                      "(with --num_processes and --process_id; see README, 'Several hosts').")
+  flags.DEFINE_integer("num_processes", None, "Multi-process run: how many processes.")
+  flags.DEFINE_integer("process_id", None, "Multi-process run: this process's index, 0 first.")
+  flags.DEFINE_bool("distributed", False, "Multi-process run configured by the cluster's "
+                    "environment (SLURM, Open MPI, TPU pods: jax.distributed.initialize()).")
   flags.DEFINE_integer("stop_after", None, "Stop after this many epochs of this launch (e.g. to fit "
                        "a job time limit); the same command resumes.")
 
@@ -93,7 +99,12 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
   stop = StopFlag()
   stop.install()
-  from mombo_jax import config as config_lib
+  from mombo_jax import config as config_lib, distributed
+  try:   # before anything touches JAX's devices
+    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                           auto=FLAGS.distributed)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
   try:
     config = config_lib.make_config(FLAGS.env, FLAGS.algo, FLAGS.preset, **_overrides())
   except ValueError as e:

@@ -33,7 +33,10 @@ _HARMLESS = ("eval_every", "eval_episodes")
 
 
 def log(msg):
-  print(msg, flush=True)
+  """Progress output; in a multi-process run only process 0 speaks."""
+  from mombo_jax import distributed
+  if distributed.is_main():
+    print(msg, flush=True)
 
 
 class StopFlag:
@@ -112,10 +115,11 @@ def check_dataset_env(dataset: str, config):
 
 
 def check_seeds_fit_devices(num_seeds: int):
-  """The seed axis is sharded over all local devices: --seeds must be a multiple of their count."""
+  """The seed axis is sharded over all devices (of every process): --seeds must be a multiple of
+  their count."""
   import jax
   from mombo_jax import train as train_lib
-  n = jax.local_device_count()
+  n = jax.device_count()
   try:
     train_lib.check_seed_count(num_seeds, fix=(
         f"pass --seeds a multiple of {n}, or make fewer devices visible (e.g. "
@@ -261,6 +265,14 @@ def get_dynamics(config, transitions, seed_keys, dynamics_dir, dataset, should_s
                       f"Pass another --dynamics_dir, or delete {path} to retrain them.")
     log(f"Reusing the dynamics ensembles in {path}.")
     return dyn
+  from mombo_jax import distributed
+  if distributed.is_multiprocess():
+    # Every process would train (and write) the same ensembles: train them once, apart.
+    raise UserError(f"No dynamics ensembles in {path}, and a multi-process run does not train "
+                    "them. Train them first in one process: python -m experiments.train_dynamics "
+                    f"--dataset={dataset} --env={config.env} --seed={config.seed} "
+                    f"--seeds={config.num_seeds} --workdir={dynamics_dir} (same --preset and "
+                    "dynamics flags), then launch again with --dynamics_dir.")
   log(f"Training {config.num_seeds} dynamics ensemble(s) of {config.dyn_members} members "
       f"on {len(transitions.rewards)} transitions.")
   t0 = time.time()

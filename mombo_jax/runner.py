@@ -138,8 +138,11 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from mombo_jax import buffer, checkpoint, data, outputs, train as train_lib
+  from mombo_jax import buffer, checkpoint, data, distributed, outputs, train as train_lib
 
+  main = distributed.is_main()
+  if distributed.is_multiprocess():
+    build_missing = False        # processes building one dataset side by side would collide
   names = list(dict.fromkeys(g.dataset for g in groups))      # distinct datasets, in order
   transitions = {}
   for name in names:
@@ -151,7 +154,8 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
         f"{transitions[name].actions.shape[1]}.")
   # Only now, with the flags valid and the data loaded, do the workdirs become this launch's.
   for g, (cfg_json, notes) in zip(groups, checked):
-    outputs.write_json(os.path.join(g.workdir, "config.json"), cfg_json)
+    if main:
+      outputs.write_json(os.path.join(g.workdir, "config.json"), cfg_json)
     for note in notes:
       log(f"note: {note}" + (f" ({g.workdir})" if len(groups) > 1 else ""))
 
@@ -206,35 +210,38 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
   start_epoch = runs[0]["start"]
   for r in runs:
     r["rows"] = outputs.read_rows(r["csv"], max_epoch=start_epoch)
-    outputs.write_rows(r["csv"], r["rows"])
+    if main:
+      outputs.write_rows(r["csv"], r["rows"])
 
-  # The cell axis lives split over all local devices from here on; the datasets are copied to
-  # every device once.
+  # The cell axis lives split over all devices (of all processes) from here on; the datasets are
+  # copied to every device once.
   state = train_lib.shard_seeds(join(states))
   del states
   epoch_keys = train_lib.shard_seeds(join(epoch_keys))
   cells = train_lib.shard_seeds(train_lib.make_cells(cell_dataset, sizes[cell_dataset], cell_beta))
   stacked = train_lib.replicate(stacked)
 
-  def group_state(r):
-    return jax.tree.map(lambda x: x[r["cells"]], state)
-
   def save(epoch):
-    for r in runs:
-      if r["ckpt"].latest_step() != epoch:
-        r["ckpt"].save(epoch, group_state(r), {"epoch": epoch,
-                                              "diverged": list(r["diverged"].values())})
+    todo = [r for r in runs if r["ckpt"].latest_step() != epoch]
+    # Several processes: the whole state gathered on every process, written by Orbax's primary
+    # process (every process calls save). One process: each group's slice stays on the device.
+    whole = distributed.to_host(state) if todo and distributed.is_multiprocess() else state
+    for r in todo:
+      r["ckpt"].save(epoch, jax.tree.map(lambda x, r=r: x[r["cells"]], whole),
+                     {"epoch": epoch, "diverged": list(r["diverged"].values())})
 
   def stop_requested(epoch):
-    if should_stop is not None and should_stop():
+    if should_stop is not None and distributed.agree(should_stop()):
       save(epoch)
       where = ", ".join(r["ckpt"].directory for r in runs)
       raise Interrupted(getattr(should_stop, "signum", None), f"epoch {epoch} (checkpoint in {where})")
 
   fold = jax.jit(jax.vmap(jax.random.fold_in, in_axes=(0, None)))
-  devices = jax.local_devices()
+  devices = jax.devices()
   what = "Seeds" if len(runs) == 1 else f"{cells_total} cells ({len(runs)} workdirs x seeds)"
-  log(f"{what} sharded over {len(devices)} {devices[0].platform} device(s), "
+  procs = (f" of {distributed.process_count()} processes" if distributed.is_multiprocess()
+           else "")
+  log(f"{what} sharded over {len(devices)} {devices[0].platform} device(s){procs}, "
       f"{cells_total // len(devices)} per device.")
   # Compiled ahead of the loop, so steps/s and the ETA measure training only. Arguments keep
   # one placement throughout (the compiled function refuses any other).
@@ -260,6 +267,8 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
       if _poison is not None and _poison[1] == epoch:
         state = train_lib.shard_seeds(_poison_seed(state, _poison[0]))
       state, metrics = epoch_fn(state, stacked, fold(epoch_keys, epoch), cells)
+      if distributed.is_multiprocess():
+        metrics = distributed.to_host(metrics)   # every process takes the same decisions
       steps_done += config.steps_per_epoch
       done = epoch + 1
       frozen = np.asarray(metrics["diverged"])
@@ -279,8 +288,11 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
       elapsed = time.time() - t_start
       rate = steps_done * cells_total / max(elapsed, 1e-9)
       eta = (config.epochs - done) * config.steps_per_epoch * cells_total / max(rate, 1e-9)
+      actors = distributed.to_host(state.agent.actor.params)
       for r in runs:
-        _evaluate(r, state, means, done, runs)
+        if not main:                         # process 0 evaluates and writes the outputs
+          continue
+        _evaluate(r, actors, means, done, runs)
         log(f"epoch {done}/{config.epochs}{_where(r, runs)}  {rate:.0f} steps/s (all "
             f"{'seeds' if len(runs) == 1 else 'cells'})  score per seed "
             f"[{', '.join(f'{x:.1f}' for x in r['scores'].mean(axis=1))}]  critic_loss "
@@ -292,21 +304,22 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
     for r in runs:
       if r.get("evaluator") is not None:
         r["evaluator"].close()
-  return [_finish(r) for r in runs]
+  return [_finish(r) if main else None for r in runs]
 
 
 def _where(r, runs):
   return "" if len(runs) == 1 else f" [{r['group'].label()}]"
 
 
-def _evaluate(r, state, means, done, runs):
-  """Evaluates group r's actors, appends its metrics.csv rows; r["scores"] [S, episodes]."""
+def _evaluate(r, actors, means, done, runs):
+  """Evaluates group r's actors (of all cells: `actors`, the actor parameters on the host),
+  appends its metrics.csv rows; r["scores"] [S, episodes]."""
   import jax
   from mombo_jax import data, evaluate, outputs
   c = r["config"]
   if r.get("evaluator") is None:               # built at the first evaluation, reused after
     r["evaluator"] = evaluate.Evaluator(c, c.env_name, c.num_seeds, c.eval_episodes)
-  params = jax.tree.map(lambda x: x[r["cells"]], state.agent.actor.params)
+  params = jax.tree.map(lambda x: x[r["cells"]], actors)
   returns = r["evaluator"].run(params, seed=10_000 * c.seed + done)
   r["scores"] = scores = data.normalized_score(r["group"].dataset, returns)   # [S, episodes]
   for i, s in enumerate(r["seeds"]):

@@ -152,41 +152,58 @@ SEED_AXIS = "seeds"
 
 
 def seed_mesh():
-  """1-D Mesh over all local devices, axis SEED_AXIS: the seed axis is split over it."""
-  return jax.sharding.Mesh(np.asarray(jax.local_devices()), (SEED_AXIS,))
+  """1-D Mesh over all devices (of every process, in a multi-process run), axis SEED_AXIS: the
+  seed axis is split over it."""
+  return jax.sharding.Mesh(np.asarray(jax.devices()), (SEED_AXIS,))
 
 
 def seed_shardings():
-  """(sharding of a leading seed axis split over all local devices, replicated sharding)."""
+  """(sharding of a leading seed axis split over all devices, replicated sharding)."""
   mesh = seed_mesh()
   return (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(SEED_AXIS)),
           jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
 def check_seed_count(num_seeds: int, fix: str = ""):
-  """Raises ValueError unless num_seeds splits evenly over the local devices.
+  """Raises ValueError unless num_seeds splits evenly over the devices (of all processes).
 
   fix: the advice that ends the message (default: use a multiple of the device count, or make
   fewer devices visible).
   """
-  devices = jax.local_devices()
+  devices = jax.devices()
   n = len(devices)
   if num_seeds % n:
+    where = "" if jax.process_count() == 1 else f" of {jax.process_count()} processes"
     fix = fix or (f"use a multiple of {n} seeds, or make fewer devices visible "
                   "(CUDA_VISIBLE_DEVICES, or XLA_FLAGS=--xla_force_host_platform_device_count "
                   "on CPU)")
-    raise ValueError(f"{num_seeds} seed(s) do not split evenly over the {n} local "
-                     f"{devices[0].platform} device(s) the seed axis is sharded over: {fix}.")
+    raise ValueError(f"{num_seeds} seed(s) do not split evenly over the {n} "
+                     f"{devices[0].platform} device(s){where} the seed axis is sharded over: {fix}.")
+
+
+def _place(tree, sharding):
+  if jax.process_count() == 1:
+    return jax.device_put(tree, sharding)
+
+  # Several processes: every process holds the whole value on the host and contributes the part
+  # that lives on its own devices (device_put cannot address other processes' devices).
+  def one(x):
+    if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+      impl = jax.random.key_impl(x)
+      return jax.random.wrap_key_data(one(jax.random.key_data(x)), impl=impl)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+  return jax.tree.map(one, tree)
 
 
 def shard_seeds(tree):
   """`tree` (every leaf with a leading seed axis) placed as make_seeds_epoch expects it."""
-  return jax.device_put(tree, seed_shardings()[0])
+  return _place(tree, seed_shardings()[0])
 
 
 def replicate(tree):
-  """`tree` (e.g. the real dataset) copied onto every local device."""
-  return jax.device_put(tree, seed_shardings()[1])
+  """`tree` (e.g. the real dataset) copied onto every device."""
+  return _place(tree, seed_shardings()[1])
 
 
 def make_seeds_epoch(config):
@@ -195,7 +212,7 @@ def make_seeds_epoch(config):
 
   A cell is one seed of one (dataset, beta); a plain run has C = config.num_seeds cells of one
   dataset (single_dataset builds its arguments). The cell axis of state, key, cells, new state and
-  metrics is sharded over all local devices (seed_shardings), each device training C / devices
+  metrics is sharded over all devices (seed_shardings), each device training C / devices
   cells; the datasets are replicated. Pass arrays placed with shard_seeds / replicate (or
   uncommitted ones): a committed array on another placement is refused by jit. config.num_seeds
   is the number of cells C and must split evenly over the devices (check_seed_count). The state

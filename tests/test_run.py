@@ -1,6 +1,8 @@
 """End-to-end runs of experiments.run.train on a tiny locally built dataset (CI-sized), plus the
-properties the training loop promises: seeds vmapped = seeds run alone, kill-and-resume = one run,
-and the moment-matching critic at zero variance = the plain critic inside the update."""
+properties the training loop promises: kill-and-resume = one run, and the moment-matching critic
+at zero variance = the plain critic inside the update. Seeds vmapped = seeds run alone is tested
+where it is strongest: a grid cell resumed alone = a single run (test_grid.py), seeds over 4
+devices = on 1 (test_sharding.py), one seed per process = both seeds in one (test_distributed.py)."""
 import dataclasses
 import json
 import os
@@ -11,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax import buffer, checkpoint, config as config_lib, data, dynamics, sac, targets
+from mombo_jax import buffer, checkpoint, config as config_lib, data, dynamics, sac
 from mombo_jax import train as train_lib
 
 DATASET = "hopper-random"
@@ -190,25 +192,6 @@ def tiny_setup(dataset):
   dyn = jax.vmap(lambda k: dynamics.init_state(k, real.obs.shape[1], real.action.shape[1],
                                                config))(keys)
   return config, real, keys, dyn
-
-
-@pytest.mark.slow
-def test_vmapped_seeds_equal_single_seed_runs(tiny_setup):
-  config, real, keys, dyn = tiny_setup
-  epoch = train_lib.make_seeds_epoch(config)
-  fresh = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731  (the state is donated)
-  both = train_lib.init_seeds(keys, config, real, fresh(dyn))
-  one = train_lib.init_seeds(keys[1:], config, real, fresh(jax.tree.map(lambda x: x[1:], dyn)))
-  epoch_keys = jax.random.split(jax.random.PRNGKey(1), 2)
-  stacked, cells = train_lib.single_dataset(real, config, 2)
-  for _ in range(2):
-    both, _ = epoch(both, stacked, epoch_keys, cells)
-    one, _ = epoch(one, stacked, epoch_keys[1:], jax.tree.map(lambda x: x[1:], cells))
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a[1], b[0], rtol=1e-5, atol=1e-6),
-               both.agent, one.agent)
-  # The two seeds did not train the same thing.
-  assert not np.allclose(both.agent.actor.params["params"]["Dense_0"]["kernel"][0],
-                         both.agent.actor.params["params"]["Dense_0"]["kernel"][1])
 
 
 def test_mm_critic_at_zero_variance_matches_plain_update(tiny_setup):

@@ -43,7 +43,12 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
   if all(given):
     jax.distributed.initialize(coordinator_address, int(num_processes), int(process_id))
   else:
-    jax.distributed.initialize()
+    try:
+      jax.distributed.initialize()
+    except (ValueError, RuntimeError) as e:
+      raise ValueError(f"--distributed found no cluster to join ({e}); outside SLURM, Open MPI or "
+                       "a TPU pod pass --coordinator_address, --num_processes and "
+                       "--process_id.") from None
   return True
 
 

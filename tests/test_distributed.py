@@ -80,3 +80,14 @@ def test_cli_refuses_partial_flags_in_one_line(tmp_path):
   assert out.returncode != 0
   assert out.stderr.strip().splitlines()[-1].startswith("error: --coordinator_address"), out.stderr
   assert not (tmp_path / "w").exists()
+  # --distributed outside a cluster: one line naming the flags to pass instead.
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  for k in [k for k in env if k.startswith(("SLURM_", "OMPI_", "TPU_"))]:
+    del env[k]
+  out = subprocess.run([sys.executable, "-m", "experiments.run", "--distributed",
+                        f"--workdir={tmp_path / 'w'}"], cwd=_ROOT, capture_output=True, text=True,
+                       timeout=120, env=env)
+  err = out.stderr.strip().splitlines()
+  assert out.returncode != 0 and len(err) == 1, out.stderr
+  assert err[0].startswith("error: --distributed found no cluster") and "--process_id" in err[0]
+  assert not (tmp_path / "w").exists()

@@ -4,9 +4,17 @@ r"""Tables and learning curves over many runs, in the paper's layout.
   python -m experiments.report runs/a runs/b --out=report/
 
 Finds every run workdir (config.json + metrics.csv + summary.json, written by experiments.run)
-under the folders, groups runs by environment, dataset and algorithm (seeds of several runs pooled),
-and writes report.md, report.tex (final normalised score and AULC, mean +- std over seeds, best in
-bold, within one std of the best underlined, averages and average ranks) and curves_<env>.png.
+under the folders, groups runs by environment, dataset and algorithm (seeds of several runs pooled;
+MOMBO's target, and beta where runs of one algorithm on one dataset differ in it, are part of the
+algorithm and never pooled), and writes
+- report.md, report.tex: final normalised score (last evaluation), mean of the last 10
+  evaluations, and AULC; each as mean +- std over seeds with a 95% bootstrap interval over seeds,
+  best in bold, within one std of the best underlined, averages and average ranks; the paper's
+  published number (mombo_jax.paper_results) in a column beside each algorithm's, with footnotes
+  saying what it is (the paper's MOMBO is the released code's target, elite_spread);
+  report.md also lists the runs, seeds and beta of every cell;
+- report.csv: every number of the tables, ours with its interval, the paper's with its table;
+- curves_<env>.png: learning curves, mean +- std over seeds.
 """
 import sys
 

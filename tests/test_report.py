@@ -1,7 +1,11 @@
-"""experiments.report / mombo_jax.report: the table rule (bold, underline, ranks) on fixed tables,
-including the paper's own Table 1, and the writer end to end on run folders written in the real
-on-disk format by mombo_jax.outputs' writers."""
+"""experiments.report and the modules behind it: the table rule (bold, underline, ranks;
+mombo_jax.tables) on fixed tables, including the paper's own Table 1; the statistics (bootstrap
+interval, mean of the last evaluations), labels and grouping (MOMBO's target, beta never pooled;
+mombo_jax.results); the paper's columns; and the writer (mombo_jax.report) end to end on run
+folders written in the real on-disk format by mombo_jax.outputs' writers."""
+import csv
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -10,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from mombo_jax import config as config_lib, outputs, report
+from mombo_jax import config as config_lib, outputs, paper_results, report, results, tables
 
 NAN = np.nan
 
@@ -33,19 +37,19 @@ NAN = np.nan
     ([NAN, NAN], [NAN, NAN], [], []),
 ])
 def test_bold_and_underline(means, stds, bold, under):
-  b, u = report.mark_row(means, stds)
+  b, u = tables.mark_row(means, stds)
   assert np.flatnonzero(b).tolist() == bold
   assert np.flatnonzero(u).tolist() == under
 
 
 def test_ranks_with_ties_and_missing_cells():
-  np.testing.assert_array_equal(report.ranks([5.0, 5.0, 4.0]), [1.5, 1.5, 3.0])
-  np.testing.assert_array_equal(report.ranks([1.0, 2.0, 2.0, 2.0]), [4.0, 2.0, 2.0, 2.0])
-  r = report.ranks([NAN, 3.0, 2.0])
+  np.testing.assert_array_equal(tables.ranks([5.0, 5.0, 4.0]), [1.5, 1.5, 3.0])
+  np.testing.assert_array_equal(tables.ranks([1.0, 2.0, 2.0, 2.0]), [4.0, 2.0, 2.0, 2.0])
+  r = tables.ranks([NAN, 3.0, 2.0])
   assert np.isnan(r[0]) and r[1:].tolist() == [1.0, 2.0]
   # Average over the rows where the algorithm has a value.
   table = [[1.0, 2.0, 3.0], [3.0, 2.0, NAN], [2.0, 2.0, 1.0]]
-  np.testing.assert_allclose(report.average_ranks(table), [(3 + 1 + 1.5) / 3,
+  np.testing.assert_allclose(tables.average_ranks(table), [(3 + 1 + 1.5) / 3,
                                                            (2 + 2 + 1.5) / 3, (1 + 3) / 2])
 
 
@@ -81,21 +85,32 @@ def test_the_rule_reproduces_the_papers_table(cells, bold, under, avg_rank):
   means = np.array([[m for m, _ in row] for row in cells])
   stds = np.array([[s for _, s in row] for row in cells])
   for i in range(len(cells)):
-    b, u = report.mark_row(means[i], stds[i])
+    b, u = tables.mark_row(means[i], stds[i])
     assert np.flatnonzero(b).tolist() == [bold[i]], i
     assert np.flatnonzero(u).tolist() == under[i], i
-  np.testing.assert_allclose(report.average_ranks(means), avg_rank, rtol=1e-12)
+  np.testing.assert_allclose(tables.average_ranks(means), avg_rank, rtol=1e-12)
+
+
+@pytest.mark.parametrize("cells, metric", [(PAPER_FINAL, "final"), (PAPER_AULC, "aulc")])
+def test_paper_results_agree_with_this_files_transcription(cells, metric):
+  """Two transcriptions of Table 1 made independently (this file's, mombo_jax.paper_results')."""
+  tasks = [f"{e}-{q}" for q in ("random", "medium", "medium-replay", "medium-expert")
+           for e in ("halfcheetah", "hopper", "walker2d")]
+  for task, row in zip(tasks, cells):
+    for algo, cell in zip(("MOPO", "MOBILE", "MOMBO"), row):
+      assert paper_results.lookup(metric, task, algo) == pytest.approx(cell, rel=1e-12)
 
 
 # ---------------------------------------------------------------------- synthetic run folders
 
-def _write_run(path, env, algo, seeds, scores, target="lcb", diverged=()):
+def _write_run(path, env, algo, seeds, scores, target="lcb", diverged=(), **overrides):
   """A run workdir exactly as experiments.run leaves it: config.json (the config's fields plus
   the dataset), metrics.csv (one row per seed per evaluation) and summary.json, through the
   writers in mombo_jax.outputs. scores [T, S]."""
   os.makedirs(path, exist_ok=True)
   config = config_lib.make_config(env, algo, preset="tiny", target=target, seed=seeds[0],
-                                  num_seeds=len(seeds), epochs=len(scores), eval_every=1)
+                                  num_seeds=len(seeds), epochs=len(scores), eval_every=1,
+                                  **overrides)
   outputs.write_json(os.path.join(path, "config.json"),
                      dict(dataclasses.asdict(config), dataset=env))
   rows = [dict(epoch=t + 1, step=(t + 1) * config.steps_per_epoch, seed=int(s),
@@ -109,31 +124,32 @@ def _write_run(path, env, algo, seeds, scores, target="lcb", diverged=()):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  """Two hopper tasks x three algorithms (+ a MOMBO elite_spread column on one task), one group
-  split over two launches, one diverged seed, one unfinished run folder and one walker2d run.
-  Returns (root, {(dataset, label): healthy per-seed scores [T, S]})."""
+  """Two hopper tasks x three algorithms (MOMBO with the lcb target, + a MOMBO elite_spread column
+  on one task), one group split over two launches, one diverged seed, one unfinished run folder
+  and one walker2d run; 12 evaluations each (more than LAST_K). Returns (root, {(dataset, label):
+  healthy per-seed scores [T, S]}, the unfinished folder)."""
   root = tmp_path_factory.mktemp("runs")
   rng = np.random.default_rng(0)
   truth = {}
 
   def add(sub, env, algo, seeds, label, target="lcb", diverged=(), level=50.0):
-    scores = level + rng.normal(0, 5, (4, len(seeds))) + np.arange(4)[:, None] * 3
+    scores = level + rng.normal(0, 5, (12, len(seeds))) + np.arange(12)[:, None]
     _write_run(str(root / sub), env, algo, seeds, scores, target, diverged)
     keep = [i for i, s in enumerate(seeds) if s not in diverged]
     old = truth.get((env, label))
     truth[(env, label)] = scores[:, keep] if old is None else np.hstack([old, scores[:, keep]])
 
-  add("hopper-random/mombo/s0x2", "hopper-random", "mombo", [0, 1], "MOMBO", level=60)
-  add("hopper-random/mombo/s2x2", "hopper-random", "mombo", [2, 3], "MOMBO", level=60)
+  add("hopper-random/mombo/s0x2", "hopper-random", "mombo", [0, 1], "MOMBO (lcb)", level=60)
+  add("hopper-random/mombo/s2x2", "hopper-random", "mombo", [2, 3], "MOMBO (lcb)", level=60)
   add("hopper-random/mobile/s0x3", "hopper-random", "mobile", [0, 1, 2], "MOBILE", diverged=(1,),
       level=55)
   add("hopper-random/mopo/s0x2", "hopper-random", "mopo", [0, 1], "MOPO", level=30)
-  add("hopper-medium/mombo/s0x2", "hopper-medium", "mombo", [0, 1], "MOMBO", level=70)
+  add("hopper-medium/mombo/s0x2", "hopper-medium", "mombo", [0, 1], "MOMBO (lcb)", level=70)
   add("hopper-medium/mombo-es/s0x2", "hopper-medium", "mombo", [0, 1], "MOMBO (elite_spread)",
       target="elite_spread", level=72)
   add("hopper-medium/mobile/s0x2", "hopper-medium", "mobile", [0, 1], "MOBILE", level=71)
   add("hopper-medium/mopo/s0x2", "hopper-medium", "mopo", [0, 1], "MOPO", level=40)
-  add("walker2d-random/mombo/s0x2", "walker2d-random", "mombo", [0, 1], "MOMBO", level=20)
+  add("walker2d-random/mombo/s0x2", "walker2d-random", "mombo", [0, 1], "MOMBO (lcb)", level=20)
   # An unfinished run: config.json and metrics.csv, no summary.json yet.
   unfinished = root / "hopper-random" / "mopo" / "s9x1"
   _write_run(str(unfinished), "hopper-random", "mopo", [9], np.zeros((2, 1)))
@@ -154,9 +170,21 @@ def _md_block(text, name):
 
 
 def _number(cell):
-  """'**61.2 ± 3.4**' / '<u>61.2 ± 3.4</u>' / '61.2 ± 3.4' -> (61.2, 3.4, bold, underlined)."""
+  """'**61.2 ± 3.4** [58.1, 64.0]' / '<u>61.2 ± 3.4</u> [..]' / '61.2 ± 3.4' -> (61.2, 3.4, bold,
+  underlined, (58.1, 64.0) or None)."""
   m = re.search(r"(-?[\d.]+) ± (-?[\d.]+)", cell)
-  return float(m.group(1)), float(m.group(2)), cell.startswith("**"), cell.startswith("<u>")
+  ci = re.search(r"\[(-?[\d.]+), (-?[\d.]+)\]", cell)
+  return (float(m.group(1)), float(m.group(2)), cell.startswith("**"), cell.startswith("<u>"),
+          (float(ci.group(1)), float(ci.group(2))) if ci else None)
+
+
+# The table prints one decimal: numbers are checked to half a unit of it (plus float slack).
+HALF = 0.05 + 1e-9
+BLOCKS = {"Normalised score (final evaluation)": ("final", lambda s: s[-1]),
+          "Normalised score (mean of the last 10 evaluations)": ("last",
+                                                                 lambda s: s[-10:].mean(axis=0)),
+          "AULC": ("aulc", lambda s: s.mean(axis=0))}
+OURS = ["MOPO", "MOBILE", "MOMBO (lcb)", "MOMBO (elite_spread)"]
 
 
 @pytest.mark.slow
@@ -168,58 +196,107 @@ def test_report_numbers_match_a_direct_computation(runs, tmp_path):
   assert any(unfinished in w and "summary.json" in w for w in logged), logged
   assert len(result["runs"]) == 9
   text = (tmp_path / "report.md").read_text()
-  blocks = {"Normalised score (final)": lambda s: s[-1], "AULC": lambda s: s.mean(axis=0)}
-  for name, metric in blocks.items():
-    algos, cells = _md_block(text, name)
-    assert algos == ["MOPO", "MOBILE", "MOMBO", "MOMBO (elite_spread)"]
+  for name, (metric, fn) in BLOCKS.items():
+    columns, cells = _md_block(text, name)
+    # Our columns in the paper's order, each algorithm's followed by the paper's where the paper
+    # reports the metric (final, AULC; not the mean of the last 10).
+    assert [c for c in columns if not c.endswith("(paper)")] == OURS
+    if metric == "last":
+      assert columns == OURS
+    else:
+      assert columns == ["MOPO", "MOPO (paper)", "MOBILE", "MOBILE (paper)", "MOMBO (lcb)",
+                         "MOMBO (elite_spread)", "MOMBO (paper)"]
+    algos = OURS
+    ours = [columns.index(a) for a in algos]
     means = {}
     for (dataset, label), scores in truth.items():
-      per_seed = metric(scores)
+      per_seed = fn(scores)
       env, _, dtype = dataset.partition("-")
-      mean, std, _, _ = _number(cells[(dtype, env)][algos.index(label)])
-      # The table prints one decimal: the tolerance is half a unit of it (plus float slack).
-      assert abs(mean - per_seed.mean()) <= 0.05 + 1e-9, (name, dataset, label)
-      assert abs(std - per_seed.std()) <= 0.05 + 1e-9, (name, dataset, label)
+      mean, std, _, _, ci = _number(cells[(dtype, env)][columns.index(label)])
+      assert abs(mean - per_seed.mean()) <= HALF, (name, dataset, label)
+      assert abs(std - per_seed.std()) <= HALF, (name, dataset, label)
+      # The interval is the bootstrap's of these seeds, and holds the mean.
+      lo, hi = results.bootstrap_ci(per_seed)
+      assert ci[0] == pytest.approx(lo, abs=HALF) and ci[1] == pytest.approx(hi, abs=HALF)
+      assert lo <= per_seed.mean() <= hi
       means[(dataset, label)] = per_seed.mean()
-    # Bold / underline / ranks as the rule gives them on the true numbers.
+    # Bold / underline / ranks as the rule gives them on the true numbers, our columns only.
     for dataset in ("hopper-random", "hopper-medium"):
       m = np.array([means.get((dataset, a), NAN) for a in algos])
-      s = np.array([metric(truth[(dataset, a)]).std() if (dataset, a) in truth else NAN
+      s = np.array([fn(truth[(dataset, a)]).std() if (dataset, a) in truth else NAN
                     for a in algos])
-      bold, under = report.mark_row(m, s)
-      row = cells[(dataset.partition("-")[2], "hopper")]
+      bold, under = tables.mark_row(m, s)
+      row = [cells[(dataset.partition("-")[2], "hopper")][j] for j in ours]
       for j, cell in enumerate(row):
         if np.isnan(m[j]):
           assert cell == report.MISSING
         else:
-          assert _number(cell)[2:] == (bool(bold[j]), bool(under[j])), (dataset, algos[j])
-    # Average score over all three tasks. Only MOMBO ran on every task (walker2d-random has MOMBO
-    # alone, hopper-medium has MOMBO (elite_spread) besides): the other averages are marked * and
-    # may not take the bold from a column that covers every task.
+          assert _number(cell)[2:4] == (bool(bold[j]), bool(under[j])), (dataset, algos[j])
+    # The paper's columns: its numbers, never bold or underlined; the dagger of its footnote.
+    for j, c in enumerate(columns):
+      if c.endswith("(paper)"):
+        base = c.split()[0]
+        for (dtype, env), row in cells.items():
+          if env in ("hopper", "walker2d"):
+            want = paper_results.lookup(metric, f"{env}-{dtype}", base)
+            assert row[j] == f"{want[0]:.1f} ± {want[1]:.1f}" + (
+                " †" if (metric, base, dtype, env) == ("final", "MOMBO", "random", "hopper")
+                else "")
+    # Average score over all three tasks. Only MOMBO (lcb) ran on every task (walker2d-random has
+    # it alone, hopper-medium has MOMBO (elite_spread) besides): the other averages are marked *
+    # and may not take the bold from a column that covers every task.
     avg = cells[("**Average score**", "")]
-    for j, a in enumerate(algos):
-      vals = [means[(d, a)] for d in ("hopper-random", "hopper-medium", "walker2d-random")
-              if (d, a) in means]
-      assert float(avg[j].strip("*\\")) == pytest.approx(np.mean(vals), abs=0.05 + 1e-9)
-    assert ["\\*" in c for c in avg] == [True, True, False, True]
-    assert [c.startswith("**") for c in avg] == [False, False, True, False]
-    # The hopper-random type average (MOPO, MOBILE, MOMBO there; MOMBO (elite_spread) not) and
-    # the average rank, recomputed: ranks per task among the algorithms present.
     tasks = ("hopper-random", "hopper-medium", "walker2d-random")
+    for j, a in zip(ours, algos):
+      vals = [means[(d, a)] for d in tasks if (d, a) in means]
+      assert float(avg[j].strip("*\\")) == pytest.approx(np.mean(vals), abs=HALF)
+    assert ["\\*" in avg[j] for j in ours] == [True, True, False, True]
+    assert [c.startswith("**") for c in avg] == [c == "MOMBO (lcb)" for c in columns]
+    # The paper's averages are over the tasks where we ran its algorithm (MOPO and MOBILE: not
+    # walker2d-random), so that they read against ours; unranked.
+    for j, c in enumerate(columns):
+      if c.endswith("(paper)"):
+        base = c.split()[0]
+        ran = [d for d in tasks if any((d, a) in means for a in algos if a.startswith(base))]
+        want = np.mean([paper_results.lookup(metric, d, base)[0] for d in ran])
+        assert float(avg[j].strip("*\\")) == pytest.approx(want, abs=HALF)
+        assert ("\\*" in avg[j]) == (len(ran) < len(tasks)) and not avg[j].startswith("**")
+        assert cells[("**Average rank**", "")][j] == report.MISSING
+    # The average rank, recomputed: ranks per task among the algorithms present.
     table = np.array([[means.get((d, a), NAN) for a in algos] for d in tasks])
-    want = report.average_ranks(table)
-    got = [float(c.strip("*\\")) for c in cells[("**Average rank**", "")]]
-    np.testing.assert_allclose(got, want, atol=0.05 + 1e-9)
-    np.testing.assert_allclose(want, [np.mean([report.ranks(r)[j] for r in table
+    want = tables.average_ranks(table)
+    got = [float(cells[("**Average rank**", "")][j].strip("*\\")) for j in ours]
+    np.testing.assert_allclose(got, want, atol=HALF)
+    np.testing.assert_allclose(want, [np.mean([tables.ranks(r)[j] for r in table
                                                if not np.isnan(r[j])]) for j in range(4)])
-  # The pooled MOMBO hopper-random group holds seeds 0-3 of two launches; MOBILE lost seed 1.
+  # The footnote says which MOMBO the paper's is.
+  assert "MOMBO (paper)* is the paper's MOMBO" in text and "`elite_spread`" in text
+  assert "† MOMBO on hopper-random: high std from one failed repetition" in text
+  # The pooled MOMBO (lcb) hopper-random group holds seeds 0-3 of two launches; MOBILE lost seed 1.
   groups = result["groups"]
-  assert sorted(groups[("hopper", "hopper-random", "MOMBO")].seeds) == [0, 1, 2, 3]
+  assert sorted(groups[("hopper", "hopper-random", "MOMBO (lcb)")].seeds) == [0, 1, 2, 3]
   assert groups[("hopper", "hopper-random", "MOBILE")].seeds == [0, 2]
+  beta = groups[("hopper", "hopper-random", "MOMBO (lcb)")].beta
+  assert f"| hopper-random | MOMBO (lcb) | {beta:g} | 4 (0, 1, 2, 3) | 12 |" in text.split(
+      "## Runs")[1]
   for env in ("hopper", "walker2d"):
     assert (tmp_path / f"curves_{env}.png").stat().st_size > 10_000
   tex = (tmp_path / "report.tex").read_text()
-  assert tex.count(r"\bf ") >= 4 and r"\begin{tabular}" in tex and "Average Ranking" in tex
+  assert tex.count(r"\bf ") >= 4 and tex.count(r"\begin{tabular}") == 3
+  assert "Average Ranking" in tex and r"\texttt{MOMBO (paper)}" in tex
+  assert r"\texttt{MOMBO (elite\_spread)}" in tex and r"$25.4 \sd{\pm 10.2}{}^{\dagger}$" in tex
+  assert r"\texttt{elite\_spread}" in tex   # the footnote
+  # report.csv: every printed number, ours with its interval, the paper's with its table.
+  with open(tmp_path / "report.csv") as f:
+    rows = list(csv.DictReader(f))
+  got = {(r["dataset"], r["column"], r["metric"]): r for r in rows}
+  r = got[("hopper-random", "MOMBO (lcb)", "last")]
+  per_seed = truth[("hopper-random", "MOMBO (lcb)")][-10:].mean(axis=0)
+  assert float(r["mean"]) == pytest.approx(per_seed.mean(), rel=1e-9)
+  assert float(r["ci_low"]) <= float(r["mean"]) <= float(r["ci_high"]) and r["source"] == "ours"
+  r = got[("hopper-medium", "MOBILE (paper)", "aulc")]
+  assert (float(r["mean"]), float(r["std"])) == (82.2, 7.3) and r["source"].startswith("Table 1")
+  assert ("hopper-medium", "MOBILE (paper)", "last") not in got
 
 
 @pytest.mark.slow
@@ -248,3 +325,173 @@ def test_missing_folder_and_no_runs_are_clear_errors(tmp_path):
     report.write_report([str(tmp_path)], log=logged.append)
   assert logged == [f"warning: skipping {tmp_path / 'half'}: missing metrics.csv, summary.json "
                     "(unfinished run?)"]
+
+
+# ----------------------------------------------------------------------- statistics and labels
+
+def test_bootstrap_interval():
+  # One seed (or identical seeds): the point itself; none: no interval.
+  assert results.bootstrap_ci([42.0]) == (42.0, 42.0)
+  assert results.bootstrap_ci([3.0, 3.0, 3.0]) == (3.0, 3.0)
+  assert results.bootstrap_ci([]) == (None, None)
+  x = np.array([10.0, 12.0, 30.0, 31.0])
+  lo, hi = results.bootstrap_ci(x)
+  # Fixed RNG seed: the same seeds always give the same interval; it holds the mean and cannot
+  # leave the seeds' range.
+  assert results.bootstrap_ci(x) == (lo, hi)
+  assert x.min() <= lo < x.mean() < hi <= x.max()
+  # The percentile interval of the resampled means, recomputed from the same resamples.
+  rng = np.random.default_rng(results.BOOTSTRAP_SEED)
+  means = x[rng.integers(0, 4, (results.N_BOOTSTRAP, 4))].mean(axis=1)
+  np.testing.assert_allclose([lo, hi], np.quantile(means, [0.025, 0.975]), rtol=1e-12)
+  # Many seeds: close to the normal interval mean +- 1.96 sd / sqrt(n).
+  y = np.random.default_rng(3).normal(5.0, 2.0, 400)
+  lo, hi = results.bootstrap_ci(y)
+  half = 1.96 * y.std() / np.sqrt(len(y))
+  assert lo == pytest.approx(y.mean() - half, abs=0.1 * half)
+  assert hi == pytest.approx(y.mean() + half, abs=0.1 * half)
+
+
+def test_labels_name_mombos_target():
+  assert results.algo_label({"algo": "mopo", "target": "lcb"}) == "MOPO"
+  assert results.algo_label({"algo": "mobile"}) == "MOBILE"
+  for target in ("lcb", "elite_spread", "mixture"):
+    assert results.algo_label({"algo": "mombo", "target": target}) == f"MOMBO ({target})"
+  assert results.algo_label({"algo": "mombo"}) == "MOMBO (target?)"
+  assert results.base_algo("MOMBO (elite_spread, β=3)") == "MOMBO"
+  labels = ["MOMBO (mixture)", "MOBILE (β=5)", "MOMBO (elite_spread, β=3)", "MOPO",
+            "MOMBO (elite_spread, β=0.5)", "MOBILE (β=1.5)", "MOMBO (lcb)"]
+  assert sorted(labels, key=results.label_key) == [
+      "MOPO", "MOBILE (β=1.5)", "MOBILE (β=5)", "MOMBO (lcb)", "MOMBO (elite_spread, β=0.5)",
+      "MOMBO (elite_spread, β=3)", "MOMBO (mixture)"]
+
+
+def test_paper_dataset_names():
+  assert results.paper_dataset("hopper-medium-replay") == "hopper-medium-replay"
+  assert results.paper_dataset("d4rl/hopper/medium-replay-v2") == "hopper-medium-replay"
+  assert results.paper_dataset("mombo/walker2d/random-expert-5pct-v0") == \
+      "walker2d-random-expert-5pct"
+  assert results.paper_dataset("mujoco/hopper/expert-v0") is None
+
+
+def _run(dataset, algo, seeds, level, beta=1.0, steps=12):
+  """A Run as load_run returns it: scores [T, S] rising by 0.5 per evaluation to `level` + seed."""
+  scores = (level + 0.5 * (np.arange(steps) - (steps - 1))[:, None]
+            + np.asarray(seeds, float)[None, :])
+  env = dataset.split("/")[1] if "/" in dataset else dataset.split("-")[0]
+  return results.Run(path=f"runs/{dataset}/{algo}/{beta}/{seeds[0]}", env=env, dataset=dataset,
+                    algo=algo, seeds=list(seeds), final=scores[-1], aulc=scores.mean(axis=0),
+                    steps=np.arange(1, steps + 1) * 1000, scores=scores,
+                    last=scores[-results.LAST_K:].mean(axis=0), beta=beta)
+
+
+def test_targets_and_betas_are_never_pooled():
+  runs = [_run("hopper-random", "MOMBO (lcb)", [0, 1], 20.0, beta=4.5),
+          _run("hopper-random", "MOMBO (elite_spread)", [0, 1], 30.0, beta=4.5),
+          _run("hopper-random", "MOMBO (elite_spread)", [2, 3], 32.0, beta=4.5),
+          _run("hopper-random", "MOBILE", [0, 1], 40.0, beta=5.0),
+          _run("hopper-random", "MOBILE", [0, 1], 50.0, beta=1.5),
+          # Another dataset with its own beta: per-task betas differ by design, no beta label.
+          _run("hopper-medium", "MOBILE", [0, 1], 60.0, beta=1.5)]
+  groups, warnings = results.group_runs(runs)
+  assert sorted(groups) == sorted(
+      [("hopper", "hopper-random", a) for a in ("MOMBO (lcb)", "MOMBO (elite_spread)",
+                                                "MOBILE (β=5)", "MOBILE (β=1.5)")]
+      + [("hopper", "hopper-medium", "MOBILE")])
+  es = groups[("hopper", "hopper-random", "MOMBO (elite_spread)")]
+  assert es.seeds == [0, 1, 2, 3] and es.beta == 4.5       # same target and beta: pooled
+  assert groups[("hopper", "hopper-random", "MOBILE (β=1.5)")].stat("final")[0] == \
+      pytest.approx(50.5)
+  assert warnings == []
+  # Different betas of one MOMBO target: both named.
+  groups, _ = results.group_runs([_run("hopper-random", "MOMBO (elite_spread)", [0], 1.0, beta=3),
+                                 _run("hopper-random", "MOMBO (elite_spread)", [0], 2.0, beta=1)])
+  assert {k[2] for k in groups} == {"MOMBO (elite_spread, β=3)", "MOMBO (elite_spread, β=1)"}
+
+
+def test_last_k_is_the_mean_of_the_last_evaluations():
+  r = _run("hopper-random", "MOPO", [0, 1], 10.0, steps=25)
+  groups, _ = results.group_runs([r])
+  np.testing.assert_allclose(groups[("hopper", "hopper-random", "MOPO")].values("last"),
+                             r.scores[-10:].mean(axis=0), rtol=1e-12)
+  # A short run: the mean of all its evaluations, and a warning says so.
+  groups, warnings = results.group_runs([_run("hopper-random", "MOPO", [0], 10.0, steps=4)])
+  assert len(warnings) == 1 and "only 4 evaluations" in warnings[0]
+  g = groups[("hopper", "hopper-random", "MOPO")]
+  assert g.stat("last")[0] == pytest.approx(g.stat("aulc")[0])
+
+
+def test_paper_columns_beside_ours():
+  runs = [_run("hopper-random", "MOPO", [0, 1, 2, 3], 30.0),
+          _run("hopper-random", "MOMBO (lcb)", [0, 1, 2, 3], 20.0),
+          _run("hopper-random", "MOMBO (elite_spread)", [0, 1, 2, 3], 28.0),
+          _run("hopper-expert", "MOMBO (elite_spread)", [0], 90.0)]
+  groups, _ = results.group_runs(runs)
+  table = tables.build_table(groups, paper=True)
+  final, last, aulc = table.blocks
+  assert final.columns == ["MOPO", "MOPO (paper)", "MOMBO (lcb)", "MOMBO (elite_spread)",
+                           "MOMBO (paper)"]
+  assert last.columns == table.algos == ["MOPO", "MOMBO (lcb)", "MOMBO (elite_spread)"]
+  assert aulc.columns == final.columns
+  i = table.rows.index(("random", "hopper", "hopper-random"))
+  e = table.rows.index(("expert", "hopper", "hopper-expert"))
+  assert (final.mean[i, 1], final.std[i, 1]) == (31.7, 0.1)
+  assert (final.mean[i, 4], final.std[i, 4]) == (25.4, 10.2) and (i, 4) in final.notes
+  assert (aulc.mean[i, 4], aulc.std[i, 4]) == (17.3, 1.3)
+  assert np.isnan(final.mean[e, 4]) and not np.isnan(final.mean[e, 3])   # no paper expert
+  # Our columns only compete: MOPO's 30 beats MOMBO's 28 although the paper's 31.7 is higher.
+  assert final.bold[i].tolist() == [True, False, False, False, False]
+  assert np.isnan(final.avg_rank[[1, 4]]).all() and not np.isnan(final.avg_rank[0])
+  text = report.render_markdown(table, groups=groups)
+  assert "| expert | hopper | – | – | – | **90.0 ± 0.0** [90.0, 90.0] | – |" in text
+  assert "MOMBO (paper)* is the paper's MOMBO" in text
+  tex = report.render_latex(table)
+  assert tex.count(r"\begin{tabular}") == 3 and r"$31.7 \sd{\pm 0.1}$" in tex
+  # D4RL's own files, imported (d4rl/<env>/<quality>-v2), are the paper's very data.
+  groups, _ = results.group_runs([_run("d4rl/hopper/medium-replay-v2", "MOMBO (elite_spread)",
+                                      [0, 1], 100.0)])
+  final = tables.build_table(groups, paper=True).blocks[0]
+  assert final.columns[-1] == "MOMBO (paper)" and final.mean[0, -1] == 104.8
+  # Without paper=True (experiments.uncertainty's tables) nothing of the paper appears.
+  plain = tables.build_table(groups)
+  assert all(b.columns == plain.algos for b in plain.blocks)
+  assert "(paper)" not in report.render_markdown(plain)
+
+
+class _Seeds:
+  """A group as experiments.uncertainty passes it: stat() only, no interval."""
+
+  def __init__(self, x):
+    self.x = np.asarray(x, float)
+
+  def stat(self, what):
+    return float(self.x.mean()), float(self.x.std())
+
+
+def test_tables_of_other_metrics_still_render():
+  groups = {("hopper", "hopper-random", "MOBILE"): _Seeds([0.8, 0.9]),
+            ("hopper", "hopper-random", "MOMBO (elite_spread)"): _Seeds([0.6, 0.62])}
+  table = tables.build_table(groups, metrics=(("accuracy", "Accuracy"),), digits=2, paper=True)
+  text = report.render_markdown(table, title="Uncertainty quantifiers")
+  # The paper's Table 2 beside ours, no interval where none is known.
+  assert "| random | hopper | **0.85 ± 0.05** | 0.85 ± 0.03 | 0.61 ± 0.01 | 0.61 ± 0.07 |" in text
+  assert "bootstrap" not in text.split("##")[0]
+
+
+def test_overestimated_seeds_are_listed(tmp_path):
+  """summary.json's per-seed 'overestimated' flags (critics' mean Q above the return bound) reach
+  the Runs table and a warning; a run that did not record them shows –."""
+  flagged, plain = tmp_path / "flagged", tmp_path / "plain"
+  _write_run(str(flagged), "hopper-random", "mopo", [0, 1, 2], np.full((3, 3), 10.0),
+             diverged=(2,))
+  summary = json.loads((flagged / "summary.json").read_text())
+  summary["overestimated"] = [False, True, True]   # seed 2 diverged: left out with its scores
+  outputs.write_json(str(flagged / "summary.json"), summary)
+  _write_run(str(plain), "hopper-medium", "mopo", [0], np.full((3, 1), 10.0))
+  logged = []
+  report.write_report([str(tmp_path)], str(tmp_path / "out"), log=logged.append)
+  assert results.load_run(str(flagged)).overestimated == [1]
+  text = (tmp_path / "out" / "report.md").read_text().split("## Runs")[1]
+  assert re.search(r"\| hopper-random \| MOPO \| [\d.]+ \| 2 \(0, 1\) \| 3 \| \d+ \| 1 \|", text)
+  assert re.search(r"\| hopper-medium \| MOPO \| [\d.]+ \| 1 \(0\) \| 3 \| \d+ \| – \|", text)
+  assert any("seed(s) 1 passed the return bound" in w and str(flagged) in w for w in logged)

@@ -106,7 +106,8 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
                                num_seeds=seeds, **overrides)
       except (ValueError, TypeError) as e:
         raise UserError(f"{env} / {algo}: {e}") from None
-      label = algo + (f"-{budget.get('target', 'lcb')}" if algo == "mombo" else "")
+      target = budget.get("target", config_lib.Config.target)
+      label = algo + (f"-{target}" if algo == "mombo" else "")
       workdir = os.path.join(out, env, label, f"s{seed}x{seeds}")
       dynamics_dir = os.path.join(out, env, "dynamics")
       command = [python, "-m", "experiments.run", f"--env={env}", f"--algo={algo}",

@@ -22,7 +22,10 @@ class Config:
   # What runs.
   env: str = "hopper-random"          # short dataset name, e.g. walker2d-medium-replay
   algo: str = "mombo"                 # mombo | mobile | mopo
-  target: str = "lcb"                 # MOMBO target mode: lcb | elite_spread | mixture
+  # MOMBO's target. elite_spread (default): the released code (adinlab/MOMBO policies/mombo.py),
+  # which produced the paper's numbers and for which the per-task betas were tuned; lcb: the
+  # paper's written eq. (1); mixture: both uncertainties by the law of total variance (targets.py).
+  target: str = "elite_spread"
   seed: int = 0                       # first seed; seeds are seed .. seed + num_seeds - 1
   num_seeds: int = 1
 
@@ -43,12 +46,17 @@ class Config:
   target_entropy: Optional[float] = None   # None -> -dim(A)
   log_std_min: float = -5.0
   log_std_max: float = 2.0
-  actor_cosine_schedule: bool = True  # cosine-anneal the actor lr to 0 over all gradient steps
+  # Cosine-anneal the actor lr to 0 over schedule_epochs (references: CosineAnnealingLR(actor_optim,
+  # args.epoch) in adinlab/MOMBO train.py; stepped per epoch there, per gradient step here).
+  actor_cosine_schedule: bool = True
   deterministic_backup: bool = True   # no entropy term in the target (MOMBO, MOBILE); MOPO: False
   clip_target_min: Optional[float] = 0.0   # reference code clamps targets at >= 0; None disables
 
   # Offline loop.
-  epochs: int = 3000
+  epochs: int = 3000                  # when the run stops
+  # What the actor's cosine schedule spans, apart from the stop: the paper preset fixes it to the
+  # paper's 3000 epochs, so `--epochs=300` trains the first tenth of the paper's run. None: --epochs.
+  schedule_epochs: Optional[int] = None
   steps_per_epoch: int = 1000
   real_ratio: float = 0.05
   rollout_batch_size: int = 50_000
@@ -90,6 +98,11 @@ class Config:
   def env_name(self) -> str:
     """The environment part of the dataset name: halfcheetah | hopper | walker2d."""
     return parse_name(self.env)[0]
+
+  @property
+  def schedule_steps(self) -> int:
+    """Gradient steps the actor's cosine schedule spans."""
+    return (self.schedule_epochs or self.epochs) * self.steps_per_epoch
 
   @property
   def synthetic_capacity(self) -> int:
@@ -163,6 +176,14 @@ def _validate(c: "Config"):
     raise ValueError(f"rollout_obs_limit must be > 0 or None, got {c.rollout_obs_limit}.")
   if c.alpha_max is not None and c.alpha_max <= 0:
     raise ValueError(f"alpha_max must be > 0 or None, got {c.alpha_max}.")
+  if c.schedule_epochs is not None:
+    if not is_int(c.schedule_epochs) or c.schedule_epochs < 1:
+      raise ValueError(f"schedule_epochs must be a positive integer or None, got "
+                       f"{c.schedule_epochs!r}.")
+    if c.actor_cosine_schedule and c.epochs > c.schedule_epochs:
+      raise ValueError(f"epochs ({c.epochs}) > schedule_epochs ({c.schedule_epochs}): the actor's "
+                       "learning rate would be 0 after epoch schedule_epochs. Pass "
+                       f"--schedule_epochs >= {c.epochs} (or 0 to span --epochs).")
   if c.dyn_max_epochs is not None and (not is_int(c.dyn_max_epochs) or c.dyn_max_epochs < 1):
     raise ValueError(f"dyn_max_epochs must be a positive integer or None, got {c.dyn_max_epochs!r}.")
   for name in ("actor_hidden", "critic_hidden", "dyn_hidden"):
@@ -182,26 +203,93 @@ def _validate(c: "Config"):
                      f"({len(c.dyn_hidden) + 1}), got {len(c.dyn_weight_decay)}.")
 
 
-# (k, MOMBO beta, MOBILE beta, MOPO lambda, extra overrides). SPEC.md section 6.
-# MOPO lambda for hopper-random and walker2d-random is not published: 1.0 is a placeholder
-# (halfcheetah-random's 0.5 is OfflineRL-Kit's).
-_D4RL_TABLE = {
-    "halfcheetah-random": (5, 0.5, 0.5, 0.5, {}),
-    "halfcheetah-medium": (5, 0.75, 0.5, 0.5, {}),
-    "halfcheetah-medium-replay": (5, 0.2, 0.1, 0.5, {}),
-    "halfcheetah-medium-expert": (5, 1.0, 1.0, 2.5, {"real_ratio": 0.5}),
-    "hopper-random": (5, 4.5, 5.0, 1.0, {}),
-    "hopper-medium": (5, 3.0, 1.5, 5.0, {"auto_alpha": False, "alpha": 0.2}),
-    "hopper-medium-replay": (5, 0.15, 0.1, 2.5, {"auto_alpha": False, "alpha": 0.2}),
-    "hopper-medium-expert": (5, 1.5, 1.5, 5.0, {}),
-    "walker2d-random": (5, 2.5, 2.0, 1.0, {}),
-    "walker2d-medium": (5, 0.75, 0.5, 0.5, {"dyn_max_epochs": 30}),
-    "walker2d-medium-replay": (1, 0.5, 0.5, 2.5, {}),
-    "walker2d-medium-expert": (1, 1.5, 1.5, 2.5, {}),
+# Per-algorithm, per-task settings: each algorithm runs as its own reference runs it, and no
+# algorithm inherits another's extras (SPEC.md section 4). Keys are Config fields; everything not
+# listed keeps the Config default (which matches the three references' shared defaults:
+# adinlab/MOMBO configs/gym/default.py, yihaosun1124/mobile configs/gym/default.py and OfflineRL-Kit
+# run_example/run_mopo.py's argparse defaults agree on lr, networks, gamma, tau, batch, 3000 x 1000
+# steps, 50k rollouts, 5 retained epochs, real ratio 0.05, 7/5 members/elites).
+# `beta` is MOMBO's / MOBILE's penalty_coef, MOPO's lambda ("penalty_coef" / "penalty-coef").
+# Where a reference fixes alpha (auto_alpha False) it uses its default alpha 0.2.
+
+# MOMBO: the released code, adinlab/MOMBO configs/gym/<task>.py (the file of each task named
+# beside it). These are the settings that produced the paper's Table 1 (SPEC.md section 6).
+MOMBO_TASKS = {
+    "halfcheetah-random": dict(rollout_length=5, beta=0.5),    # halfcheetah_random.py
+    "halfcheetah-medium": dict(rollout_length=5, beta=0.75),   # halfcheetah_medium.py
+    "halfcheetah-medium-replay": dict(rollout_length=5, beta=0.2),  # halfcheetah_medium_replay.py
+    "halfcheetah-medium-expert": dict(rollout_length=5, beta=1.0,   # halfcheetah_medium_expert.py
+                                      real_ratio=0.5),
+    "hopper-random": dict(rollout_length=5, beta=4.5),         # hopper_random.py
+    "hopper-medium": dict(rollout_length=5, beta=3.0,          # hopper_medium.py
+                          auto_alpha=False, alpha=0.2),
+    "hopper-medium-replay": dict(rollout_length=5, beta=0.15,  # hopper_medium_replay.py
+                                 auto_alpha=False, alpha=0.2),
+    "hopper-medium-expert": dict(rollout_length=5, beta=1.5),  # hopper_medium_expert.py
+    "walker2d-random": dict(rollout_length=5, beta=2.5),       # walker2d_random.py
+    "walker2d-medium": dict(rollout_length=5, beta=0.75,       # walker2d_medium.py
+                            dyn_max_epochs=30),
+    "walker2d-medium-replay": dict(rollout_length=1, beta=0.5),     # walker2d_medium_replay.py
+    "walker2d-medium-expert": dict(rollout_length=1, beta=1.5),     # walker2d_medium_expert.py
 }
-# The expert tasks are not in the paper's tables; they reuse medium-expert's settings.
-for _env in ENVS:
-  _D4RL_TABLE[f"{_env}-expert"] = _D4RL_TABLE[f"{_env}-medium-expert"]
+
+# MOBILE: the MOBILE authors' code, yihaosun1124/mobile configs/gym/<task>.py. Its extras (fixed
+# alpha on hopper-medium / -medium-replay, walker2d-medium's 30 dynamics epochs,
+# halfcheetah-medium-expert's real ratio 0.5) are MOBILE's own; MOMBO's code copied them.
+MOBILE_TASKS = {
+    "halfcheetah-random": dict(rollout_length=5, beta=0.5),    # halfcheetah_random.py
+    "halfcheetah-medium": dict(rollout_length=5, beta=0.5),    # halfcheetah_medium.py
+    "halfcheetah-medium-replay": dict(rollout_length=5, beta=0.1),  # halfcheetah_medium_replay.py
+    "halfcheetah-medium-expert": dict(rollout_length=5, beta=1.0,   # halfcheetah_medium_expert.py
+                                      real_ratio=0.5),
+    "hopper-random": dict(rollout_length=5, beta=5.0),         # hopper_random.py
+    "hopper-medium": dict(rollout_length=5, beta=1.5,          # hopper_medium.py
+                          auto_alpha=False, alpha=0.2),
+    "hopper-medium-replay": dict(rollout_length=5, beta=0.1,   # hopper_medium_replay.py
+                                 auto_alpha=False, alpha=0.2),
+    "hopper-medium-expert": dict(rollout_length=5, beta=1.5),  # hopper_medium_expert.py
+    "walker2d-random": dict(rollout_length=5, beta=2.0),       # walker2d_random.py
+    "walker2d-medium": dict(rollout_length=5, beta=0.5,        # walker2d_medium.py
+                            dyn_max_epochs=30),
+    "walker2d-medium-replay": dict(rollout_length=1, beta=0.5),     # walker2d_medium_replay.py
+    "walker2d-medium-expert": dict(rollout_length=1, beta=1.5),     # walker2d_medium_expert.py
+}
+
+# MOPO: OfflineRL-Kit, run_example/run_mopo.py ("suggested hypers" for the -v2 datasets): learned
+# alpha (--auto-alpha True) for every task, real ratio 0.05 everywhere, no dynamics epoch cap
+# (dynamics.train(..., max_epochs_since_update=5)), soft backup, no target clamp (SACPolicy).
+# OfflineRL-Kit suggests nothing for the random datasets: those come from the MOPO authors' code,
+# tianheyu927/mopo examples/config/d4rl/<env>_random.py (D4RL -v0; rollout_length, penalty_coeff).
+MOPO_TASKS = {
+    "halfcheetah-random": dict(rollout_length=5, beta=0.5),    # tianheyu927/mopo halfcheetah_random.py
+    "halfcheetah-medium": dict(rollout_length=5, beta=0.5),    # run_mopo.py
+    "halfcheetah-medium-replay": dict(rollout_length=5, beta=0.5),  # run_mopo.py
+    "halfcheetah-medium-expert": dict(rollout_length=5, beta=2.5),  # run_mopo.py
+    "hopper-random": dict(rollout_length=5, beta=1.0),         # tianheyu927/mopo hopper_random.py
+    "hopper-medium": dict(rollout_length=5, beta=5.0),         # run_mopo.py
+    "hopper-medium-replay": dict(rollout_length=5, beta=2.5),  # run_mopo.py
+    "hopper-medium-expert": dict(rollout_length=5, beta=5.0),  # run_mopo.py
+    "walker2d-random": dict(rollout_length=1, beta=1.0),       # tianheyu927/mopo walker2d_random.py
+    "walker2d-medium": dict(rollout_length=5, beta=0.5),       # run_mopo.py
+    "walker2d-medium-replay": dict(rollout_length=1, beta=2.5),     # run_mopo.py
+    "walker2d-medium-expert": dict(rollout_length=1, beta=2.5),     # run_mopo.py
+}
+
+TASKS = {"mombo": MOMBO_TASKS, "mobile": MOBILE_TASKS, "mopo": MOPO_TASKS}
+# The expert datasets are in none of the references' tables: each algorithm reuses its own
+# medium-expert settings.
+for _table in TASKS.values():
+  for _env in ENVS:
+    _table[f"{_env}-expert"] = _table[f"{_env}-medium-expert"]
+
+# Per-algorithm settings for every task (the reference's own code path).
+ALGO_SETTINGS = {
+    "mombo": {},
+    "mobile": {},
+    # MOPO is plain SAC on the penalised reward: soft backup, no target clamp (OfflineRL-Kit
+    # offlinerlkit/policy/model_free/sac.py).
+    "mopo": dict(deterministic_backup=False, clip_target_min=None),
+}
 
 # Mixed datasets (paper appendix): one setting for all.
 _MIXED = dict(rollout_length=5, critic_hidden=(256, 256, 256), actor_hidden=(1024,) * 5,
@@ -223,7 +311,7 @@ PRESETS = {
 
 def valid_names() -> list:
   """All short dataset names the config knows."""
-  names = sorted(_D4RL_TABLE)
+  names = sorted(MOMBO_TASKS)
   for env in ENVS:
     for partner in MIXED_PARTNERS:
       names += [f"{env}-random-{partner}-{p}pct" for p in MIXED_PERCENTS]
@@ -240,18 +328,12 @@ def parse_name(name: str) -> tuple:
 
 
 def task_overrides(env: str, algo: str) -> dict:
-  """The paper's per-task settings for `env` (a short name) and `algo`."""
-  _, quality = parse_name(env)
-  if env in _D4RL_TABLE:
-    k, mombo_beta, mobile_beta, mopo_lambda, extra = _D4RL_TABLE[env]
-    beta = {"mombo": mombo_beta, "mobile": mobile_beta, "mopo": mopo_lambda}[algo]
-    out = dict(rollout_length=k, beta=beta, **extra)
-  else:  # mixed
-    out = dict(_MIXED, beta=_MIXED_BETA)
-  if algo == "mopo":
-    # MOPO is plain SAC on the penalised reward: soft backup, no target clamp.
-    out["deterministic_backup"] = False
-    out["clip_target_min"] = None
+  """The reference settings of `algo` on `env` (a short name): TASKS[algo][env] (the mixed
+  datasets: the paper's one setting), then ALGO_SETTINGS[algo]."""
+  parse_name(env)
+  table = TASKS[algo]
+  out = dict(table[env]) if env in table else dict(_MIXED, beta=_MIXED_BETA)
+  out.update(ALGO_SETTINGS[algo])
   return out
 
 
@@ -268,6 +350,10 @@ def make_config(env: str = "hopper-random", algo: str = "mombo", preset: str = "
     raise ValueError(f"Unknown config field(s) {unknown}; valid fields: {sorted(fields)}.")
   values = dict(env=env, algo=algo)
   values.update(task_overrides(env, algo))
+  if preset == "paper":
+    # The actor's cosine schedule spans the paper's run whatever --epochs says, so a shorter run
+    # is the prefix of the paper's (3000 epochs; the mixed datasets' 2000).
+    values["schedule_epochs"] = values.get("epochs", Config.epochs)
   values.update(PRESETS[preset])
   values.update(overrides)
   return Config(**values)

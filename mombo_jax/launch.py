@@ -170,18 +170,23 @@ def check_workdir_config(workdir, config, dataset, allow_epochs_change=False):
                     "Pass another --workdir, or delete that folder to start over.")
   notes, history = [], list(old.get("epochs_changes", []))
   if old.get("epochs") != new["epochs"]:
+    # With a fixed schedule_epochs the schedule does not move: the run stays a prefix of the
+    # schedule_epochs-epoch run. Without one it spans --epochs and is re-spanned.
+    fixed = new.get("schedule_epochs") is not None
+    how = (f"unchanged: it spans schedule_epochs={new['schedule_epochs']} epochs whatever --epochs "
+           "says" if fixed else "re-spanned over the new total from the current step on")
     if not allow_epochs_change:
       raise UserError(f"{workdir} holds a run of --epochs={old.get('epochs')}, not "
                       f"{new['epochs']}. Pass --allow_epochs_change to continue it to "
                       f"{new['epochs']} epochs (the actor's cosine learning-rate schedule is then "
-                      "re-spanned over the new total from the current step on), or another "
-                      "--workdir.")
+                      f"{how}), or another --workdir.")
     history.append({"from": old.get("epochs"), "to": new["epochs"],
-                    "actor_lr_schedule": "re-spanned: the cosine continues from the current "
-                                         "step over the new total number of steps"})
+                    "actor_lr_schedule": ("unchanged: spans schedule_epochs" if fixed else
+                                          "re-spanned: the cosine continues from the current "
+                                          "step over the new total number of steps")})
     notes.append(f"--epochs changed {old.get('epochs')} -> {new['epochs']} "
-                 "(--allow_epochs_change): the actor's cosine schedule is re-spanned over the new "
-                 "total from the current step on; recorded in config.json.")
+                 f"(--allow_epochs_change): the actor's cosine schedule is {how}; recorded in "
+                 "config.json.")
   for k in _HARMLESS:
     if old.get(k) != new[k]:
       notes.append(f"--{k} changed {old.get(k)} -> {new[k]}.")

@@ -34,8 +34,7 @@ class TrainState(struct.PyTreeNode):
 def init(key, config, real: buffer.Batch, dyn) -> TrainState:
   """Fresh state of one seed. real: the real dataset as a Batch [N, ...]; dyn: this seed's model."""
   obs_dim, action_dim = real.obs.shape[-1], real.action.shape[-1]
-  agent = sac.init_agent(key, obs_dim, action_dim, config,
-                         total_steps=config.epochs * config.steps_per_epoch)
+  agent = sac.init_agent(key, obs_dim, action_dim, config, total_steps=config.schedule_steps)
   ring = buffer.init_ring(config.synthetic_capacity, obs_dim, action_dim)
   return TrainState(agent=agent, buffer=ring, dynamics=dyn, epoch=jnp.zeros((), jnp.int32),
                     diverged=jnp.zeros((), bool))
@@ -77,7 +76,9 @@ def make_epoch(config):
   real: the real dataset, Batch [N, ...], with cell None (then beta = config.beta); or datasets
   stacked [D, N_max, ...] (buffer.stack) with a Cell saying which one, its size and beta. Shared by
   all cells: vmap it with in_axes None.
-  metrics: {name: [steps_per_epoch]} per gradient step, plus rollout statistics (scalars),
+  metrics: {name: [steps_per_epoch]} per gradient step (sac.update's, e.g. `q_mean`: the critics'
+  mean Q on the step's batch, which the runner watches against the return bound), plus rollout
+  statistics (scalars),
   `diverged` (bool scalar: the seed is frozen, this epoch or before) and `diverged/<quantity>` (bool
   scalars, quantity in DIVERGENCE_CHECKS: which check failed THIS epoch on a healthy seed).
   """

@@ -78,10 +78,10 @@ def test_grid_cells_equal_single_runs_and_resume_alone(datasets, tmp_path):
   the rest of the grid resumes together."""
   groups = _groups(tmp_path / "grid", list(datasets), [0.5, 3.0])
   assert [os.path.relpath(g.workdir, tmp_path / "grid") for g in groups] == [
-      os.path.join("hopper-random", "mombo-lcb-beta0.5", "s0x1"),
-      os.path.join("hopper-random", "mombo-lcb-beta3", "s0x1"),
-      os.path.join(SHORT.replace("/", "_"), "mombo-lcb-beta0.5", "s0x1"),
-      os.path.join(SHORT.replace("/", "_"), "mombo-lcb-beta3", "s0x1")]
+      os.path.join("hopper-random", "mombo-elite_spread-beta0.5", "s0x1"),
+      os.path.join("hopper-random", "mombo-elite_spread-beta3", "s0x1"),
+      os.path.join(SHORT.replace("/", "_"), "mombo-elite_spread-beta0.5", "s0x1"),
+      os.path.join(SHORT.replace("/", "_"), "mombo-elite_spread-beta3", "s0x1")]
   assert runner.train_grid(groups, stop_after=1) == [None] * 4
   cell = groups[3]
   assert cell.config.beta == 3.0 and cell.dataset == SHORT

@@ -24,7 +24,7 @@ def test_plan_is_dataset_major_with_shared_dynamics(tmp_path):
   assert [(c.env, c.algo) for c in cells] == [
       ("hopper-random", "mombo"), ("hopper-random", "mopo"),
       ("walker2d-random", "mombo"), ("walker2d-random", "mopo")]
-  assert cells[0].workdir == str(tmp_path / "hopper-random" / "mombo-lcb" / "s0x2")
+  assert cells[0].workdir == str(tmp_path / "hopper-random" / "mombo-elite_spread" / "s0x2")
   assert cells[1].workdir == str(tmp_path / "hopper-random" / "mopo" / "s0x2")
   assert cells[0].dynamics_dir == cells[1].dynamics_dir != cells[2].dynamics_dir
   cmd = cells[1].command

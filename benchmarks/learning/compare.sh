@@ -12,8 +12,12 @@
 # so they differ only in their targets. PARALLEL=1 launches the three algorithms at once (one GPU
 # runs them side by side; on a 2-core CPU leave PARALLEL=0). Each launch resumes from its
 # checkpoints when the script runs again; finished runs are skipped by experiments.run itself.
-# Everything else is the paper's configuration for the dataset (config.make_config), except the
-# budget: EPOCHS x 1000 gradient steps, evaluation every EVAL_EVERY epochs on 10 episodes.
+# Everything else is each algorithm's reference configuration for the dataset (config.TASKS),
+# except the budget: EPOCHS x 1000 gradient steps on the paper's 3000-epoch actor schedule (a
+# prefix of the paper's run), evaluation every EVAL_EVERY epochs on 10 episodes.
+# ALGOS lists runs as <algo>[:<mombo target>[@<beta>]]: `mombo` is the released code's
+# elite_spread at the paper's beta; `mombo:lcb@1.0` the paper's written equation at beta 1.0
+# (LCB_BETA, its beta matched to elite_spread's penalty scale: see README.md here).
 set -euo pipefail
 DATASET=${DATASET:-hopper-medium-replay}
 EPOCHS=${EPOCHS:-100}
@@ -21,7 +25,8 @@ SEEDS=${SEEDS:-3}
 EVAL_EVERY=${EVAL_EVERY:-5}
 ROOT=${ROOT:-runs/compare}
 PARALLEL=${PARALLEL:-0}
-ALGOS=${ALGOS:-"mombo mobile mopo"}
+LCB_BETA=${LCB_BETA:-}
+ALGOS=${ALGOS:-"mombo mobile mopo${LCB_BETA:+ mombo:lcb@$LCB_BETA}"}
 DYN_MAX_EPOCHS=${DYN_MAX_EPOCHS:-}
 PRESET=${PRESET:-paper}        # tiny: a smoke test of this script
 PY=${PY:-python3}
@@ -41,11 +46,21 @@ if [ "$PARALLEL" = 1 ]; then
   export XLA_PYTHON_CLIENT_PREALLOCATE=false
 fi
 pids=()
-for algo in $ALGOS; do
-  wd=$ROOT/$DATASET/$algo/s0x$SEEDS
+for spec in $ALGOS; do
+  algo=${spec%%:*}
+  extra=()
+  label=$algo
+  if [ "$algo" = mombo ]; then
+    target=elite_spread
+    case $spec in *:*) target=${spec#*:}; target=${target%%@*} ;; esac
+    extra+=(--target="$target")
+    label=mombo-$target
+  fi
+  case $spec in *@*) extra+=(--beta="${spec#*@}"); label=$label-beta${spec#*@} ;; esac
+  wd=$ROOT/$DATASET/$label/s0x$SEEDS
   mkdir -p "$wd"
   cmd=($PY -m experiments.run --env="$DATASET" --algo="$algo" --seeds="$SEEDS" --epochs="$EPOCHS" --preset="$PRESET"
-       --eval_every="$EVAL_EVERY" --workdir="$wd" --dynamics_dir="$dyn")
+       --eval_every="$EVAL_EVERY" --workdir="$wd" --dynamics_dir="$dyn" "${extra[@]}")
   stamp "${cmd[*]}"
   if [ "$PARALLEL" = 1 ]; then
     "${cmd[@]}" > "$wd/launch.log" 2>&1 &
@@ -59,7 +74,9 @@ for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
 stamp "runs finished (status $status)"
 
 $PY -m experiments.report "$ROOT"
-$PY -m experiments.uncertainty --runs="$ROOT" --out="$ROOT"
-$PY -m experiments.mm_vs_mc --run="$ROOT/$DATASET/mombo/s0x$SEEDS" --out="$ROOT"
-stamp "done: $ROOT/report.md, $ROOT/uncertainty.md, $ROOT/mm_vs_mc.png"
+for states in policy dataset; do
+  $PY -m experiments.uncertainty --runs="$ROOT/$DATASET" --states="$states" --out="$ROOT/$DATASET"
+done
+$PY -m experiments.mm_vs_mc --run="$ROOT/$DATASET/mombo-elite_spread/s0x$SEEDS" --out="$ROOT/$DATASET"
+stamp "done: $ROOT/report.md, $ROOT/$DATASET/uncertainty*.md, $ROOT/$DATASET/mm_vs_mc.png"
 exit $status

@@ -42,6 +42,18 @@ class Group:
     return f"{self.dataset} beta={self.config.beta:g} seeds {self.config.seed}..{self.config.seed + self.config.num_seeds - 1}"
 
 
+def describe_algorithm(config) -> str:
+  """One line naming the algorithm and, for MOMBO, which target (the variant matters: see README
+  "Which MOMBO")."""
+  if config.algo == "mombo":
+    origin = {"elite_spread": "the released code's", "lcb": "the paper's eq. (1)",
+              "mixture": "law of total variance"}[config.target]
+    return f"MOMBO, target {config.target} ({origin}), beta {config.beta:g}"
+  if config.algo == "mobile":
+    return f"MOBILE, beta {config.beta:g}"
+  return f"MOPO, lambda {config.beta:g}"
+
+
 def run_dir(root, dataset, algo, target, seed, seeds, beta=None) -> str:
   """<root>/<dataset>/<algo>[-<target>][-beta<beta>]/s<seed>x<seeds>: a run's default workdir
   (beta only in the name of a --betas grid's cells)."""
@@ -161,6 +173,9 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
 
   reals = {name: buffer.from_transitions(transitions[name]) for name in names}
   stacked, sizes = buffer.stack([reals[name] for name in names])
+  # Each dataset's return bound max|r| / (1 - gamma), from its real rewards (the stack's NaN
+  # padding ignored): the critics' mean Q of its cells is watched against it (outputs.QWatch).
+  bounds = dict(zip(names, outputs.return_bound(np.asarray(stacked.reward), config.gamma)))
   # The compiled program's config: the shared settings, one cell per seed of every group.
   config = dataclasses.replace(groups[0].config, num_seeds=cells_total)
   join = lambda trees: jax.tree.map(lambda *xs: jnp.concatenate(xs), *trees)  # noqa: E731
@@ -191,6 +206,7 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
   states = []
   for r in runs:
     state = jax.tree.map(lambda x, r=r: x[r["cells"]], fresh)
+    meta = {}
     if r["ckpt"].latest_step() is not None:
       try:
         state, meta = r["ckpt"].restore(state)
@@ -199,6 +215,7 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
       r["diverged"] = {int(d["seed"]): d for d in (meta or {}).get("diverged", [])}
       log(f"Resumed from {r['ckpt'].directory} at epoch {int(np.asarray(state.epoch)[0])}.")
     r["start"] = int(np.asarray(state.epoch)[0])
+    r["meta"] = meta or {}
     states.append(state)
   del fresh
   starts = {r["group"].workdir: r["start"] for r in runs}
@@ -212,6 +229,12 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
     r["rows"] = outputs.read_rows(r["csv"], max_epoch=start_epoch)
     if main:
       outputs.write_rows(r["csv"], r["rows"])
+    bound = bounds[r["group"].dataset]
+    if "q" in r["meta"]:
+      r["q"] = outputs.QWatch(r["seeds"], bound, r["meta"]["q"])
+    else:                        # a fresh run, or a checkpoint saved before the watch existed
+      r["q"] = outputs.QWatch.from_rows(r["seeds"], bound, r["rows"])
+    del r["meta"]
 
   # The cell axis lives split over all devices (of all processes) from here on; the datasets are
   # copied to every device once.
@@ -228,7 +251,8 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
     whole = distributed.to_host(state) if todo and distributed.is_multiprocess() else state
     for r in todo:
       r["ckpt"].save(epoch, jax.tree.map(lambda x, r=r: x[r["cells"]], whole),
-                     {"epoch": epoch, "diverged": list(r["diverged"].values())})
+                     {"epoch": epoch, "diverged": list(r["diverged"].values()),
+                      "q": list(r["q"].records.values())})
 
   def stop_requested(epoch):
     if should_stop is not None and distributed.agree(should_stop()):
@@ -243,6 +267,8 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
            else "")
   log(f"{what} sharded over {len(devices)} {devices[0].platform} device(s){procs}, "
       f"{cells_total // len(devices)} per device.")
+  log(f"Algorithm: {describe_algorithm(config)}; actor lr schedule over "
+      f"{config.schedule_steps // config.steps_per_epoch} epochs, stop at {config.epochs}.")
   # Compiled ahead of the loop, so steps/s and the ETA measure training only. Arguments keep
   # one placement throughout (the compiled function refuses any other).
   if start_epoch < config.epochs:
@@ -272,8 +298,16 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
       steps_done += config.steps_per_epoch
       done = epoch + 1
       frozen = np.asarray(metrics["diverged"])
+      # The critics' mean Q over this epoch's steps, per cell (one small pull per epoch).
+      q_epoch = _mean_metrics({"q_mean": metrics["q_mean"]})["q_mean"]
       for r in runs:
         for i, s in zip(range(r["cells"].start, r["cells"].stop), r["seeds"]):
+          # A frozen seed's metrics are its failed epoch's (maybe NaN): not watched.
+          if not frozen[i] and r["q"].update(int(s), done, q_epoch[i]):
+            log(f"warning: seed {s} of {r['group'].dataset} beta={r['config'].beta:g} "
+                f"overestimates: the critics' mean Q {q_epoch[i]:.4g} passed the return bound "
+                f"max|r|/(1-gamma) = {r['q'].bound:.4g} at epoch {done}. Training goes on; the "
+                "seed is flagged `overestimated` in summary.json.")
           if frozen[i] and int(s) not in r["diverged"]:
             quantity = ", ".join(k for k in train_lib.DIVERGENCE_CHECKS
                                  if bool(np.asarray(metrics[f"diverged/{k}"])[i])) or "unknown"
@@ -296,7 +330,10 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
         log(f"epoch {done}/{config.epochs}{_where(r, runs)}  {rate:.0f} steps/s (all "
             f"{'seeds' if len(runs) == 1 else 'cells'})  score per seed "
             f"[{', '.join(f'{x:.1f}' for x in r['scores'].mean(axis=1))}]  critic_loss "
-            f"[{', '.join(f'{x:.3g}' for x in means['critic_loss'][r['cells']])}]  ETA {_fmt(eta)}"
+            f"[{', '.join(f'{x:.3g}' for x in means['critic_loss'][r['cells']])}]  q_mean "
+            f"[{', '.join(f'{x:.4g}' for x in means['q_mean'][r['cells']])}] (bound "
+            f"{r['q'].bound:.4g})  ETA {_fmt(eta)}"
+            + (f"  OVERESTIMATED seeds {r['q'].flagged()}" if r["q"].flagged() else "")
             + (f"  diverged seeds {sorted(r['diverged'])}" if r["diverged"] else ""))
       save(done)
       stop_requested(done)
@@ -328,6 +365,7 @@ def _evaluate(r, actors, means, done, runs):
                return_mean=float(returns[i].mean()), normalized_score=float(scores[i].mean()),
                diverged=float(int(s) in r["diverged"]))
     row.update({k: float(v[cell]) for k, v in sorted(means.items())})
+    row.update(q_bound=r["q"].bound, overestimated=float(int(s) in r["q"].flagged()))
     r["rows"].append(row)
   outputs.write_rows(r["csv"], r["rows"])
 
@@ -336,7 +374,8 @@ def _finish(r):
   """Group r's summary.json and learning_curve.png; returns the summary."""
   from mombo_jax import outputs
   c, g, seeds, diverged = r["config"], r["group"], r["seeds"], r["diverged"]
-  summary = outputs.summarise(r["rows"], seeds, sorted(diverged.values(), key=lambda d: d["seed"]))
+  summary = outputs.summarise(r["rows"], seeds, sorted(diverged.values(), key=lambda d: d["seed"]),
+                              r["q"])
   outputs.write_json(os.path.join(g.workdir, "summary.json"), summary)
   title = (f"{c.algo} ({c.target}) on {g.dataset}" if c.algo == "mombo"
            else f"{c.algo} on {g.dataset}")
@@ -345,6 +384,8 @@ def _finish(r):
   log(f"final normalised score {_num(summary['final_normalized_score_mean'])} "
       f"+- {_num(summary['final_normalized_score_std'])}, AULC {_num(summary['aulc_mean'])}"
       + (f" over the {len(seeds) - len(diverged)} healthy seed(s)" if diverged else "")
+      + (f"; seed(s) {r['q'].flagged()} overestimated (mean Q above the return bound "
+         f"{r['q'].bound:.4g})" if r["q"].flagged() else "")
       + f"; wrote {g.workdir}")
   return summary
 

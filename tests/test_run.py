@@ -66,6 +66,16 @@ def test_end_to_end(dataset, dyn_dir, tmp_path, algo, request):
   assert "critic_loss" in rows[0] and "normalized_score" in rows[0]
   assert (tmp_path / "learning_curve.png").stat().st_size > 0
   assert json.loads((tmp_path / "summary.json").read_text())["seeds"] == [0, 1]
+  # Overestimation watch: the critics' mean Q against the dataset's return bound, per seed.
+  header = rows[0].split(",")
+  assert {"q_mean", "q_bound", "overestimated"} <= set(header)
+  real = data.load_transitions(dataset).rewards
+  bound = float(np.abs(real).max()) / (1 - config.gamma)
+  assert summary["q_bound"] == pytest.approx(bound, rel=1e-5)
+  assert len(summary["q_mean_last"]) == len(summary["q_mean_max"]) == 2
+  assert all(np.isfinite(q) and m >= q for q, m in zip(summary["q_mean_last"],
+                                                          summary["q_mean_max"]))
+  assert summary["overestimated"] == [m > bound for m in summary["q_mean_max"]]
 
 
 @pytest.mark.slow
@@ -85,6 +95,10 @@ def test_kill_and_resume_equals_uninterrupted(dataset, dyn_dir, tmp_path, mombo_
   with open(tmp_path / "metrics.csv") as f:
     assert len(f.read().strip().splitlines()) == 1 + 2 * 2
   assert summary["epochs"] == [1, 2]
+  # The overestimation watch (in the checkpoint's metadata) resumes with the run.
+  for key in ("q_mean_last", "q_mean_max"):
+    assert summary[key] == pytest.approx(mombo_run[1][key], rel=1e-6)
+  assert summary["overestimated"] == mombo_run[1]["overestimated"]
 
 
 def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch, capsys):
@@ -124,6 +138,8 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
   assert compiles == ["jit(epoch)"], compiles
   out = capsys.readouterr().out
   assert out.count("Compiled the epoch in") == 1, out
+  # The log names MOMBO's variant (the default: the released code's elite_spread).
+  assert "Algorithm: MOMBO, target elite_spread (the released code's)" in out, out
   assert out.index("Compiled the epoch in") < out.index("epoch 1/3")
   assert out.count(" steps/s ") == 3
   assert re.search(r"Seeds sharded over 1 \w+ device\(s\), 1 per device", out), out
@@ -292,6 +308,15 @@ def test_epochs_change_needs_consent_and_is_recorded(tmp_path):
   assert any("eval_every" in n for n in notes)
   # eval_every / eval_episodes alone may change freely.
   run.check_workdir_config(str(tmp_path), _config("mombo", eval_episodes=3), DATASET)
+  # With a fixed schedule (the paper preset's) a longer run keeps it: the run stays a prefix.
+  fixed, _ = run.check_workdir_config(str(tmp_path / "x"), _config("mombo", schedule_epochs=9),
+                                      DATASET)
+  (tmp_path / "x").mkdir()
+  (tmp_path / "x" / "config.json").write_text(json.dumps(fixed))
+  new, notes = run.check_workdir_config(str(tmp_path / "x"),
+                                        _config("mombo", epochs=5, schedule_epochs=9), DATASET,
+                                        allow_epochs_change=True)
+  assert new["schedule_epochs"] == 9 and "unchanged" in new["epochs_changes"][0]["actor_lr_schedule"]
 
 
 def test_dynamics_of_another_setup_are_refused(dataset, dyn_dir, tmp_path, mombo_run):

@@ -14,6 +14,19 @@ needs no mask: there the penalty vanishes by itself.
 Terminal rows bootstrap through `_continue` (selection), never `(1 - d) * value`: a NaN/inf next
 value times zero is NaN. `config.deterministic_backup=False` adds SAC's entropy term
 -alpha * log pi(a'|s') to every next-state value (MOMBO's three modes, MOBILE, MOPO alike).
+
+Penalties. This module is the one owner of each algorithm's per-row uncertainty quantifier U, the
+quantity its target subtracts (times beta / lambda). Every one is a named function with the
+targets' own signature,
+
+    penalty_<algo>(agent, batch, key, *, dyn, config, term_fn) -> U [B], UNSCALED (no beta),
+
+and called with the key a target got, it returns exactly the per-row U that target subtracts
+(before beta, and before MOBILE / elite_spread / mixture give real rows the plain target): the
+targets call the same code (`lcb_moments`, `elite_spread_moments`, `mixture_moments`,
+`penalty_mobile`). MOPO's U is dynamics.step's mopo_penalty, which rollout.py subtracts from the
+model reward; `penalty_mopo` reads it from the same function. `get_penalty(config)` picks the one
+of a config; mombo_jax.analysis (the paper's Table 2, SPEC.md section 9) uses nothing else.
 """
 import functools
 
@@ -85,6 +98,26 @@ def _plain_target(agent, batch, key, config):
                                                                           config))
 
 
+def lcb_moments(agent, batch, key, config):
+  """MOMBO lcb's (mean [B], std [B]) of a row's Bellman target, from the stored Gaussian of the
+  elite that produced it: mean = r_mean + g(1-d) m*, std = sqrt(var_r + g^2 (1-d) v*), (m*, v*) the
+  MM moments of the target critic with the smaller MM mean at (next_obs_mean, a' ~ pi(.|
+  next_obs_mean)) with input variance next_obs_var. batch: buffer.Batch [B, ...]; key: the target's.
+  """
+  m, v = _mm_min(agent, batch.next_obs_mean, batch.next_obs_var, key, config)
+  std = jnp.sqrt(batch.reward_var + config.gamma**2 * _continue(batch.done, v))
+  return batch.reward_mean + config.gamma * _continue(batch.done, m), std
+
+
+def penalty_mombo_lcb(agent, batch, key, *, dyn=None, config, term_fn=None):
+  """U [B] of MOMBO lcb, unscaled: lcb_moments' std (what mombo_lcb subtracts times beta). It is a
+  function of the row's stored Gaussian (next_obs_mean/var, reward_var) and done, so a model row
+  must carry the Gaussian of the elite that drew it, as rollout rows do. Real rows: zero variances,
+  U = 0."""
+  del dyn, term_fn
+  return lcb_moments(agent, batch, key, config)[1]
+
+
 def mombo_lcb(agent, batch, key, *, dyn, config, term_fn, beta=None):
   """MOMBO (paper eq. 1 + reward variance), from the stored Gaussian of the producing elite:
 
@@ -93,9 +126,8 @@ def mombo_lcb(agent, batch, key, *, dyn, config, term_fn, beta=None):
   elite's mean (next_obs_mean, reward_mean), not the sample the rollout continued from.
   """
   del dyn, term_fn
-  m, v = _mm_min(agent, batch.next_obs_mean, batch.next_obs_var, key, config)
-  std = jnp.sqrt(batch.reward_var + config.gamma**2 * _continue(batch.done, v))
-  y = batch.reward_mean + config.gamma * _continue(batch.done, m) - _beta(beta, config) * std
+  t, std = lcb_moments(agent, batch, key, config)
+  y = t - _beta(beta, config) * std
   return _finish(y, config), {"penalty": _beta(beta, config) * std.mean(), "target_std": std.mean()}
 
 
@@ -108,31 +140,60 @@ def _per_elite_mm(agent, batch, key, dyn, config, term_fn):
           r_var + config.gamma**2 * _continue(done, v))
 
 
+def elite_spread_moments(agent, batch, key, *, dyn, config, term_fn):
+  """MOMBO elite_spread's (mean_e T_e [B], std_e T_e [B], ddof=1 as torch) over the elites'
+  recomputed predictions at (batch.obs, batch.action); key: the target's (its first split draws
+  the elites' a'_e)."""
+  k_model, _ = jax.random.split(key)
+  t, _ = _per_elite_mm(agent, batch, k_model, dyn, config, term_fn)
+  return t.mean(axis=0), t.std(axis=0, ddof=1)
+
+
+def penalty_elite_spread(agent, batch, key, *, dyn, config, term_fn):
+  """U [B] of MOMBO elite_spread, unscaled: std_e T_e (ddof=1), what mombo_elite_spread subtracts
+  (times beta) on model rows. Depends on (obs, action) only (plus the key's policy draws)."""
+  return elite_spread_moments(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn)[1]
+
+
 def mombo_elite_spread(agent, batch, key, *, dyn, config, term_fn, beta=None):
   """What the public MOMBO code does: y = mean_e T_e - beta std_e T_e (ddof=1); MM variance unused."""
-  k_model, k_real = jax.random.split(key)
-  t, _ = _per_elite_mm(agent, batch, k_model, dyn, config, term_fn)
-  penalty = _beta(beta, config) * t.std(axis=0, ddof=1)
+  _, k_real = jax.random.split(key)
+  mean, std = elite_spread_moments(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn)
+  penalty = _beta(beta, config) * std
   y = jnp.where(_real_rows(batch.reward.shape[0], config), _plain_target(agent, batch, k_real, config),
-                t.mean(axis=0) - penalty)
+                mean - penalty)
   return _finish(y, config), {"penalty": penalty.mean()}
+
+
+def mixture_moments(agent, batch, key, *, dyn, config, term_fn):
+  """MOMBO mixture's (mean_e T_e [B], sqrt(mean_e MM var_e + var_e T_e) [B]) (law of total
+  variance over the elites, ddof=0); key: the target's."""
+  k_model, _ = jax.random.split(key)
+  t, t_var = _per_elite_mm(agent, batch, k_model, dyn, config, term_fn)
+  return t.mean(axis=0), jnp.sqrt(t_var.mean(axis=0) + t.var(axis=0))
+
+
+def penalty_mixture(agent, batch, key, *, dyn, config, term_fn):
+  """U [B] of MOMBO mixture, unscaled: the mixture's std (what mombo_mixture subtracts times beta
+  on model rows)."""
+  return mixture_moments(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn)[1]
 
 
 def mombo_mixture(agent, batch, key, *, dyn, config, term_fn, beta=None):
   """Law of total variance over elites: var = mean_e(MM var_e) + var_e(T_e); y = mean - beta sqrt(var)."""
-  k_model, k_real = jax.random.split(key)
-  t, t_var = _per_elite_mm(agent, batch, k_model, dyn, config, term_fn)
-  std = jnp.sqrt(t_var.mean(axis=0) + t.var(axis=0))
+  _, k_real = jax.random.split(key)
+  mean, std = mixture_moments(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn)
   y = jnp.where(_real_rows(batch.reward.shape[0], config), _plain_target(agent, batch, k_real, config),
-                t.mean(axis=0) - _beta(beta, config) * std)
+                mean - _beta(beta, config) * std)
   return _finish(y, config), {"penalty": _beta(beta, config) * std.mean(), "target_std": std.mean()}
 
 
-def mobile(agent, batch, key, *, dyn, config, term_fn, beta=None):
-  """MOBILE: penalty = std over elites (ddof=1) of the mean over N next-state samples of min_j Q';
-  zero for real rows; y = r - beta penalty + g(1-d) min_j Q'(s', a'), s' from the buffer."""
+def penalty_mobile(agent, batch, key, *, dyn, config, term_fn=None):
+  """U [B] of MOBILE, unscaled: std over elites (ddof=1) of the mean over N = mobile_num_samples
+  next-state samples of min_j Q'(s'_n, a'_n), a'_n ~ pi (no entropy term); key: the target's (its
+  first two splits draw the samples and the actions). The target zeroes it on real rows."""
   del term_fn
-  k_noise, k_pi, k_next = jax.random.split(key, 3)
+  k_noise, k_pi, _ = jax.random.split(key, 3)
   s_mean, s_var, _, _ = dynamics.predict(dyn, batch.obs, batch.action, config,
                                          members=dyn.elites)
   s_std = jnp.sqrt(s_var)
@@ -141,7 +202,14 @@ def mobile(agent, batch, key, *, dyn, config, term_fn, beta=None):
   samples = s_mean + s_std * eps                                        # [N, E, B, S]
   # The penalty measures Q's spread only (the reference adds no entropy term here).
   q = _plain_min(agent, samples, k_pi, config, soft=False)              # [N, E, B]
-  penalty = q.mean(axis=0).std(axis=0, ddof=1)                          # [B]
+  return q.mean(axis=0).std(axis=0, ddof=1)                             # [B]
+
+
+def mobile(agent, batch, key, *, dyn, config, term_fn, beta=None):
+  """MOBILE: penalty = std over elites (ddof=1) of the mean over N next-state samples of min_j Q';
+  zero for real rows; y = r - beta penalty + g(1-d) min_j Q'(s', a'), s' from the buffer."""
+  _, _, k_next = jax.random.split(key, 3)
+  penalty = penalty_mobile(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn)
   penalty = jnp.where(_real_rows(batch.reward.shape[0], config), 0.0, penalty)
   y = batch.reward - _beta(beta, config) * penalty + config.gamma * _continue(
       batch.done, _plain_min(agent, batch.next_obs, k_next, config))
@@ -154,7 +222,18 @@ def mopo(agent, batch, key, *, dyn, config, term_fn, beta=None):
   return sac.soft_target(agent, batch, key, config)
 
 
+def penalty_mopo(agent, batch, key, *, dyn, config, term_fn=None):
+  """U [B] of MOPO, unscaled: max over ALL members of ||(sigma_s', sigma_r)||_2 at (batch.obs,
+  batch.action), dynamics.step's mopo_penalty, which rollout.py subtracts (times lambda = beta) from
+  the model reward of every row it writes. Deterministic in (obs, action): the key only feeds
+  dynamics.step's elite / noise draws, which this value does not depend on."""
+  del agent, term_fn
+  return dynamics.step(dyn, batch.obs, batch.action, key, config, penalty=True).mopo_penalty
+
+
 _MOMBO = {"lcb": mombo_lcb, "elite_spread": mombo_elite_spread, "mixture": mombo_mixture}
+_MOMBO_PENALTY = {"lcb": penalty_mombo_lcb, "elite_spread": penalty_elite_spread,
+                  "mixture": penalty_mixture}
 
 
 def get_target(config):
@@ -162,6 +241,14 @@ def get_target(config):
   if config.algo == "mombo":
     return _MOMBO[config.target]
   return {"mobile": mobile, "mopo": mopo}[config.algo]
+
+
+def get_penalty(config):
+  """penalty_fn(agent, batch, key, *, dyn, config, term_fn) -> U [B] (unscaled) of config.algo
+  (and config.target for MOMBO): the per-row quantity its training subtracts times beta."""
+  if config.algo == "mombo":
+    return _MOMBO_PENALTY[config.target]
+  return {"mobile": penalty_mobile, "mopo": penalty_mopo}[config.algo]
 
 
 def bind(config, dyn, term_fn):

@@ -263,3 +263,42 @@ def test_nan_behind_a_terminal_never_reaches_the_target(cfg, agent, batch, dyn):
     y, _ = targets.get_target(config)(agent, bad, key, dyn=dyn, config=config,
                                       term_fn=dynamics.termination_fn("hopper"))
     assert np.all(np.isfinite(np.asarray(y))), config.algo
+
+
+# ------------------------------------------------------------------ the penalties (U) themselves
+
+@pytest.mark.parametrize("algo, mode", [("mombo", "lcb"), ("mombo", "elite_spread"),
+                                        ("mombo", "mixture"), ("mobile", None)])
+def test_penalty_is_what_the_target_subtracts(cfg, agent, batch, dyn, algo, mode):
+  """targets.get_penalty(config) with the target's key is exactly the per-row U its target
+  subtracts times beta, on model rows (past the leading real rows): y(beta=0) - y(beta=1) = U."""
+  config = (dataclasses.replace(cfg, target=mode) if algo == "mombo" else
+            dataclasses.replace(cfg, algo="mobile", mobile_num_samples=3))
+  term_fn = dynamics.termination_fn("hopper")
+  key = jax.random.PRNGKey(11)
+  target, penalty = targets.get_target(config), targets.get_penalty(config)
+  y0, y1 = (np.asarray(target(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn,
+                              beta=b)[0], np.float64) for b in (0.0, 1.0))
+  u = np.asarray(penalty(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn))
+  assert u.shape == (B,) and np.all(u > 0)
+  n_real = 0 if mode == "lcb" else int(B * config.real_ratio)
+  np.testing.assert_allclose(y0[n_real:] - y1[n_real:], u[n_real:], rtol=1e-5, atol=1e-5)
+  # And it is the named function of that algorithm.
+  named = {"lcb": targets.penalty_mombo_lcb, "elite_spread": targets.penalty_elite_spread,
+           "mixture": targets.penalty_mixture, None: targets.penalty_mobile}[mode]
+  assert penalty is named
+
+
+def test_mopo_penalty_is_the_rollout_penalty(cfg, batch, dyn):
+  """MOPO's U: max over ALL members (not only elites) of ||(sigma_s', sigma_r)||_2, the value
+  dynamics.step hands rollout.run to subtract (times lambda) from the model reward."""
+  mopo_cfg = config_lib.make_config("hopper-random", "mopo", preset="tiny")
+  u = np.asarray(targets.get_penalty(mopo_cfg)(None, batch, jax.random.PRNGKey(0), dyn=dyn,
+                                              config=mopo_cfg, term_fn=None))
+  _, s_var, _, r_var = map(np.asarray, dynamics.predict(dyn, batch.obs, batch.action, mopo_cfg))
+  # ||sigma||_2 = sqrt(sum of the variances) per member [M, B]; the max over all M members.
+  norms = np.sqrt(np.concatenate([s_var, r_var[..., None]], -1).astype(np.float64).sum(-1))
+  assert norms.shape[0] == mopo_cfg.dyn_members
+  np.testing.assert_allclose(u, norms.max(0), rtol=1e-5)
+  step = dynamics.step(dyn, batch.obs, batch.action, jax.random.PRNGKey(1), mopo_cfg)
+  np.testing.assert_allclose(u, np.asarray(step.mopo_penalty), rtol=1e-6)

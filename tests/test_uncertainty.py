@@ -1,12 +1,19 @@
-"""The uncertainty-quantifier experiment (experiments.uncertainty, mombo_jax.analysis): accuracy and
-tightness on batches with known Bellman errors, the transitions kept from an episode, and the
-experiment end to end on a run folder."""
+"""The uncertainty-quantifier experiment (experiments.uncertainty, mombo_jax.analysis; the paper's
+Table 2, SPEC.md section 9): the scores on known Bellman errors, the definition against a closed
+form (linear critic, Gaussian policy and model), U against what the run's own target subtracts,
+and the experiment end to end on a run folder in both --states modes."""
+import dataclasses
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy.stats import norm
 
-from mombo_jax import analysis
+from mombo_jax import analysis, dynamics, targets
 from tests.conftest_runs import tiny_run  # noqa: F401  (session fixture)
 
 
@@ -28,23 +35,114 @@ def test_accuracy_and_tightness_on_known_bellman_errors():
   assert out["tightness_mean"] == pytest.approx(np.mean(u - np.abs(exact - sample)), rel=1e-12)
 
 
+def test_scores_average_each_draw_and_scale_u_by_beta():
+  """Draws are scored one by one (then averaged), never through their mean; U as trained is
+  beta * u, the unscaled scores use u itself."""
+  exact = np.array([0.0, 10.0])
+  sample = np.array([[1.0, 10.0], [-1.0, 13.0], [0.5, 10.5]])          # [M=3, B=2]
+  u = np.array([[0.6, 1.0], [0.6, 1.0], [0.6, 1.0]])
+  out = analysis.quantifier_scores(exact, sample, u, scale=2.0)
+  # errors [[1, 0], [1, 3], [0.5, 0.5]]; U = 1.2 and 2.0; the mean draw of tuple 0 has error 1/6.
+  np.testing.assert_allclose(out["accuracy"], [1.0, 2 / 3])
+  np.testing.assert_allclose(out["tightness"], [1.2 - 2.5 / 3, 2.0 - 3.5 / 3])
+  np.testing.assert_allclose(out["accuracy_unscaled"], [1 / 3, 2 / 3])
+  np.testing.assert_allclose(out["tightness_unscaled"], [0.6 - 2.5 / 3, 1.0 - 3.5 / 3])
+  np.testing.assert_allclose(out["penalty"], [1.2, 2.0])
+  np.testing.assert_allclose(out["bellman_error"], [2.5 / 3, 3.5 / 3])
+  assert out["accuracy_mean"] == pytest.approx(5 / 6)
+  assert out["tightness_mean"] == pytest.approx(out["penalty_mean"] - out["bellman_error_mean"])
+
+
 @pytest.mark.parametrize("length, kept", [(25, [9, 19, 24]), (20, [9, 19]), (5, [4]), (1, [0]),
                                           (0, [])])
 def test_every_tenth_transition_and_the_last(length, kept):
   assert analysis.selected_steps(length).tolist() == kept
 
 
-def test_terminal_rows_bootstrap_nothing_and_the_policy_mean_is_used(tiny_run):
-  """B^ Q on a terminal row is the reward exactly; on a live row it is r + g * the mean over
+def test_definition_against_a_closed_form():
+  """Linear critic q(s, a) = w.s + c a + b0, Gaussian policy a ~ N(K.s, sp^2), Gaussian model
+  s^' ~ N(mu, diag v), r^ ~ N(mu_r, vr), d^ = 0. Then
+    B Q  = r + g (1-d) (w + c K).s'_real + g (1-d) b0                       (exact),
+    B^ Q ~ N(m, s2), m = mu_r + g ((w + c K).mu + b0), s2 = vr + g^2 (sum (w + c K)^2 v + c^2 sp^2),
+  so D = B Q - B^ Q ~ N(delta = B Q - m, s2) and, for a fixed U,
+    accuracy  = P(|D| <= U) = Phi((U - delta) / s) - Phi((-U - delta) / s),
+    tightness = U - E|D|,  E|D| = s sqrt(2/pi) exp(-delta^2 / 2 s2) + delta (1 - 2 Phi(-delta / s)).
+  Both are checked, with U as trained (beta u) and unscaled (u), within Monte Carlo tolerances
+  (B x M = 19,200 draws: 5+ standard errors)."""
+  rng = np.random.default_rng(0)
+  B, S, M, P = 48, 2, 400, 1000
+  g, beta, sp, c, b0 = 0.9, 1.7, 0.5, 0.8, 0.5
+  w, K = np.array([1.0, -2.0]), np.array([0.5, -0.3])
+  f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+  obs, action = rng.normal(size=(B, S)), rng.uniform(-1, 1, size=(B, 1))
+  reward, next_obs = rng.normal(size=B), rng.normal(size=(B, S))
+  done = (np.arange(B) < 8).astype(float)                        # terminal rows: B Q = r
+  mu = 0.7 * obs + 0.3 * action + 0.2 * next_obs                 # model mean, off the real s'
+  v = rng.uniform(0.05, 0.6, size=(B, S))
+  mu_r, vr = reward + rng.normal(scale=0.7, size=B), 0.3
+  u = rng.uniform(0.1, 2.0, size=B)                              # U / beta, one per tuple
+
+  def policy_fn(o, key):
+    return (o @ f32(K))[..., None] + sp * jax.random.normal(key, o.shape[:-1] + (1,))
+
+  def q_fn(o, a):
+    return o @ f32(w) + c * a[..., 0] + b0
+
+  def draw_fn(o, a, key):
+    k_s, k_r = jax.random.split(key)
+    nxt = f32(mu) + jnp.sqrt(f32(v)) * jax.random.normal(k_s, o.shape)
+    r = f32(mu_r) + np.sqrt(vr) * jax.random.normal(k_r, o.shape[:1])
+    return nxt, r, jnp.zeros(o.shape[:1]), f32(u)
+
+  gaps = jax.jit(lambda key: analysis.bellman_gaps(
+      policy_fn, q_fn, draw_fn, f32(obs), f32(action), f32(reward), f32(next_obs), f32(done), key,
+      gamma=g, num_draws=M, num_policy=P))(jax.random.PRNGKey(0))
+  assert gaps["sample"].shape == gaps["u"].shape == (M, B) and gaps["exact"].shape == (B,)
+
+  wk = w + c * K
+  exact = reward + g * (1 - done) * (next_obs @ wk + b0)
+  # B Q's own Monte Carlo error: g c sp / sqrt(P) per live tuple.
+  np.testing.assert_allclose(np.asarray(gaps["exact"]), exact, atol=6 * g * c * sp / np.sqrt(P))
+  np.testing.assert_array_equal(np.asarray(gaps["exact"])[:8], np.float32(reward[:8]))
+  m = mu_r + g * (mu @ wk + b0)
+  s = np.sqrt(vr + g**2 * ((wk**2 * v).sum(-1) + c**2 * sp**2))
+  delta = exact - m
+  abs_err = s * np.sqrt(2 / np.pi) * np.exp(-delta**2 / (2 * s**2)) + delta * (
+      1 - 2 * norm.cdf(-delta / s))
+
+  def accuracy(bound):
+    return norm.cdf((bound - delta) / s) - norm.cdf((-bound - delta) / s)
+
+  got = analysis.quantifier_scores(gaps["exact"], gaps["sample"], gaps["u"], beta)
+  for suffix, bound in (("", beta * u), ("_unscaled", u)):
+    want_acc, want_tight = accuracy(bound), bound - abs_err
+    assert 0.2 < want_acc.mean() < 0.9                            # neither score is trivial
+    assert got[f"accuracy{suffix}_mean"] == pytest.approx(want_acc.mean(), abs=0.02), suffix
+    assert got[f"tightness{suffix}_mean"] == pytest.approx(want_tight.mean(), abs=0.05), suffix
+    # Per tuple: within 5 standard errors of M draws (the bound for accuracy is 0.5 / sqrt(M)).
+    np.testing.assert_allclose(got[f"accuracy{suffix}"], want_acc, atol=5 * 0.5 / np.sqrt(M))
+    # sd(|D|) <= s, as E|D| >= |delta|.
+    assert np.all(np.abs(got[f"tightness{suffix}"] - want_tight) <= 5 * s / np.sqrt(M)), suffix
+  # Averaging B^ Q over the draws first (the removed definition) drops the single-sample error:
+  # its tightness is U - |delta|, off the closed form by E|D| - |delta|, far beyond the tolerance.
+  averaged = analysis.quantifier_scores(gaps["exact"], np.asarray(gaps["sample"]).mean(0),
+                                        u, beta)
+  assert averaged["tightness_mean"] > (beta * u - abs_err).mean() + 0.2
+
+
+def test_exact_backup_uses_the_real_next_state_and_the_policy_mean(tiny_run):
+  """B Q on a terminal row is the reward exactly; on a live row it is r + g * the mean over
   policy samples of min_j Q'(s', a'), here recomputed with the same policy draws."""
   workdir, _ = tiny_run
   nets = analysis.load_run(workdir).nets[0]
+  policy_fn, q_fn, _ = analysis.seed_functions(nets)
   rng = np.random.default_rng(1)
   next_obs = jnp.asarray(rng.normal(size=(3, 11)), jnp.float32)
   reward = jnp.array([1.0, -2.0, 0.5])
   done = jnp.array([1.0, 0.0, 0.0])
   key = jax.random.PRNGKey(5)
-  got = analysis.sample_bellman(nets, reward, next_obs, done, key, num_policy=64)
+  got = analysis.exact_bellman(policy_fn, q_fn, reward, next_obs, done, key,
+                               gamma=nets.config.gamma, num_policy=64)
   assert float(got[0]) == 1.0
   actions, _ = nets.policy(jnp.broadcast_to(next_obs, (64, 3, 11)), key)
   q = np.asarray(nets.q(jnp.broadcast_to(next_obs, (64, 3, 11)), actions)).min(axis=0)
@@ -52,24 +150,112 @@ def test_terminal_rows_bootstrap_nothing_and_the_policy_mean_is_used(tiny_run):
   np.testing.assert_allclose(np.asarray(got)[1:], want[1:], rtol=1e-5, atol=1e-6)
 
 
+def test_u_is_what_the_runs_target_subtracts(tiny_run):
+  """A model draw is a rollout row (dynamics.step with a random elite, d^ the termination fn),
+  and its U, for MOMBO's lcb (U from the draw's own elite Gaussian) and elite_spread modes on the
+  run's networks, is y(beta=0) - y(beta=1) of the run's own target on that row with the same key
+  (model rows: past the target's leading real rows). Every mode and MOBILE: tests/test_targets.py.
+  """
+  workdir, _ = tiny_run
+  nets = analysis.load_run(workdir).nets[1]
+  rng = np.random.default_rng(2)
+  obs = jnp.asarray(rng.normal(scale=0.1, size=(8, 11)) + np.r_[1.25, np.zeros(10)], jnp.float32)
+  action = jnp.asarray(rng.uniform(-1, 1, size=(8, 3)), jnp.float32)
+  term_fn = dynamics.termination_fn(nets.config.env_name)
+  modes = ("lcb", "elite_spread")
+
+  @jax.jit
+  def run(nets, obs, action, key):                # one compilation (eager MM costs more)
+    row, u = analysis.model_draw(nets, obs, action, key)
+    k_step, k_u = jax.random.split(key)
+    step = dynamics.step(nets.dyn, obs, action, k_step, nets.config, penalty=False)
+    out = {}
+    for mode in modes:
+      cfg = dataclasses.replace(nets.config, target=mode, clip_target_min=None)
+      mode_nets = nets.replace(config=cfg)
+      y = [targets.get_target(cfg)(mode_nets.agent(), row, k_u, dyn=nets.dyn, config=cfg,
+                                   term_fn=term_fn, beta=b)[0] for b in (0.0, 1.0)]
+      out[mode] = (y[0] - y[1], analysis.penalty(mode_nets, row, k_u))
+    return row, u, analysis.penalty(nets, row, k_u, scaled=True), step, out
+
+  row, u, scaled, step, out = run(nets, obs, action, jax.random.PRNGKey(3))
+  np.testing.assert_array_equal(np.asarray(row.next_obs), np.asarray(step.next_obs))
+  np.testing.assert_array_equal(np.asarray(row.reward), np.asarray(step.reward))
+  np.testing.assert_array_equal(np.asarray(row.next_obs_var), np.asarray(step.next_obs_var))
+  np.testing.assert_array_equal(np.asarray(row.done),
+                                np.asarray(term_fn(obs, action, step.next_obs), np.float32))
+  np.testing.assert_allclose(np.asarray(scaled), nets.config.beta * np.asarray(u), rtol=1e-6)
+  if nets.config.target in out:
+    np.testing.assert_array_equal(np.asarray(u), np.asarray(out[nets.config.target][1]))
+  n_real = int(8 * nets.config.real_ratio)
+  for mode, (diff, u) in out.items():
+    diff, u = np.asarray(diff), np.asarray(u)
+    assert u.shape == (8,) and np.all(u[n_real:] > 0), mode
+    np.testing.assert_allclose(diff[n_real:], u[n_real:], rtol=1e-4, atol=1e-5, err_msg=mode)
+
+
+def test_dataset_states_are_one_fixed_draw():
+  from mombo_jax import data
+  n = 50
+  t = data.Transitions(observations=np.arange(n * 2, dtype=np.float32).reshape(n, 2),
+                       actions=np.zeros((n, 1), np.float32), rewards=np.arange(n, dtype=np.float32),
+                       next_observations=np.ones((n, 2), np.float32),
+                       terminals=(np.arange(n) % 7 == 0).astype(np.float32))
+  a, b = analysis.dataset_states(t, 10, seed=0), analysis.dataset_states(t, 10, seed=0)
+  assert len(a["index"]) == 10 and len(set(a["index"].tolist())) == 10
+  np.testing.assert_array_equal(a["index"], b["index"])
+  np.testing.assert_array_equal(a["reward"], a["index"].astype(np.float32))
+  np.testing.assert_array_equal(a["done"], (a["index"] % 7 == 0).astype(np.float32))
+  assert len(analysis.dataset_states(t, 1000)["index"]) == n       # all of a smaller dataset
+
+
+def test_help_describes_the_definition():
+  out = subprocess.run([sys.executable, "-m", "experiments.uncertainty", "--help"],
+                       capture_output=True, text=True, timeout=120)
+  text = out.stdout + out.stderr
+  for needle in ("Uncertainty quantifier", "SPEC.md section 9", "B^ Q", "--states", "--draws",
+                 "--num_policy", "--num_states", "unscaled"):
+    assert needle in text, needle
+
+
 @pytest.mark.slow
-def test_experiment_end_to_end(tiny_run, tmp_path):
+@pytest.mark.parametrize("states", ["policy", "dataset"])
+def test_experiment_end_to_end(tiny_run, tmp_path, states):
   from experiments import uncertainty
   workdir, _ = tiny_run
   assert uncertainty.find_run_dirs([workdir, workdir + "/"]) == [workdir]
   with pytest.raises(ValueError, match=f"No runs.*found under {tmp_path}"):
     uncertainty.find_run_dirs([str(tmp_path)])
-  rows = uncertainty.evaluate_runs([workdir], episodes=2, num_samples=50, max_episode_steps=30,
-                                   log=lambda *a: None)
-  assert [r["seed"] for r in rows] == [0, 1] and {r["algo"] for r in rows} == {"MOMBO"}
+  draws = 20
+  # 8 tuples either way (<= 8 policy tuples pad to 8), so both modes share one compilation.
+  rows = uncertainty.evaluate_runs([workdir], states=states, episodes=2, max_episode_steps=30,
+                                   num_states=8, draws=draws, num_policy=50, log=lambda *a: None)
+  assert [r["seed"] for r in rows] == [0, 1] and len({r["algo"] for r in rows}) == 1
+  assert rows[0]["algo"].startswith("MOMBO") and {r["states"] for r in rows} == {states}
   for r in rows:
     n = r["transitions"]
-    assert 2 <= n <= 2 * 4                      # <= 30 steps: 9, 19, 29 or the last; 2 episodes
-    assert abs(r["accuracy"] * n - round(r["accuracy"] * n)) < 1e-9   # a fraction of n
-    # tightness = mean U - mean |B Q - B^ Q|
+    if states == "policy":
+      assert 2 <= n <= 2 * 4                    # <= 30 steps: 9, 19, 29 or the last; 2 episodes
+    else:
+      assert n == 8
+    for k in ("accuracy", "accuracy_unscaled"):  # a fraction of n * draws
+      assert abs(r[k] * n * draws - round(r[k] * n * draws)) < 1e-6 and 0 <= r[k] <= 1
+    # tightness = mean U - mean |B Q - B^ Q|, as trained and unscaled
     assert r["tightness"] == pytest.approx(r["penalty_mean"] - r["bellman_error_mean"], rel=1e-5,
                                            abs=1e-6)
-    assert r["penalty_mean"] > 0
+    assert r["tightness_unscaled"] == pytest.approx(
+        r["penalty_unscaled_mean"] - r["bellman_error_mean"], rel=1e-5, abs=1e-6)
+    assert r["penalty_mean"] == pytest.approx(r["beta"] * r["penalty_unscaled_mean"], rel=1e-5)
+    assert r["penalty_mean"] > 0 and np.isfinite(r["bellman_error_mean"])
   text = uncertainty.table_markdown(rows)
   acc = np.array([r["accuracy"] for r in rows])
-  assert f"{acc.mean():.2f} ± {acc.std():.2f}" in text
+  assert f"{acc.mean():.3f} ± {acc.std():.3f}" in text
+  assert f"states={states}" in text and "Accuracy (U / beta)" in text and "U / beta" in text
+  assert uncertainty.output_names(states) == (
+      ("uncertainty.csv", "uncertainty.md") if states == "policy" else
+      ("uncertainty_dataset.csv", "uncertainty_dataset.md"))
+  if states == "dataset":
+    from mombo_jax import data
+    picked = analysis.dataset_states(data.load_transitions(rows[0]["dataset"]), 8, 0)
+    assert len(picked["index"]) == 8             # the same 8 for every seed and algorithm
+  assert os.path.isdir(workdir)

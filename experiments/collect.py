@@ -13,7 +13,33 @@ overwritten (it is skipped, with a message) unless --overwrite.
 The SAC run lives in --workdir/<env>/sac: Orbax checkpoints (agent, replay buffer, medium snapshot)
 every --checkpoint_every steps and at the medium point, so an interrupted run resumes where it
 stopped (the interrupted episode is cut: marked truncated). Running again with a larger
---sac_steps continues a finished run.
+--sac_steps continues a finished run. Its medium point is the first evaluation (--eval_episodes
+deterministic episodes every --eval_every steps) that ends --medium_consecutive (default 2)
+evaluations in a row at or above --medium_fraction x D4RL's expert return: one lucky evaluation
+is not a medium policy.
+
+Saved actors. As soon as the run has its medium point (and, once it reaches --sac_steps, its final
+actor) the collector writes them small into --workdir/<env>/actors/:
+  medium.msgpack  expert.msgpack   flax.serialization.to_bytes of the actor variables (~300 KB at
+                                   256x256)
+  medium.json     expert.json      env, gym id, obs / action dims, actor_hidden, log-std bounds,
+                                   the SAC step, the evaluations that qualified it (medium: the
+                                   threshold and --medium_consecutive), seed, package version, git
+                                   commit, sha256 of the .msgpack and the collect command that
+                                   retrains it
+A build that finds the medium point already in the checkpoint (a resume) writes them too, without
+training. --actors_only only exports them from the checkpoint (trains, records and writes nothing
+else; run it once no build is writing checkpoints to that --workdir):
+  python -m experiments.collect --env=hopper-medium --actors_only --workdir=runs/collect
+
+--from_actors=DIR records medium / expert / medium-expert from DIR/medium.msgpack and
+DIR/expert.msgpack (+ their .json) alone, no SAC run: minutes on any machine, the same episodes
+for the same --seed / --num_envs / --steps / --rollout_policy (and, on one machine, the same
+episodes a SAC build with those settings recorded from that actor). The dataset's provenance and
+description name the actor file, its sha256 and the rebuild command. random and medium-replay
+(the SAC run's replay buffer) are refused: they need no actor / the SAC run.
+  python -m experiments.collect --env=hopper-medium,hopper-expert,hopper-medium-expert \
+      --from_actors=benchmarks/datasets/hopper
 """
 from __future__ import annotations
 
@@ -40,7 +66,11 @@ def define_flags():
   flags.DEFINE_integer("eval_every", 10_000, "SAC steps between deterministic evaluations.")
   flags.DEFINE_integer("eval_episodes", 10, "Episodes per SAC evaluation.")
   flags.DEFINE_float("medium_fraction", 1.0 / 3.0, "The medium policy is the first whose "
-                     "evaluation return reaches this fraction of the D4RL expert return.")
+                     "evaluation return reaches this fraction of the D4RL expert return on "
+                     "--medium_consecutive evaluations in a row.")
+  flags.DEFINE_integer("medium_consecutive", 2, "Consecutive evaluations (of --eval_episodes "
+                       "episodes) that must reach the medium return: one lucky evaluation is "
+                       "not a medium policy.")
   flags.DEFINE_integer("checkpoint_every", 50_000, "SAC steps between Orbax checkpoints.")
   flags.DEFINE_integer("train_every", 1000, "SAC env steps between chunks of as many gradient "
                        "steps (D4RL's rlkit SAC alternates 1000 and 1000; 1 = after every step).")
@@ -55,17 +85,25 @@ def define_flags():
   flags.DEFINE_integer("seed", 0, "Seed of everything random here.")
   flags.DEFINE_string("workdir", "runs/collect", "Where the SAC runs keep their checkpoints.")
   flags.DEFINE_bool("overwrite", False, "Rebuild the named datasets even if they exist.")
+  flags.DEFINE_string("from_actors", None, "Folder with saved actors (medium.msgpack, "
+                      "expert.msgpack and their .json sidecars): record medium / expert / "
+                      "medium-expert from them, no SAC run.")
+  flags.DEFINE_bool("actors_only", False, "Only save the actors behind the named datasets from "
+                    "the SAC checkpoint in --workdir (into --workdir/<env>/actors/); train, record "
+                    "and write nothing else.")
 
 
 def options_from_flags() -> Options:
   return Options(steps=FLAGS.steps, sac_steps=FLAGS.sac_steps, start_steps=FLAGS.start_steps,
                  eval_every=FLAGS.eval_every, eval_episodes=FLAGS.eval_episodes,
-                 medium_fraction=FLAGS.medium_fraction, checkpoint_every=FLAGS.checkpoint_every,
-                 train_every=FLAGS.train_every,
+                 medium_fraction=FLAGS.medium_fraction,
+                 medium_consecutive=FLAGS.medium_consecutive,
+                 checkpoint_every=FLAGS.checkpoint_every, train_every=FLAGS.train_every,
                  log_every=FLAGS.log_every, hidden=tuple(int(h) for h in FLAGS.hidden),
                  batch_size=FLAGS.batch_size, rollout_policy=FLAGS.rollout_policy,
                  num_envs=FLAGS.num_envs, max_episode_steps=FLAGS.max_episode_steps,
-                 seed=FLAGS.seed, workdir=FLAGS.workdir, overwrite=FLAGS.overwrite)
+                 seed=FLAGS.seed, workdir=FLAGS.workdir, overwrite=FLAGS.overwrite,
+                 from_actors=FLAGS.from_actors, actors_only=FLAGS.actors_only)
 
 
 def main(argv):
@@ -81,6 +119,8 @@ def main(argv):
       config_lib.parse_name(name)  # every name is checked before anything runs
     opts = options_from_flags()
     builder = Builder(opts)
+    for name in FLAGS.env:
+      builder.check(name)  # --from_actors / --actors_only: refusals before anything runs
     from mombo_jax import data
     _print(f"Minari root: {data.datasets_root()}")
     for name in FLAGS.env:

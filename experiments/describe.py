@@ -1,10 +1,15 @@
-r"""Print (and write) the card of a local dataset: size, return distribution, recipe, and how it
-compares with D4RL's published file of the same name.
+r"""Print (and write) the card of a local dataset: size, return distribution, recipe (rebuild
+command, saved actors it was recorded from, the SAC medium point), and how it compares with
+D4RL's published file of the same name.
 
   python -m experiments.describe --dataset=hopper-medium-replay
+  python -m experiments.describe --env=hopper-medium-replay \
+      --out=benchmarks/datasets/hopper-medium-replay
   python -m experiments.describe --dataset=d4rl/hopper/medium-replay-v2 --out=benchmarks/datasets/x
 
-Writes dataset_card.md and returns_hist.png next to the dataset (or into --out).
+Writes dataset_card.md and returns_hist.png next to the dataset (or into --out); --env is another
+name for --dataset. The data is read from MINARI_DATASETS_PATH (default ~/.minari/datasets).
+Cards are always regenerated this way from the data, never edited by hand.
 """
 import sys
 
@@ -16,6 +21,7 @@ FLAGS = flags.FLAGS
 def define_flags():
   """Defined only when run as the program (absl flags are global; tests import this module)."""
   flags.DEFINE_string("dataset", None, "Short name or Minari id of a local dataset.")
+  flags.DEFINE_alias("env", "dataset")
   flags.DEFINE_string("out", None, "Folder for the card (default: next to the dataset).")
 
 

@@ -1,6 +1,9 @@
 """Dataset cards: what a local dataset holds, how it was made, and how it compares with D4RL's
 published file of the same name. `write_card(name)` writes `dataset_card.md` and
 `returns_hist.png` next to the dataset (or into `out_dir`); `experiments.describe` prints it.
+Cards are computed from the data and its metadata (provenance: recipe, rebuild command, the saved
+actors a dataset was recorded from, the SAC run's medium point), never edited by hand: regenerate
+one with `python -m experiments.describe --dataset=<name> --out=<folder>`.
 """
 from __future__ import annotations
 
@@ -53,6 +56,9 @@ def card_text(name: str, stats: Optional[dict] = None) -> str:
   raw, norm, length = summary(returns), summary(normalised), summary(lengths.astype(np.float64))
   prov = data.provenance(name) or {}
   lines = [f"# Dataset card: {stats['dataset_id']}", "",
+           f"Generated from the data by `python -m experiments.describe "
+           f"--dataset={stats['dataset_id']} --out=<this folder>`: regenerate it, do not edit it.",
+           "",
            f"- environment: {stats['env']} (evaluated in gymnasium's v5 env)",
            f"- transitions: {int(lengths.sum())}",
            f"- episodes: {len(lengths)}",
@@ -60,6 +66,7 @@ def card_text(name: str, stats: Optional[dict] = None) -> str:
            + (f" ({prov['steps']} of the recipe's {prov['recipe_steps']} steps)"
               if prov.get("recipe_steps") else ""),
            f"- rebuild: `{prov['command']}`" if prov.get("command") else "- rebuild: not recorded",
+           *_provenance_lines(prov),
            f"- normalised with R_random={low:.2f}, R_expert={high:.2f} ({source})", "",
            "| per episode | mean | std | min | q25 | median | q75 | max |",
            "|---|---|---|---|---|---|---|---|"]
@@ -81,6 +88,28 @@ def card_text(name: str, stats: Optional[dict] = None) -> str:
     lines.append("No published D4RL statistics for this name.")
   lines += ["", "![episode returns](returns_hist.png)", ""]
   return "\n".join(lines)
+
+
+def _provenance_lines(prov: dict) -> list:
+  """Card lines for the saved actors a dataset was recorded from and the SAC run's medium point
+  (mombo_jax.recipes), where its provenance records them."""
+  lines = []
+  actors = prov.get("actors")
+  if isinstance(actors, dict):
+    for quality, actor in actors.items():
+      if isinstance(actor, dict):
+        lines.append(f"- recorded from the {quality} actor `{actor.get('path')}` (sha256 "
+                     f"`{actor.get('sha256')}`, SAC step {actor.get('sac_step')})")
+  point = prov.get("medium_point")
+  if isinstance(point, dict):
+    evals = ", ".join(f"{r:.1f} at step {s}" for s, r in point.get("qualifying_evals") or [])
+    threshold = point.get("medium_return")
+    lines.append(f"- SAC medium point: step {point.get('medium_step')}, after "
+                 f"{point.get('medium_consecutive')} evaluation(s) in a row of "
+                 f"{point.get('eval_episodes')} episodes >= "
+                 + (f"{threshold:.1f}" if isinstance(threshold, (int, float)) else "?")
+                 + f" ({evals})")
+  return lines
 
 
 def _fmt(x):

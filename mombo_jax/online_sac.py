@@ -6,7 +6,8 @@ medium, medium-replay and expert datasets.
 The SAC itself is mombo_jax.sac with the standard online hyperparameters (ONLINE_SAC). Acting runs
 in numpy on the host (host_actor: one small MLP call per env step is cheaper than a jitted call's
 dispatch); gradient steps run on the device in chunks of `train_every`, each a lax.scan over
-batches sampled on the device from a device copy of the replay buffer.
+batches sampled on the device from a device copy of the replay buffer. restore_sac reads a run's
+checkpoint without training (for exporting its actors, mombo_jax.recipes.save_actor).
 """
 from __future__ import annotations
 
@@ -168,17 +169,53 @@ def _empty_replay(capacity: int, obs_dim: int, action_dim: int) -> dict:
               terminated=np.zeros((capacity,), f32), end=np.zeros((capacity,), f32))
 
 
+def _run_settings(env, seed: int, start_steps: int) -> dict:
+  """What a checkpoint must have been made with to be resumed (besides the network settings)."""
+  return dict(seed=seed, start_steps=start_steps, obs_dim=env.observation_space.shape[0],
+              action_dim=env.action_space.shape[0],
+              max_episode_steps=env.spec.max_episode_steps if env.spec else None)
+
+
+def restore_sac(make_env: Callable, config, total_steps: int, *, start_steps: int, seed: int,
+                workdir: str) -> Optional[SacResult]:
+  """The SAC run checkpointed in workdir, as train_sac (same arguments) would resume it, without
+  training or evaluating anything: for exporting its actors (`collect --actors_only`). None when
+  workdir holds no checkpoint. final_actor is the actor of the checkpoint's step (steps_done).
+  Not beside a process still writing checkpoints there: opening the Orbax manager removes
+  unfinished temporary checkpoint folders."""
+  if not os.path.isdir(workdir):
+    return None   # nothing to read, and nothing created
+  env = make_env()
+  obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]
+  settings = _run_settings(env, seed, start_steps)
+  env.close()
+  state, meta = _SacCheckpoints(workdir, config, total_steps, settings).restore(obs_dim, action_dim)
+  if state is None:
+    return None
+  evals = [tuple(e) for e in meta["evals"] or []]
+  size = meta["medium_size"]
+  return SacResult(config=config, final_actor=state["agent"].actor.params,
+                   steps_done=meta["step"],
+                   medium_actor=state["medium_actor"] if meta["medium_step"] >= 0 else None,
+                   medium_step=meta["medium_step"], medium_size=size,
+                   replay={k: v[:size] for k, v in state["replay"].items()}, evals=evals,
+                   best_eval=max(evals, key=lambda e: e[1]) if evals else (meta["step"],
+                                                                           float("nan")))
+
+
 def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int, eval_every: int,
               eval_episodes: int, seed: int, medium_return: Optional[float] = None,
               workdir: Optional[str] = None, checkpoint_every: int = 50_000,
               log_every: int = 5_000, log_fn=_print, train_every: int = 1000,
-              stop_at_medium: bool = False) -> SacResult:
+              stop_at_medium: bool = False, medium_consecutive: int = 2) -> SacResult:
   """Online SAC (one gradient step per env step, run in chunks of train_every), resumable from
   checkpoints in workdir.
 
   make_env() -> gymnasium env with a Box action space. Evaluations (deterministic policy,
-  eval_episodes episodes) run every eval_every steps; the first one whose mean reaches
-  medium_return (if given) snapshots the actor and the replay size (the medium point).
+  eval_episodes episodes) run every eval_every steps; once medium_consecutive evaluations in a
+  row reach medium_return (if given), the last of them snapshots the actor and the replay size
+  (the medium point): one lucky evaluation (hopper's returns swing by +-700 between evaluations)
+  is not a medium policy.
   stop_at_medium: end the run at the medium point (checkpointed there; a later call without it
   resumes towards total_steps). Building medium / medium-replay needs no more.
   """
@@ -190,8 +227,9 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   insert, train = _jitted(config)
   if train_every < 1:
     raise UserError(f"--train_every must be >= 1, got {train_every}.")
-  settings = dict(seed=seed, start_steps=start_steps, obs_dim=obs_dim, action_dim=action_dim,
-                  max_episode_steps=env.spec.max_episode_steps if env.spec else None)
+  if medium_consecutive < 1:
+    raise UserError(f"--medium_consecutive must be >= 1, got {medium_consecutive}.")
+  settings = _run_settings(env, seed, start_steps)
   ckpt = _SacCheckpoints(workdir, config, total_steps, settings) if workdir else None
 
   state, meta = None, None
@@ -202,7 +240,8 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
     state = dict(agent=agent, key=jax.random.key_data(jax.random.key(seed + 1)),
                  replay=_empty_replay(total_steps, obs_dim, action_dim),
                  medium_actor=jax.tree_util.tree_map(np.asarray, agent.actor.params))
-    meta = dict(step=0, medium_step=-1, medium_size=0, evals=[], episodes=0, trained=0)
+    meta = dict(step=0, medium_step=-1, medium_size=0, evals=[], episodes=0, trained=0,
+                medium_streak=0)
   else:
     reached = (f"medium point at step {meta['medium_step']}" if meta["medium_step"] >= 0
                else "medium point not reached yet")
@@ -228,10 +267,18 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
                        seed * 1000 + SEED_OFFSETS["eval"] + step)
     meta["evals"].append([step, float(returns.mean())])
     reached = ""
-    if medium_return is not None and meta["medium_step"] < 0 and returns.mean() >= medium_return:
-      meta["medium_step"], meta["medium_size"] = step, step
-      state["medium_actor"] = jax.tree_util.tree_map(np.asarray, agent.actor.params)
-      reached = f"  -> medium point (>= {medium_return:.1f}); snapshot taken"
+    if medium_return is not None and meta["medium_step"] < 0:
+      passed = returns.mean() >= medium_return
+      meta["medium_streak"] = meta.get("medium_streak", 0) + 1 if passed else 0
+      if meta["medium_streak"] >= medium_consecutive:
+        meta["medium_step"], meta["medium_size"] = step, step
+        state["medium_actor"] = jax.tree_util.tree_map(np.asarray, agent.actor.params)
+        reached = (f"  -> medium point ({medium_consecutive} evaluation(s) in a row >= "
+                   f"{medium_return:.1f}); snapshot taken")
+      elif passed:
+        reached_once = f"  (>= {medium_return:.1f}: {meta['medium_streak']} of {medium_consecutive})"
+        log_fn(f"  eval @ {step}: return {returns.mean():.1f} +- {returns.std():.1f}{reached_once}")
+        return False
     log_fn(f"  eval @ {step}: return {returns.mean():.1f} +- {returns.std():.1f}{reached}")
     return bool(reached)
 
@@ -351,5 +398,6 @@ class _SacCheckpoints:
       state["replay"] = grown
     state["medium_actor"] = jax.tree_util.tree_map(np.asarray, state["medium_actor"])
     meta = {k: meta.get(k) for k in ("step", "medium_step", "medium_size", "evals", "episodes",
-                                      "trained")}
+                                      "trained", "medium_streak")}
+    meta["medium_streak"] = meta["medium_streak"] or 0
     return state, meta

@@ -3,10 +3,11 @@
 Recipes (D4RL, Fu et al. 2020):
 - random: `steps` steps of a uniform random policy.
 - One online SAC run per environment (mombo_jax.online_sac) gives the other qualities. Its
-  deterministic evaluation return is checked every `eval_every` steps; the first time it reaches
-  `medium_fraction` x the D4RL expert return, the policy is snapshotted ("medium") and the replay
-  buffer up to that step is `medium-replay`. Training continues to `sac_steps`; the final policy is
-  the "expert".
+  deterministic evaluation return (`eval_episodes` episodes) is checked every `eval_every` steps;
+  once `medium_consecutive` (default 2) evaluations in a row reach `medium_fraction` x the D4RL
+  expert return, the policy of the last of them is snapshotted ("medium") and the replay buffer up
+  to that step is `medium-replay`. Training continues to `sac_steps`; the final policy is the
+  "expert".
 - medium / expert: `steps` steps of the medium / final policy, actions sampled from the stochastic
   policy as D4RL did (rollout_policy="deterministic" uses tanh(mean)), many envs stepped together
   with one policy call per step.
@@ -16,24 +17,43 @@ Recipes (D4RL, Fu et al. 2020):
   from whole random episodes (whole episodes make the shares approximate).
 Missing ingredients are built too; existing datasets are reused, never silently overwritten.
 Datasets live under MINARI_DATASETS_PATH as `mombo/<env>/<quality>-v0` (data.minari_id), with the
-D4RL reference returns and their provenance (recipe, size, rebuild command) in the metadata, and a
-dataset card beside them (mombo_jax.cards).
+D4RL reference returns and their provenance (recipe, size, rebuild command; the saved actors they
+were recorded from and the SAC medium point where there are such) in the metadata, and a dataset
+card beside them (mombo_jax.cards).
+
+Saved actors (save_actor / load_actor). The Builder writes the SAC run's medium actor once the run
+has its medium point, and its final ("expert") actor once it reaches `sac_steps`, including when
+it finds them in an existing checkpoint, to `<workdir>/<env>/actors/`:
+  medium.msgpack, expert.msgpack   flax.serialization.to_bytes of the actor variables
+  medium.json, expert.json         env, gym id, obs / action dims, actor_hidden, log-std bounds
+                                   (actor_config rebuilds the Config sac_policy needs), SAC step,
+                                   the evaluations that qualified it, the medium threshold and
+                                   medium_consecutive, seed, version, git commit, the weights'
+                                   sha256 and the collect command that retrains them.
+Options.actors_only (collect --actors_only) only exports them from the checkpoint (restore_sac:
+no training, nothing written to the run). Options.from_actors (collect --from_actors=DIR) records
+medium / expert / medium-expert from DIR's saved actors alone, through the same rollout /
+_policy_episodes (and seeds) as a SAC build, so the same actor file and options give the same
+episodes; random and medium-replay (the SAC run's replay buffer) are refused (Builder.check).
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
+import shlex
 import shutil
+import subprocess
 import time
 import warnings
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
 from mombo_jax.online_sac import (SEED_OFFSETS, SacResult, UserError, _print, _to_env_action,
-                                  online_config, train_sac)
+                                  online_config, restore_sac, train_sac)
 
 SAC_QUALITIES = ("medium-replay", "medium", "expert", "medium-expert")
 
@@ -54,6 +74,7 @@ class Options:
   eval_every: int = 10_000
   eval_episodes: int = 10
   medium_fraction: float = 1.0 / 3.0
+  medium_consecutive: int = 2
   checkpoint_every: int = 50_000
   train_every: int = 1000
   log_every: int = 5_000
@@ -65,6 +86,8 @@ class Options:
   seed: int = 0
   workdir: str = "runs/collect"
   overwrite: bool = False
+  from_actors: Optional[str] = None   # record medium / expert from the actors saved in this folder
+  actors_only: bool = False           # only export the SAC run's actors from its checkpoint
 
 
 def _make_env(env: str, max_episode_steps: Optional[int] = None):
@@ -154,6 +177,146 @@ def sac_policy(actor_params, config, seed: int, deterministic: bool) -> Callable
     key[0], k = jax.random.split(key[0])
     return np.asarray(fn(actor_params, obs, k))
   return policy
+
+
+# --------------------------------------------------------------------------------- saved actors
+
+ACTOR_FORMAT = "mombo_jax-actor-v1"
+ACTOR_QUALITIES = ("medium", "expert")
+# The actors each SAC quality's dataset is recorded from (medium-replay: the run that made it).
+ACTORS_OF = {"medium": ("medium",), "medium-replay": ("medium",), "expert": ("expert",),
+             "medium-expert": ("medium", "expert")}
+# Options that shape the SAC run (hence its actors), and those that shape a recorded dataset.
+SAC_FLAGS = ("sac_steps", "start_steps", "eval_every", "eval_episodes", "medium_fraction",
+             "medium_consecutive", "train_every", "hidden", "batch_size", "max_episode_steps",
+             "seed", "workdir")
+RECORD_FLAGS = ("seed", "num_envs", "rollout_policy", "max_episode_steps")
+
+
+@dataclasses.dataclass
+class SavedActor:
+  """An actor saved by save_actor, loaded back (load_actor)."""
+  params: dict        # the actor variables {"params": {"Dense_0": ...}}, numpy arrays
+  config: object      # the Config sac_policy needs (online_config + the saved log-std bounds)
+  info: dict          # the JSON sidecar
+  path: str           # the .msgpack file
+  sha256: str         # of the .msgpack file
+
+
+def actor_paths(directory: str, quality: str) -> tuple:
+  """(<directory>/<quality>.msgpack, <directory>/<quality>.json)."""
+  return (os.path.join(directory, f"{quality}.msgpack"), os.path.join(directory, f"{quality}.json"))
+
+
+def _canonical(tree):
+  """Nested dicts with sorted keys and numpy leaves: the same weights give the same bytes, whether
+  they come from the live run or from its Orbax checkpoint."""
+  if isinstance(tree, Mapping):
+    return {str(k): _canonical(tree[k]) for k in sorted(tree)}
+  return np.asarray(tree)
+
+
+def actor_bytes(actor_params) -> bytes:
+  """flax.serialization.to_bytes of the actor variables (canonical order, host arrays)."""
+  import jax
+  from flax import serialization
+  return serialization.to_bytes(_canonical(jax.device_get(actor_params)))
+
+
+def _atomic_write(path: str, blob: bytes):
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f:
+    f.write(blob)
+  os.replace(tmp, path)
+
+
+def save_actor(directory: str, quality: str, actor_params, info: dict) -> dict:
+  """Writes <directory>/<quality>.msgpack (the actor variables) and <quality>.json (`info` plus the
+  weights' file name, size and sha256); returns the sidecar. info must hold what actor_config
+  reads: env, obs_dim, action_dim, actor_hidden, log_std_min, log_std_max (batch_size)."""
+  os.makedirs(directory, exist_ok=True)
+  blob = actor_bytes(actor_params)
+  weights, sidecar_path = actor_paths(directory, quality)
+  sidecar = dict(format=ACTOR_FORMAT, quality=quality, **info,
+                 weights=os.path.basename(weights), bytes=len(blob),
+                 sha256=hashlib.sha256(blob).hexdigest())
+  _atomic_write(weights, blob)
+  _atomic_write(sidecar_path, (json.dumps(sidecar, indent=2) + "\n").encode())
+  return sidecar
+
+
+def actor_config(info: dict):
+  """The online-SAC Config an actor sidecar describes (what make_actor / sac_policy read)."""
+  config = online_config(info["env"], tuple(int(h) for h in info["actor_hidden"]),
+                         int(info.get("batch_size", 256)))
+  return dataclasses.replace(config, log_std_min=float(info["log_std_min"]),
+                             log_std_max=float(info["log_std_max"]))
+
+
+def load_actor(directory: str, quality: str) -> SavedActor:
+  """The actor save_actor wrote into directory, checked against its sidecar (sha256, network
+  shapes). UserError naming the file when one is missing or does not match."""
+  import jax
+  import jax.numpy as jnp
+  from flax import serialization
+  from mombo_jax import sac
+  weights, sidecar_path = actor_paths(directory, quality)
+  for path in (weights, sidecar_path):
+    if not os.path.isfile(path):
+      raise UserError(f"no saved actor file {path}")
+  with open(sidecar_path) as f:
+    try:
+      info = json.load(f)
+    except ValueError as e:
+      raise UserError(f"{sidecar_path} is not valid JSON: {e}") from None
+  with open(weights, "rb") as f:
+    blob = f.read()
+  sha = hashlib.sha256(blob).hexdigest()
+  if info.get("sha256") != sha:
+    raise UserError(f"{weights} (sha256 {sha[:12]}...) is not the file its sidecar {sidecar_path} "
+                    f"describes (sha256 {str(info.get('sha256'))[:12]}...)")
+  missing = [k for k in ("env", "obs_dim", "action_dim", "actor_hidden", "log_std_min",
+                         "log_std_max") if k not in info]
+  if missing:
+    raise UserError(f"{sidecar_path} lacks {', '.join(missing)}")
+  config = actor_config(info)
+  params = serialization.msgpack_restore(blob)
+  actor = sac.make_actor(config, int(info["action_dim"]))
+  want = jax.eval_shape(lambda: actor.init(jax.random.key(0),
+                                           jnp.zeros((1, int(info["obs_dim"])), jnp.float32)))
+  def shapes(tree):
+    return {jax.tree_util.keystr(path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+  if shapes(params) != shapes(want):
+    raise UserError(f"{weights} does not hold the actor {sidecar_path} describes (hidden "
+                    f"{info['actor_hidden']}, obs {info['obs_dim']}, actions {info['action_dim']})")
+  return SavedActor(params=params, config=config, info=info, path=weights, sha256=sha)
+
+
+def _git_commit() -> Optional[str]:
+  try:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                         cwd=os.path.dirname(os.path.abspath(__file__)))
+  except (OSError, subprocess.SubprocessError):
+    return None
+  if out.returncode != 0:
+    return None
+  return out.stdout.strip() or None
+
+
+def collect_command(name: str, opts: "Options", keys: Sequence[str] = (), **extra) -> str:
+  """`python -m experiments.collect --env=<name>` with the options among `keys` that differ from
+  their defaults, then `extra` flags (True: a bare --flag)."""
+  default = Options()
+  parts = ["python -m experiments.collect", f"--env={name}"]
+  items = [(k, getattr(opts, k)) for k in keys if getattr(opts, k) != getattr(default, k)]
+  for k, v in items + list(extra.items()):
+    if v is True:
+      parts.append(f"--{k}")
+    else:
+      value = ",".join(str(x) for x in v) if isinstance(v, (tuple, list)) else str(v)
+      parts.append(f"--{k}={shlex.quote(value)}")
+  return " ".join(parts)
 
 
 def dataset_exists(name: str) -> bool:
@@ -282,26 +445,210 @@ def _replay_episodes(replay: dict) -> List[dict]:
 
 
 class Builder:
-  """Builds named datasets, sharing one SAC run per environment."""
+  """Builds named datasets, sharing one SAC run per environment. Saves the run's medium / expert
+  actors (<workdir>/<env>/actors/) as soon as it has them; with opts.from_actors records medium /
+  expert / medium-expert from saved actors instead; with opts.actors_only only exports actors."""
 
   def __init__(self, opts: Options, log_fn=_print):
+    if opts.from_actors and opts.actors_only:
+      raise UserError("--from_actors records datasets from saved actors; --actors_only exports "
+                      "actors from a SAC checkpoint: pass one of them.")
     self.opts = opts
     self.log = log_fn
     self._sac: Dict[str, SacResult] = {}
+    self._saved: Dict[tuple, dict] = {}      # (env, quality) -> {"path", "sha256", "sac_step"}
+    self._loaded: Dict[tuple, SavedActor] = {}
+    self._recorded: Dict[tuple, List[dict]] = {}
 
   # -- helpers
   def _exists(self, name: str) -> bool:
     return dataset_exists(name)
 
-  def _write(self, name, episodes, description, algorithm, overwrite=False):
+  def _write(self, name, episodes, description, algorithm, overwrite=False, *,
+             extra_provenance: Optional[dict] = None, command: Optional[str] = None):
     from mombo_jax import data
     quality = data.parse_name(name)[1]
     recipe = "mixed" if quality.endswith("pct") else quality
     written = sum(len(ep["rewards"]) for ep in episodes)
+    provenance = provenance_for(name, recipe, written)
+    if command:
+      provenance["command"] = command
+    provenance.update(extra_provenance or {})
     dataset_id = write_dataset(name, episodes, description, algorithm, self.opts.max_episode_steps,
-                               overwrite, provenance=provenance_for(name, recipe, written))
+                               overwrite, provenance=provenance)
     self.log(f"wrote {dataset_id}: {_summary(episodes)}")
     return dataset_id
+
+  # -- saved actors
+  def actors_dir(self, env: str) -> str:
+    """Where the SAC run's actors are saved: <workdir>/<env>/actors."""
+    return os.path.join(self.opts.workdir, env, "actors")
+
+  def _save_actors(self, env: str, result: SacResult):
+    """The medium actor once the run has its medium point; the expert once it is complete."""
+    if result.medium_step >= 0:
+      self._save_actor(env, "medium", result)
+    if result.steps_done >= self.opts.sac_steps:
+      self._save_actor(env, "expert", result)
+
+  def _medium_record(self, result: SacResult) -> dict:
+    """The medium point and the evaluations that made it (the last medium_consecutive up to it)."""
+    from mombo_jax import data
+    o = self.opts
+    evals = [[int(s), float(r)] for s, r in result.evals if s <= result.medium_step]
+    return dict(medium_step=int(result.medium_step), medium_fraction=o.medium_fraction,
+                medium_return=o.medium_fraction * data.D4RL_REF_SCORES[
+                    data.env_name(result.config.env)][1],
+                medium_consecutive=o.medium_consecutive, eval_episodes=o.eval_episodes,
+                qualifying_evals=evals[-o.medium_consecutive:])
+
+  def _save_actor(self, env: str, quality: str, result: SacResult) -> dict:
+    import mombo_jax
+    from mombo_jax import data
+    o = self.opts
+    config = result.config
+    params = result.medium_actor if quality == "medium" else result.final_actor
+    layers = params["params"]
+    n = len(config.actor_hidden)
+    info = dict(env=env, gym_id=data.GYM_IDS[env],
+                obs_dim=int(np.shape(layers["Dense_0"]["kernel"])[0]),
+                action_dim=int(np.shape(layers[f"Dense_{n}"]["kernel"])[-1]),
+                actor_hidden=[int(h) for h in config.actor_hidden],
+                log_std_min=float(config.log_std_min), log_std_max=float(config.log_std_max),
+                batch_size=int(config.batch_size))
+    if quality == "medium":
+      record = self._medium_record(result)
+      info.update(sac_step=record.pop("medium_step"), **record)
+    else:
+      info.update(sac_step=int(result.steps_done),
+                  final_eval=list(result.evals[-1]) if result.evals else None,
+                  best_eval=list(result.best_eval), eval_episodes=o.eval_episodes)
+    info.update(sac_steps=o.sac_steps, seed=o.seed, sac_seed=o.seed + SEED_OFFSETS["sac"],
+                max_episode_steps=o.max_episode_steps, version=mombo_jax.__version__,
+                git_commit=_git_commit(),
+                command=collect_command(f"{env}-{quality}", o, SAC_FLAGS),
+                command_note="Retrains the SAC run in a fresh --workdir (an existing checkpoint "
+                "there is resumed instead); the actor is saved to <workdir>/<env>/actors/. "
+                "Datasets from this file alone: collect --from_actors=<its folder>.")
+    directory = self.actors_dir(env)
+    sidecar = save_actor(directory, quality, params, info)
+    path = actor_paths(directory, quality)[0]
+    self._saved[env, quality] = dict(path=path, sha256=sidecar["sha256"],
+                                     sac_step=info["sac_step"])
+    self.log(f"saved the {quality} actor (SAC step {info['sac_step']}) to {path} "
+             f"({sidecar['bytes'] / 1024:.0f} KB) and its sidecar")
+    return sidecar
+
+  def export_actors(self, name: str):
+    """--actors_only: save the actors behind `name` from the SAC run's checkpoint; trains, records
+    and writes nothing else. Not while a build is still writing checkpoints to that workdir
+    (opening them removes unfinished temporary checkpoint folders)."""
+    from mombo_jax import data
+    o = self.opts
+    env, quality = data.parse_name(name)
+    wanted = ACTORS_OF.get(quality)
+    if not wanted:
+      raise UserError(f"{name} is recorded from no SAC actor: --actors_only exports the actors "
+                      "behind medium, medium-replay, expert and medium-expert.")
+    workdir = os.path.join(o.workdir, env, "sac")
+    if env not in self._sac:
+      result = restore_sac(lambda: _make_env(env, o.max_episode_steps),
+                           online_config(env, o.hidden, o.batch_size), o.sac_steps,
+                           start_steps=o.start_steps, seed=o.seed + SEED_OFFSETS["sac"],
+                           workdir=workdir)
+      if result is None:
+        raise UserError(f"No SAC checkpoint in {workdir}: pass the --workdir (and the network "
+                        f"flags) of the build that trained the {env} SAC run.")
+      self._sac[env] = result
+    result = self._sac[env]
+    if "medium" in wanted:
+      if result.medium_step < 0:
+        raise UserError(f"The SAC run in {workdir} has not reached its medium point yet (step "
+                        f"{result.steps_done}): build {env}-medium-replay or {env}-medium first, "
+                        "without --actors_only.")
+      self._save_actor(env, "medium", result)
+    if "expert" in wanted:
+      if result.steps_done < o.sac_steps:
+        raise UserError(f"The SAC run in {workdir} is at step {result.steps_done}, not "
+                        f"--sac_steps={o.sac_steps}: build {env}-expert first (it resumes the "
+                        "run), without --actors_only, or pass the --sac_steps it was run to.")
+      self._save_actor(env, "expert", result)
+    return None
+
+  def check(self, name: str):
+    """UserError now, before anything runs, for a name this Builder's mode cannot build:
+    --from_actors with random / medium-replay / mixed qualities or a missing actor file,
+    --actors_only with a quality that has no actor."""
+    from mombo_jax import data
+    env, quality = data.parse_name(name)
+    if self.opts.actors_only and quality not in ACTORS_OF:
+      raise UserError(f"{name} is recorded from no SAC actor: --actors_only exports the actors "
+                      "behind medium, medium-replay, expert and medium-expert.")
+    if not self.opts.from_actors:
+      return
+    if quality == "random":
+      raise UserError(f"{name} is a uniform random policy: it needs no saved actor; build it "
+                      f"without --from_actors (python -m experiments.collect --env={name}).")
+    if quality == "medium-replay":
+      raise UserError(f"{name} is the replay buffer of the SAC run up to its medium point, which "
+                      "no saved actor holds: it needs the SAC run (build it without "
+                      "--from_actors).")
+    if quality not in ACTORS_OF:
+      partner = quality.split("-")[1]
+      raise UserError(f"{name} mixes {env}-random with {env}-{partner}: build {env}-{partner} "
+                      f"with --from_actors first, then {name} without --from_actors (it reuses "
+                      "the existing ingredients).")
+    for q in ACTORS_OF[quality]:
+      for path in actor_paths(self.opts.from_actors, q):
+        if not os.path.isfile(path):
+          raise UserError(f"no saved actor file {path} (needed by {name}); export the {q} actor "
+                          f"with `python -m experiments.collect --env={env}-{q} --actors_only "
+                          "--workdir=<the SAC build's workdir>` and copy <workdir>/"
+                          f"{env}/actors/{q}.msgpack and {q}.json there.")
+      with open(actor_paths(self.opts.from_actors, q)[1]) as f:
+        try:
+          saved_env = json.load(f).get("env")
+        except ValueError as e:
+          raise UserError(f"{actor_paths(self.opts.from_actors, q)[1]} is not valid JSON: {e}")
+      if saved_env != env:
+        raise UserError(f"{actor_paths(self.opts.from_actors, q)[1]} is an actor for "
+                        f"{saved_env}, not {env} (needed by {name}).")
+
+  def _saved_actor(self, env: str, quality: str) -> SavedActor:
+    key = (env, quality)
+    if key not in self._loaded:
+      actor = load_actor(self.opts.from_actors, quality)
+      if actor.info.get("env") != env:
+        raise UserError(f"{actor.path} is an actor for {actor.info.get('env')}, not {env}.")
+      self._loaded[key] = actor
+    return self._loaded[key]
+
+  def _actor_episodes(self, env: str, quality: str) -> List[dict]:
+    """The episodes of the saved `quality` actor, recorded once per Builder (medium-expert reuses
+    those of medium / expert built in the same command)."""
+    key = (env, quality)
+    if key not in self._recorded:
+      actor = self._saved_actor(env, quality)
+      self.log(f"recording {self.opts.steps} steps of {actor.path} (sha256 "
+               f"{actor.sha256[:12]}..., SAC step {actor.info.get('sac_step')})")
+      self._recorded[key] = self._policy_episodes(env, actor.params, actor.config, quality)
+    return self._recorded[key]
+
+  def _build_from_actors(self, name: str, overwrite: bool) -> str:
+    from mombo_jax import data
+    o = self.opts
+    env, quality = data.parse_name(name)
+    qualities = ACTORS_OF[quality]
+    episodes = [ep for q in qualities for ep in self._actor_episodes(env, q)]
+    actors = {q: dict(path=self._saved_actor(env, q).path, sha256=self._saved_actor(env, q).sha256,
+                      sac_step=self._saved_actor(env, q).info.get("sac_step")) for q in qualities}
+    command = collect_command(name, o, RECORD_FLAGS, from_actors=o.from_actors, overwrite=True)
+    made = " followed by ".join(
+        f"{o.steps} steps of the {o.rollout_policy} SAC policy saved in {a['path']} (sha256 "
+        f"{a['sha256']}, SAC step {a['sac_step']})" for a in actors.values())
+    return self._write(name, episodes, f"{made} on {data.GYM_IDS[env]} (D4RL recipe, recorded "
+                       f"from saved actors). Rebuild: {command}", "SAC", overwrite,
+                       extra_provenance={"actors": actors}, command=command)
 
   def sac_run(self, env: str, until_medium: bool = False) -> SacResult:
     """The environment's SAC run, trained to --sac_steps, or only up to its medium point when
@@ -324,9 +671,16 @@ class Builder:
                        eval_episodes=o.eval_episodes, seed=o.seed + SEED_OFFSETS["sac"],
                        medium_return=medium_return, workdir=workdir,
                        checkpoint_every=o.checkpoint_every, log_every=o.log_every, log_fn=self.log,
-                       train_every=o.train_every, stop_at_medium=until_medium)
+                       train_every=o.train_every, stop_at_medium=until_medium,
+                       medium_consecutive=o.medium_consecutive)
     self._sac[env] = result
+    self._save_actors(env, result)
     return result
+
+  def _actor_provenance(self, env: str, qualities: Sequence[str]) -> dict:
+    """{"actors": {quality: {"path", "sha256", "sac_step"}}} of the actors saved for this run."""
+    actors = {q: self._saved[env, q] for q in qualities if (env, q) in self._saved}
+    return {"actors": actors} if actors else {}
 
   def _medium_result(self, env: str) -> SacResult:
     result = self.sac_run(env, until_medium=True)
@@ -362,11 +716,16 @@ class Builder:
     from mombo_jax import data
     overwrite = self.opts.overwrite if overwrite is None else overwrite
     env, quality = data.parse_name(name)
+    self.check(name)
+    if self.opts.actors_only:
+      return self.export_actors(name)
     if self._exists(name) and not overwrite:
       self.log(f"{data.minari_id(name)} already exists: skipped (pass --overwrite to rebuild it)")
       return None
     o = self.opts
     gym_id = data.GYM_IDS[env]
+    if o.from_actors:
+      return self._build_from_actors(name, overwrite)
     if quality == "random":
       return build_random(name, o.steps, o.seed, self.log, o.max_episode_steps, overwrite=overwrite,
                           num_envs=1)
@@ -380,18 +739,23 @@ class Builder:
         episodes = self._policy_episodes(env, result.final_actor, result.config, "expert")
         return self._write(name, episodes, f"{o.steps} steps of the {o.rollout_policy} SAC policy "
                            f"after {o.sac_steps} training steps on {gym_id} (D4RL recipe).", "SAC",
-                           overwrite)
+                           overwrite, extra_provenance=self._actor_provenance(env, ("expert",)))
       result = self._medium_result(env)
+      medium = {"medium_point": self._medium_record(result)}
       if quality == "medium":
         episodes = self._policy_episodes(env, result.medium_actor, result.config, "medium")
         return self._write(name, episodes, f"{o.steps} steps of the {o.rollout_policy} SAC policy "
                            f"at its medium point (step {result.medium_step}, evaluation return >= "
-                           f"{o.medium_fraction:.3g} x D4RL expert) on {gym_id} (D4RL recipe).",
-                           "SAC", overwrite)
+                           f"{o.medium_fraction:.3g} x D4RL expert on {o.medium_consecutive} "
+                           f"evaluations in a row) on {gym_id} (D4RL recipe).", "SAC", overwrite,
+                           extra_provenance=dict(medium,
+                                                 **self._actor_provenance(env, ("medium",))))
       episodes = _replay_episodes(result.replay)
       return self._write(name, episodes, f"The replay buffer of a SAC run on {gym_id} up to its "
-                         f"medium point (step {result.medium_step}) (D4RL recipe).", "SAC",
-                         overwrite)
+                         f"medium point (step {result.medium_step}, evaluation return >= "
+                         f"{o.medium_fraction:.3g} x D4RL expert on {o.medium_consecutive} "
+                         "evaluations in a row) (D4RL recipe).", "SAC", overwrite,
+                         extra_provenance=medium)
     # Mixed: <random|...>-<partner>-<p>pct
     _, partner, pct = quality.split("-")
     percent = int(pct[:-3])

@@ -38,3 +38,37 @@ def test_card_numbers_match_a_direct_computation(minari_root, tmp_path):
   assert "recipe: d4rl-import" in text
   out = cards.write_card(dataset_id, str(tmp_path / "card"))
   assert open(out).read() == text
+
+
+def test_provenance_lines_saved_actors_and_medium_point():
+  prov = {"actors": {"medium": {"path": "benchmarks/datasets/hopper/medium.msgpack",
+                                "sha256": "ab" * 32, "sac_step": 190000}},
+          "medium_point": {"medium_step": 190000, "medium_consecutive": 2, "eval_episodes": 10,
+                           "medium_return": 1078.1, "qualifying_evals": [[180000, 1101.25],
+                                                                         [190000, 1234.0]]}}
+  lines = cards._provenance_lines(prov)
+  assert lines == [
+      f"- recorded from the medium actor `benchmarks/datasets/hopper/medium.msgpack` (sha256 "
+      f"`{'ab' * 32}`, SAC step 190000)",
+      "- SAC medium point: step 190000, after 2 evaluation(s) in a row of 10 episodes >= 1078.1 "
+      "(1101.2 at step 180000, 1234.0 at step 190000)"]
+  assert cards._provenance_lines({"recipe": "random"}) == []   # older datasets: nothing more
+
+
+def test_describe_writes_the_card_into_a_folder(minari_root, tmp_path):
+  """`experiments.describe --env=<name> --out=<folder>` (--env: another name for --dataset)
+  writes the same card as cards.card_text, and the histogram, into the folder."""
+  import subprocess
+  import sys
+  dataset_id = "test-cards/hopper/medium-v2"
+  import_d4rl.import_file(_write(tmp_path / "f.hdf5", _arrays()), "hopper-medium", dataset_id,
+                          log_fn=lambda *_: None)
+  out = tmp_path / "card"
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  run = subprocess.run([sys.executable, "-m", "experiments.describe", f"--env={dataset_id}",
+                        f"--out={out}"], cwd=repo, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, MINARI_DATASETS_PATH=str(minari_root)))
+  assert run.returncode == 0, run.stderr
+  assert (out / "dataset_card.md").read_text() == cards.card_text(dataset_id)
+  assert (out / "returns_hist.png").stat().st_size > 0
+  assert "Generated from the data by `python -m experiments.describe" in run.stdout

@@ -1,5 +1,10 @@
-"""experiments/collect.py: recipes on tiny budgets, written as real Minari datasets, read back."""
+"""experiments/collect.py: recipes on tiny budgets, written as real Minari datasets, read back;
+the robust medium point; saved actors and datasets rebuilt from them (--from_actors)."""
+import dataclasses
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -7,7 +12,7 @@ import numpy as np
 import pytest
 
 from experiments import collect
-from mombo_jax import data, recipes
+from mombo_jax import data, online_sac, recipes
 from tests.conftest import minari_root_at
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,9 +122,11 @@ def test_cli(root, tmp_path):
   assert again.returncode == 0 and "already exists" in again.stdout
 
 
+# medium_fraction=-1 with medium_consecutive=1: the first evaluation is the medium point.
 TINY = recipes.Options(steps=120, sac_steps=300, start_steps=100, eval_every=100, eval_episodes=1,
-                       medium_fraction=-1.0, checkpoint_every=1000, log_every=100, hidden=(16, 16),
-                       batch_size=32, num_envs=4, max_episode_steps=40, seed=0)
+                       medium_fraction=-1.0, medium_consecutive=1, checkpoint_every=1000,
+                       log_every=100, hidden=(16, 16), batch_size=32, num_envs=4,
+                       max_episode_steps=40, seed=0)
 
 
 @pytest.mark.slow
@@ -157,6 +164,29 @@ def test_sac_qualities_end_to_end(root, tmp_path):
       "command": "python -m experiments.collect --env=hopper-medium-expert --overwrite"}
   assert data.provenance("hopper-random-medium-10pct")["recipe"] == "mixed"
   assert any("steps/s" in line and "ETA" in line for line in logs)
+  assert data.provenance("hopper-medium-replay")["medium_point"]["medium_step"] == 100
+
+  # The run's actors were saved as soon as it had them (medium at step 100, expert at the end),
+  # and the files alone rebuild the same datasets (compared exactly: one process, one machine).
+  actors = os.path.join(opts.workdir, "hopper", "actors")
+  assert sorted(os.listdir(actors)) == ["expert.json", "expert.msgpack", "medium.json",
+                                        "medium.msgpack"]
+  with open(os.path.join(actors, "medium.json")) as f:
+    medium_info = json.load(f)
+  assert medium_info["sac_step"] == 100 and medium_info["medium_consecutive"] == 1
+  assert medium_info["qualifying_evals"] == [[100, result.evals[0][1]]]
+  with open(os.path.join(actors, "expert.json")) as f:
+    assert json.load(f)["sac_step"] == 300
+  assert data.provenance("hopper-medium")["actors"]["medium"] == {
+      "path": os.path.join(actors, "medium.msgpack"), "sha256": medium_info["sha256"],
+      "sac_step": 100}
+  with minari_root_at(tmp_path / "from_actors"):
+    recipes.Builder(dataclasses.replace(opts, from_actors=actors),
+                    log_fn=logs.append).build("hopper-medium-expert")
+    again = data.load_transitions("hopper-medium-expert")
+    assert not data.exists_locally("hopper-medium")   # recorded, not written as ingredients
+  for field in again._fields:
+    np.testing.assert_array_equal(getattr(again, field), getattr(both, field))
 
   # Resume: same workdir, longer run.
   logs.clear()
@@ -184,10 +214,27 @@ def test_medium_builds_stop_the_sac_run_at_the_medium_point(tmp_path):
     assert result.steps_done == result.medium_step == 100 and result.evals == [(100, result.evals[0][1])]
     assert any("stopped at its medium point" in line for line in logs)
     assert len(data.load_transitions("hopper-medium-replay").rewards) == 100
+    # The medium actor is saved at the medium point; there is no expert yet.
+    actors = tmp_path / "work" / "hopper" / "actors"
+    assert sorted(os.listdir(actors)) == ["medium.json", "medium.msgpack"]
+    medium_bytes = (actors / "medium.msgpack").read_bytes()
+    # --actors_only exports it again from the checkpoint alone: same bytes, no training, no data.
+    shutil.rmtree(actors)
+    logs.clear()
+    only = recipes.Options(**{**opts.__dict__, "actors_only": True})
+    assert recipes.Builder(only, log_fn=logs.append).build("hopper-medium") is None
+    assert (actors / "medium.msgpack").read_bytes() == medium_bytes
+    assert not any(line.startswith("SAC step") for line in logs), logs
+    assert not data.exists_locally("hopper-medium")
+    with pytest.raises(recipes.UserError, match="is at step 100, not --sac_steps=300"):
+      recipes.Builder(only, log_fn=logs.append).build("hopper-expert")
     logs.clear()
     recipes.Builder(opts, log_fn=logs.append).build("hopper-expert")
     assert any("resumed the SAC run at step 100" in line for line in logs)
     assert len(data.load_transitions("hopper-expert").rewards) == opts.steps
+    assert (actors / "medium.msgpack").read_bytes() == medium_bytes
+    with open(actors / "expert.json") as f:
+      assert json.load(f)["sac_step"] == 300
     full = recipes.Builder(opts, log_fn=logs.append).sac_run("hopper")
     assert full.steps_done == 300 and [s for s, _ in full.evals] == [100, 200, 300]
 
@@ -210,7 +257,8 @@ def test_kill_9_mid_sac_resumes_from_the_last_checkpoint(tmp_path):
   # build stops the SAC run. One dispatch per env step (--train_every=1) keeps the run slow enough
   # to be killed at step 300, after the checkpoints of steps 100 and 200.
   args = dict(steps=60, sac_steps=3000, start_steps=100, eval_every=400, eval_episodes=1,
-              medium_fraction=-1.0, checkpoint_every=100, log_every=100, hidden=(16, 16),
+              medium_fraction=-1.0, medium_consecutive=1, checkpoint_every=100, log_every=100,
+              hidden=(16, 16),
               batch_size=32, num_envs=2, max_episode_steps=40, seed=0, train_every=1)
   cli = [sys.executable, "-u", "-m", "experiments.collect", "--env=hopper-medium-replay"]
   cli += [f"--{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in args.items()]
@@ -248,3 +296,224 @@ def test_kill_9_mid_sac_resumes_from_the_last_checkpoint(tmp_path):
   assert len(resumed.rewards) == len(straight.rewards) == 400
   for field in ("observations", "actions", "rewards", "next_observations", "terminals"):
     np.testing.assert_array_equal(getattr(resumed, field)[:200], getattr(straight, field)[:200])
+
+
+# ------------------------------------------------------------------ the robust medium point
+
+class _Killed(Exception):
+  pass
+
+
+def _scripted_evaluations(monkeypatch, returns):
+  """online_sac.evaluate replaced: the i-th evaluation returns returns[i] (no episodes run; None:
+  the process "dies" there); the actions each evaluated policy takes on a probe state are kept."""
+  probe = np.linspace(-0.5, 0.5, 11).astype(np.float32)
+  seen = []
+
+  def fake(make_env, mode_fn, episodes, seed):
+    seen.append(np.asarray(mode_fn(probe)))
+    if returns[len(seen) - 1] is None:
+      raise _Killed()
+    return np.full(episodes, float(returns[len(seen) - 1]))
+  monkeypatch.setattr(online_sac, "evaluate", fake)
+  return probe, seen
+
+
+def _tiny_sac(**kwargs):
+  """TINY's SAC run (300 steps, warm-up 100, one chunk of 201 gradient steps at step 300: the
+  shapes the tests above compiled already) with an evaluation every 50 steps, medium return 0.5."""
+  config = online_sac.online_config("hopper", TINY.hidden, TINY.batch_size)
+  return online_sac.train_sac(lambda: data.make_env("hopper-random", max_episode_steps=40),
+                              config, TINY.sac_steps, start_steps=TINY.start_steps, eval_every=50,
+                              eval_episodes=2, seed=1, medium_return=0.5,
+                              train_every=TINY.train_every, **kwargs)
+
+
+def test_medium_point_needs_consecutive_evaluations(monkeypatch):
+  """Over the threshold once, then under: no medium point; twice in a row: the medium point, with
+  the actor and the replay size of the second of them."""
+  _scripted_evaluations(monkeypatch, [1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+  logs = []
+  result = _tiny_sac(log_fn=logs.append)   # medium_consecutive=2, the default
+  assert [s for s, _ in result.evals] == [50, 100, 150, 200, 250, 300]
+  assert result.medium_step == 200 and result.medium_size == 200
+  assert len(result.replay["obs"]) == 200 and result.steps_done == 300
+  assert any("eval @ 50" in line and "1 of 2" in line for line in logs)
+  assert any("eval @ 200" in line and "medium point" in line for line in logs)
+  # The snapshot is the actor evaluated at the second evaluation (300, just trained), not the
+  # one at the first (250).
+  probe, seen = _scripted_evaluations(monkeypatch, [0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+  result = _tiny_sac(log_fn=logs.append)
+  assert result.medium_step == result.medium_size == 300
+  medium = online_sac.host_actor(result.medium_actor, result.config)(probe)
+  np.testing.assert_array_equal(medium, seen[5])
+  assert not np.array_equal(seen[4], seen[5])
+  # One evaluation is enough with medium_consecutive=1.
+  _scripted_evaluations(monkeypatch, [0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+  assert _tiny_sac(log_fn=logs.append, medium_consecutive=1).medium_step == 100
+
+
+def test_medium_streak_survives_a_resume(monkeypatch, tmp_path):
+  """The streak is checkpointed: over the threshold at step 200 (checkpointed), the process dies
+  at the next evaluation, the resumed run is over it at 250: the medium point is at 250."""
+  _scripted_evaluations(monkeypatch, [0.0, 0.0, 0.0, 1.0, None])
+  with pytest.raises(_Killed):
+    _tiny_sac(log_fn=lambda *_: None, workdir=str(tmp_path), checkpoint_every=200)
+  _scripted_evaluations(monkeypatch, [1.0, 0.0])
+  logs = []
+  result = _tiny_sac(log_fn=logs.append, workdir=str(tmp_path), checkpoint_every=200)
+  assert any("resumed the SAC run at step 200" in line for line in logs)
+  assert result.medium_step == 250 and result.medium_size == 250
+
+
+# ----------------------------------------------------------------------------- saved actors
+
+def _actor(key: int, hidden=(8, 8)):
+  """Random weights of a tiny hopper actor (the shapes Flax gives it) and the sidecar fields
+  save_actor needs."""
+  config = online_sac.online_config("hopper", hidden, 32)
+  rng = np.random.default_rng(key)
+  sizes = [11, *hidden]
+  shapes = [(a, b) for a, b in zip(sizes[:-1], sizes[1:])] + [(hidden[-1], 3)] * 2
+  params = {"params": {f"Dense_{i}": {"kernel": rng.standard_normal(s).astype(np.float32) * 0.5,
+                                      "bias": rng.standard_normal(s[1]).astype(np.float32) * 0.1}
+                       for i, s in enumerate(shapes)}}
+  info = dict(env="hopper", obs_dim=11, action_dim=3, actor_hidden=list(hidden),
+              log_std_min=config.log_std_min, log_std_max=config.log_std_max, batch_size=32,
+              sac_step=key)
+  return params, config, info
+
+
+def test_saved_actor_round_trip(tmp_path):
+  params, config, info = _actor(3)
+  sidecar = recipes.save_actor(str(tmp_path), "medium", params, info)
+  weights = tmp_path / "medium.msgpack"
+  assert sidecar["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+  with open(tmp_path / "medium.json") as f:
+    assert json.load(f) == sidecar
+  loaded = recipes.load_actor(str(tmp_path), "medium")
+  assert loaded.config == config and loaded.sha256 == sidecar["sha256"]
+  obs = np.random.default_rng(0).standard_normal((3, 11)).astype(np.float32)  # as num_envs=3
+  for deterministic in (True, False):   # the same actions, sampled ones with the same key too
+    want = recipes.sac_policy(params, config, 7, deterministic)(obs)
+    got = recipes.sac_policy(loaded.params, loaded.config, 7, deterministic)(obs)
+    np.testing.assert_array_equal(got, want)
+  # Small: the float32 weights and little else (a 256x256 hopper actor: ~280 KB).
+  shapes = {"Dense_0": (11, 256), "Dense_1": (256, 256), "Dense_2": (256, 3), "Dense_3": (256, 3)}
+  big = {"params": {k: {"kernel": np.zeros(s, np.float32), "bias": np.zeros(s[1], np.float32)}
+                    for k, s in shapes.items()}}
+  assert 4 * 70406 < len(recipes.actor_bytes(big)) < 4 * 70406 + 2000
+  # A replaced weights file, a missing one, another network: refused, naming the file.
+  weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")
+  with pytest.raises(recipes.UserError, match="medium.msgpack .*not the file its sidecar"):
+    recipes.load_actor(str(tmp_path), "medium")
+  with pytest.raises(recipes.UserError, match="no saved actor file .*expert.msgpack"):
+    recipes.load_actor(str(tmp_path), "expert")
+  recipes.save_actor(str(tmp_path), "medium", params, dict(info, actor_hidden=[8, 8, 8]))
+  with pytest.raises(recipes.UserError, match="does not hold the actor"):
+    recipes.load_actor(str(tmp_path), "medium")
+
+
+FROM_ACTORS = recipes.Options(steps=60, num_envs=3, max_episode_steps=20, seed=5)
+
+
+def _save_two_actors(directory):
+  for quality, key in (("medium", 1), ("expert", 2)):
+    params, _, info = _actor(key)
+    recipes.save_actor(str(directory), quality, params, info)
+
+
+def test_from_actors_builds_the_same_datasets_twice(tmp_path):
+  actors = tmp_path / "actors"
+  _save_two_actors(actors)
+  opts = dataclasses.replace(FROM_ACTORS, from_actors=str(actors), workdir=str(tmp_path / "work"))
+  names = ("hopper-medium", "hopper-expert", "hopper-medium-expert")
+
+  def build(root, opts):
+    with minari_root_at(tmp_path / root):
+      builder = recipes.Builder(opts, log_fn=lambda *_: None)
+      for name in names:
+        builder.build(name)
+      return {name: data.load_transitions(name) for name in names}, \
+          {name: data.provenance(name) for name in names}
+  first, prov = build("a", opts)
+  second, _ = build("b", opts)
+  for name in names:
+    for field in first[name]._fields:   # one process: the same actions bit for bit
+      np.testing.assert_array_equal(getattr(first[name], field), getattr(second[name], field))
+  assert len(first["hopper-medium"].rewards) == len(first["hopper-expert"].rewards) == 60
+  np.testing.assert_array_equal(first["hopper-medium-expert"].actions, np.concatenate(
+      [first["hopper-medium"].actions, first["hopper-expert"].actions]))
+  assert not np.allclose(first["hopper-medium"].actions[:10], first["hopper-expert"].actions[:10])
+  with minari_root_at(tmp_path / "c"):   # another seed, other episodes
+    recipes.Builder(dataclasses.replace(opts, seed=6), log_fn=lambda *_: None).build(
+        "hopper-medium")
+    assert not np.array_equal(data.load_transitions("hopper-medium").observations,
+                              first["hopper-medium"].observations)
+  assert not os.path.exists(tmp_path / "work")   # no SAC run
+  # Provenance: the actor files (path + sha256) and the command that rebuilds the dataset.
+  sha = {q: hashlib.sha256((actors / f"{q}.msgpack").read_bytes()).hexdigest()
+         for q in ("medium", "expert")}
+  assert prov["hopper-medium"]["actors"] == {
+      "medium": {"path": str(actors / "medium.msgpack"), "sha256": sha["medium"], "sac_step": 1}}
+  assert set(prov["hopper-medium-expert"]["actors"]) == {"medium", "expert"}
+  assert prov["hopper-expert"]["command"] == (
+      f"python -m experiments.collect --env=hopper-expert --seed=5 --num_envs=3 "
+      f"--max_episode_steps=20 --from_actors={actors} --overwrite")
+  with minari_root_at(tmp_path / "a"):
+    assert sha["expert"] in data.load_dataset("hopper-expert").storage.metadata["description"]
+    from mombo_jax import cards
+    card = cards.card_text("hopper-expert")
+  assert f"`{actors / 'expert.msgpack'}` (sha256 `{sha['expert']}`, SAC step 2)" in card
+  assert "--from_actors=" in card
+
+
+def test_from_actors_and_actors_only_refusals(tmp_path):
+  actors = tmp_path / "actors"
+  params, _, info = _actor(1)
+  recipes.save_actor(str(actors), "medium", params, info)   # no expert
+  builder = recipes.Builder(dataclasses.replace(FROM_ACTORS, from_actors=str(actors)))
+  builder.check("hopper-medium")
+  for name, message in [("hopper-expert", "no saved actor file .*expert.msgpack"),
+                        ("hopper-medium-expert", "no saved actor file .*expert.msgpack"),
+                        ("hopper-medium-replay", "replay buffer .*needs the SAC run"),
+                        ("hopper-random", "needs no saved actor"),
+                        ("hopper-random-medium-5pct", "with --from_actors first"),
+                        ("walker2d-medium", "actor for hopper, not walker2d")]:
+    with pytest.raises(recipes.UserError, match=message):
+      builder.check(name)
+  with pytest.raises(recipes.UserError, match="pass one of them"):
+    recipes.Builder(dataclasses.replace(FROM_ACTORS, from_actors=str(actors), actors_only=True))
+  only = recipes.Builder(dataclasses.replace(FROM_ACTORS, actors_only=True,
+                                             workdir=str(tmp_path / "none")))
+  with pytest.raises(recipes.UserError, match="recorded from no SAC actor"):
+    only.check("hopper-random")
+  with pytest.raises(recipes.UserError, match="No SAC checkpoint in"):
+    only.build("hopper-medium")
+
+
+@pytest.mark.slow
+def test_from_actors_cli(tmp_path):
+  """One `error:` line (no traceback, nothing written) for a missing actor; a tiny build."""
+  actors = tmp_path / "actors"
+  params, _, info = _actor(1)
+  recipes.save_actor(str(actors), "medium", params, info)
+  env = dict(os.environ, MINARI_DATASETS_PATH=str(tmp_path / "minari"), HF_HUB_OFFLINE="1")
+
+  def run(*args):
+    return subprocess.run([sys.executable, "-m", "experiments.collect", *args,
+                           f"--from_actors={actors}", "--steps=30", "--num_envs=2",
+                           "--max_episode_steps=10", f"--workdir={tmp_path / 'work'}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+  bad = run("--env=hopper-medium,hopper-expert")
+  assert bad.returncode == 1 and "Traceback" not in bad.stderr
+  lines = bad.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: no saved actor file ")
+  assert str(actors / "expert.msgpack") in lines[0]
+  assert not os.path.exists(tmp_path / "minari" / "mombo")   # refused before anything ran
+  good = run("--env=hopper-medium")
+  assert good.returncode == 0, good.stderr
+  assert "wrote mombo/hopper/medium-v0" in good.stdout
+  with minari_root_at(tmp_path / "minari"):
+    assert len(data.load_transitions("hopper-medium").rewards) == 30
+    assert "--from_actors=" in data.provenance("hopper-medium")["command"]

@@ -1,7 +1,7 @@
 r"""Moment matching vs Monte Carlo estimates of the next-state value of a trained run (the paper's
 Figure 1 and its appendix experiment).
 
-  python -m experiments.mm_vs_mc --run=runs/hopper-medium/mombo-lcb/s0x4
+  python -m experiments.mm_vs_mc --run=runs/hopper-medium/mombo-elite_spread/s0x4
   python -m experiments.mm_vs_mc --run=DIR --num_states=8 --repeats=100 --n_samples=2,10,100
 
 States come from the run's dataset, actions from its policy, the next-state Gaussian from its best
@@ -45,9 +45,10 @@ def main(argv):
       sys.exit(f"error: --{name} must be >= 1, got {getattr(FLAGS, name)}.")
   import jax
   import numpy as np
-  from mombo_jax import analysis, data, outputs
+  from mombo_jax import data, mm_vs_mc, outputs
+  from mombo_jax.trained import load_run
   try:
-    trained = analysis.load_run(FLAGS.run)
+    trained = load_run(FLAGS.run)
     if not 0 <= FLAGS.seed_index < len(trained.nets):
       raise ValueError(f"--seed_index={FLAGS.seed_index}: the run has {len(trained.nets)} seed(s).")
     nets = trained.nets[FLAGS.seed_index]
@@ -60,16 +61,16 @@ def main(argv):
   rng = np.random.default_rng(FLAGS.seed)
   idx = rng.choice(len(transitions.observations), FLAGS.num_states, replace=False)
   obs = np.asarray(transitions.observations[idx], np.float32)
-  result = analysis.mm_vs_mc(nets, obs, jax.random.PRNGKey(FLAGS.seed), ns, FLAGS.repeats,
+  result = mm_vs_mc.mm_vs_mc(nets, obs, jax.random.PRNGKey(FLAGS.seed), ns, FLAGS.repeats,
                              FLAGS.elite_rank)
   out = FLAGS.out or FLAGS.run
   os.makedirs(out, exist_ok=True)
-  summary, raw = analysis.mm_vs_mc_rows(result)
+  summary, raw = mm_vs_mc.mm_vs_mc_rows(result)
   outputs.write_rows(os.path.join(out, "mm_vs_mc.csv"), summary)
   outputs.write_rows(os.path.join(out, "mm_vs_mc_estimates.csv"), raw)
   title = (f"{trained.config.algo} on {trained.dataset}, seed {trained.seeds[FLAGS.seed_index]}, "
            f"epoch {trained.epoch}")
-  analysis.plot_mm_vs_mc(result, os.path.join(out, "mm_vs_mc.png"), title)
+  mm_vs_mc.plot_mm_vs_mc(result, os.path.join(out, "mm_vs_mc.png"), title)
   mm_ms = result["seconds"]["MM"] * 1e3
   for n in ns:
     est = result["estimates"][n]

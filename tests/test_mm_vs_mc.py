@@ -1,4 +1,4 @@
-"""Moment matching vs Monte Carlo (experiments.mm_vs_mc, mombo_jax.analysis): with a linear critic,
+"""Moment matching vs Monte Carlo (experiments.mm_vs_mc, mombo_jax.mm_vs_mc): with a linear critic,
 where moment matching is exact, the Monte Carlo estimates converge to the MM mean with an error
 that shrinks like sqrt(v / N); the script runs end to end on a run folder."""
 import csv
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mombo_jax import analysis
+from mombo_jax import mm_vs_mc, trained
 from mombo_jax.critics import MMCritic
 from tests.conftest_runs import tiny_run  # noqa: F401  (session fixture)
 
@@ -55,7 +55,7 @@ def test_mc_converges_to_the_mm_mean_like_one_over_sqrt_n(linear_setup):
   lo, hi = stats.chi2.ppf(1e-6, dof) / dof, stats.chi2.ppf(1 - 1e-6, dof) / dof
   z_bound = stats.norm.isf(1e-6 / 2) / np.sqrt(dof)
   # One compilation for all N.
-  draw = jax.jit(lambda key: {n: analysis.mc_estimates(q_fn, mu, var, action,
+  draw = jax.jit(lambda key: {n: mm_vs_mc.mc_estimates(q_fn, mu, var, action,
                                                        jax.random.fold_in(key, n), n, repeats)
                               for n in NS})
   estimates = draw(jax.random.PRNGKey(0))
@@ -75,12 +75,12 @@ def test_mc_converges_to_the_mm_mean_like_one_over_sqrt_n(linear_setup):
 
 def test_member_q_picks_each_states_critic(tiny_run):
   workdir, state = tiny_run
-  nets = analysis.load_run(workdir).nets[1]
+  nets = trained.load_run(workdir).nets[1]
   obs = jnp.asarray(np.random.default_rng(0).normal(size=(4, 11)), jnp.float32)
   action = jnp.zeros((4, 3))
   both = nets.q(obs, action)                                       # [2, 4]
   member = jnp.array([0, 1, 1, 0])
-  got = analysis.member_q_fn(nets, member)(obs, action)
+  got = mm_vs_mc.member_q_fn(nets, member)(obs, action)
   np.testing.assert_array_equal(got, both[member, jnp.arange(4)])
   # The loader hands back seed 1's target critic exactly as the run state holds it.
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b[1]), nets.target_critic,

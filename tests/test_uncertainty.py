@@ -1,7 +1,8 @@
-"""The uncertainty-quantifier experiment (experiments.uncertainty, mombo_jax.analysis; the paper's
-Table 2, SPEC.md section 9): the scores on known Bellman errors, the definition against a closed
-form (linear critic, Gaussian policy and model), U against what the run's own target subtracts,
-and the experiment end to end on a run folder in both --states modes."""
+"""The uncertainty-quantifier experiment (experiments.uncertainty, mombo_jax.quantifier_quality;
+the paper's Table 2, SPEC.md section 9): the scores on known Bellman errors, the definition against
+a closed form (linear critic, Gaussian policy and model), U against what the run's own target
+subtracts, and the experiment end to end on a run folder in both --states modes, with the paper's
+numbers beside ours."""
 import dataclasses
 import os
 import subprocess
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from mombo_jax import analysis, dynamics, targets
+from mombo_jax import dynamics, quantifier_quality, targets, trained
 from tests.conftest_runs import tiny_run  # noqa: F401  (session fixture)
 
 
@@ -22,7 +23,7 @@ def test_accuracy_and_tightness_on_known_bellman_errors():
   exact = np.array([0.0, 1.0, 2.0, -1.0, 4.0])
   sample = np.array([1.0, -1.0, 2.0, 1.0, 4.25])
   # |B Q - B^ Q| = [1, 2, 0, 2, 0.25]: U = 1 equals its error and counts as accurate (>=).
-  out = analysis.bellman_metrics(u, exact, sample)
+  out = quantifier_quality.bellman_metrics(u, exact, sample)
   np.testing.assert_array_equal(out["accuracy"], [1, 0, 1, 1, 0])
   np.testing.assert_array_equal(out["tightness"], [0.0, -0.5, 0.5, 1.0, -0.25])
   assert out["accuracy_mean"] == 0.6
@@ -30,7 +31,7 @@ def test_accuracy_and_tightness_on_known_bellman_errors():
   # Random batch: a direct recomputation.
   rng = np.random.default_rng(0)
   u, exact, sample = rng.exponential(size=100), rng.normal(size=100), rng.normal(size=100)
-  out = analysis.bellman_metrics(u, exact, sample)
+  out = quantifier_quality.bellman_metrics(u, exact, sample)
   assert out["accuracy_mean"] == np.mean([ui >= abs(e - s) for ui, e, s in zip(u, exact, sample)])
   assert out["tightness_mean"] == pytest.approx(np.mean(u - np.abs(exact - sample)), rel=1e-12)
 
@@ -41,7 +42,7 @@ def test_scores_average_each_draw_and_scale_u_by_beta():
   exact = np.array([0.0, 10.0])
   sample = np.array([[1.0, 10.0], [-1.0, 13.0], [0.5, 10.5]])          # [M=3, B=2]
   u = np.array([[0.6, 1.0], [0.6, 1.0], [0.6, 1.0]])
-  out = analysis.quantifier_scores(exact, sample, u, scale=2.0)
+  out = quantifier_quality.quantifier_scores(exact, sample, u, scale=2.0)
   # errors [[1, 0], [1, 3], [0.5, 0.5]]; U = 1.2 and 2.0; the mean draw of tuple 0 has error 1/6.
   np.testing.assert_allclose(out["accuracy"], [1.0, 2 / 3])
   np.testing.assert_allclose(out["tightness"], [1.2 - 2.5 / 3, 2.0 - 3.5 / 3])
@@ -56,7 +57,7 @@ def test_scores_average_each_draw_and_scale_u_by_beta():
 @pytest.mark.parametrize("length, kept", [(25, [9, 19, 24]), (20, [9, 19]), (5, [4]), (1, [0]),
                                           (0, [])])
 def test_every_tenth_transition_and_the_last(length, kept):
-  assert analysis.selected_steps(length).tolist() == kept
+  assert quantifier_quality.selected_steps(length).tolist() == kept
 
 
 def test_definition_against_a_closed_form():
@@ -94,7 +95,7 @@ def test_definition_against_a_closed_form():
     r = f32(mu_r) + np.sqrt(vr) * jax.random.normal(k_r, o.shape[:1])
     return nxt, r, jnp.zeros(o.shape[:1]), f32(u)
 
-  gaps = jax.jit(lambda key: analysis.bellman_gaps(
+  gaps = jax.jit(lambda key: quantifier_quality.bellman_gaps(
       policy_fn, q_fn, draw_fn, f32(obs), f32(action), f32(reward), f32(next_obs), f32(done), key,
       gamma=g, num_draws=M, num_policy=P))(jax.random.PRNGKey(0))
   assert gaps["sample"].shape == gaps["u"].shape == (M, B) and gaps["exact"].shape == (B,)
@@ -113,7 +114,7 @@ def test_definition_against_a_closed_form():
   def accuracy(bound):
     return norm.cdf((bound - delta) / s) - norm.cdf((-bound - delta) / s)
 
-  got = analysis.quantifier_scores(gaps["exact"], gaps["sample"], gaps["u"], beta)
+  got = quantifier_quality.quantifier_scores(gaps["exact"], gaps["sample"], gaps["u"], beta)
   for suffix, bound in (("", beta * u), ("_unscaled", u)):
     want_acc, want_tight = accuracy(bound), bound - abs_err
     assert 0.2 < want_acc.mean() < 0.9                            # neither score is trivial
@@ -125,7 +126,7 @@ def test_definition_against_a_closed_form():
     assert np.all(np.abs(got[f"tightness{suffix}"] - want_tight) <= 5 * s / np.sqrt(M)), suffix
   # Averaging B^ Q over the draws first (the removed definition) drops the single-sample error:
   # its tightness is U - |delta|, off the closed form by E|D| - |delta|, far beyond the tolerance.
-  averaged = analysis.quantifier_scores(gaps["exact"], np.asarray(gaps["sample"]).mean(0),
+  averaged = quantifier_quality.quantifier_scores(gaps["exact"], np.asarray(gaps["sample"]).mean(0),
                                         u, beta)
   assert averaged["tightness_mean"] > (beta * u - abs_err).mean() + 0.2
 
@@ -134,14 +135,14 @@ def test_exact_backup_uses_the_real_next_state_and_the_policy_mean(tiny_run):
   """B Q on a terminal row is the reward exactly; on a live row it is r + g * the mean over
   policy samples of min_j Q'(s', a'), here recomputed with the same policy draws."""
   workdir, _ = tiny_run
-  nets = analysis.load_run(workdir).nets[0]
-  policy_fn, q_fn, _ = analysis.seed_functions(nets)
+  nets = trained.load_run(workdir).nets[0]
+  policy_fn, q_fn, _ = quantifier_quality.seed_functions(nets)
   rng = np.random.default_rng(1)
   next_obs = jnp.asarray(rng.normal(size=(3, 11)), jnp.float32)
   reward = jnp.array([1.0, -2.0, 0.5])
   done = jnp.array([1.0, 0.0, 0.0])
   key = jax.random.PRNGKey(5)
-  got = analysis.exact_bellman(policy_fn, q_fn, reward, next_obs, done, key,
+  got = quantifier_quality.exact_bellman(policy_fn, q_fn, reward, next_obs, done, key,
                                gamma=nets.config.gamma, num_policy=64)
   assert float(got[0]) == 1.0
   actions, _ = nets.policy(jnp.broadcast_to(next_obs, (64, 3, 11)), key)
@@ -157,7 +158,7 @@ def test_u_is_what_the_runs_target_subtracts(tiny_run):
   (model rows: past the target's leading real rows). Every mode and MOBILE: tests/test_targets.py.
   """
   workdir, _ = tiny_run
-  nets = analysis.load_run(workdir).nets[1]
+  nets = trained.load_run(workdir).nets[1]
   rng = np.random.default_rng(2)
   obs = jnp.asarray(rng.normal(scale=0.1, size=(8, 11)) + np.r_[1.25, np.zeros(10)], jnp.float32)
   action = jnp.asarray(rng.uniform(-1, 1, size=(8, 3)), jnp.float32)
@@ -166,7 +167,7 @@ def test_u_is_what_the_runs_target_subtracts(tiny_run):
 
   @jax.jit
   def run(nets, obs, action, key):                # one compilation (eager MM costs more)
-    row, u = analysis.model_draw(nets, obs, action, key)
+    row, u = quantifier_quality.model_draw(nets, obs, action, key)
     k_step, k_u = jax.random.split(key)
     step = dynamics.step(nets.dyn, obs, action, k_step, nets.config, penalty=False)
     out = {}
@@ -175,8 +176,8 @@ def test_u_is_what_the_runs_target_subtracts(tiny_run):
       mode_nets = nets.replace(config=cfg)
       y = [targets.get_target(cfg)(mode_nets.agent(), row, k_u, dyn=nets.dyn, config=cfg,
                                    term_fn=term_fn, beta=b)[0] for b in (0.0, 1.0)]
-      out[mode] = (y[0] - y[1], analysis.penalty(mode_nets, row, k_u))
-    return row, u, analysis.penalty(nets, row, k_u, scaled=True), step, out
+      out[mode] = (y[0] - y[1], quantifier_quality.penalty(mode_nets, row, k_u))
+    return row, u, quantifier_quality.penalty(nets, row, k_u, scaled=True), step, out
 
   row, u, scaled, step, out = run(nets, obs, action, jax.random.PRNGKey(3))
   np.testing.assert_array_equal(np.asarray(row.next_obs), np.asarray(step.next_obs))
@@ -201,12 +202,49 @@ def test_dataset_states_are_one_fixed_draw():
                        actions=np.zeros((n, 1), np.float32), rewards=np.arange(n, dtype=np.float32),
                        next_observations=np.ones((n, 2), np.float32),
                        terminals=(np.arange(n) % 7 == 0).astype(np.float32))
-  a, b = analysis.dataset_states(t, 10, seed=0), analysis.dataset_states(t, 10, seed=0)
+  a, b = (quantifier_quality.dataset_states(t, 10, seed=0) for _ in range(2))
   assert len(a["index"]) == 10 and len(set(a["index"].tolist())) == 10
   np.testing.assert_array_equal(a["index"], b["index"])
   np.testing.assert_array_equal(a["reward"], a["index"].astype(np.float32))
   np.testing.assert_array_equal(a["done"], (a["index"] % 7 == 0).astype(np.float32))
-  assert len(analysis.dataset_states(t, 1000)["index"]) == n       # all of a smaller dataset
+  assert len(quantifier_quality.dataset_states(t, 1000)["index"]) == n   # all of a smaller one
+
+
+def _blocks(text):
+  """{block title: its markdown} of a rendered table."""
+  return {part.split("\n", 1)[0]: part for part in text.split("\n## ")[1:]}
+
+
+def test_table_has_the_papers_numbers_beside_the_as_trained_blocks():
+  """Table 2's own numbers (paper_results) stand in their own columns beside the as-trained
+  accuracy and tightness on the paper's datasets only, never in the U / beta blocks, with the
+  note saying what they compare with; ours keep the bold / underline rule to themselves."""
+  from experiments import uncertainty
+  from mombo_jax import paper_results
+  rows = [dict(run="r", env="hopper", dataset=dataset, algo=algo, target="", states="policy",
+               seed=seed, epoch=1, beta=2.0, transitions=10, draws=5, num_policy=7,
+               accuracy=0.1 * (seed + 1), tightness=-1.0 - seed, accuracy_unscaled=0.05,
+               tightness_unscaled=-2.0, penalty_mean=2.0, penalty_unscaled_mean=1.0,
+               bellman_error_mean=3.0)
+          for dataset in ("hopper-random", "mujoco/hopper/expert-v0")
+          for algo in ("MOBILE", "MOMBO (elite_spread)") for seed in (0, 1)]
+  text = uncertainty.table_markdown(rows)
+  blocks = _blocks(text)
+  for metric, title in uncertainty.METRICS[:2]:
+    header, paper_row, other_row = [line for line in blocks[title].splitlines()
+                                    if line.startswith(("| Dataset type", "| random",
+                                                        "| mujoco"))]
+    assert header.endswith("| MOBILE | MOBILE (paper) | MOMBO (elite_spread) | MOMBO (paper) |")
+    cells = [c.strip() for c in paper_row.split("|")[1:-1]]
+    for col, algo in ((3, "MOBILE"), (5, "MOMBO")):
+      mean, std = paper_results.uncertainty("hopper-random", algo, metric)
+      assert cells[col] == f"{mean:.3f} ± {std:.3f}", (metric, algo)
+    assert "**" not in cells[3] + cells[5]          # references, not in the table rule
+    assert [c.strip() for c in other_row.split("|")[1:-1]][3] == "–"   # no Table 2 number
+  for _, title in uncertainty.METRICS[2:]:
+    assert "(paper)" not in blocks[title], title
+  assert "the paper's Table 2" in text and "*U / beta* blocks" in text
+  assert "Table 1 for D4RL" not in text          # report.py's note on the score tables is replaced
 
 
 def test_help_describes_the_definition():
@@ -222,6 +260,7 @@ def test_help_describes_the_definition():
 @pytest.mark.parametrize("states", ["policy", "dataset"])
 def test_experiment_end_to_end(tiny_run, tmp_path, states):
   from experiments import uncertainty
+  from mombo_jax import paper_results
   workdir, _ = tiny_run
   assert uncertainty.find_run_dirs([workdir, workdir + "/"]) == [workdir]
   with pytest.raises(ValueError, match=f"No runs.*found under {tmp_path}"):
@@ -251,11 +290,16 @@ def test_experiment_end_to_end(tiny_run, tmp_path, states):
   acc = np.array([r["accuracy"] for r in rows])
   assert f"{acc.mean():.3f} ± {acc.std():.3f}" in text
   assert f"states={states}" in text and "Accuracy (U / beta)" in text and "U / beta" in text
+  # hopper-random is one of the paper's datasets: its Table 2 numbers sit beside ours.
+  blocks = _blocks(text)
+  for metric, title in uncertainty.METRICS[:2]:
+    mean, std = paper_results.uncertainty("hopper-random", "MOMBO", metric)
+    assert "| MOMBO (paper) |" in blocks[title] and f"{mean:.3f} ± {std:.3f}" in blocks[title]
   assert uncertainty.output_names(states) == (
       ("uncertainty.csv", "uncertainty.md") if states == "policy" else
       ("uncertainty_dataset.csv", "uncertainty_dataset.md"))
   if states == "dataset":
     from mombo_jax import data
-    picked = analysis.dataset_states(data.load_transitions(rows[0]["dataset"]), 8, 0)
+    picked = quantifier_quality.dataset_states(data.load_transitions(rows[0]["dataset"]), 8, 0)
     assert len(picked["index"]) == 8             # the same 8 for every seed and algorithm
   assert os.path.isdir(workdir)

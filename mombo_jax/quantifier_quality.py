@@ -1,0 +1,286 @@
+"""The paper's Table 2 on trained runs (appendix "Uncertainty quantifier experiment", SPEC.md
+section 9; experiments.uncertainty): how often, and how tightly, each algorithm's own uncertainty
+quantifier U bounds the error of a single-sample Bellman backup.
+
+For a tuple (s, a, r, s'_real, d) and M draws of the learned model:
+  B Q(s, a)       = r + g (1-d) mean_{i <= num_policy} min_j Q'(s'_real, a'_i), a'_i ~ pi(s'_real)
+  B^ Q(s, a, s^') = r^ + g (1-d^) min_j Q'(s^', a^'), (s^', r^) ONE draw of the model (a
+                    uniformly random elite, as in rollouts), a^' ~ pi(s^') one sample, d^ the
+                    termination fn
+  accuracy        = mean over draws of 1(U >= |B Q - B^ Q|), tightness = mean of U - |B Q - B^ Q|,
+U the per-row penalty training subtracts (targets.get_penalty, times beta), drawn with each draw
+(it is random for every algorithm but MOPO: policy samples, MOBILE's next-state samples, and for
+lcb the Gaussian of the elite that drew s^'). Both backups are deterministic (no entropy term).
+Only B Q is an expectation: averaging B^ Q over draws too would remove the single-sample error U
+is meant to bound.
+
+Shapes: B = tuples, S = obs dim, A = action dim, M = model draws, P = policy samples.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mombo_jax import buffer, dynamics, targets
+from mombo_jax.trained import SeedNets
+
+
+def selected_steps(length: int, every: int = 10) -> np.ndarray:
+  """Indices of the transitions kept from an episode of `length` steps: every `every`-th step
+  (the 10th, 20th, ...: indices every-1, 2*every-1, ...) and the last one."""
+  idx = np.arange(every - 1, length, every)
+  if length and (not idx.size or idx[-1] != length - 1):
+    idx = np.append(idx, length - 1)
+  return idx
+
+
+def _continue(done, value):
+  """value where the episode goes on, 0 at terminals (selection, as in targets.py: a NaN behind a
+  terminal stays out)."""
+  return jnp.where(done > 0, jnp.zeros_like(value), value)
+
+
+def exact_bellman(policy_fn: Callable, q_fn: Callable, reward, next_obs, done, key, *,
+                  gamma: float, num_policy: int = 1000):
+  """B Q(s, a) [B] on the real transition: r + g (1 - d) mean_{i <= num_policy} q(s', a'_i),
+  a'_i ~ pi(s') (the paper: "we estimate the exact Bellman target by taking samples from the
+  policies"); deterministic backup. The true dynamics of MuJoCo are deterministic, so the real s'
+  is the whole expectation over s'.
+
+  policy_fn(obs [..., S], key) -> a [..., A]; q_fn(obs [..., S], a [..., A]) -> [...] (the min over
+  the target critics); reward, done [B]; next_obs [B, S].
+  """
+  chex.assert_rank([reward, done, next_obs], [1, 1, 2])
+  chex.assert_equal_shape_prefix([reward, done, next_obs], 1)
+  many = jnp.broadcast_to(next_obs, (num_policy,) + next_obs.shape)         # [P, B, S]
+  value = q_fn(many, policy_fn(many, key)).mean(axis=0)                     # [B]
+  out = reward + gamma * _continue(done, value)
+  chex.assert_shape(out, reward.shape)
+  return out
+
+
+def sample_bellman(policy_fn: Callable, q_fn: Callable, draw_fn: Callable, obs, action, key, *,
+                   gamma: float):
+  """One draw: (B^ Q(s, a, s^') [B], U [B] unscaled) with (s^', r^, d^, U) = draw_fn(obs, action,
+  k) one model draw per row and r^ + g (1 - d^) q(s^', a^'), a^' ~ pi(s^') one sample.
+
+  draw_fn(obs [B, S], action [B, A], key) -> (next_obs [B, S], reward [B], done [B], u [B]).
+  """
+  k_draw, k_pi = jax.random.split(key)
+  next_obs, reward, done, u = draw_fn(obs, action, k_draw)
+  chex.assert_equal_shape([next_obs, obs])
+  chex.assert_shape([reward, done, u], obs.shape[:1])
+  out = reward + gamma * _continue(done, q_fn(next_obs, policy_fn(next_obs, k_pi)))
+  return out, u
+
+
+def bellman_gaps(policy_fn: Callable, q_fn: Callable, draw_fn: Callable, obs, action, reward,
+                 next_obs, done, key, *, gamma: float, num_draws: int = 100,
+                 num_policy: int = 1000) -> dict:
+  """The core of the experiment on tuples (obs [B, S], action [B, A], reward [B], next_obs [B, S],
+  done [B]) of the real environment, from plain callables (closed-form pieces in tests; a trained
+  run's networks in `uncertainty_quality`): see exact_bellman, sample_bellman.
+
+  Returns {"exact": B Q [B], "sample": B^ Q [M, B], "u": U [M, B] (unscaled)}, M = num_draws
+  independent draws (sequential: memory of one draw).
+  """
+  chex.assert_rank([obs, action, next_obs, reward, done], [2, 2, 2, 1, 1])
+  chex.assert_equal_shape_prefix([obs, action, next_obs, reward, done], 1)
+  k_exact, k_draws = jax.random.split(key)
+  exact = exact_bellman(policy_fn, q_fn, reward, next_obs, done, k_exact, gamma=gamma,
+                        num_policy=num_policy)
+  sample, u = jax.lax.map(
+      lambda k: sample_bellman(policy_fn, q_fn, draw_fn, obs, action, k, gamma=gamma),
+      jax.random.split(k_draws, num_draws))
+  chex.assert_shape([sample, u], (num_draws, obs.shape[0]))
+  return dict(exact=exact, sample=sample, u=u)
+
+
+def quantifier_scores(exact, sample, u, scale: float) -> dict:
+  """Accuracy and tightness per tuple, each averaged over the draws, in float64.
+
+  exact [B]; sample, u [M, B] (u unscaled, U = scale * u as training subtracts it; scale = beta,
+  MOPO's lambda). Returns per tuple [B]: accuracy = mean_m 1(U >= |B Q - B^ Q|), tightness =
+  mean_m (U - |B Q - B^ Q|), accuracy_unscaled / tightness_unscaled (the same with u),
+  penalty (mean U), penalty_unscaled (mean u), bellman_error (mean |B Q - B^ Q|); and each one's
+  mean over the tuples as <name>_mean (float).
+  """
+  exact, sample, u = (np.asarray(x, np.float64) for x in (exact, sample, u))
+  if sample.ndim == 1:
+    sample, u = sample[None], u[None]
+  err = np.abs(exact[None] - sample)                                        # [M, B]
+  scaled = scale * u
+  out = dict(accuracy=(scaled >= err).mean(0), tightness=(scaled - err).mean(0),
+             accuracy_unscaled=(u >= err).mean(0), tightness_unscaled=(u - err).mean(0),
+             penalty=scaled.mean(0), penalty_unscaled=u.mean(0), bellman_error=err.mean(0))
+  out.update({f"{k}_mean": float(np.mean(v)) for k, v in list(out.items())})
+  return out
+
+
+def bellman_metrics(u, exact, sample) -> dict:
+  """Per-transition accuracy 1(U >= |B Q - B^ Q|) and tightness U - |B Q - B^ Q| (paper appendix)
+  for U, B^ Q [B] (or [M, B]: averaged over the M draws) and B Q [B]; returns {"accuracy": [B],
+  "tightness": [B]} and their means ("accuracy_mean", "tightness_mean")."""
+  s = quantifier_scores(exact, sample, u, 1.0)
+  return {k: s[k] for k in ("accuracy", "tightness", "accuracy_mean", "tightness_mean")}
+
+
+def model_done(config, term_fn: Callable, obs, action, next_obs):
+  """d^ [B] float32 of a model draw as rollout.run marks it: the termination function, or a runaway
+  state (any |x| >= config.rollout_obs_limit, which ends a rollout branch as terminal)."""
+  done = term_fn(obs, action, next_obs)
+  if config.rollout_obs_limit is not None:
+    done = done | jnp.any(jnp.abs(next_obs) >= config.rollout_obs_limit, axis=-1)
+  return done.astype(jnp.float32)
+
+
+def model_draw(nets: SeedNets, obs, action, key):
+  """One draw of the run's learned model per row, as a rollout writes it, and that row's penalty.
+
+  obs [B, S], action [B, A]. (s^', r^) from a uniformly random elite per row (dynamics.step, the
+  rollouts' own step); d^ = model_done. Returns (row, u): row a buffer.Batch [B, ...] carrying the
+  producing elite's Gaussian (what a rollout row stores; reward = r^ unpenalised, also for MOPO:
+  B^ uses the model's estimate of r and MOPO's penalty is its U), u [B] the UNSCALED penalty of the
+  row, `penalty(nets, row, key)`.
+  """
+  config = nets.config
+  term_fn = dynamics.termination_fn(config.env_name)
+  k_step, k_u = jax.random.split(key)
+  out = dynamics.step(nets.dyn, obs, action, k_step, config, penalty=False)
+  row = buffer.Batch(obs=obs, action=action, reward=out.reward, next_obs=out.next_obs,
+                     done=model_done(config, term_fn, obs, action, out.next_obs),
+                     obs_var=jnp.zeros_like(obs), next_obs_mean=out.next_obs_mean,
+                     next_obs_var=out.next_obs_var, reward_mean=out.reward_mean,
+                     reward_var=out.reward_var)
+  return row, penalty(nets, row, k_u)
+
+
+def penalty(nets: SeedNets, rows, key, scaled: bool = False):
+  """The algorithm's own uncertainty quantifier U [B] on model rows (buffer.Batch [B, ...]): the
+  very function its training target calls (targets.get_penalty(config)), so never a copy.
+  Unscaled by default; scaled=True multiplies by config.beta (MOMBO / MOBILE beta, MOPO lambda),
+  i.e. what training subtracts from the target (MOPO: from the model reward).
+
+  Per algorithm (see targets.py): MOMBO lcb sqrt(var_r + g^2 (1-d) v*) from the Gaussian of the
+  elite that drew the row (for Table 2: the draw's random elite, the Gaussian a rollout row stores,
+  with that draw's d^); elite_spread std_e T_e (ddof=1); mixture sqrt(mean_e MM var_e + var_e T_e);
+  MOBILE std over elites of the mean over N next-state samples of min_j Q'; MOPO max over all
+  members of ||sigma||_2 (dynamics.step's mopo_penalty).
+  """
+  config = nets.config
+  u = targets.get_penalty(config)(nets.agent(), rows, key, dyn=nets.dyn, config=config,
+                                  term_fn=dynamics.termination_fn(config.env_name))
+  return config.beta * u if scaled else u
+
+
+def seed_functions(nets: SeedNets):
+  """(policy_fn, q_fn, draw_fn) of one trained seed for bellman_gaps: a' ~ pi, min over the target
+  critics of Q' (plain, zero input variance), and model_draw's (s^', r^, d^, u)."""
+  def draw_fn(obs, action, key):
+    row, u = model_draw(nets, obs, action, key)
+    return row.next_obs, row.reward, row.done, u
+
+  return (lambda obs, key: nets.policy(obs, key)[0],
+          lambda obs, action: nets.q(obs, action).min(axis=0), draw_fn)
+
+
+@functools.partial(jax.jit, static_argnames=("num_draws", "num_policy"))
+def _seed_gaps(nets, obs, action, reward, next_obs, done, key, num_draws, num_policy):
+  # The networks are an argument, never closed over: XLA would fold the weights in as constants.
+  policy_fn, q_fn, draw_fn = seed_functions(nets)
+  return bellman_gaps(policy_fn, q_fn, draw_fn, obs, action, reward, next_obs, done, key,
+                      gamma=nets.config.gamma, num_draws=num_draws, num_policy=num_policy)
+
+
+def _chunk_rows(n: int, chunk: int) -> int:
+  """Rows per jitted call: `chunk`, or for fewer tuples the next power of two (>= 8), so seeds with
+  different tuple counts share a few compiled shapes."""
+  return min(int(chunk), max(8, 1 << max(0, int(n) - 1).bit_length()))
+
+
+def uncertainty_quality(nets: SeedNets, batch: dict, key, num_draws: int = 100,
+                        num_policy: int = 1000, chunk: int = 256) -> dict:
+  """quantifier_scores of one seed on tuples batch = {obs [B, S], action [B, A], reward [B],
+  next_obs [B, S], done [B]} (real_transitions' or dataset_states' dict), with U scaled by the
+  run's beta; plus exact [B], sample [M, B], u [M, B] (unscaled).
+
+  Tuples go through in jitted chunks of `chunk` rows (the last one padded with copies of its first
+  row, dropped after): memory is num_policy x chunk critic rows for B Q, and few compilations.
+  """
+  arrays = {k: np.asarray(batch[k], np.float32) for k in ("obs", "action", "reward", "next_obs",
+                                                           "done")}
+  n = arrays["reward"].shape[0]
+  if n == 0:
+    raise ValueError("No tuples to evaluate the uncertainty quantifier on.")
+  size = _chunk_rows(n, chunk)
+  parts = []
+  for i, lo in enumerate(range(0, n, size)):
+    take = np.arange(lo, lo + size)
+    take = np.where(take < n, take, lo)
+    res = _seed_gaps(nets, *(jnp.asarray(arrays[k][take]) for k in
+                             ("obs", "action", "reward", "next_obs", "done")),
+                     jax.random.fold_in(key, i), num_draws, num_policy)
+    keep = min(size, n - lo)
+    parts.append(jax.tree.map(lambda x, keep=keep: np.asarray(x)[..., :keep], res))
+  exact = np.concatenate([p["exact"] for p in parts])
+  sample = np.concatenate([p["sample"] for p in parts], axis=-1)
+  u = np.concatenate([p["u"] for p in parts], axis=-1)
+  out = quantifier_scores(exact, sample, u, float(nets.config.beta))
+  out.update(exact=exact, sample=sample, u=u)
+  return out
+
+
+def real_transitions(nets: SeedNets, env_name: str, episodes: int, seed: int,
+                     every: int = 10, max_episode_steps: Optional[int] = None) -> dict:
+  """--states=policy (the paper's): runs the deterministic policy (evaluation mode) for `episodes`
+  episodes in the real env and keeps the selected_steps of each. Returns numpy obs [B, S],
+  action [B, A], reward [B], next_obs [B, S], done [B] (terminated; truncation still bootstraps)
+  and episode [B]."""
+  from mombo_jax import data
+  env = data.make_env(env_name, **({} if max_episode_steps is None
+                                   else {"max_episode_steps": int(max_episode_steps)}))
+  policy = jax.jit(SeedNets.policy_mode)
+  act = lambda obs: policy(nets, obs)  # noqa: E731
+  low, high = env.action_space.low, env.action_space.high
+  rows = {k: [] for k in ("obs", "action", "reward", "next_obs", "done", "episode")}
+  try:
+    for ep in range(episodes):
+      obs, _ = env.reset(seed=int(seed) * 1000 + ep)
+      episode = []
+      while True:
+        a = np.asarray(act(jnp.asarray(obs, jnp.float32)), np.float64)
+        env_a = low + 0.5 * (a + 1.0) * (high - low)     # identity for [-1, 1] action spaces
+        nxt, r, terminated, truncated, _ = env.step(env_a.astype(env.action_space.dtype))
+        episode.append((obs, a, r, nxt, float(terminated)))
+        obs = nxt
+        if terminated or truncated:
+          break
+      for i in selected_steps(len(episode), every):
+        for k, v in zip(("obs", "action", "reward", "next_obs", "done"), episode[i]):
+          rows[k].append(v)
+        rows["episode"].append(ep)
+  finally:
+    env.close()
+  return {k: np.asarray(v, np.int64 if k == "episode" else np.float32) for k, v in rows.items()}
+
+
+def dataset_states(transitions, num_states: int = 1000, seed: int = 0) -> dict:
+  """--states=dataset: num_states transitions of a dataset (data.Transitions) drawn without
+  replacement with np.random.default_rng(seed) (all of them if it holds fewer), so every algorithm
+  and seed trained on that dataset is scored on the very same tuples (no policy-quality confound).
+  Returns numpy obs [B, S], action [B, A], reward [B], next_obs [B, S], done [B] (terminals;
+  truncations bootstrap) and index [B] (row in the dataset, sorted)."""
+  n = len(transitions.rewards)
+  if n == 0:
+    raise ValueError("The dataset holds no transitions.")
+  idx = np.sort(np.random.default_rng(seed).choice(n, min(int(num_states), n), replace=False))
+  return dict(obs=np.asarray(transitions.observations[idx], np.float32),
+              action=np.asarray(transitions.actions[idx], np.float32),
+              reward=np.asarray(transitions.rewards[idx], np.float32),
+              next_obs=np.asarray(transitions.next_observations[idx], np.float32),
+              done=np.asarray(transitions.terminals[idx], np.float32), index=idx.astype(np.int64))

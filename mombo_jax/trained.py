@@ -1,0 +1,129 @@
+"""A trained run read back for analysis (experiments.mm_vs_mc, experiments.uncertainty): its
+config.json (written by experiments.run) and its newest checkpoint (checkpoint.RunCheckpointer,
+restored without a template, i.e. as the flax state dict of the TrainState). The networks are
+rebuilt from the config (sac.make_actor / sac.make_critic) and the dynamics ensemble is the one
+stored in the run's state.
+
+Shapes: B = states, S = obs dim, A = action dim, E = critics.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import List, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax.training.train_state import TrainState
+
+from mombo_jax import config as config_lib, dynamics, sac
+from mombo_jax.critics import sample_tanh_gaussian
+
+
+def load_config(workdir: str):
+  """(Config, dataset) from <workdir>/config.json. Raises ValueError naming the file."""
+  path = os.path.join(workdir, "config.json")
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{path} is missing or unreadable ({e}); pass a run workdir written by "
+                     "experiments.run.") from None
+  fields = {f.name for f in dataclasses.fields(config_lib.Config)}
+  # JSON turned the config's tuples into lists; the frozen Config must stay hashable.
+  values = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields}
+  return config_lib.Config(**values), saved.get("dataset") or values.get("env")
+
+
+@flax.struct.dataclass
+class SeedNets:
+  """One seed's trained networks. actor, critic, target_critic: Flax variables ({"params": ...});
+  dyn: DynamicsState of that seed; log_alpha: f32 [] (the entropy temperature's log, used by a
+  soft-backup run's targets). A pytree (config static): jitted functions take it as an argument,
+  so XLA never folds the trained weights in as constants (slow compiles)."""
+  config: config_lib.Config = flax.struct.field(pytree_node=False)
+  actor: dict
+  critic: dict
+  target_critic: dict
+  dyn: dynamics.DynamicsState
+  log_alpha: jax.Array
+
+  @property
+  def action_dim(self) -> int:
+    return int(self.actor["params"][f"Dense_{len(self.config.actor_hidden)}"]["kernel"].shape[-1])
+
+  def policy(self, obs, key):
+    """(a ~ pi(.|obs) [..., A], log pi [...])."""
+    mean, log_std = sac.make_actor(self.config, self.action_dim).apply(self.actor, obs)
+    return sample_tanh_gaussian(mean, log_std, key)
+
+  def policy_mode(self, obs):
+    """tanh(mean) [..., A], the evaluation action."""
+    mean, _ = sac.make_actor(self.config, self.action_dim).apply(self.actor, obs)
+    return jnp.tanh(mean)
+
+  def q(self, obs, action, obs_var=None, target=True):
+    """Q [E, ...] of the (target) critics, or their MM (mean, var) [E, ...] with obs_var."""
+    params = self.target_critic if target else self.critic
+    return sac.make_critic(self.config).apply(params, obs, action, obs_var)
+
+  def agent(self) -> sac.AgentState:
+    """The networks as the sac.AgentState that targets.py reads (apply functions, parameters,
+    log_alpha); no optimiser state (tx None): for evaluation only."""
+    def state(apply_fn, params):
+      return TrainState(step=jnp.zeros((), jnp.int32), apply_fn=apply_fn, params=params, tx=None,
+                        opt_state=None)
+
+    return sac.AgentState(
+        actor=state(sac.make_actor(self.config, self.action_dim).apply, self.actor),
+        critic=state(sac.make_critic(self.config).apply, self.critic),
+        target_critic_params=self.target_critic,
+        log_alpha=state(None, {"log_alpha": jnp.asarray(self.log_alpha, jnp.float32)}))
+
+
+@dataclasses.dataclass
+class TrainedRun:
+  """A run read back: config, dataset, seeds, the checkpoint's epoch and per-seed networks."""
+  workdir: str
+  config: config_lib.Config
+  dataset: str
+  seeds: List[int]
+  epoch: int
+  nets: List[SeedNets]
+
+
+def load_run(workdir: str, step: Optional[int] = None) -> TrainedRun:
+  """A run's config and newest (or `step`'s) checkpoint. Raises ValueError with what is missing."""
+  from mombo_jax import checkpoint
+  config, dataset = load_config(workdir)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(ckpt_dir):
+    raise ValueError(f"{workdir} has no checkpoints folder; pass a run workdir of experiments.run "
+                     "that finished at least one evaluation.")
+  ckpt = checkpoint.RunCheckpointer(ckpt_dir, keep=None)
+  try:
+    tree, meta = ckpt.restore(step=step)
+  except checkpoint.CheckpointError as e:
+    raise ValueError(str(e)) from None
+  finally:
+    ckpt.close()
+  agent, dyn = tree["agent"], tree["dynamics"]
+  num = int(np.shape(tree["epoch"])[0])
+  nets = []
+  for i in range(num):
+    pick = lambda t, i=i: jax.tree.map(lambda x: jnp.asarray(x[i]), t)  # noqa: E731
+    d = pick(dyn)
+    nets.append(SeedNets(config=config, actor=pick(agent["actor"]["params"]),
+                         critic=pick(agent["critic"]["params"]),
+                         target_critic=pick(agent["target_critic_params"]),
+                         log_alpha=pick(agent["log_alpha"]["params"]["log_alpha"]),
+                         dyn=dynamics.DynamicsState(params=d["params"],
+                                                    input_mean=d["input_mean"],
+                                                    input_std=d["input_std"],
+                                                    elites=d["elites"].astype(jnp.int32))))
+  return TrainedRun(workdir=workdir, config=config, dataset=dataset,
+                    seeds=list(range(config.seed, config.seed + num)),
+                    epoch=int(meta.get("epoch", meta.get("step", -1))), nets=nets)

@@ -85,7 +85,7 @@ def main():
   print(f"# medium point: eval return >= {args.medium_fraction:.3g} x D4RL expert {expert} = "
         f"{args.medium_fraction * expert:.1f}")
   print(f"# load average before: {_load()}", flush=True)
-  env = recipes._make_env(args.env)
+  env = data.make_env(args.env)
   bound = compute_bound(config, env.observation_space.shape[0], env.action_space.shape[0])
   env.close()
   print(f"# one SAC update: {bound['flops'] / 1e6:.0f} MFLOP (XLA cost analysis); this machine's "
@@ -104,7 +104,7 @@ def main():
 
   workdir = os.path.join(args.workdir, args.env, "sac") if args.workdir else None
   result = online_sac.train_sac(
-      lambda: recipes._make_env(args.env), config, args.steps,
+      lambda: data.make_env(args.env), config, args.steps,
       start_steps=args.start_steps, eval_every=args.eval_every, eval_episodes=args.eval_episodes,
       seed=args.seed + online_sac.SEED_OFFSETS["sac"],
       medium_return=args.medium_fraction * expert, workdir=workdir,

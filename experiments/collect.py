@@ -6,9 +6,10 @@ r"""Build D4RL-recipe datasets as local Minari datasets (SPEC.md section 7).
   python -m experiments.collect --env=walker2d-random-expert-5pct
 
 The recipes (D4RL's, and the paper's mixed datasets) are in mombo_jax/recipes.py, the online SAC
-behind the medium / medium-replay / expert qualities in mombo_jax/online_sac.py. Datasets are
-written under MINARI_DATASETS_PATH as `mombo/<env>/<quality>-v0`; an existing one is never
-overwritten (it is skipped, with a message) unless --overwrite.
+behind the medium / medium-replay / expert qualities in mombo_jax/online_sac.py, the saved actors
+in mombo_jax/saved_actors.py. Datasets are written under MINARI_DATASETS_PATH as
+`mombo/<env>/<quality>-v0`; an existing one is never overwritten (it is skipped, with a message)
+unless --overwrite.
 
 The SAC run lives in --workdir/<env>/sac: Orbax checkpoints (agent, replay buffer, medium snapshot)
 every --checkpoint_every steps and at the medium point, so an interrupted run resumes where it

@@ -38,7 +38,7 @@ def default_id(name: str) -> str:
 def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_nonfinite=False,
                 log_fn=print) -> str:
   """Reads D4RL's file at `path` for the short name `name` and writes it; returns the Minari id."""
-  from mombo_jax import recipes
+  from mombo_jax import minari_io
   from mombo_jax import config as config_lib
   from mombo_jax import d4rl, data
   try:
@@ -79,12 +79,12 @@ def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_non
                 "command": f"python -m experiments.import_d4rl --file={os.path.abspath(path)} "
                            f"--env={name} --overwrite", "source_file": os.path.abspath(path)}
   try:
-    written = recipes.write_dataset(
+    written = minari_io.write_dataset(
         dataset_id, episodes, f"D4RL's {name}-v2 file ({os.path.basename(path)}), imported with "
         "experiments/import_d4rl.py.", "D4RL", overwrite=overwrite, provenance=provenance,
         ref_scores=data.D4RL_REF_SCORES[env], env_name=env,
         extra_metadata={"d4rl_metadata": file_meta} if file_meta else None)
-  except recipes.UserError as e:
+  except minari_io.UserError as e:
     raise UserError(str(e)) from None
   return written
 

@@ -7,7 +7,7 @@ The SAC itself is mombo_jax.sac with the standard online hyperparameters (ONLINE
 in numpy on the host (host_actor: one small MLP call per env step is cheaper than a jitted call's
 dispatch); gradient steps run on the device in chunks of `train_every`, each a lax.scan over
 batches sampled on the device from a device copy of the replay buffer. restore_sac reads a run's
-checkpoint without training (for exporting its actors, mombo_jax.recipes.save_actor).
+checkpoint without training (for exporting its actors, mombo_jax.saved_actors.save_actor).
 """
 from __future__ import annotations
 

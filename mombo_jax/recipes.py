@@ -21,44 +21,30 @@ D4RL reference returns and their provenance (recipe, size, rebuild command; the 
 were recorded from and the SAC medium point where there are such) in the metadata, and a dataset
 card beside them (mombo_jax.cards).
 
-Saved actors (save_actor / load_actor). The Builder writes the SAC run's medium actor once the run
-has its medium point, and its final ("expert") actor once it reaches `sac_steps`, including when
-it finds them in an existing checkpoint, to `<workdir>/<env>/actors/`:
-  medium.msgpack, expert.msgpack   flax.serialization.to_bytes of the actor variables
-  medium.json, expert.json         env, gym id, obs / action dims, actor_hidden, log-std bounds
-                                   (actor_config rebuilds the Config sac_policy needs), SAC step,
-                                   the evaluations that qualified it, the medium threshold and
-                                   medium_consecutive, seed, version, git commit, the weights'
-                                   sha256 and the collect command that retrains them.
-Options.actors_only (collect --actors_only) only exports them from the checkpoint (restore_sac:
-no training, nothing written to the run). Options.from_actors (collect --from_actors=DIR) records
-medium / expert / medium-expert from DIR's saved actors alone, through the same rollout /
-_policy_episodes (and seeds) as a SAC build, so the same actor file and options give the same
-episodes; random and medium-replay (the SAC run's replay buffer) are refused (Builder.check).
+Saved actors (mombo_jax.saved_actors). The Builder saves the SAC run's medium / expert actors to
+`<workdir>/<env>/actors/` as soon as it has them. Options.actors_only (collect --actors_only) only
+exports them from the checkpoint (restore_sac: no training, nothing written to the run).
+Options.from_actors (collect --from_actors=DIR) records medium / expert / medium-expert from DIR's
+saved actors alone, through the same rollout / _policy_episodes (and seeds) as a SAC build, so the
+same actor file and options give the same episodes; random and medium-replay (the SAC run's replay
+buffer) are refused (Builder.check).
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import math
 import os
 import shlex
-import shutil
-import subprocess
 import time
-import warnings
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
-import numpy as np
-
-from mombo_jax.online_sac import (SEED_OFFSETS, SacResult, UserError, _print, _to_env_action,
-                                  online_config, restore_sac, train_sac)
+from mombo_jax import data, saved_actors
+from mombo_jax.minari_io import read_episodes, write_dataset
+from mombo_jax.online_sac import (SEED_OFFSETS, SacResult, UserError, _print, online_config,
+                                  restore_sac, train_sac)
+from mombo_jax.recording import (mix_episodes, random_policy, replay_episodes, rollout,
+                                 sac_policy, summary)
 
 SAC_QUALITIES = ("medium-replay", "medium", "expert", "medium-expert")
-
-
-AUTHOR = "mombo_jax experiments/collect.py"
 
 
 RECIPE_STEPS = {"random": 1_000_000, "medium": 1_000_000, "expert": 1_000_000,
@@ -90,218 +76,11 @@ class Options:
   actors_only: bool = False           # only export the SAC run's actors from its checkpoint
 
 
-def _make_env(env: str, max_episode_steps: Optional[int] = None):
-  from mombo_jax import data
-  kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
-  return data.make_env(env, **kwargs)
-
-
-def rollout(make_env: Callable, policy: Callable, num_steps: int, seed: int,
-            num_envs: int = 1) -> List[dict]:
-  """Record exactly `num_steps` transitions of `policy` in `num_envs` envs stepped side by side.
-
-  policy(obs [K, S] float32) -> actions [K, A] in [-1, 1].
-  Returns episodes: dicts with observations [T+1, S] (float64, as the env gives them),
-  actions [T, A] (env dtype), rewards [T], terminations [T], truncations [T]. Episodes still
-  running when the budget is spent are cut and marked truncated.
-  """
-  if num_steps < 1:
-    raise ValueError(f"num_steps must be >= 1, got {num_steps}.")
-  num_envs = max(1, min(num_envs, num_steps))
-  envs = [make_env() for _ in range(num_envs)]
-  seeds = np.random.SeedSequence(seed).generate_state(num_envs * 2)
-  rngs = [np.random.default_rng(int(s)) for s in seeds[num_envs:]]
-  open_eps, episodes = [], []
-
-  def start(i, reset_seed=None):
-    obs, _ = envs[i].reset(seed=reset_seed if reset_seed is not None
-                           else int(rngs[i].integers(2**31)))
-    return dict(observations=[obs], actions=[], rewards=[], terminations=[], truncations=[])
-
-  open_eps = [start(i, int(seeds[i]) % 2**31) for i in range(num_envs)]
-  done = 0
-  while done < num_steps:
-    active = min(num_envs, num_steps - done)
-    obs = np.stack([ep["observations"][-1] for ep in open_eps]).astype(np.float32)
-    actions = np.asarray(policy(obs))
-    for i in range(active):
-      ep = open_eps[i]
-      act = _to_env_action(actions[i], envs[i].action_space)
-      next_obs, reward, terminated, truncated, _ = envs[i].step(act)
-      ep["observations"].append(next_obs)
-      ep["actions"].append(act)
-      ep["rewards"].append(float(reward))
-      ep["terminations"].append(bool(terminated))
-      ep["truncations"].append(bool(truncated))
-      if terminated or truncated:
-        episodes.append(_finish_episode(ep))
-        open_eps[i] = start(i)
-    done += active
-  for ep in open_eps:
-    if ep["actions"]:
-      ep["truncations"][-1] = True  # cut by the budget: the next state would still bootstrap
-      episodes.append(_finish_episode(ep))
-  for env in envs:
-    env.close()
-  return episodes
-
-
-def _finish_episode(ep: dict) -> dict:
-  return dict(observations=np.stack(ep["observations"]), actions=np.stack(ep["actions"]),
-              rewards=np.asarray(ep["rewards"], np.float64),
-              terminations=np.asarray(ep["terminations"], bool),
-              truncations=np.asarray(ep["truncations"], bool))
-
-
-def random_policy(action_dim: int, seed: int) -> Callable:
-  """Uniform actions in [-1, 1]^A for a batch of observations."""
-  rng = np.random.default_rng(seed)
-  return lambda obs: rng.uniform(-1.0, 1.0, (obs.shape[0], action_dim)).astype(np.float32)
-
-
-_POLICY_CACHE: Dict = {}
-
-
-def sac_policy(actor_params, config, seed: int, deterministic: bool) -> Callable:
-  """Batched jitted SAC policy on host arrays (compiled once per config and batch size)."""
-  import jax
-  from mombo_jax import sac
-  if (config, deterministic) not in _POLICY_CACHE:
-    _POLICY_CACHE[config, deterministic] = jax.jit(
-        (lambda p, o, k: sac.policy_mode(p, o, config)) if deterministic
-        else (lambda p, o, k: sac.policy_sample(p, o, k, config)))
-  fn = _POLICY_CACHE[config, deterministic]
-  key = [jax.random.key(seed)]
-
-  def policy(obs):
-    key[0], k = jax.random.split(key[0])
-    return np.asarray(fn(actor_params, obs, k))
-  return policy
-
-
-# --------------------------------------------------------------------------------- saved actors
-
-ACTOR_FORMAT = "mombo_jax-actor-v1"
-ACTOR_QUALITIES = ("medium", "expert")
-# The actors each SAC quality's dataset is recorded from (medium-replay: the run that made it).
-ACTORS_OF = {"medium": ("medium",), "medium-replay": ("medium",), "expert": ("expert",),
-             "medium-expert": ("medium", "expert")}
 # Options that shape the SAC run (hence its actors), and those that shape a recorded dataset.
 SAC_FLAGS = ("sac_steps", "start_steps", "eval_every", "eval_episodes", "medium_fraction",
              "medium_consecutive", "train_every", "hidden", "batch_size", "max_episode_steps",
              "seed", "workdir")
 RECORD_FLAGS = ("seed", "num_envs", "rollout_policy", "max_episode_steps")
-
-
-@dataclasses.dataclass
-class SavedActor:
-  """An actor saved by save_actor, loaded back (load_actor)."""
-  params: dict        # the actor variables {"params": {"Dense_0": ...}}, numpy arrays
-  config: object      # the Config sac_policy needs (online_config + the saved log-std bounds)
-  info: dict          # the JSON sidecar
-  path: str           # the .msgpack file
-  sha256: str         # of the .msgpack file
-
-
-def actor_paths(directory: str, quality: str) -> tuple:
-  """(<directory>/<quality>.msgpack, <directory>/<quality>.json)."""
-  return (os.path.join(directory, f"{quality}.msgpack"), os.path.join(directory, f"{quality}.json"))
-
-
-def _canonical(tree):
-  """Nested dicts with sorted keys and numpy leaves: the same weights give the same bytes, whether
-  they come from the live run or from its Orbax checkpoint."""
-  if isinstance(tree, Mapping):
-    return {str(k): _canonical(tree[k]) for k in sorted(tree)}
-  return np.asarray(tree)
-
-
-def actor_bytes(actor_params) -> bytes:
-  """flax.serialization.to_bytes of the actor variables (canonical order, host arrays)."""
-  import jax
-  from flax import serialization
-  return serialization.to_bytes(_canonical(jax.device_get(actor_params)))
-
-
-def _atomic_write(path: str, blob: bytes):
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(blob)
-  os.replace(tmp, path)
-
-
-def save_actor(directory: str, quality: str, actor_params, info: dict) -> dict:
-  """Writes <directory>/<quality>.msgpack (the actor variables) and <quality>.json (`info` plus the
-  weights' file name, size and sha256); returns the sidecar. info must hold what actor_config
-  reads: env, obs_dim, action_dim, actor_hidden, log_std_min, log_std_max (batch_size)."""
-  os.makedirs(directory, exist_ok=True)
-  blob = actor_bytes(actor_params)
-  weights, sidecar_path = actor_paths(directory, quality)
-  sidecar = dict(format=ACTOR_FORMAT, quality=quality, **info,
-                 weights=os.path.basename(weights), bytes=len(blob),
-                 sha256=hashlib.sha256(blob).hexdigest())
-  _atomic_write(weights, blob)
-  _atomic_write(sidecar_path, (json.dumps(sidecar, indent=2) + "\n").encode())
-  return sidecar
-
-
-def actor_config(info: dict):
-  """The online-SAC Config an actor sidecar describes (what make_actor / sac_policy read)."""
-  config = online_config(info["env"], tuple(int(h) for h in info["actor_hidden"]),
-                         int(info.get("batch_size", 256)))
-  return dataclasses.replace(config, log_std_min=float(info["log_std_min"]),
-                             log_std_max=float(info["log_std_max"]))
-
-
-def load_actor(directory: str, quality: str) -> SavedActor:
-  """The actor save_actor wrote into directory, checked against its sidecar (sha256, network
-  shapes). UserError naming the file when one is missing or does not match."""
-  import jax
-  import jax.numpy as jnp
-  from flax import serialization
-  from mombo_jax import sac
-  weights, sidecar_path = actor_paths(directory, quality)
-  for path in (weights, sidecar_path):
-    if not os.path.isfile(path):
-      raise UserError(f"no saved actor file {path}")
-  with open(sidecar_path) as f:
-    try:
-      info = json.load(f)
-    except ValueError as e:
-      raise UserError(f"{sidecar_path} is not valid JSON: {e}") from None
-  with open(weights, "rb") as f:
-    blob = f.read()
-  sha = hashlib.sha256(blob).hexdigest()
-  if info.get("sha256") != sha:
-    raise UserError(f"{weights} (sha256 {sha[:12]}...) is not the file its sidecar {sidecar_path} "
-                    f"describes (sha256 {str(info.get('sha256'))[:12]}...)")
-  missing = [k for k in ("env", "obs_dim", "action_dim", "actor_hidden", "log_std_min",
-                         "log_std_max") if k not in info]
-  if missing:
-    raise UserError(f"{sidecar_path} lacks {', '.join(missing)}")
-  config = actor_config(info)
-  params = serialization.msgpack_restore(blob)
-  actor = sac.make_actor(config, int(info["action_dim"]))
-  want = jax.eval_shape(lambda: actor.init(jax.random.key(0),
-                                           jnp.zeros((1, int(info["obs_dim"])), jnp.float32)))
-  def shapes(tree):
-    return {jax.tree_util.keystr(path): tuple(leaf.shape)
-            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
-  if shapes(params) != shapes(want):
-    raise UserError(f"{weights} does not hold the actor {sidecar_path} describes (hidden "
-                    f"{info['actor_hidden']}, obs {info['obs_dim']}, actions {info['action_dim']})")
-  return SavedActor(params=params, config=config, info=info, path=weights, sha256=sha)
-
-
-def _git_commit() -> Optional[str]:
-  try:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                         cwd=os.path.dirname(os.path.abspath(__file__)))
-  except (OSError, subprocess.SubprocessError):
-    return None
-  if out.returncode != 0:
-    return None
-  return out.stdout.strip() or None
 
 
 def collect_command(name: str, opts: "Options", keys: Sequence[str] = (), **extra) -> str:
@@ -319,11 +98,6 @@ def collect_command(name: str, opts: "Options", keys: Sequence[str] = (), **extr
   return " ".join(parts)
 
 
-def dataset_exists(name: str) -> bool:
-  from mombo_jax import data
-  return data.exists_locally(name)
-
-
 def provenance_for(name: str, recipe: str, steps: int) -> dict:
   """What `data.provenance` reads back: the recipe, the transitions written, the full recipe's size
   (None where it has none) and the command that rebuilds the dataset at full size."""
@@ -331,90 +105,22 @@ def provenance_for(name: str, recipe: str, steps: int) -> dict:
           "command": f"python -m experiments.collect --env={name} --overwrite"}
 
 
-def write_dataset(name: str, episodes: Sequence[dict], description: str, algorithm: str,
-                  max_episode_steps: Optional[int] = None, overwrite: bool = False, *,
-                  provenance: Optional[dict] = None, ref_scores: Optional[tuple] = None,
-                  env_name: Optional[str] = None, extra_metadata: Optional[dict] = None):
-  """Write episodes as a Minari dataset: `name` is a short name (-> data.minari_id) or a full
-  Minari id (used as it is; its env from `env_name`, else from the id). Metadata: the env and its
-  gymnasium v5 eval env, reference returns (`ref_scores` (min, max), default D4RL's for the env),
-  `provenance` (see provenance_for) under data.PROVENANCE_KEY, and `extra_metadata` (JSON-encoded
-  values). episodes: dicts of observations [T+1, S], actions [T, A], rewards, terminations,
-  truncations [T]."""
-  import minari
-  from minari.data_collector import EpisodeBuffer
-  from mombo_jax import data
-  dataset_id = name if "/" in name else data.minari_id(name)
-  env_id = env_name or data.env_name(name)
-  path = os.path.join(data.datasets_root(), dataset_id)
-  if os.path.exists(path):
-    if not overwrite:
-      raise UserError(f"Dataset {dataset_id} already exists at {path}; pass --overwrite to "
-                      "rebuild it.")
-    shutil.rmtree(path)
-  env = _make_env(env_id, max_episode_steps)
-  eval_env = _make_env(env_id)
-  low, high = ref_scores or data.D4RL_REF_SCORES[data.env_name(env_id)]
-  buffers = [EpisodeBuffer(id=i, observations=ep["observations"], actions=ep["actions"],
-                           rewards=ep["rewards"], terminations=ep["terminations"],
-                           truncations=ep["truncations"]) for i, ep in enumerate(episodes)]
-  try:
-    with warnings.catch_warnings():
-      warnings.filterwarnings("ignore", message=".*is set to None.*")
-      minari.create_dataset_from_buffers(
-          dataset_id, buffers, env=env, eval_env=eval_env.spec, algorithm_name=algorithm,
-          author=AUTHOR, code_permalink="experiments/collect.py", ref_min_score=low,
-          ref_max_score=high, description=description)
-    extra = {k: json.dumps(v) for k, v in (extra_metadata or {}).items()}
-    if provenance is not None:
-      extra[data.PROVENANCE_KEY] = json.dumps(provenance)
-    if extra:
-      minari.load_dataset(dataset_id).storage.update_metadata(extra)
-  except BaseException:
-    shutil.rmtree(path, ignore_errors=True)  # no half-written dataset blocks the next attempt
-    raise
-  finally:
-    env.close()
-    eval_env.close()
-  from mombo_jax import cards
-  cards.write_card(dataset_id, episodes=episodes)   # dataset_card.md + returns_hist.png
-  return dataset_id
-
-
-def read_episodes(name: str) -> List[dict]:
-  """The episodes of a local dataset, as written by `rollout`."""
-  from mombo_jax import data
-  ds = data.load_dataset(name)
-  return [dict(observations=np.asarray(ep["observations"]), actions=np.asarray(ep["actions"]),
-               rewards=np.asarray(ep["rewards"]), terminations=np.asarray(ep["terminations"]),
-               truncations=np.asarray(ep["truncations"]))
-          for ep in ds.storage.get_episodes(ds.episode_indices)]
-
-
-def _summary(episodes: Sequence[dict]) -> str:
-  steps = sum(len(ep["rewards"]) for ep in episodes)
-  returns = [float(np.sum(ep["rewards"])) for ep in episodes]
-  return (f"{steps} transitions, {len(episodes)} episodes, episode return mean "
-          f"{np.mean(returns):.1f} (min {np.min(returns):.1f}, max {np.max(returns):.1f})")
-
-
 def build_random(name: str, steps: int = 1_000_000, seed: int = 0, log_fn=_print,
                  max_episode_steps: Optional[int] = None, overwrite: bool = False,
                  num_envs: int = 1) -> str:
   """Write `<env>-random`: `steps` transitions of a uniform random policy; returns its id."""
-  from mombo_jax import data
   env, quality = data.parse_name(name)
   if quality != "random":
     raise ValueError(f"build_random builds <env>-random datasets, got {name!r}.")
-  probe = _make_env(name, max_episode_steps)
+  probe = data.make_env(name, max_episode_steps=max_episode_steps)
   action_dim = probe.action_space.shape[0]
   probe.close()
   t0 = time.time()
-  episodes = rollout(lambda: _make_env(name, max_episode_steps),
+  episodes = rollout(lambda: data.make_env(name, max_episode_steps=max_episode_steps),
                      random_policy(action_dim, seed), steps, seed + SEED_OFFSETS["random"],
                      num_envs)
   elapsed = time.time() - t0
-  log_fn(f"{name}: {_summary(episodes)}; {steps / max(elapsed, 1e-9):.0f} steps/s")
+  log_fn(f"{name}: {summary(episodes)}; {steps / max(elapsed, 1e-9):.0f} steps/s")
   written = sum(len(ep["rewards"]) for ep in episodes)
   dataset_id = write_dataset(name, episodes, f"{steps} steps of a uniform random policy on "
                              f"{data.GYM_IDS[env]} (D4RL recipe).", "uniform-random",
@@ -422,26 +128,6 @@ def build_random(name: str, steps: int = 1_000_000, seed: int = 0, log_fn=_print
                              provenance=provenance_for(name, "random", written))
   log_fn(f"wrote {dataset_id} ({time.time() - t0:.1f} s in all)")
   return dataset_id
-
-
-def _replay_episodes(replay: dict) -> List[dict]:
-  """Replay rows (in collection order) -> episodes; a final unfinished episode is cut."""
-  n = replay["reward"].shape[0]
-  ends = np.flatnonzero(replay["end"] > 0).tolist()
-  if not ends or ends[-1] != n - 1:
-    ends.append(n - 1)
-  episodes, start = [], 0
-  for end in ends:
-    sl = slice(start, end + 1)
-    obs = np.concatenate([replay["obs"][sl], replay["next_obs"][end:end + 1]]).astype(np.float64)
-    terminations = replay["terminated"][sl] > 0
-    truncations = ~terminations
-    truncations[:-1] = False
-    episodes.append(dict(observations=obs, actions=replay["action"][sl].astype(np.float32),
-                         rewards=replay["reward"][sl].astype(np.float64),
-                         terminations=terminations, truncations=truncations))
-    start = end + 1
-  return episodes
 
 
 class Builder:
@@ -457,16 +143,12 @@ class Builder:
     self.log = log_fn
     self._sac: Dict[str, SacResult] = {}
     self._saved: Dict[tuple, dict] = {}      # (env, quality) -> {"path", "sha256", "sac_step"}
-    self._loaded: Dict[tuple, SavedActor] = {}
+    self._loaded: Dict[tuple, saved_actors.SavedActor] = {}
     self._recorded: Dict[tuple, List[dict]] = {}
 
   # -- helpers
-  def _exists(self, name: str) -> bool:
-    return dataset_exists(name)
-
   def _write(self, name, episodes, description, algorithm, overwrite=False, *,
              extra_provenance: Optional[dict] = None, command: Optional[str] = None):
-    from mombo_jax import data
     quality = data.parse_name(name)[1]
     recipe = "mixed" if quality.endswith("pct") else quality
     written = sum(len(ep["rewards"]) for ep in episodes)
@@ -476,7 +158,7 @@ class Builder:
     provenance.update(extra_provenance or {})
     dataset_id = write_dataset(name, episodes, description, algorithm, self.opts.max_episode_steps,
                                overwrite, provenance=provenance)
-    self.log(f"wrote {dataset_id}: {_summary(episodes)}")
+    self.log(f"wrote {dataset_id}: {summary(episodes)}")
     return dataset_id
 
   # -- saved actors
@@ -493,7 +175,6 @@ class Builder:
 
   def _medium_record(self, result: SacResult) -> dict:
     """The medium point and the evaluations that made it (the last medium_consecutive up to it)."""
-    from mombo_jax import data
     o = self.opts
     evals = [[int(s), float(r)] for s, r in result.evals if s <= result.medium_step]
     return dict(medium_step=int(result.medium_step), medium_fraction=o.medium_fraction,
@@ -504,18 +185,9 @@ class Builder:
 
   def _save_actor(self, env: str, quality: str, result: SacResult) -> dict:
     import mombo_jax
-    from mombo_jax import data
     o = self.opts
-    config = result.config
     params = result.medium_actor if quality == "medium" else result.final_actor
-    layers = params["params"]
-    n = len(config.actor_hidden)
-    info = dict(env=env, gym_id=data.GYM_IDS[env],
-                obs_dim=int(np.shape(layers["Dense_0"]["kernel"])[0]),
-                action_dim=int(np.shape(layers[f"Dense_{n}"]["kernel"])[-1]),
-                actor_hidden=[int(h) for h in config.actor_hidden],
-                log_std_min=float(config.log_std_min), log_std_max=float(config.log_std_max),
-                batch_size=int(config.batch_size))
+    info = saved_actors.network_info(env, result.config, params)
     if quality == "medium":
       record = self._medium_record(result)
       info.update(sac_step=record.pop("medium_step"), **record)
@@ -525,14 +197,14 @@ class Builder:
                   best_eval=list(result.best_eval), eval_episodes=o.eval_episodes)
     info.update(sac_steps=o.sac_steps, seed=o.seed, sac_seed=o.seed + SEED_OFFSETS["sac"],
                 max_episode_steps=o.max_episode_steps, version=mombo_jax.__version__,
-                git_commit=_git_commit(),
+                git_commit=saved_actors.git_commit(),
                 command=collect_command(f"{env}-{quality}", o, SAC_FLAGS),
                 command_note="Retrains the SAC run in a fresh --workdir (an existing checkpoint "
                 "there is resumed instead); the actor is saved to <workdir>/<env>/actors/. "
                 "Datasets from this file alone: collect --from_actors=<its folder>.")
     directory = self.actors_dir(env)
-    sidecar = save_actor(directory, quality, params, info)
-    path = actor_paths(directory, quality)[0]
+    sidecar = saved_actors.save_actor(directory, quality, params, info)
+    path = saved_actors.actor_paths(directory, quality)[0]
     self._saved[env, quality] = dict(path=path, sha256=sidecar["sha256"],
                                      sac_step=info["sac_step"])
     self.log(f"saved the {quality} actor (SAC step {info['sac_step']}) to {path} "
@@ -543,16 +215,15 @@ class Builder:
     """--actors_only: save the actors behind `name` from the SAC run's checkpoint; trains, records
     and writes nothing else. Not while a build is still writing checkpoints to that workdir
     (opening them removes unfinished temporary checkpoint folders)."""
-    from mombo_jax import data
     o = self.opts
     env, quality = data.parse_name(name)
-    wanted = ACTORS_OF.get(quality)
+    wanted = saved_actors.ACTORS_OF.get(quality)
     if not wanted:
       raise UserError(f"{name} is recorded from no SAC actor: --actors_only exports the actors "
                       "behind medium, medium-replay, expert and medium-expert.")
     workdir = os.path.join(o.workdir, env, "sac")
     if env not in self._sac:
-      result = restore_sac(lambda: _make_env(env, o.max_episode_steps),
+      result = restore_sac(lambda: data.make_env(env, max_episode_steps=o.max_episode_steps),
                            online_config(env, o.hidden, o.batch_size), o.sac_steps,
                            start_steps=o.start_steps, seed=o.seed + SEED_OFFSETS["sac"],
                            workdir=workdir)
@@ -579,9 +250,8 @@ class Builder:
     """UserError now, before anything runs, for a name this Builder's mode cannot build:
     --from_actors with random / medium-replay / mixed qualities or a missing actor file,
     --actors_only with a quality that has no actor."""
-    from mombo_jax import data
     env, quality = data.parse_name(name)
-    if self.opts.actors_only and quality not in ACTORS_OF:
+    if self.opts.actors_only and quality not in saved_actors.ACTORS_OF:
       raise UserError(f"{name} is recorded from no SAC actor: --actors_only exports the actors "
                       "behind medium, medium-replay, expert and medium-expert.")
     if not self.opts.from_actors:
@@ -593,31 +263,18 @@ class Builder:
       raise UserError(f"{name} is the replay buffer of the SAC run up to its medium point, which "
                       "no saved actor holds: it needs the SAC run (build it without "
                       "--from_actors).")
-    if quality not in ACTORS_OF:
+    if quality not in saved_actors.ACTORS_OF:
       partner = quality.split("-")[1]
       raise UserError(f"{name} mixes {env}-random with {env}-{partner}: build {env}-{partner} "
                       f"with --from_actors first, then {name} without --from_actors (it reuses "
                       "the existing ingredients).")
-    for q in ACTORS_OF[quality]:
-      for path in actor_paths(self.opts.from_actors, q):
-        if not os.path.isfile(path):
-          raise UserError(f"no saved actor file {path} (needed by {name}); export the {q} actor "
-                          f"with `python -m experiments.collect --env={env}-{q} --actors_only "
-                          "--workdir=<the SAC build's workdir>` and copy <workdir>/"
-                          f"{env}/actors/{q}.msgpack and {q}.json there.")
-      with open(actor_paths(self.opts.from_actors, q)[1]) as f:
-        try:
-          saved_env = json.load(f).get("env")
-        except ValueError as e:
-          raise UserError(f"{actor_paths(self.opts.from_actors, q)[1]} is not valid JSON: {e}")
-      if saved_env != env:
-        raise UserError(f"{actor_paths(self.opts.from_actors, q)[1]} is an actor for "
-                        f"{saved_env}, not {env} (needed by {name}).")
+    for q in saved_actors.ACTORS_OF[quality]:
+      saved_actors.check_saved(self.opts.from_actors, q, env, name)
 
-  def _saved_actor(self, env: str, quality: str) -> SavedActor:
+  def _saved_actor(self, env: str, quality: str) -> saved_actors.SavedActor:
     key = (env, quality)
     if key not in self._loaded:
-      actor = load_actor(self.opts.from_actors, quality)
+      actor = saved_actors.load_actor(self.opts.from_actors, quality)
       if actor.info.get("env") != env:
         raise UserError(f"{actor.path} is an actor for {actor.info.get('env')}, not {env}.")
       self._loaded[key] = actor
@@ -635,10 +292,9 @@ class Builder:
     return self._recorded[key]
 
   def _build_from_actors(self, name: str, overwrite: bool) -> str:
-    from mombo_jax import data
     o = self.opts
     env, quality = data.parse_name(name)
-    qualities = ACTORS_OF[quality]
+    qualities = saved_actors.ACTORS_OF[quality]
     episodes = [ep for q in qualities for ep in self._actor_episodes(env, q)]
     actors = {q: dict(path=self._saved_actor(env, q).path, sha256=self._saved_actor(env, q).sha256,
                       sac_step=self._saved_actor(env, q).info.get("sac_step")) for q in qualities}
@@ -657,7 +313,6 @@ class Builder:
     if cached is not None and (cached.steps_done >= self.opts.sac_steps
                                or (until_medium and cached.medium_step >= 0)):
       return cached
-    from mombo_jax import data
     o = self.opts
     config = online_config(env, o.hidden, o.batch_size)
     expert_return = data.D4RL_REF_SCORES[env][1]
@@ -666,8 +321,8 @@ class Builder:
     self.log(f"SAC run on {data.GYM_IDS[env]}: {o.sac_steps} steps, hidden {list(o.hidden)}, "
              f"medium point at eval return >= {medium_return:.1f} "
              f"({o.medium_fraction:.3g} x D4RL expert {expert_return}); checkpoints in {workdir}")
-    result = train_sac(lambda: _make_env(env, o.max_episode_steps), config, o.sac_steps,
-                       start_steps=o.start_steps, eval_every=o.eval_every,
+    result = train_sac(lambda: data.make_env(env, max_episode_steps=o.max_episode_steps), config,
+                       o.sac_steps, start_steps=o.start_steps, eval_every=o.eval_every,
                        eval_episodes=o.eval_episodes, seed=o.seed + SEED_OFFSETS["sac"],
                        medium_return=medium_return, workdir=workdir,
                        checkpoint_every=o.checkpoint_every, log_every=o.log_every, log_fn=self.log,
@@ -698,28 +353,27 @@ class Builder:
     policy = sac_policy(actor_params, config, o.seed + SEED_OFFSETS[seed_key],
                         o.rollout_policy == "deterministic")
     t0 = time.time()
-    episodes = rollout(lambda: _make_env(env, o.max_episode_steps), policy, o.steps,
-                       o.seed + SEED_OFFSETS[seed_key], o.num_envs)
+    episodes = rollout(lambda: data.make_env(env, max_episode_steps=o.max_episode_steps), policy,
+                       o.steps, o.seed + SEED_OFFSETS[seed_key], o.num_envs)
     self.log(f"recorded {o.steps} {seed_key} steps at {o.steps / max(time.time() - t0, 1e-9):.0f}"
              " steps/s")
     return episodes
 
   def _episodes_of(self, name: str) -> List[dict]:
     """Episodes of an ingredient dataset: read when it exists, else built (and written) now."""
-    if not self._exists(name):
+    if not data.exists_locally(name):
       self.log(f"ingredient {name} is missing: building it")
       self.build(name, overwrite=False)
     return read_episodes(name)
 
   # -- the recipes
   def build(self, name: str, overwrite: Optional[bool] = None) -> Optional[str]:
-    from mombo_jax import data
     overwrite = self.opts.overwrite if overwrite is None else overwrite
     env, quality = data.parse_name(name)
     self.check(name)
     if self.opts.actors_only:
       return self.export_actors(name)
-    if self._exists(name) and not overwrite:
+    if data.exists_locally(name) and not overwrite:
       self.log(f"{data.minari_id(name)} already exists: skipped (pass --overwrite to rebuild it)")
       return None
     o = self.opts
@@ -750,7 +404,7 @@ class Builder:
                            f"evaluations in a row) on {gym_id} (D4RL recipe).", "SAC", overwrite,
                            extra_provenance=dict(medium,
                                                  **self._actor_provenance(env, ("medium",))))
-      episodes = _replay_episodes(result.replay)
+      episodes = replay_episodes(result.replay)
       return self._write(name, episodes, f"The replay buffer of a SAC run on {gym_id} up to its "
                          f"medium point (step {result.medium_step}, evaluation return >= "
                          f"{o.medium_fraction:.3g} x D4RL expert on {o.medium_consecutive} "
@@ -771,24 +425,3 @@ class Builder:
     return self._write(name, episodes, f"{env}-random with {percent}% of its transitions replaced "
                        f"by whole episodes of {env}-{partner} (Hong et al. 2023).", "mixture",
                        overwrite)
-
-
-def mix_episodes(base: Sequence[dict], better: Sequence[dict], fraction: float,
-                 seed: int) -> List[dict]:
-  """About len(base) transitions: `fraction` of them from whole `better` episodes, the rest whole
-  `base` episodes, each drawn in random order (better ones first in the result)."""
-  rng = np.random.default_rng(seed)
-  total = sum(len(ep["rewards"]) for ep in base)
-
-  def take(episodes, budget):
-    out, count = [], 0
-    for i in rng.permutation(len(episodes)):
-      if count >= budget:
-        break
-      out.append(episodes[i])
-      count += len(episodes[i]["rewards"])
-    return out, count
-
-  better_eps, n_better = take(better, math.ceil(fraction * total))
-  base_eps, _ = take(base, total - n_better)
-  return list(better_eps) + list(base_eps)

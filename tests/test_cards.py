@@ -5,7 +5,7 @@ import re
 import numpy as np
 
 from experiments import import_d4rl
-from mombo_jax.recipes import read_episodes
+from mombo_jax.minari_io import read_episodes
 from mombo_jax import cards, data
 from tests.test_import_d4rl import _arrays, _write
 

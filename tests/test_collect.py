@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from experiments import collect
-from mombo_jax import data, online_sac, recipes
+from mombo_jax import data, minari_io, online_sac, recipes, recording, saved_actors
 from tests.conftest import minari_root_at
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,8 +32,8 @@ def _check_chaining(t, episodes):
 
 
 def test_rollout_counts_and_cuts():
-  episodes = recipes.rollout(lambda: data.make_env("hopper-random", max_episode_steps=7),
-                             recipes.random_policy(3, 0), 40, seed=0, num_envs=3)
+  episodes = recording.rollout(lambda: data.make_env("hopper-random", max_episode_steps=7),
+                               recording.random_policy(3, 0), 40, seed=0, num_envs=3)
   assert sum(len(ep["rewards"]) for ep in episodes) == 40
   for ep in episodes:
     n = len(ep["rewards"])
@@ -50,7 +50,7 @@ def test_replay_episodes():
                 next_obs=np.arange(1, n + 1, dtype=np.float32)[:, None],
                 terminated=np.array([0, 1, 0, 0, 0, 0], np.float32),
                 end=np.array([0, 1, 0, 1, 0, 0], np.float32))
-  eps = recipes._replay_episodes(replay)
+  eps = recording.replay_episodes(replay)
   assert [len(e["rewards"]) for e in eps] == [2, 2, 2]
   assert eps[0]["terminations"].tolist() == [False, True]
   assert eps[1]["truncations"].tolist() == [False, True]   # a time limit
@@ -62,7 +62,7 @@ def test_mix_episodes_shares():
   def eps(count, length, tag):
     return [dict(rewards=np.full(length, tag, float)) for _ in range(count)]
   base, better = eps(100, 10, 0.0), eps(50, 20, 1.0)
-  mixed = recipes.mix_episodes(base, better, 0.1, seed=0)
+  mixed = recording.mix_episodes(base, better, 0.1, seed=0)
   n_better = sum(len(e["rewards"]) for e in mixed if e["rewards"][0] == 1.0)
   total = sum(len(e["rewards"]) for e in mixed)
   assert n_better == 100 and total == 1000
@@ -75,7 +75,7 @@ def test_build_random(root):
   t = data.load_transitions("hopper-random")
   assert len(t.rewards) == 300 and t.observations.dtype == np.float32
   assert np.all(np.abs(t.actions) <= 1.0) and t.actions.std() > 0.3  # uniform in [-1, 1]
-  _check_chaining(t, recipes.read_episodes("hopper-random"))
+  _check_chaining(t, minari_io.read_episodes("hopper-random"))
   low, high, source = data.ref_scores("hopper-random")
   assert (low, high) == data.D4RL_REF_SCORES["hopper"] and "metadata" in source
   assert data.make_env(dataset_id).spec.max_episode_steps == 1000  # evaluation env: standard
@@ -143,7 +143,7 @@ def test_sac_qualities_end_to_end(root, tmp_path):
   assert result.medium_step == 100 and [s for s, _ in result.evals] == [100, 200, 300]
   replay = data.load_transitions("hopper-medium-replay")
   assert len(replay.rewards) == 100
-  _check_chaining(replay, recipes.read_episodes("hopper-medium-replay"))
+  _check_chaining(replay, minari_io.read_episodes("hopper-medium-replay"))
   medium = data.load_transitions("hopper-medium")
   expert = data.load_transitions("hopper-expert")
   both = data.load_transitions("hopper-medium-expert")
@@ -153,7 +153,7 @@ def test_sac_qualities_end_to_end(root, tmp_path):
   # The SAC policies act in [-1, 1] and are not the random policy's uniform actions.
   assert np.all(np.abs(expert.actions) <= 1.0)
   random = data.load_transitions("hopper-random")  # built as the mixture's ingredient
-  mixed = recipes.read_episodes("hopper-random-medium-10pct")
+  mixed = minari_io.read_episodes("hopper-random-medium-10pct")
   total = sum(len(e["rewards"]) for e in mixed)
   assert abs(total - len(random.rewards)) <= opts.max_episode_steps
   assert data.ref_scores("hopper-medium-expert")[2].startswith("metadata")
@@ -386,32 +386,32 @@ def _actor(key: int, hidden=(8, 8)):
 
 def test_saved_actor_round_trip(tmp_path):
   params, config, info = _actor(3)
-  sidecar = recipes.save_actor(str(tmp_path), "medium", params, info)
+  sidecar = saved_actors.save_actor(str(tmp_path), "medium", params, info)
   weights = tmp_path / "medium.msgpack"
   assert sidecar["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
   with open(tmp_path / "medium.json") as f:
     assert json.load(f) == sidecar
-  loaded = recipes.load_actor(str(tmp_path), "medium")
+  loaded = saved_actors.load_actor(str(tmp_path), "medium")
   assert loaded.config == config and loaded.sha256 == sidecar["sha256"]
   obs = np.random.default_rng(0).standard_normal((3, 11)).astype(np.float32)  # as num_envs=3
   for deterministic in (True, False):   # the same actions, sampled ones with the same key too
-    want = recipes.sac_policy(params, config, 7, deterministic)(obs)
-    got = recipes.sac_policy(loaded.params, loaded.config, 7, deterministic)(obs)
+    want = recording.sac_policy(params, config, 7, deterministic)(obs)
+    got = recording.sac_policy(loaded.params, loaded.config, 7, deterministic)(obs)
     np.testing.assert_array_equal(got, want)
   # Small: the float32 weights and little else (a 256x256 hopper actor: ~280 KB).
   shapes = {"Dense_0": (11, 256), "Dense_1": (256, 256), "Dense_2": (256, 3), "Dense_3": (256, 3)}
   big = {"params": {k: {"kernel": np.zeros(s, np.float32), "bias": np.zeros(s[1], np.float32)}
                     for k, s in shapes.items()}}
-  assert 4 * 70406 < len(recipes.actor_bytes(big)) < 4 * 70406 + 2000
+  assert 4 * 70406 < len(saved_actors.actor_bytes(big)) < 4 * 70406 + 2000
   # A replaced weights file, a missing one, another network: refused, naming the file.
   weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")
   with pytest.raises(recipes.UserError, match="medium.msgpack .*not the file its sidecar"):
-    recipes.load_actor(str(tmp_path), "medium")
+    saved_actors.load_actor(str(tmp_path), "medium")
   with pytest.raises(recipes.UserError, match="no saved actor file .*expert.msgpack"):
-    recipes.load_actor(str(tmp_path), "expert")
-  recipes.save_actor(str(tmp_path), "medium", params, dict(info, actor_hidden=[8, 8, 8]))
+    saved_actors.load_actor(str(tmp_path), "expert")
+  saved_actors.save_actor(str(tmp_path), "medium", params, dict(info, actor_hidden=[8, 8, 8]))
   with pytest.raises(recipes.UserError, match="does not hold the actor"):
-    recipes.load_actor(str(tmp_path), "medium")
+    saved_actors.load_actor(str(tmp_path), "medium")
 
 
 FROM_ACTORS = recipes.Options(steps=60, num_envs=3, max_episode_steps=20, seed=5)
@@ -420,7 +420,7 @@ FROM_ACTORS = recipes.Options(steps=60, num_envs=3, max_episode_steps=20, seed=5
 def _save_two_actors(directory):
   for quality, key in (("medium", 1), ("expert", 2)):
     params, _, info = _actor(key)
-    recipes.save_actor(str(directory), quality, params, info)
+    saved_actors.save_actor(str(directory), quality, params, info)
 
 
 def test_from_actors_builds_the_same_datasets_twice(tmp_path):
@@ -471,7 +471,7 @@ def test_from_actors_builds_the_same_datasets_twice(tmp_path):
 def test_from_actors_and_actors_only_refusals(tmp_path):
   actors = tmp_path / "actors"
   params, _, info = _actor(1)
-  recipes.save_actor(str(actors), "medium", params, info)   # no expert
+  saved_actors.save_actor(str(actors), "medium", params, info)   # no expert
   builder = recipes.Builder(dataclasses.replace(FROM_ACTORS, from_actors=str(actors)))
   builder.check("hopper-medium")
   for name, message in [("hopper-expert", "no saved actor file .*expert.msgpack"),
@@ -497,7 +497,7 @@ def test_from_actors_cli(tmp_path):
   """One `error:` line (no traceback, nothing written) for a missing actor; a tiny build."""
   actors = tmp_path / "actors"
   params, _, info = _actor(1)
-  recipes.save_actor(str(actors), "medium", params, info)
+  saved_actors.save_actor(str(actors), "medium", params, info)
   env = dict(os.environ, MINARI_DATASETS_PATH=str(tmp_path / "minari"), HF_HUB_OFFLINE="1")
 
   def run(*args):

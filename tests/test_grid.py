@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from mombo_jax import buffer, checkpoint, config as config_lib, recipes, runner
+from mombo_jax import buffer, checkpoint, config as config_lib, minari_io, runner
 from mombo_jax import train as train_lib
 from mombo_jax.launch import UserError
 
@@ -18,15 +18,15 @@ SHORT = "mombo/hopper/short-random-v0"     # a shorter second hopper dataset (pa
 @pytest.fixture(scope="module")
 def datasets(hopper_random_2000):
   """hopper-random (2,000 steps) and SHORT, its first episodes (< 1,000 steps)."""
-  episodes = recipes.read_episodes(hopper_random_2000)
+  episodes = minari_io.read_episodes(hopper_random_2000)
   keep, n = [], 0
   for ep in episodes:
     if n + len(ep["rewards"]) > 900:
       break
     keep.append(ep)
     n += len(ep["rewards"])
-  recipes.write_dataset(SHORT, keep, "test: the first episodes of hopper-random", "uniform random",
-                        env_name="hopper", overwrite=True)
+  minari_io.write_dataset(SHORT, keep, "test: the first episodes of hopper-random",
+                          "uniform random", env_name="hopper", overwrite=True)
   return hopper_random_2000, SHORT
 
 

@@ -79,7 +79,7 @@ def test_round_trip_equals_qlearning_dataset(minari_root, tmp_path, next_obs):
   assert data.provenance(dataset_id)["recipe"] == "d4rl-import"
   assert data.make_env(dataset_id).spec.id == "Hopper-v5"
   if next_obs:
-    from mombo_jax.recipes import read_episodes
+    from mombo_jax.minari_io import read_episodes
     episodes = read_episodes(dataset_id)
     # terminal | timeout | cut by the broken chain | timeout | trailing rows
     assert [len(e["rewards"]) for e in episodes] == [3, 4, 1, 2, 2]

@@ -1,0 +1,146 @@
+"""Episodes as the datasets hold them (dicts of observations [T+1, S], actions [T, A], rewards,
+terminations, truncations [T]): recorded from a policy in environments stepped side by side
+(rollout; the uniform random and SAC policies), cut from a SAC run's replay buffer, mixed (the
+paper's random + p% datasets), summarized for the log. mombo_jax.recipes says which of them each
+dataset is; mombo_jax.minari_io writes and reads them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List, Sequence
+
+import numpy as np
+
+from mombo_jax.online_sac import _to_env_action
+
+
+def rollout(make_env: Callable, policy: Callable, num_steps: int, seed: int,
+            num_envs: int = 1) -> List[dict]:
+  """Record exactly `num_steps` transitions of `policy` in `num_envs` envs stepped side by side.
+
+  policy(obs [K, S] float32) -> actions [K, A] in [-1, 1].
+  Returns episodes: dicts with observations [T+1, S] (float64, as the env gives them),
+  actions [T, A] (env dtype), rewards [T], terminations [T], truncations [T]. Episodes still
+  running when the budget is spent are cut and marked truncated.
+  """
+  if num_steps < 1:
+    raise ValueError(f"num_steps must be >= 1, got {num_steps}.")
+  num_envs = max(1, min(num_envs, num_steps))
+  envs = [make_env() for _ in range(num_envs)]
+  seeds = np.random.SeedSequence(seed).generate_state(num_envs * 2)
+  rngs = [np.random.default_rng(int(s)) for s in seeds[num_envs:]]
+  open_eps, episodes = [], []
+
+  def start(i, reset_seed=None):
+    obs, _ = envs[i].reset(seed=reset_seed if reset_seed is not None
+                           else int(rngs[i].integers(2**31)))
+    return dict(observations=[obs], actions=[], rewards=[], terminations=[], truncations=[])
+
+  open_eps = [start(i, int(seeds[i]) % 2**31) for i in range(num_envs)]
+  done = 0
+  while done < num_steps:
+    active = min(num_envs, num_steps - done)
+    obs = np.stack([ep["observations"][-1] for ep in open_eps]).astype(np.float32)
+    actions = np.asarray(policy(obs))
+    for i in range(active):
+      ep = open_eps[i]
+      act = _to_env_action(actions[i], envs[i].action_space)
+      next_obs, reward, terminated, truncated, _ = envs[i].step(act)
+      ep["observations"].append(next_obs)
+      ep["actions"].append(act)
+      ep["rewards"].append(float(reward))
+      ep["terminations"].append(bool(terminated))
+      ep["truncations"].append(bool(truncated))
+      if terminated or truncated:
+        episodes.append(_finish_episode(ep))
+        open_eps[i] = start(i)
+    done += active
+  for ep in open_eps:
+    if ep["actions"]:
+      ep["truncations"][-1] = True  # cut by the budget: the next state would still bootstrap
+      episodes.append(_finish_episode(ep))
+  for env in envs:
+    env.close()
+  return episodes
+
+
+def _finish_episode(ep: dict) -> dict:
+  return dict(observations=np.stack(ep["observations"]), actions=np.stack(ep["actions"]),
+              rewards=np.asarray(ep["rewards"], np.float64),
+              terminations=np.asarray(ep["terminations"], bool),
+              truncations=np.asarray(ep["truncations"], bool))
+
+
+def random_policy(action_dim: int, seed: int) -> Callable:
+  """Uniform actions in [-1, 1]^A for a batch of observations."""
+  rng = np.random.default_rng(seed)
+  return lambda obs: rng.uniform(-1.0, 1.0, (obs.shape[0], action_dim)).astype(np.float32)
+
+
+_POLICY_CACHE: Dict = {}
+
+
+def sac_policy(actor_params, config, seed: int, deterministic: bool) -> Callable:
+  """Batched jitted SAC policy on host arrays (compiled once per config and batch size)."""
+  import jax
+  from mombo_jax import sac
+  if (config, deterministic) not in _POLICY_CACHE:
+    _POLICY_CACHE[config, deterministic] = jax.jit(
+        (lambda p, o, k: sac.policy_mode(p, o, config)) if deterministic
+        else (lambda p, o, k: sac.policy_sample(p, o, k, config)))
+  fn = _POLICY_CACHE[config, deterministic]
+  key = [jax.random.key(seed)]
+
+  def policy(obs):
+    key[0], k = jax.random.split(key[0])
+    return np.asarray(fn(actor_params, obs, k))
+  return policy
+
+
+def replay_episodes(replay: dict) -> List[dict]:
+  """Replay rows (in collection order) -> episodes; a final unfinished episode is cut."""
+  n = replay["reward"].shape[0]
+  ends = np.flatnonzero(replay["end"] > 0).tolist()
+  if not ends or ends[-1] != n - 1:
+    ends.append(n - 1)
+  episodes, start = [], 0
+  for end in ends:
+    sl = slice(start, end + 1)
+    obs = np.concatenate([replay["obs"][sl], replay["next_obs"][end:end + 1]]).astype(np.float64)
+    terminations = replay["terminated"][sl] > 0
+    truncations = ~terminations
+    truncations[:-1] = False
+    episodes.append(dict(observations=obs, actions=replay["action"][sl].astype(np.float32),
+                         rewards=replay["reward"][sl].astype(np.float64),
+                         terminations=terminations, truncations=truncations))
+    start = end + 1
+  return episodes
+
+
+def mix_episodes(base: Sequence[dict], better: Sequence[dict], fraction: float,
+                 seed: int) -> List[dict]:
+  """About len(base) transitions: `fraction` of them from whole `better` episodes, the rest whole
+  `base` episodes, each drawn in random order (better ones first in the result)."""
+  rng = np.random.default_rng(seed)
+  total = sum(len(ep["rewards"]) for ep in base)
+
+  def take(episodes, budget):
+    out, count = [], 0
+    for i in rng.permutation(len(episodes)):
+      if count >= budget:
+        break
+      out.append(episodes[i])
+      count += len(episodes[i]["rewards"])
+    return out, count
+
+  better_eps, n_better = take(better, math.ceil(fraction * total))
+  base_eps, _ = take(base, total - n_better)
+  return list(better_eps) + list(base_eps)
+
+
+def summary(episodes: Sequence[dict]) -> str:
+  """Transitions, episodes and episode returns, for the log."""
+  steps = sum(len(ep["rewards"]) for ep in episodes)
+  returns = [float(np.sum(ep["rewards"])) for ep in episodes]
+  return (f"{steps} transitions, {len(episodes)} episodes, episode return mean "
+          f"{np.mean(returns):.1f} (min {np.min(returns):.1f}, max {np.max(returns):.1f})")

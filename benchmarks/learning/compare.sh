@@ -30,6 +30,8 @@ ALGOS=${ALGOS:-"mombo mobile mopo${LCB_BETA:+ mombo:lcb@$LCB_BETA}"}
 DYN_MAX_EPOCHS=${DYN_MAX_EPOCHS:-}
 PRESET=${PRESET:-paper}        # tiny: a smoke test of this script
 PY=${PY:-python3}
+# Extra flags of experiments.uncertainty, e.g. a CPU budget: "--draws=20 --num_policy=200 --episodes=2"
+UNCERTAINTY_FLAGS=${UNCERTAINTY_FLAGS:-}
 export PYTHONUNBUFFERED=1
 
 dyn=$ROOT/$DATASET/dynamics
@@ -75,7 +77,8 @@ stamp "runs finished (status $status)"
 
 $PY -m experiments.report "$ROOT"
 for states in policy dataset; do
-  $PY -m experiments.uncertainty --runs="$ROOT/$DATASET" --states="$states" --out="$ROOT/$DATASET"
+  $PY -m experiments.uncertainty --runs="$ROOT/$DATASET" --states="$states" --out="$ROOT/$DATASET" \
+      $UNCERTAINTY_FLAGS
 done
 $PY -m experiments.mm_vs_mc --run="$ROOT/$DATASET/mombo-elite_spread/s0x$SEEDS" --out="$ROOT/$DATASET"
 stamp "done: $ROOT/report.md, $ROOT/$DATASET/uncertainty*.md, $ROOT/$DATASET/mm_vs_mc.png"

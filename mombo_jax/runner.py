@@ -42,16 +42,16 @@ class Group:
     return f"{self.dataset} beta={self.config.beta:g} seeds {self.config.seed}..{self.config.seed + self.config.num_seeds - 1}"
 
 
-def describe_algorithm(config) -> str:
+def describe_algorithm(config, betas=None) -> str:
   """One line naming the algorithm and, for MOMBO, which target (the variant matters: see README
-  "Which MOMBO")."""
+  "Which MOMBO"); betas: the launch's betas (a --betas grid), default config.beta."""
+  values = ", ".join(f"{b:g}" for b in (betas or [config.beta]))
+  coef = ("lambda" if config.algo == "mopo" else "beta") + ("s" if betas and len(betas) > 1 else "")
   if config.algo == "mombo":
     origin = {"elite_spread": "the released code's", "lcb": "the paper's eq. (1)",
               "mixture": "law of total variance"}[config.target]
-    return f"MOMBO, target {config.target} ({origin}), beta {config.beta:g}"
-  if config.algo == "mobile":
-    return f"MOBILE, beta {config.beta:g}"
-  return f"MOPO, lambda {config.beta:g}"
+    return f"MOMBO, target {config.target} ({origin}), {coef} {values}"
+  return f"{config.algo.upper()}, {coef} {values}"
 
 
 def run_dir(root, dataset, algo, target, seed, seeds, beta=None) -> str:
@@ -267,7 +267,8 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
            else "")
   log(f"{what} sharded over {len(devices)} {devices[0].platform} device(s){procs}, "
       f"{cells_total // len(devices)} per device.")
-  log(f"Algorithm: {describe_algorithm(config)}; actor lr schedule over "
+  betas = sorted({r["config"].beta for r in runs})
+  log(f"Algorithm: {describe_algorithm(config, betas)}; actor lr schedule over "
       f"{config.schedule_steps // config.steps_per_epoch} epochs, stop at {config.epochs}.")
   # Compiled ahead of the loop, so steps/s and the ETA measure training only. Arguments keep
   # one placement throughout (the compiled function refuses any other).

@@ -106,3 +106,10 @@ def test_grid_cells_equal_single_runs_and_resume_alone(datasets, tmp_path):
                                                    jax.tree.leaves(b["critic"])))
   for g in groups:
     assert os.path.exists(os.path.join(g.workdir, "summary.json"))
+
+
+def test_the_log_names_the_variant_and_every_beta_of_a_grid():
+  mombo = config_lib.make_config("hopper-medium-replay", "mombo", target="lcb")
+  assert runner.describe_algorithm(mombo) == "MOMBO, target lcb (the paper's eq. (1)), beta 0.15"
+  assert runner.describe_algorithm(mombo, [0.15, 1.0]).endswith("betas 0.15, 1")
+  assert runner.describe_algorithm(config_lib.make_config("hopper-random", "mopo")) == "MOPO, lambda 1"

@@ -118,6 +118,8 @@ def main(argv):
   try:
     for name in FLAGS.env:
       config_lib.parse_name(name)  # every name is checked before anything runs
+    if FLAGS.medium_consecutive < 1:   # refused before any env or SAC work
+      raise UserError(f"--medium_consecutive must be >= 1, got {FLAGS.medium_consecutive}.")
     opts = options_from_flags()
     builder = Builder(opts)
     for name in FLAGS.env:

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax import buffer, critics, dynamics, rollout
+from mombo_jax import buffer, critics, dynamics, dynamics_training, rollout, termination
 from mombo_jax import config as config_lib
 from mombo_jax.data import Transitions
 
@@ -41,9 +41,9 @@ def _block(tree):
 
 def bench_training(config, transitions, num_seeds, epochs):
   """(compile + first epoch s, steady seconds per epoch) of one jitted epoch call."""
-  inputs, targets = dynamics.make_arrays(transitions)
+  inputs, targets = dynamics_training.make_arrays(transitions)
   batched = num_seeds > 1
-  init, epoch, _ = dynamics._compiled(dynamics._dyn_config(config), batched)
+  init, epoch, _ = dynamics_training._compiled(dynamics_training._dyn_config(config), batched)
   keys = jax.random.split(jax.random.PRNGKey(0), num_seeds)
   keys = keys if batched else keys[0]
   st = _block(init(keys, inputs, targets))
@@ -66,7 +66,7 @@ def bench_rollout(config, transitions, reps):
   actor = critics.TanhGaussianActor(config.actor_hidden, ACTION_DIM, config.log_std_min,
                                     config.log_std_max)
   actor_params = actor.init(jax.random.PRNGKey(1), jnp.zeros((1, OBS_DIM)))
-  term_fn = dynamics.termination_fn("hopper")
+  term_fn = termination.termination_fn("hopper")
 
   def policy_fn(obs, key):
     mean, log_std = actor.apply(actor_params, obs)
@@ -110,7 +110,7 @@ def main():
         f"batch {config.dyn_batch_size}; data: {args.n} synthetic transitions, obs {OBS_DIM} + "
         f"action {ACTION_DIM}")
   data = _data(args.n)
-  n_train, n_hold = dynamics.split_sizes(args.n, config)
+  n_train, n_hold = dynamics_training.split_sizes(args.n, config)
   steps = -(-n_train // config.dyn_batch_size)
   print(f"# per epoch: {n_train} train rows -> {steps} minibatch steps per member; "
         f"holdout {n_hold}")

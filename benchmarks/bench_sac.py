@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks import common
 from mombo_jax import online_sac, recipes
-from mombo_jax import data
+from mombo_jax import envs, scores
 
 def _load() -> str:
   one, five, fifteen = os.getloadavg()
@@ -55,7 +55,7 @@ def compute_bound(config, obs_dim: int, action_dim: int, seconds: float = 5.0) -
 def main():
   defaults = recipes.Options()
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--env", default="hopper", choices=sorted(data.GYM_IDS))
+  p.add_argument("--env", default="hopper", choices=sorted(envs.GYM_IDS))
   p.add_argument("--steps", type=int, default=100_000, help="SAC env steps (= gradient steps).")
   p.add_argument("--start_steps", type=int, default=defaults.start_steps)
   p.add_argument("--eval_every", type=int, default=defaults.eval_every)
@@ -72,11 +72,11 @@ def main():
   args = p.parse_args()
 
   config = online_sac.online_config(args.env, args.hidden, args.batch_size)
-  expert = data.D4RL_REF_SCORES[args.env][1]
+  expert = scores.D4RL_REF_SCORES[args.env][1]
   print(f"# bench_sac  hardware: {common.cpu_name()} ({platform.machine()}, jax backend "
         f"{jax.default_backend()} {[d.platform for d in jax.devices()]})")
   print(f"# jax {jax.__version__}, numpy {np.__version__}, python {platform.python_version()}")
-  print(f"# {data.GYM_IDS[args.env]}: {args.steps} steps, warm-up {args.start_steps} uniform-random"
+  print(f"# {envs.GYM_IDS[args.env]}: {args.steps} steps, warm-up {args.start_steps} uniform-random"
         f" steps, eval every {args.eval_every} steps ({args.eval_episodes} deterministic episodes),"
         f" hidden {args.hidden}, batch {args.batch_size}, gradient steps in chunks of "
         f"{args.train_every}, seed {args.seed} (collector's SAC seed "
@@ -85,7 +85,7 @@ def main():
   print(f"# medium point: eval return >= {args.medium_fraction:.3g} x D4RL expert {expert} = "
         f"{args.medium_fraction * expert:.1f}")
   print(f"# load average before: {_load()}", flush=True)
-  env = data.make_env(args.env)
+  env = envs.make_env(args.env)
   bound = compute_bound(config, env.observation_space.shape[0], env.action_space.shape[0])
   env.close()
   print(f"# one SAC update: {bound['flops'] / 1e6:.0f} MFLOP (XLA cost analysis); this machine's "
@@ -104,7 +104,7 @@ def main():
 
   workdir = os.path.join(args.workdir, args.env, "sac") if args.workdir else None
   result = online_sac.train_sac(
-      lambda: data.make_env(args.env), config, args.steps,
+      lambda: envs.make_env(args.env), config, args.steps,
       start_steps=args.start_steps, eval_every=args.eval_every, eval_episodes=args.eval_episodes,
       seed=args.seed + online_sac.SEED_OFFSETS["sac"],
       medium_return=args.medium_fraction * expert, workdir=workdir,
@@ -131,7 +131,7 @@ def main():
     span = t_prog - prev_t
     rate = (step - prev_step) / max(span, 1e-9)
     rate_ex = (step - prev_step) / max(span - prev_eval_s, 1e-9)
-    norm = float(data.normalized_score(args.env, mean))
+    norm = float(scores.normalized_score(args.env, mean))
     mark = "  <- medium point" if step == result.medium_step else ""
     print(f"{step:>8} {online_sac._fmt_time(t_eval):>9} {rate:>8.1f} {rate_ex:>16.1f} {eval_s:>7.1f} "
           f"{mean:>9.1f} +- {std:>6.1f} {norm:>10.1f}{mark}")
@@ -150,7 +150,7 @@ def main():
     print(f"# = {alone * bound['flops'] / 1e9:.1f} GFLOP/s of SAC updates, "
           f"{100 * alone / bound['updates_per_s_bound']:.0f}% of the matmul bound above")
   print(f"# best eval return {best:.1f} at step {best_step} (normalized "
-        f"{float(data.normalized_score(args.env, best)):.1f}); final "
+        f"{float(scores.normalized_score(args.env, best)):.1f}); final "
         f"{result.evals[-1][1]:.1f}; medium point "
         f"{'step ' + str(result.medium_step) if result.medium_step >= 0 else 'not reached'}")
   print(f"# total wall time {online_sac._fmt_time(total)} ({args.steps / total:.1f} steps/s overall)")

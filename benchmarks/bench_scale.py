@@ -33,7 +33,7 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.bench_train import ACT, OBS, _filled_ring, _real
-from mombo_jax import buffer, config as config_lib, dynamics, sac, targets, train
+from mombo_jax import buffer, config as config_lib, dynamics, sac, targets, termination, train
 
 STEP_TYPES = [("SAC (soft target, plain critics)", "mopo", "lcb"),
               ("MOMBO lcb", "mombo", "lcb"),
@@ -51,7 +51,7 @@ def bench_steps(args, rng, matmul):
     ring = _filled_ring(config, rng, 50_000)
     agent = sac.init_agent(jax.random.PRNGKey(0), OBS, ACT, config, total_steps=10**6)
     dyn = dynamics.init_state(jax.random.PRNGKey(1), OBS, ACT, config)
-    term_fn = dynamics.termination_fn("walker2d")
+    term_fn = termination.termination_fn("walker2d")
 
     def one(agent, ring, dyn, k, config=config):
       target_fn = targets.bind(config, dyn, term_fn)
@@ -121,10 +121,10 @@ def _epoch_timing(args, real, cells):
                                   steps_per_epoch=args.steps, rollout_length=5, num_seeds=cells)
   keys = jax.random.split(jax.random.PRNGKey(0), cells)
   dyn = jax.vmap(lambda k: dynamics.init_state(k, OBS, ACT, config))(keys)
-  state = train.init_seeds(keys, config, real, dyn)
+  state = train.init_cells(keys, config, real, dyn)
   stacked, cell_args = train.single_dataset(real, config)
   t0 = time.perf_counter()
-  compiled = train.make_seeds_epoch(config).lower(state, stacked, keys, cell_args).compile()
+  compiled = train.make_cells_epoch(config, cells).lower(state, stacked, keys, cell_args).compile()
   compile_s = time.perf_counter() - t0
   mem = compiled.memory_analysis()
   mem_gb = ((mem.argument_size_in_bytes + mem.temp_size_in_bytes) / 2**30

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from mombo_jax import buffer, config as config_lib, dynamics, sac, targets, train
+from mombo_jax import buffer, config as config_lib, dynamics, sac, targets, termination, train
 
 OBS, ACT = 17, 6
 
@@ -67,7 +67,7 @@ def bench_steps(args, rng):
     ring = _filled_ring(config, rng, 50_000)
     agent = sac.init_agent(jax.random.PRNGKey(0), OBS, ACT, config, total_steps=10**6)
     dyn = dynamics.init_state(jax.random.PRNGKey(1), OBS, ACT, config)
-    term_fn = dynamics.termination_fn("walker2d")
+    term_fn = termination.termination_fn("walker2d")
 
     @jax.jit
     def steps(agent, ring, dyn, key, config=config):
@@ -104,8 +104,8 @@ def bench_epochs(args, rng):
                                     steps_per_epoch=args.steps, rollout_length=5)
     keys = jax.random.split(jax.random.PRNGKey(0), seeds)
     dyn = jax.vmap(lambda k: dynamics.init_state(k, OBS, ACT, config))(keys)
-    state = train.init_seeds(keys, config, real, dyn)
-    epoch = train.make_seeds_epoch(config)
+    state = train.init_cells(keys, config, real, dyn)
+    epoch = train.make_cells_epoch(config, seeds)
     stacked, cell_args = train.single_dataset(real, config, seeds)
     holder = {"state": state}
 

@@ -44,19 +44,20 @@ description name the actor file, its sha256 and the rebuild command. random and 
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from absl import app, flags, logging
 
-from mombo_jax.online_sac import UserError, _print
+from mombo_jax.errors import UserError
 from mombo_jax.recipes import Builder, Options
 
 FLAGS = flags.FLAGS
 
 
 def define_flags():
-  """Flags are defined only when this module runs as the program (see the __main__ block), so
-  tests can import it next to experiments.run (absl flags are global: both define --env)."""
+  """Defined only when run as the program (absl flags are global). Every field of
+  recipes.Options is a flag of the same name with the same default."""
   flags.DEFINE_list("env", None, "Dataset short name(s), comma-separated, e.g. hopper-random or "
                     "hopper-medium,hopper-expert.")
   flags.DEFINE_integer("steps", 1_000_000, "Transitions of each random / medium / expert dataset "
@@ -95,16 +96,9 @@ def define_flags():
 
 
 def options_from_flags() -> Options:
-  return Options(steps=FLAGS.steps, sac_steps=FLAGS.sac_steps, start_steps=FLAGS.start_steps,
-                 eval_every=FLAGS.eval_every, eval_episodes=FLAGS.eval_episodes,
-                 medium_fraction=FLAGS.medium_fraction,
-                 medium_consecutive=FLAGS.medium_consecutive,
-                 checkpoint_every=FLAGS.checkpoint_every, train_every=FLAGS.train_every,
-                 log_every=FLAGS.log_every, hidden=tuple(int(h) for h in FLAGS.hidden),
-                 batch_size=FLAGS.batch_size, rollout_policy=FLAGS.rollout_policy,
-                 num_envs=FLAGS.num_envs, max_episode_steps=FLAGS.max_episode_steps,
-                 seed=FLAGS.seed, workdir=FLAGS.workdir, overwrite=FLAGS.overwrite,
-                 from_actors=FLAGS.from_actors, actors_only=FLAGS.actors_only)
+  """recipes.Options from the flags of the same names (--hidden: a list of layer widths)."""
+  values = {field.name: getattr(FLAGS, field.name) for field in dataclasses.fields(Options)}
+  return Options(**{**values, "hidden": tuple(int(h) for h in FLAGS.hidden)})
 
 
 def main(argv):
@@ -124,8 +118,8 @@ def main(argv):
     builder = Builder(opts)
     for name in FLAGS.env:
       builder.check(name)  # --from_actors / --actors_only: refusals before anything runs
-    from mombo_jax import data
-    _print(f"Minari root: {data.datasets_root()}")
+    from mombo_jax import minari_io
+    print(f"Minari root: {minari_io.datasets_root()}", flush=True)
     for name in FLAGS.env:
       builder.build(name)
   except (UserError, ValueError) as e:

@@ -19,7 +19,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-  """Defined only when run as the program (absl flags are global; tests import this module)."""
+  """Defined only when run as the program (absl flags are global)."""
   flags.DEFINE_string("dataset", None, "Short name or Minari id of a local dataset.")
   flags.DEFINE_alias("env", "dataset")
   flags.DEFINE_string("out", None, "Folder for the card (default: next to the dataset).")
@@ -33,7 +33,7 @@ def main(argv):
     sys.exit("error: --dataset is required, e.g. --dataset=hopper-medium-replay.")
   try:
     path = cards.write_card(FLAGS.dataset, FLAGS.out)
-  except (ValueError, FileNotFoundError) as e:   # unknown names; data.DatasetNotFoundError
+  except (ValueError, FileNotFoundError) as e:   # unknown names; errors.DatasetNotFoundError
     sys.exit(f"error: {e}")
   with open(path) as f:
     print(f.read())

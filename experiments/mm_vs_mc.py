@@ -7,9 +7,9 @@ Figure 1 and its appendix experiment).
 States come from the run's dataset, actions from its policy, the next-state Gaussian from its best
 elite, the critics are its target critics. Writes mm_vs_mc.png, mm_vs_mc.csv (per state and
 estimator: mean / std of the estimates over repeats, error vs MM, seconds per call) and
-mm_vs_mc_estimates.csv (every estimate) into --out (default: the run folder).
+mm_vs_mc_estimates.csv (every estimate) into --out (default: the run folder). The experiment is
+mombo_jax.mm_vs_mc's; this program only parses the flags.
 """
-import os
 import sys
 
 from absl import app, flags, logging
@@ -18,7 +18,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-  """Defined only when run as the program (absl flags are global; tests import this module)."""
+  """Defined only when run as the program (absl flags are global)."""
   flags.DEFINE_string("run", None, "Run workdir (config.json + checkpoints/ of experiments.run).")
   flags.DEFINE_integer("num_states", 4, "Dataset states to estimate at.")
   flags.DEFINE_integer("repeats", 50, "Independent Monte Carlo estimates per N.")
@@ -43,43 +43,16 @@ def main(argv):
   for name in ("num_states", "repeats"):
     if getattr(FLAGS, name) < 1:
       sys.exit(f"error: --{name} must be >= 1, got {getattr(FLAGS, name)}.")
-  import jax
-  import numpy as np
-  from mombo_jax import data, mm_vs_mc, outputs
-  from mombo_jax.trained import load_run
+  from mombo_jax import mm_vs_mc     # jax: imported once the flags are known to be good
   try:
-    trained = load_run(FLAGS.run)
-    if not 0 <= FLAGS.seed_index < len(trained.nets):
-      raise ValueError(f"--seed_index={FLAGS.seed_index}: the run has {len(trained.nets)} seed(s).")
-    nets = trained.nets[FLAGS.seed_index]
-    if not 0 <= FLAGS.elite_rank < int(nets.dyn.elites.shape[0]):
-      raise ValueError(f"--elite_rank={FLAGS.elite_rank}: the model has "
-                       f"{int(nets.dyn.elites.shape[0])} elites.")
-    transitions = data.load_transitions(trained.dataset)
-  except (ValueError, FileNotFoundError) as e:       # data.DatasetNotFoundError is one
+    trained, transitions = mm_vs_mc.load_seed(FLAGS.run, FLAGS.seed_index, FLAGS.elite_rank)
+  except (ValueError, FileNotFoundError) as e:       # errors.DatasetNotFoundError is one
     sys.exit(f"error: {e}")
-  rng = np.random.default_rng(FLAGS.seed)
-  idx = rng.choice(len(transitions.observations), FLAGS.num_states, replace=False)
-  obs = np.asarray(transitions.observations[idx], np.float32)
-  result = mm_vs_mc.mm_vs_mc(nets, obs, jax.random.PRNGKey(FLAGS.seed), ns, FLAGS.repeats,
-                             FLAGS.elite_rank)
   out = FLAGS.out or FLAGS.run
-  os.makedirs(out, exist_ok=True)
-  summary, raw = mm_vs_mc.mm_vs_mc_rows(result)
-  outputs.write_rows(os.path.join(out, "mm_vs_mc.csv"), summary)
-  outputs.write_rows(os.path.join(out, "mm_vs_mc_estimates.csv"), raw)
-  title = (f"{trained.config.algo} on {trained.dataset}, seed {trained.seeds[FLAGS.seed_index]}, "
-           f"epoch {trained.epoch}")
-  mm_vs_mc.plot_mm_vs_mc(result, os.path.join(out, "mm_vs_mc.png"), title)
-  mm_ms = result["seconds"]["MM"] * 1e3
-  for n in ns:
-    est = result["estimates"][n]
-    err = np.abs(est.mean(axis=0) - result["mm_mean"]).mean()
-    print(f"N={n:>6}: spread of estimates {est.std(axis=0).mean():.4g}, |mean - MM| {err:.3g}, "
-          f"{result['seconds'][n] * 1e3:.3g} ms per call "
-          f"({result['seconds'][n] * 1e3 / mm_ms:.3g}x MM)")
-  print(f"MM: {mm_ms:.3g} ms per call for {result['num_states']} states; wrote "
-        f"{os.path.join(out, 'mm_vs_mc.png')}, mm_vs_mc.csv, mm_vs_mc_estimates.csv")
+  result = mm_vs_mc.run_experiment(trained, transitions, out, ns, FLAGS.num_states, FLAGS.repeats,
+                                   FLAGS.seed_index, FLAGS.elite_rank, FLAGS.seed)
+  for line in mm_vs_mc.summary_lines(result, out):
+    print(line)
 
 
 if __name__ == "__main__":

@@ -24,19 +24,20 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-  """Defined only when run as the program (absl flags are global; tests import this module)."""
+  """Defined only when run as the program (absl flags are global)."""
   flags.DEFINE_string("out", None, "Output folder (default: the first folder given).")
 
 
 def main(argv):
   from mombo_jax import report
+  from mombo_jax.errors import UserError
   dirs = argv[1:]
   if not dirs:
     sys.exit("error: pass one or more folders holding runs, e.g. "
              "`python -m experiments.report runs/`.")
   try:
     result = report.write_report(dirs, FLAGS.out, log=lambda m: print(m, file=sys.stderr))
-  except report.ReportError as e:
+  except UserError as e:
     sys.exit(f"error: {e}")
   print(f"{len(result['runs'])} run(s) in {len(result['groups'])} group(s); wrote "
         + ", ".join(result["files"]))

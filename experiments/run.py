@@ -8,17 +8,17 @@ the dynamics ensembles (one per seed, vmapped), then the jit(vmap(epoch)) loop. 
 Orbax checkpoints (resumed when the same command runs again), metrics.csv, summary.json and
 learning_curve.png.
 """
-import os
 import sys
 
 from absl import app, flags, logging
+
+from mombo_jax.launch import DEFAULT_COMPILATION_CACHE
 
 FLAGS = flags.FLAGS
 
 
 def define_flags():
-  """Flags are defined only when this module runs as the program, so tests can import it next to
-  experiments.collect (absl flags are global)."""
+  """Defined only when this module runs as the program (absl flags are global)."""
   flags.DEFINE_string("env", "hopper-random", "Short dataset name, e.g. walker2d-medium-replay; "
                       "selects the paper's hyperparameters and the evaluation environment.")
   flags.DEFINE_string("dataset", None, "Dataset to train on (short name or Minari id); default --env.")
@@ -81,12 +81,6 @@ def define_flags():
                        "a job time limit); the same command resumes.")
 
 
-# The library's names, so that `from experiments import run` reaches them as before.
-from mombo_jax.launch import (  # noqa: E402,F401
-    DEFAULT_COMPILATION_CACHE, EXIT_DIVERGED, Interrupted, StopFlag, UserError,
-    check_workdir_config, enable_compilation_cache, get_dynamics, load_dataset, validate)
-from mombo_jax.runner import Group, plan_groups, run_dir, train, train_grid  # noqa: E402,F401
-
 def _overrides():
   mapping = dict(epochs="epochs", steps_per_epoch="steps_per_epoch", eval_every="eval_every",
                  eval_episodes="eval_episodes", rollout_batch_size="rollout_batch_size",
@@ -107,11 +101,15 @@ def _resume_command() -> str:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    sys.exit(f"error: unexpected argument(s) {' '.join(argv[1:])}: every option is a --flag "
+             "(see --help).")
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
-  stop = StopFlag()
+  from mombo_jax import config as config_lib, distributed, launch, runner
+  from mombo_jax import groups as groups_lib, workdir as workdir_lib
+  from mombo_jax.errors import UserError
+  stop = launch.StopFlag()
   stop.install()
-  from mombo_jax import config as config_lib, distributed
   try:   # before anything touches JAX's devices
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                            auto=FLAGS.distributed)
@@ -125,17 +123,11 @@ def main(argv):
   if grid and (FLAGS.dataset or FLAGS.beta is not None):
     sys.exit("error: pass --dataset / --beta for one run, or --datasets / --betas for a grid, "
              "not both.")
-  dataset = FLAGS.dataset or FLAGS.env
-  workdir = FLAGS.workdir or run_dir("runs", dataset, FLAGS.algo, FLAGS.target, FLAGS.seed,
-                                     FLAGS.seeds)
-  build = FLAGS.build_missing
-  if build is None:
-    build = "random" if FLAGS.preset in ("quick", "tiny") else False
-  build_steps = FLAGS.build_steps or (100_000 if FLAGS.preset == "quick" else
-                                      5_000 if FLAGS.preset == "tiny" else 1_000_000)
-  options = dict(build_missing=build, build_steps=build_steps, keep=FLAGS.keep_checkpoints,
-                 stop_after=FLAGS.stop_after, download=FLAGS.download,
-                 require_full=FLAGS.preset == "paper" and not FLAGS.allow_small_dataset,
+  preset = config_lib.PRESETS[FLAGS.preset]
+  build = preset.build_missing if FLAGS.build_missing is None else FLAGS.build_missing
+  options = dict(build_missing=build, build_steps=FLAGS.build_steps or preset.build_steps,
+                 keep=FLAGS.keep_checkpoints, stop_after=FLAGS.stop_after, download=FLAGS.download,
+                 require_full=preset.require_full and not FLAGS.allow_small_dataset,
                  allow_epochs_change=FLAGS.allow_epochs_change, should_stop=stop)
   try:
     if grid:
@@ -143,19 +135,19 @@ def main(argv):
         betas = [float(b) for b in FLAGS.betas] if FLAGS.betas else None
       except ValueError:
         raise UserError(f"--betas={','.join(FLAGS.betas)}: not all numbers.") from None
-      groups = plan_groups(FLAGS.env, FLAGS.algo, FLAGS.preset, _overrides(), FLAGS.datasets,
-                           betas, FLAGS.workdir or "runs", FLAGS.dynamics_dir)
+      groups = groups_lib.plan_groups(FLAGS.env, FLAGS.algo, FLAGS.preset, _overrides(),
+                                  FLAGS.datasets, betas, FLAGS.workdir or "runs",
+                                  FLAGS.dynamics_dir)
     else:
-      groups = [Group(config, dataset, workdir, FLAGS.dynamics_dir)]
-    cells = sum(g.config.num_seeds for g in groups)
-    for g in groups:
-      validate(g.config, g.dataset, g.workdir, g.dynamics_dir, FLAGS.keep_checkpoints,
-               FLAGS.stop_after, build_steps, cells=cells)
-    enable_compilation_cache(FLAGS.compilation_cache)
-    summaries = train_grid(groups, **options)
+      dataset = FLAGS.dataset or FLAGS.env
+      workdir = FLAGS.workdir or workdir_lib.run_dir("runs", dataset, FLAGS.algo, FLAGS.target,
+                                                FLAGS.seed, FLAGS.seeds)
+      groups = [groups_lib.Group(config, dataset, workdir, FLAGS.dynamics_dir)]
+    launch.enable_compilation_cache(FLAGS.compilation_cache)
+    summaries = runner.train_grid(groups, **options)
   except UserError as e:
     sys.exit(f"error: {e}")
-  except Interrupted as e:
+  except launch.Interrupted as e:
     print(f"Stopped at {e.where}. Resume with:\n  {_resume_command()}", file=sys.stderr,
           flush=True)
     sys.exit(128 + (e.signum or 2))
@@ -165,10 +157,11 @@ def main(argv):
                       for d in summary["diverged"])
     print(f"error: {len(summary['diverged'])} seed(s) diverged and were left out of the summary: "
           f"{seeds}. Their last healthy checkpoints are in "
-          f"{os.path.join(g.workdir, 'checkpoints')}; a smaller --beta often helps.",
+          f"{workdir_lib.Workdir(g.workdir).checkpoints}; a smaller --beta often helps.",
           file=sys.stderr, flush=True)
   if failed:
-    sys.exit(EXIT_DIVERGED)
+    sys.exit(launch.EXIT_DIVERGED)
+
 
 if __name__ == "__main__":
   define_flags()

@@ -12,20 +12,20 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from mombo_jax import d4rl, data
+from mombo_jax import d4rl, minari_io, names, provenance, scores
 
 
 def episode_stats(name: str, episodes: Optional[Sequence[dict]] = None) -> dict:
   """Per-episode returns [E] and lengths [E] of a local dataset, plus its id and env. `episodes`
   (dicts with "rewards", as just written) saves reading them back (slow for 1M random steps)."""
   if episodes is None:
-    episodes = [{"rewards": ep.rewards} for ep in data.load_dataset(name).iterate_episodes()]
+    episodes = [{"rewards": ep.rewards} for ep in minari_io.load_dataset(name).iterate_episodes()]
   returns, lengths = [], []
   for ep in episodes:
     rewards = np.asarray(ep["rewards"], np.float64)
     returns.append(float(rewards.sum()))
     lengths.append(len(rewards))
-  return dict(dataset_id=data._resolve(name), env=data.env_name(name),
+  return dict(dataset_id=names.resolve(name), env=names.env_name(name),
               returns=np.asarray(returns), lengths=np.asarray(lengths, np.int64))
 
 
@@ -38,7 +38,7 @@ def summary(values: np.ndarray) -> dict:
 
 def _short_name(stats: dict) -> Optional[str]:
   """The D4RL short name a dataset corresponds to ('hopper-medium-replay'), if any."""
-  name = data.short_name(stats["dataset_id"])
+  name = names.short_name(stats["dataset_id"])
   if name:
     return name
   parts = stats["dataset_id"].split("/")
@@ -51,10 +51,10 @@ def card_text(name: str, stats: Optional[dict] = None) -> str:
   """The Markdown card of a local dataset."""
   stats = stats or episode_stats(name)
   returns, lengths = stats["returns"], stats["lengths"]
-  normalised = data.normalized_score(name, returns)
-  low, high, source = data.ref_scores(name)
+  normalised = scores.normalized_score(name, returns)
+  low, high, source = scores.ref_scores(name)
   raw, norm, length = summary(returns), summary(normalised), summary(lengths.astype(np.float64))
-  prov = data.provenance(name) or {}
+  prov = provenance.provenance(name) or {}
   lines = [f"# Dataset card: {stats['dataset_id']}", "",
            f"Generated from the data by `python -m experiments.describe "
            f"--dataset={stats['dataset_id']} --out=<this folder>`: regenerate it, do not edit it.",
@@ -121,7 +121,7 @@ def write_card(name: str, out_dir: Optional[str] = None,
   """Writes dataset_card.md and returns_hist.png into out_dir (default: the dataset's own folder
   in the Minari root); returns the card's path. episodes: see episode_stats."""
   stats = episode_stats(name, episodes)
-  out_dir = out_dir or os.path.join(data.datasets_root(), stats["dataset_id"])
+  out_dir = out_dir or os.path.join(minari_io.datasets_root(), stats["dataset_id"])
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, "dataset_card.md")
   with open(path, "w") as f:

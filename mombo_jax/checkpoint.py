@@ -1,23 +1,32 @@
-"""Checkpoints: whole pytrees (TrainStates, optax states, flax.struct dataclasses, PRNG keys,
-leading seed axes) through Orbax's CheckpointManager, plus JSON metadata, verified on load.
+"""Checkpoints: whole pytrees (TrainStates, optax states, flax.struct dataclasses, typed and uint32
+PRNG keys, Python scalars, leading seed axes) as Orbax CheckpointManager steps, verified on load.
 
-One mechanism for everything that is saved: run checkpoints (`RunCheckpointer`, keep-N numbered
-steps), the dynamics ensembles and their unfinished training, and the collector's SAC state. Each is
-a CheckpointManager directory `<dir>/<step>/` with two items:
-  state/   the Orbax PyTree of `flax.serialization.to_state_dict(tree)` as numpy arrays
-  meta/    JSON: format tag, kind, user metadata, the saved leaves (shape, dtype, typed-key impl)
-           and a CRC32 of every leaf's bytes
+Every checkpoint (a run's: `RunCheckpointer`, keep-N numbered steps; the dynamics ensembles and
+their unfinished training; the collector's SAC state) is a step folder `<dir>/<n>/` of two items:
+  state/  the tree, written by Orbax's StandardSave from host copies of its arrays (typed PRNG keys
+          Orbax stores as key data plus their impl)
+  meta/   JSON: format tag, kind, the caller's metadata and a manifest of every leaf: path, shape,
+          dtype, weakly typed or not, CRC32 of its bytes (of its key data for a typed key), key impl
 Orbax gives the atomic commit (a step is written to a temporary folder and renamed into place; a
 killed write leaves no step behind), keep-N and the latest step.
 
-Why the per-leaf CRC32s: Orbax does not notice every corruption. A byte flipped inside a stored
-chunk restores silently as wrong numbers (tests/test_checkpoint.py shows it with Orbax alone);
-truncated or zeroed chunks do raise, deep inside tensorstore. Checking the restored values against
-the CRCs turns both into one clear `CorruptCheckpointError` naming the step and the leaf.
+Why the CRC32s: Orbax does not notice every corruption. A byte flipped inside a stored chunk
+restores silently as wrong numbers (tests/test_checkpoint.py shows it with Orbax alone); truncated
+or missing chunks do raise, deep inside tensorstore. Checking every leaf read against the manifest
+turns both into one `CorruptCheckpointError` naming the step and the leaf.
 
-Orbax sees only nested dicts of numpy arrays (Python scalars become 0-d arrays, typed PRNG keys
-become their uint32 key data), which keeps it away from custom pytree nodes; the template's own
-structure is put back with `flax.serialization.from_state_dict`.
+Templates: a pytree like the one saved, of concrete arrays or jax.ShapeDtypeStructs (jax.eval_shape
+of the init function). It is checked against the manifest first, so every structure, shape and
+dtype difference is listed before any array is read (Orbax alone would cast dtypes silently).
+Weakly typed leaves (Python scalars) may change width, not kind: TrainState.create's step=0 is int32
+under eval_shape, int64 when saved. Orbax's StandardRestore then reads into the template's structure
+and node types (static fields such as apply_fn come from the template), every array to the host in
+its saved dtype, so that the CRC sees the saved bytes; each leaf is then placed as the template has
+it: on its sharding, on the default device for a ShapeDtypeStruct without one, numpy for numpy,
+Python scalar for Python scalar, typed key for typed key. `partial=True` reads only the leaves of a
+template that is a sub-tree of the saved one, e.g. the actor's parameters (Orbax's partial restore).
+Without a template: Orbax's own form, nested dicts (custom nodes as dicts of their fields) and lists
+(tuples) of numpy arrays, Python scalars and typed key arrays.
 """
 from __future__ import annotations
 
@@ -28,15 +37,14 @@ import warnings
 import zlib
 from typing import Any, Optional
 
-import flax.serialization
 import jax
-import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 
-FORMAT = "mombo_jax.checkpoint/2"
-_ROOT = "tree"
-_ITEMS = ("state", "meta")
-_MAX_LISTED = 10          # mismatches listed in an error message before "... and N more"
+FORMAT = "mombo_jax.checkpoint/3"
+_MAX_LISTED = 10          # differences listed in an error message before "... and N more"
+_SCALARS = (bool, int, float)
+_LEAF_TYPES = (jax.Array, np.ndarray, np.generic) + _SCALARS
 
 
 class CheckpointError(RuntimeError):
@@ -55,72 +63,42 @@ class CheckpointWarning(UserWarning):
   """RunCheckpointer skipped a corrupt checkpoint."""
 
 
-# ----------------------------------------------------------------------------------------------
-# Tree <-> flat dict of numpy arrays.
-
-def _is_typed_key(x) -> bool:
-  dtype = getattr(x, "dtype", None)
-  return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
+def _map(fn, tree):
+  """fn(path, leaf) over the leaves; path: names as Orbax gives them (field, key, index)."""
+  name = lambda k: str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))  # noqa: E731
+  return jax.tree_util.tree_map_with_path(lambda p, x: fn(tuple(map(name, p)), x), tree)
 
 
-def _flatten(node, prefix=()):
-  """Nested state dict -> ({path tuple: leaf}, [paths of empty dicts], [paths of None])."""
-  leaves, empty, nones = {}, [], []
-  if isinstance(node, dict):
-    if not node:
-      empty.append(prefix)
-    for key, value in node.items():
-      if not isinstance(key, str) or "/" in key:
-        raise CheckpointError(f"Checkpoint trees need string dict keys without '/'; got {key!r} "
-                              f"at {_fmt(prefix)}. Rename the key before saving.")
-      sub = _flatten(value, prefix + (key,))
-      leaves.update(sub[0])
-      empty += sub[1]
-      nones += sub[2]
-  elif node is None:
-    nones.append(prefix)
-  else:
-    leaves[prefix] = node
-  return leaves, empty, nones
-
-
-def _state_dict(tree) -> dict:
-  # A fixed root key: Orbax wants a non-empty dict at the root, and a bare-array tree gets a path.
-  return {_ROOT: flax.serialization.to_state_dict(tree)}
-
-
-def _is_weak(leaf) -> bool:
-  return isinstance(leaf, (bool, int, float)) or bool(getattr(leaf, "weak_type", False))
+def _leaves(tree) -> dict:
+  out = {}
+  _map(out.__setitem__, tree)  # {path: leaf}
+  return out
 
 
 def _fmt(path) -> str:
-  return "/".join(path) if path else "<root>"
+  return "/".join(path) or "<root>"
 
 
-def _to_numpy(path, leaf):
-  """One leaf -> (numpy array for Orbax, typed-key impl name or None)."""
-  if _is_typed_key(leaf):
-    return np.asarray(jax.device_get(jax.random.key_data(leaf))), str(jax.random.key_impl(leaf))
-  if isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float)):
-    return np.asarray(jax.device_get(leaf)), None
-  raise CheckpointError(f"Cannot checkpoint leaf {_fmt(path[1:])} of type "
-                        f"{type(leaf).__name__}: only arrays and Python scalars are saved. Mark it "
-                        "pytree_node=False or drop it.")
+def _is_key(x) -> bool:
+  return jax.dtypes.issubdtype(getattr(x, "dtype", np.float32), jax.dtypes.prng_key)
 
 
-def _nest(flat: dict, empty=(), nones=()) -> dict:
-  """{path tuple: value} plus the paths of empty dicts and of Nones -> nested dicts."""
-  root: dict = {}
-  items = [(p, {}) for p in empty] + [(p, None) for p in nones] + list(flat.items())
-  for path, value in items:
-    node = root
-    for key in path[:-1]:
-      node = node.setdefault(key, {})
-    if isinstance(value, dict):
-      node.setdefault(path[-1], {})
-    else:
-      node[path[-1]] = value
-  return root
+def _is_weak(x) -> bool:
+  return isinstance(x, _SCALARS) or bool(getattr(x, "weak_type", False))
+
+
+def _desc(x):
+  """(shape, dtype name) of a leaf or template leaf; typed keys as keys ("key<fry>")."""
+  x = np.asarray(x) if isinstance(x, _SCALARS + (np.generic,)) else x
+  return tuple(x.shape), str(x.dtype) if _is_key(x) else np.dtype(x.dtype).name
+
+
+def _host(x) -> np.ndarray:
+  return np.asarray(jax.device_get(jax.random.key_data(x) if _is_key(x) else x))
+
+
+def _crc(arr: np.ndarray) -> int:
+  return zlib.crc32(np.ascontiguousarray(arr).tobytes())
 
 
 def _json_default(obj):
@@ -131,57 +109,42 @@ def _json_default(obj):
   raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
-# ----------------------------------------------------------------------------------------------
-# Orbax storage.
-
-def _orbax():
-  # Imported lazily: Orbax is heavy and only the edges of the program need it.
-  import orbax.checkpoint as ocp
-  return ocp
-
-
-def _manager(directory: str, keep: Optional[int], create: bool = True):
-  ocp = _orbax()
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
-                                         enable_async_checkpointing=False,
-                                         cleanup_tmp_directories=True)
-  return ocp.CheckpointManager(directory, options=options, item_names=_ITEMS)
-
-
-def _leaf_crc(arr: np.ndarray) -> int:
-  return zlib.crc32(np.ascontiguousarray(arr).tobytes())
-
-
 def _encode(tree: Any, metadata: Optional[dict], kind: str, where: str):
-  """-> (nested numpy dict for Orbax, JSON body for the meta item)."""
+  """-> (the tree as Orbax writes it, the meta item). Fails before anything touches the disk."""
   try:
     meta_json = json.loads(json.dumps(metadata or {}, default=_json_default))
   except (TypeError, ValueError) as e:
     raise CheckpointError(f"Checkpoint metadata for {where} is not JSON-serialisable ({e}). Pass "
                           "plain dicts / lists / numbers / strings (dataclasses and numpy values "
                           "are converted).") from e
-  leaves, empty, nones = _flatten(_state_dict(tree))
-  arrays, leaf_desc = {}, []
-  for p, leaf in leaves.items():
-    arr, impl = _to_numpy(p, leaf)
-    arrays[p] = arr
-    leaf_desc.append([list(p), list(arr.shape), arr.dtype.name, impl, _is_weak(leaf),
-                      _leaf_crc(arr)])
-  body = dict(format=FORMAT, kind=kind, metadata=meta_json, leaves=leaf_desc,
-              empty=[list(p) for p in empty], nones=[list(p) for p in nones])
-  return _nest(arrays, empty, nones), body
+  manifest = []
+
+  def leaf(path, x):
+    if not isinstance(x, _LEAF_TYPES):
+      raise CheckpointError(f"Cannot checkpoint leaf {_fmt(path)} of type {type(x).__name__} in "
+                            f"{where}: only arrays and Python scalars are saved. Mark it "
+                            "pytree_node=False or drop it.")
+    data, impl = _host(x), str(jax.random.key_impl(x)) if _is_key(x) else None
+    manifest.append([list(path), *_desc(x), _is_weak(x), _crc(data), impl])
+    # One host copy serves the CRC and Orbax; typed keys and Python scalars Orbax takes as they are.
+    return x if _is_key(x) or isinstance(x, _SCALARS) else data
+  tree = _map(leaf, tree)
+  return tree, dict(format=FORMAT, kind=kind, metadata=meta_json, leaves=manifest)
 
 
-def _save_step(mngr, step: int, tree: Any, metadata: Optional[dict], kind: str):
-  ocp = _orbax()
+def _manager(directory: str, keep: Optional[int], create: bool = True):
+  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
+                                         enable_async_checkpointing=False,
+                                         cleanup_tmp_directories=True)
+  return ocp.CheckpointManager(directory, options=options, item_names=("state", "meta"))
+
+
+def _save_step(mngr, step: int, encoded, kind: str):
   where = os.path.join(str(mngr.directory), str(step))
-  state, body = _encode(tree, metadata, kind, where)
   try:
-    saved = mngr.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state),
-                                                    meta=ocp.args.JsonSave(body)), force=True)
+    saved = mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(encoded[0]),
+                                                    meta=ocp.args.JsonSave(encoded[1])), force=True)
     mngr.wait_until_finished()
-  except (KeyboardInterrupt, SystemExit):
-    raise
   except Exception as e:  # Orbax / tensorstore / OS errors: one clear message
     raise CheckpointError(f"Saving the {kind} checkpoint {where} failed ({type(e).__name__}: {e}). "
                           "Nothing was committed there; check free disk space and "
@@ -200,73 +163,111 @@ def _fix(kind: str, step_dir: str) -> str:
   return f"Delete {step_dir} (only that folder) and run again."
 
 
-def _read_step(mngr, step: int, template: Any, kind: str):
-  """(tree, user metadata) of one step, verified; see load_pytree for the template rules."""
-  ocp = _orbax()
+def _read_meta(mngr, step: int, kind: str) -> dict:
   step_dir = os.path.join(str(mngr.directory), str(step))
-  fix = _fix(kind, step_dir)
   try:
     body = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    saved = {tuple(p): (tuple(shape), dtype, impl, weak, crc)
-             for p, shape, dtype, impl, weak, crc in body["leaves"]}
-    empty = [tuple(p) for p in body["empty"]]
-    nones = [tuple(p) for p in body["nones"]]
-    ok = body.get("format") == FORMAT
-  except (KeyboardInterrupt, SystemExit):
-    raise
+    found = body.get("format")
   except Exception as e:
     raise CorruptCheckpointError(f"The {kind} checkpoint {step_dir} is corrupt: its meta item is "
-                                 f"unreadable ({type(e).__name__}: {str(e)[:300]}). {fix}") from e
-  if not ok:
-    raise CorruptCheckpointError(f"The {kind} checkpoint {step_dir} has an unknown format "
-                                 f"{body.get('format')!r} (expected {FORMAT}). {fix}")
+                                 f"unreadable ({type(e).__name__}: {str(e)[:300]}). "
+                                 + _fix(kind, step_dir)) from e
+  if found != FORMAT:  # not a CorruptCheckpointError: falling back to an older step would not help
+    raise CheckpointError(f"The {kind} checkpoint {step_dir} has the format {found!r}; this "
+                          f"version of mombo_jax reads {FORMAT} only. Delete "
+                          f"{os.path.dirname(step_dir)} to start that part again, or use the "
+                          "mombo_jax version that wrote it.")
+  return body
 
+
+def _mismatches(saved: dict, template: dict, partial: bool) -> list:
+  kind = lambda d: d if d.startswith("key<") else np.dtype(d).kind  # noqa: E731
+  out = [f"template leaf {_fmt(p)} is not in the checkpoint" for p in template if p not in saved]
+  if not partial:
+    out += [f"checkpoint leaf {_fmt(p)} is not in the template" for p in saved if p not in template]
+  for p, x in template.items():
+    if p not in saved:
+      continue
+    if not isinstance(x, _LEAF_TYPES + (jax.ShapeDtypeStruct,)):
+      out.append(f"{_fmt(p)}: a {type(x).__name__} in the template, not an array, ShapeDtypeStruct "
+                 "or Python scalar")
+      continue
+    (shape, dtype), (s_shape, s_dtype, s_weak) = _desc(x), saved[p][:3]
+    if shape != s_shape:
+      out.append(f"{_fmt(p)}: shape {s_shape} in checkpoint, {shape} in template")
+    elif dtype != s_dtype and not ((s_weak or _is_weak(x)) and kind(dtype) == kind(s_dtype)):
+      out.append(f"{_fmt(p)}: dtype {s_dtype} in checkpoint, {dtype} in template")
+  return out
+
+
+def _read_step(mngr, step: int, template: Any, kind: str, partial: bool = False):
+  """(tree, user metadata) of one step, verified; see the module docstring for templates."""
+  step_dir = os.path.join(str(mngr.directory), str(step))
+  fix, body = _fix(kind, step_dir), _read_meta(mngr, step, kind)
+  saved = {tuple(p): (tuple(shape), dtype, weak, crc, impl)
+           for p, shape, dtype, weak, crc, impl in body["leaves"]}
+
+  def mismatch(problems):
+    shown = problems[:_MAX_LISTED] + ([f"... and {len(problems) - _MAX_LISTED} more"]
+                                      if len(problems) > _MAX_LISTED else [])
+    return TemplateMismatchError(
+        f"The {kind} checkpoint {step_dir} does not match the template ({len(problems)} "
+        "difference(s)):\n  " + "\n  ".join(shown) + "\nIt was written by a different config "
+        "(seeds, network sizes, env) or code version: pass another --workdir (or "
+        "--dynamics_dir) for this config.")
   if template is not None:
-    template_sd = _state_dict(template)
-    t_leaves = _flatten(template_sd)[0]
-    _check_template(step_dir, kind, saved, t_leaves)
-
-  args = {p: ocp.RestoreArgs(restore_type=np.ndarray) for p in saved}
+    leaves = _leaves(template)
+    problems = _mismatches(saved, leaves, partial)
+    if problems:
+      raise mismatch(problems)
+    # Orbax reads every array to the host in its saved dtype (typed keys: their key data): the CRC
+    # is of those bytes, and placing a leaf as the template has it is one device_put after.
+    template = _map(lambda p, x: x if isinstance(x, _SCALARS) else np.broadcast_to(
+        np.zeros((), "uint32" if saved[p][4] else saved[p][1]), saved[p][0]), template)
+  elif partial:
+    raise ValueError("A partial restore needs a template: the sub-tree to read.")
   try:
-    restored = mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.PyTreeRestore(restore_args=_nest(args, empty, nones))))["state"]
-  except (KeyboardInterrupt, SystemExit):
-    raise
+    if partial:
+      # The manager's "state" item is bound to StandardRestore, which has no partial restore.
+      with ocp.PyTreeCheckpointer() as reader:
+        tree = reader.restore(os.path.join(step_dir, "state"), args=ocp.args.PyTreeRestore(
+            template, ocp.checkpoint_utils.construct_restore_args(template), partial_restore=True))
+    else:
+      # Without a template Orbax puts typed keys (the only device arrays saved) on their saved
+      # devices, or, where those do not exist here, on the default device.
+      tree = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(
+          template, fallback_sharding=jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))))
+      tree = tree["state"]
   except Exception as e:  # tensorstore raises many types; one clear message for all of them
+    if isinstance(e, ValueError) and "do not match" in str(e):  # empty nodes: Orbax compares them
+      raise mismatch([str(e).split("\nIf this mismatch")[0]]) from e
     raise CorruptCheckpointError(
         f"The {kind} checkpoint {step_dir} could not be read by Orbax ({type(e).__name__}: "
         f"{str(e)[:300]}): files are missing, truncated or altered. {fix}") from e
-  flat = _flatten(restored)[0]
-  for p, (shape, dtype, _, _, crc) in saved.items():
-    arr = flat.get(p)
-    got = None if arr is None else (tuple(np.shape(arr)), np.asarray(arr).dtype.name)
-    if got != (shape, dtype):
-      raise CorruptCheckpointError(f"The {kind} checkpoint {step_dir} is inconsistent: leaf "
-                                   f"{_fmt(p[1:])} came back as {got}, expected {(shape, dtype)}. "
-                                   + fix)
-    if _leaf_crc(np.asarray(arr)) != crc:
-      raise CorruptCheckpointError(f"The {kind} checkpoint {step_dir} is corrupt: leaf "
-                                   f"{_fmt(p[1:])} fails its CRC32 check (its stored bytes were "
-                                   f"altered). {fix}")
-  flat = {p: np.asarray(flat[p]) for p in saved}
-  for p, (_, _, impl, _, _) in saved.items():
-    if impl is not None:
-      flat[p] = jax.random.wrap_key_data(jnp.asarray(flat[p]), impl=impl)
 
+  got = _leaves(tree)
+  if not partial and set(got) != set(saved):
+    raise CorruptCheckpointError(f"The {kind} checkpoint {step_dir} is inconsistent: Orbax "
+                                 "restored other leaves than its manifest lists. " + fix)
+  for p, x in got.items():
+    shape, dtype, _, crc, impl = saved[p]
+    data = _host(x) if impl else _host(x).astype(dtype, copy=False)  # Python scalars: saved width
+    if np.shape(x)[:len(shape)] != shape or _crc(data) != crc:
+      raise CorruptCheckpointError(f"The {kind} checkpoint {step_dir} is corrupt: leaf {_fmt(p)} "
+                                   "fails its CRC32 check (its stored bytes were altered). " + fix)
   if template is None:
-    return _nest(flat, empty, nones)[_ROOT], body["metadata"]
-  out = {p: _like(leaf, flat[p], _template_desc(leaf)[1]) for p, leaf in t_leaves.items()}
-  try:
-    tree = flax.serialization.from_state_dict(template, _fill(template_sd, out)[_ROOT])
-  except (ValueError, KeyError, TypeError) as e:
-    raise TemplateMismatchError(f"The {kind} checkpoint {step_dir} does not fit the template "
-                                f"({e}): it was written by a different config or code "
-                                "version.") from e
-  return tree, body["metadata"]
+    return tree, body["metadata"]
 
+  def place(path, x):
+    like, impl = leaves[path], saved[path][4]
+    if isinstance(like, _SCALARS):
+      return x
+    x = jax.random.wrap_key_data(x, impl=impl) if impl else np.asarray(x, like.dtype)
+    if isinstance(like, (np.ndarray, np.generic)):
+      return x
+    return jax.device_put(x, getattr(like, "sharding", None))   # None: the default device
+  return _map(place, tree), body["metadata"]
 
-# ----------------------------------------------------------------------------------------------
-# Public API.
 
 def save_pytree(path: str, tree: Any, metadata: Optional[dict] = None, overwrite: bool = False,
                 kind: str = "saved"):
@@ -280,32 +281,22 @@ def save_pytree(path: str, tree: Any, metadata: Optional[dict] = None, overwrite
   path = os.path.abspath(os.fspath(path))
   if os.path.exists(path) and not os.path.isdir(path):
     raise CheckpointError(f"Checkpoint path {path} is a file; choose another path.")
-  exists = os.path.isdir(path) and bool(os.listdir(path))
-  if exists and not overwrite:
+  if os.path.isdir(path) and os.listdir(path) and not overwrite:
     raise CheckpointError(f"Checkpoint path {path} already exists. Pass overwrite=True, delete it, "
                           "or choose another path.")
-  _encode(tree, metadata, kind, path)      # bad metadata fails before anything touches the disk
+  encoded = _encode(tree, metadata, kind, path)
   mngr = _manager(path, keep=1)
   try:
     latest = mngr.latest_step()
-    _save_step(mngr, 0 if latest is None else latest + 1, tree, metadata, kind)
+    _save_step(mngr, 0 if latest is None else latest + 1, encoded, kind)
   finally:
     mngr.close()
 
 
 def load_pytree(path: str, template: Any = None, kind: str = "saved"):
-  """Load a checkpoint written by `save_pytree`. Returns (tree, metadata dict).
-
-  With `template` (a pytree like the one saved: concrete arrays or jax.ShapeDtypeStruct leaves, e.g.
-  from jax.eval_shape), the result has the template's structure and node types; jax-array /
-  ShapeDtypeStruct leaves come back as jax arrays (on the template's sharding when it has one),
-  numpy leaves as numpy, Python scalars as Python scalars, typed PRNG keys as typed keys. Any
-  structure, shape or dtype difference -> TemplateMismatchError listing the differences, before
-  any array is read.
-  Without a template: nested dicts (flax state-dict form) of numpy arrays; typed PRNG keys come back
-  as typed jax key arrays.
-  Missing, truncated or altered data -> CorruptCheckpointError naming the step and the fix.
-  """
+  """(tree, metadata dict) of the checkpoint `save_pytree` wrote at `path`; the module docstring
+  says what `template` does. Differences from the template -> TemplateMismatchError listing them;
+  missing, truncated or altered data -> CorruptCheckpointError naming the step and the fix."""
   path = os.path.abspath(os.fspath(path))
   if not os.path.isdir(path):
     raise CheckpointError(f"No {kind} checkpoint at {path}: the directory does not exist. Check "
@@ -320,76 +311,6 @@ def load_pytree(path: str, template: Any = None, kind: str = "saved"):
     return _read_step(mngr, step, template, kind)
   finally:
     mngr.close()
-
-
-def _fill(template_sd, out, prefix=()):
-  """The template's state dict with each leaf replaced by out[path]."""
-  if isinstance(template_sd, dict):
-    return {k: _fill(v, out, prefix + (k,)) for k, v in template_sd.items()}
-  if template_sd is None:
-    return None
-  return out[prefix]
-
-
-def _template_desc(leaf):
-  """(shape, dtype name (None for typed keys), is typed key, is weakly typed) of a template leaf."""
-  if isinstance(leaf, (bool, int, float)):
-    return (), np.asarray(leaf).dtype.name, False, True
-  if _is_typed_key(leaf):
-    return tuple(leaf.shape), None, True, False
-  if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-    return tuple(leaf.shape), np.dtype(leaf.dtype).name, False, _is_weak(leaf)
-  raise TemplateMismatchError(f"Template leaf of type {type(leaf).__name__} is not an array, "
-                              "ShapeDtypeStruct or Python scalar; build the template with the same "
-                              "init function as the saved state (jax.eval_shape works).")
-
-
-def _check_template(path, kind, saved, t_leaves):
-  problems = []
-  problems += [f"template leaf {_fmt(p[1:])} is not in the checkpoint"
-               for p in sorted(set(t_leaves) - set(saved))]
-  problems += [f"checkpoint leaf {_fmt(p[1:])} is not in the template"
-               for p in sorted(set(saved) - set(t_leaves))]
-  for p in sorted(set(t_leaves) & set(saved)):
-    shape, dtype, is_key, weak = _template_desc(t_leaves[p])
-    s_shape, s_dtype, s_impl, s_weak = saved[p][:4]
-    if is_key != (s_impl is not None):
-      where = "template" if is_key else "checkpoint"
-      problems.append(f"{_fmt(p[1:])}: typed PRNG key in the {where} only (use the same key "
-                      "style, jax.random.key or PRNGKey, in both)")
-      continue
-    if is_key:
-      s_shape = s_shape[:-1]          # key data has a trailing axis of key words
-    if shape != s_shape:
-      problems.append(f"{_fmt(p[1:])}: shape {s_shape} in checkpoint, {shape} in template")
-    elif not is_key and dtype != s_dtype:
-      # Weakly typed leaves (Python scalars such as TrainState.create's step=0, which eval_shape
-      # turns into int32) may change width, not kind; the template's dtype wins.
-      if not ((weak or s_weak) and np.dtype(s_dtype).kind == np.dtype(dtype).kind):
-        problems.append(f"{_fmt(p[1:])}: dtype {s_dtype} in checkpoint, {dtype} in template")
-  if problems:
-    shown = problems[:_MAX_LISTED]
-    more = f"\n  ... and {len(problems) - len(shown)} more" if len(problems) > len(shown) else ""
-    raise TemplateMismatchError(
-        f"The {kind} checkpoint {path} does not match the template ({len(problems)} "
-        "difference(s)):\n  " + "\n  ".join(shown) + more + "\nIt was written by a different "
-        "config (seeds, network sizes, env) or code version: pass another --workdir (or "
-        "--dynamics_dir) for this config.")
-
-
-def _like(template_leaf, value, dtype):
-  """The restored value in the template leaf's kind (jax array, numpy, Python scalar, typed key)
-  and dtype (None for typed keys)."""
-  if isinstance(template_leaf, (bool, int, float)):
-    return type(template_leaf)(value.item())
-  if dtype is not None:
-    value = np.asarray(value, dtype=dtype)
-  if isinstance(template_leaf, (np.ndarray, np.generic)):
-    return value
-  sharding = getattr(template_leaf, "sharding", None)
-  if sharding is not None:
-    return jax.device_put(value, sharding)
-  return value if _is_typed_key(value) else jnp.asarray(value)
 
 
 class RunCheckpointer:
@@ -407,8 +328,7 @@ class RunCheckpointer:
     if keep is not None and keep < 1:
       raise ValueError(f"keep must be >= 1 or None (keep all), got {keep}.")
     self.directory = os.path.abspath(os.fspath(directory))
-    self.keep = keep
-    self.kind = kind
+    self.keep, self.kind = keep, kind
     if os.path.exists(self.directory) and not os.path.isdir(self.directory):
       raise CheckpointError(f"{self.directory} is a file, not a checkpoint folder.")
     self._mngr = _manager(self.directory, keep)
@@ -432,42 +352,33 @@ class RunCheckpointer:
     if step < 0:
       raise ValueError(f"step must be >= 0, got {step}.")
     metadata = dict(metadata or {})
-    if "step" in metadata and metadata["step"] != step:
+    if metadata.setdefault("step", step) != step:
       raise ValueError(f"metadata['step'] = {metadata['step']} disagrees with step = {step}.")
-    metadata["step"] = step
-    _encode(state, metadata, self.kind, self.path(step))   # bad metadata: nothing is touched
+    encoded = _encode(state, metadata, self.kind, self.path(step))
     for stale in [s for s in self.steps() if s >= step]:
       self._mngr.delete(stale)
-    _save_step(self._mngr, step, state, metadata, self.kind)
+    _save_step(self._mngr, step, encoded, self.kind)
 
   def metadata(self, step: Optional[int] = None) -> Optional[dict]:
     """The user metadata of `step` (default: the latest) without reading any array, e.g. to
     build the template; None when there is no checkpoint."""
     step = self.latest_step() if step is None else int(step)
-    if step is None:
-      return None
-    ocp = _orbax()
-    try:
-      body = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-      return dict(body["metadata"])
-    except (KeyboardInterrupt, SystemExit):
-      raise
-    except Exception as e:
-      raise CorruptCheckpointError(f"The {self.kind} checkpoint {self.path(step)} is corrupt: its "
-                                   f"meta item is unreadable ({type(e).__name__}). "
-                                   + _fix(self.kind, self.path(step))) from e
+    return None if step is None else dict(_read_meta(self._mngr, step, self.kind)["metadata"])
 
-  def restore(self, template: Any = None, step: Optional[int] = None):
-    """(state, metadata) of `step`, or of the newest valid step when step is None."""
+  def restore(self, template: Any = None, step: Optional[int] = None, partial: bool = False):
+    """(state, metadata) of `step`, or of the newest valid step when step is None.
+
+    partial=True reads only the leaves of `template`, a sub-tree of the saved state with the same
+    paths from the root (e.g. {"agent": {"actor": {"params": ...}}}), and checks their CRCs."""
     if step is not None:
-      return _read_step(self._mngr, int(step), template, self.kind)
+      return _read_step(self._mngr, int(step), template, self.kind, partial)
     steps = self.steps()
     if not steps:
       raise CheckpointError(f"No {self.kind} checkpoint in {self.directory}.")
     skipped = []
     for s in reversed(steps):
       try:
-        state, meta = _read_step(self._mngr, s, template, self.kind)
+        state, meta = _read_step(self._mngr, s, template, self.kind, partial)
       except CorruptCheckpointError as e:
         skipped.append(s)
         warnings.warn(f"Skipping corrupt {self.kind} checkpoint at step {s}: {e}",

@@ -298,16 +298,29 @@ _MIXED = dict(rollout_length=5, critic_hidden=(256, 256, 256), actor_hidden=(102
               epochs=2000, buffer_retain_epochs=10)
 _MIXED_BETA = 2.0
 
-# Small budgets for smoke runs and the README quick start (`--preset=quick`). Same code path,
-# fewer and smaller everything.
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  """A budget: Config overrides, and what a launch may do about its dataset."""
+  overrides: dict
+  build_missing: object        # False, "random" (random datasets only) or True (any short name)
+  build_steps: int             # steps per recorded dataset when it builds one
+  require_full: bool           # refuse a reduced build of the dataset's recipe
+
+
+# paper: the paper's settings on the full datasets. quick / tiny: small budgets for smoke runs
+# and the README quick start, same code path, fewer and smaller everything; they build a missing
+# random dataset (fast, no online SAC run) at a reduced size.
 PRESETS = {
-    "paper": {},
-    "quick": dict(epochs=20, steps_per_epoch=1000, rollout_batch_size=5000, eval_every=5,
-                  eval_episodes=5, dyn_max_epochs=20),
-    "tiny": dict(epochs=2, steps_per_epoch=20, rollout_batch_size=64, eval_every=1,
-                 eval_episodes=1, batch_size=32, actor_hidden=(32, 32), critic_hidden=(32, 32),
-                 dyn_hidden=(32, 32), dyn_weight_decay=(2.5e-5, 5e-5, 1e-4), dyn_max_epochs=2,
-                 dyn_members=3, dyn_elites=2, mobile_num_samples=2),
+    "paper": Preset({}, build_missing=False, build_steps=1_000_000, require_full=True),
+    "quick": Preset(dict(epochs=20, steps_per_epoch=1000, rollout_batch_size=5000, eval_every=5,
+                         eval_episodes=5, dyn_max_epochs=20),
+                    build_missing="random", build_steps=100_000, require_full=False),
+    "tiny": Preset(dict(epochs=2, steps_per_epoch=20, rollout_batch_size=64, eval_every=1,
+                        eval_episodes=1, batch_size=32, actor_hidden=(32, 32),
+                        critic_hidden=(32, 32), dyn_hidden=(32, 32),
+                        dyn_weight_decay=(2.5e-5, 5e-5, 1e-4), dyn_max_epochs=2, dyn_members=3,
+                        dyn_elites=2, mobile_num_samples=2),
+                   build_missing="random", build_steps=5_000, require_full=False),
 }
 
 
@@ -356,6 +369,6 @@ def make_config(env: str = "hopper-random", algo: str = "mombo", preset: str = "
     # The actor's cosine schedule spans the paper's run whatever --epochs says, so a shorter run
     # is the prefix of the paper's (3000 epochs; the mixed datasets' 2000).
     values["schedule_epochs"] = values.get("epochs", Config.epochs)
-  values.update(PRESETS[preset])
+  values.update(PRESETS[preset].overrides)
   values.update(overrides)
   return Config(**values)

@@ -14,16 +14,25 @@ exactly as D4RL's `qlearning_dataset` (d4rl/__init__.py) would give them:
 - without: s' is the next row's s; a row that ends in a timeout has no next state and is dropped
   (qlearning_dataset skips `timeouts[i]` rows), and so is the file's last row. A terminal row keeps
   the following row's s as its s' (only its terminal flag matters then), as qlearning_dataset does.
+
+`import_file` (experiments.import_d4rl is its CLI) reads a file, checks it and writes it as a real
+Minari dataset with D4RL's reference returns, the evaluation env, the file's `metadata/*` values
+and its provenance.
 """
 from __future__ import annotations
 
+import os
 from typing import Dict, List, Optional
 
 import numpy as np
 
+from mombo_jax import config as config_lib
+from mombo_jax import minari_io, names
+from mombo_jax.envs import ACTION_DIM, OBS_DIM
+from mombo_jax.errors import UserError
+from mombo_jax.scores import D4RL_REF_SCORES
+
 REQUIRED = ("observations", "actions", "rewards", "terminals", "timeouts")
-OBS_DIM = {"hopper": 11, "walker2d": 17, "halfcheetah": 17}
-ACTION_DIM = {"hopper": 3, "walker2d": 6, "halfcheetah": 6}
 
 
 class D4RLFormatError(ValueError):
@@ -161,3 +170,70 @@ def url(name: str) -> str:
   """The public download URL of D4RL's v2 file for a short name like 'hopper-medium-replay'."""
   env, _, quality = name.partition("-")
   return D4RL_URL.format(env=env, quality=quality.replace("-", "_"))
+
+
+# ------------------------------------------------------------------------ import as Minari
+
+def default_id(name: str) -> str:
+  """The Minari id an import of short name `name` writes by default: d4rl/<env>/<quality>-v2."""
+  env, _, quality = name.partition("-")
+  return f"d4rl/{env}/{quality}-v2"
+
+
+def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_nonfinite=False,
+                log_fn=print) -> str:
+  """Reads D4RL's file at `path` for the short name `name` and writes it as the Minari dataset
+  `dataset_id` (default_id(name) when None); returns the id. UserError for a bad name or id, a
+  missing file, an existing dataset (without overwrite), a file not in D4RL's layout, or rows
+  holding NaN/inf (without drop_nonfinite, which drops them). log_fn: progress lines."""
+  try:
+    env, _ = config_lib.parse_name(name)
+  except ValueError as e:
+    raise UserError(str(e)) from None
+  dataset_id = dataset_id or default_id(name)
+  try:
+    names.resolve(dataset_id)
+  except ValueError as e:
+    raise UserError(f"--dataset_id: {e}") from None
+  if not os.path.isfile(path):
+    raise UserError(f"--file={path} does not exist. D4RL's files are at {url(name)} "
+                    "(download it once on a machine with network access).")
+  if minari_io.exists_locally(dataset_id) and not overwrite:
+    raise UserError(f"Dataset {dataset_id} already exists; pass --overwrite to replace it.")
+  try:
+    arrays = read_hdf5(path)
+    n = check(arrays, env)
+  except D4RLFormatError as e:
+    raise UserError(str(e)) from None
+  bad = nonfinite_rows(arrays)
+  if bad.any() and not drop_nonfinite:
+    raise UserError(f"{path} has {int(bad.sum())} row(s) holding NaN/inf (first at row "
+                    f"{int(np.argmax(bad))}); pass --drop_nonfinite to drop them.")
+  if bad.any():
+    log_fn(f"Dropping {int(bad.sum())} row(s) holding NaN/inf (--drop_nonfinite).")
+  episodes = to_episodes(arrays, keep=~bad)
+  if not episodes:
+    raise UserError(f"{path} holds no complete transition.")
+  steps = sum(len(ep["rewards"]) for ep in episodes)
+  has_next = "next_observations" in arrays
+  log_fn(f"{path}: {n} rows -> {steps} transitions in {len(episodes)} episodes "
+         f"({'the file' if has_next else 'the next row'}'s next observations).")
+  file_meta = {k.split("/", 1)[1]: _jsonable(v) for k, v in arrays.items()
+               if k.startswith("metadata/")}
+  provenance = {"recipe": "d4rl-import", "steps": int(steps), "recipe_steps": None,
+                "command": f"python -m experiments.import_d4rl --file={os.path.abspath(path)} "
+                           f"--env={name} --overwrite", "source_file": os.path.abspath(path)}
+  return minari_io.write_dataset(
+      dataset_id, episodes, f"D4RL's {name}-v2 file ({os.path.basename(path)}), imported with "
+      "experiments/import_d4rl.py.", "D4RL", overwrite=overwrite, provenance=provenance,
+      ref_scores=D4RL_REF_SCORES[env], env_name=env,
+      extra_metadata={"d4rl_metadata": file_meta} if file_meta else None)
+
+
+def _jsonable(value):
+  """A `metadata/*` value of the file as JSON: bytes and object arrays as strings."""
+  value = np.asarray(value)
+  if value.dtype.kind in "SO":
+    flat = [v.decode() if isinstance(v, bytes) else str(v) for v in value.ravel().tolist()]
+    return flat[0] if value.ndim == 0 else flat
+  return value.tolist()

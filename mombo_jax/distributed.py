@@ -1,7 +1,7 @@
 """Several processes (hosts) training one program, with JAX's own distributed runtime.
 
 Every process runs the same host program; `jax.distributed.initialize` joins them, and the cell
-axis of the train state is sharded over the devices of ALL processes (train.seed_mesh), each
+axis of the train state is sharded over the devices of ALL processes (train.cell_mesh), each
 process computing the cells on its own devices. Cells never communicate, so the compiled epoch has
 no cross-process traffic; what crosses processes is gathered at the host boundaries only:
 

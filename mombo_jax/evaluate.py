@@ -3,7 +3,8 @@ all seeds x episodes environments stepped together, one jitted policy call per t
 builds its envs once (Evaluator) and reuses them for every evaluation.
 
 Returns are undiscounted sums of the environment's rewards up to termination or the time limit;
-`data.normalized_score` turns them into D4RL-normalised scores and `aulc` averages those over a run.
+`scores.normalized_score` turns them into D4RL-normalised scores and `aulc` averages those over a
+run.
 """
 from __future__ import annotations
 
@@ -15,18 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mombo_jax import envs
 from mombo_jax.config import Config
 from mombo_jax.critics import TanhGaussianActor, deterministic_action
-
-
-def _make_env(env_name: str, max_episode_steps: Optional[int]):
-  """One gymnasium env for a short env name ('hopper') or dataset name ('hopper-random', Minari id).
-
-  The only place that knows how envs are built: swap this for another factory if needed.
-  """
-  from mombo_jax import data
-  kwargs = {} if max_episode_steps is None else {"max_episode_steps": int(max_episode_steps)}
-  return data.make_env(env_name, **kwargs)
 
 
 @functools.lru_cache(maxsize=8)
@@ -83,7 +75,7 @@ class Evaluator:
     if max_episode_steps is not None and max_episode_steps < 1:
       raise ValueError(f"max_episode_steps must be >= 1 or None, got {max_episode_steps}.")
     self.num_seeds, self.episodes = int(num_seeds), int(episodes)
-    first = _make_env(env_name, max_episode_steps)
+    first = envs.make_env(env_name, max_episode_steps=max_episode_steps)
     self.horizon = max_episode_steps or first.spec.max_episode_steps
     if self.horizon is None:
       first.close()
@@ -93,10 +85,7 @@ class Evaluator:
     fns = [lambda: first] + [lambda: gym.make(first.spec)] * (self.num_seeds * episodes - 1)
     self.envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     space = self.envs.single_action_space
-    self._action_shape, self._action_dtype = space.shape, space.dtype
-    self._low, self._high = space.low.astype(np.float64), space.high.astype(np.float64)
-    # tanh actions live in [-1, 1]; only envs with other bounds need rescaling.
-    self._rescale = not (np.all(self._low == -1.0) and np.all(self._high == 1.0))
+    self._action_shape = space.shape
     self._policy = _policy_fn(tuple(config.actor_hidden), int(np.prod(space.shape)),
                               float(config.log_std_min), float(config.log_std_max))
 
@@ -120,13 +109,11 @@ class Evaluator:
     alive = np.ones(num_envs, bool)
     for _ in range(self.horizon):
       obs_in = jnp.asarray(obs.reshape(num_seeds, episodes, -1), jnp.float32)
-      action = np.asarray(self._policy(variables, obs_in), np.float64).reshape(
-          num_envs, *self._action_shape)
-      if self._rescale:
-        action = self._low + 0.5 * (action + 1.0) * (self._high - self._low)
-      obs, reward, terminated, truncated, _ = self.envs.step(action.astype(self._action_dtype))
-      returns += np.where(alive, reward, 0.0)
-      alive &= ~(terminated | truncated)
+      action = np.asarray(self._policy(variables, obs_in)).reshape(num_envs, *self._action_shape)
+      stepped = envs.step(self.envs, action)
+      obs = stepped.next_obs
+      returns += np.where(alive, stepped.reward, 0.0)
+      alive &= ~(stepped.terminated | stepped.truncated)
       if not alive.any():
         break
     out = returns.reshape(num_seeds, episodes)

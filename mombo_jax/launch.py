@@ -1,18 +1,14 @@
-"""What a launch of experiments.run checks and prepares before training: the errors a user can
-fix, the stop signals, validation of flags and workdirs, loading (or building) the dataset and
-training (or reusing) the dynamics ensembles. The training loop itself is mombo_jax.runner.
+"""What a launch of experiments.run checks and prepares before training: the stop signals,
+validation of flags and folders, and loading (or building) the dataset. The run's folder
+(config.json, checkpoints, dynamics) is mombo_jax.workdir's; the training loop mombo_jax.runner's.
 
-Errors here are UserError: experiments.run prints them as one `error:` line without a traceback.
+Errors here are errors.UserError: experiments.run prints them as one `error:` line without a
+traceback.
 """
-import dataclasses
-import json
 import os
 import sys
-import time
 
-
-class UserError(Exception):
-  """A problem the user can fix; printed as one `error:` line without a traceback."""
+from mombo_jax.errors import DatasetNotFoundError, UserError
 
 
 class Interrupted(Exception):
@@ -26,10 +22,6 @@ class Interrupted(Exception):
 
 DEFAULT_COMPILATION_CACHE = os.path.join("~", ".cache", "mombo_jax", "jax")
 EXIT_DIVERGED = 3           # the run finished, but at least one seed diverged and was left out
-_OBS_DIM = {"hopper": 11, "walker2d": 17, "halfcheetah": 17}
-_ACTION_DIM = {"hopper": 3, "walker2d": 6, "halfcheetah": 6}
-# Config fields that may change between launches of one run without --allow_epochs_change.
-_HARMLESS = ("eval_every", "eval_episodes")
 
 
 def log(msg):
@@ -102,12 +94,12 @@ def _check_dir(path: str, flag: str):
 
 def check_dataset_env(dataset: str, config):
   """Refuses a dataset of another environment than --env's (by name, or by its local metadata)."""
-  from mombo_jax import data
+  from mombo_jax import names, provenance
   try:
-    data._resolve(dataset)
+    names.resolve(dataset)
   except ValueError as e:
     raise UserError(f"--dataset: {e}") from None
-  found = data.dataset_env(dataset)
+  found = provenance.dataset_env(dataset)
   if found is not None and found != config.env_name:
     raise UserError(f"--dataset={dataset} holds {found} data, but --env={config.env} trains and "
                     f"evaluates in {config.env_name}: pass a {config.env_name} dataset, or an "
@@ -121,7 +113,7 @@ def check_seeds_fit_devices(num_seeds: int):
   from mombo_jax import train as train_lib
   n = jax.device_count()
   try:
-    train_lib.check_seed_count(num_seeds, fix=(
+    train_lib.check_cell_count(num_seeds, fix=(
         f"pass --seeds a multiple of {n}, or make fewer devices visible (e.g. "
         "CUDA_VISIBLE_DEVICES=0, or XLA_FLAGS=--xla_force_host_platform_device_count on CPU)"))
   except ValueError as e:
@@ -145,56 +137,6 @@ def validate(config, dataset, workdir, dynamics_dir=None, keep=3, stop_after=Non
     _check_dir(dynamics_dir, "--dynamics_dir")
 
 
-def _config_json(config, dataset):
-  return json.loads(json.dumps(dict(dataclasses.asdict(config), dataset=dataset)))
-
-
-def check_workdir_config(workdir, config, dataset, allow_epochs_change=False):
-  """(config dict to write, list of notes) for `workdir`; refuses a run of another config, and a
-  changed --epochs unless allow_epochs_change (then recorded with how the schedule was handled)."""
-  new = _config_json(config, dataset)
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    return new, []
-  try:
-    with open(path) as f:
-      old = json.load(f)
-  except (OSError, ValueError) as e:
-    raise UserError(f"{path} is unreadable ({e}); delete that file to start the run afresh "
-                    "(its checkpoints then no longer match and must go too).") from None
-  changed = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v
-             and k not in ("epochs",) + _HARMLESS}
-  if changed:
-    raise UserError(f"{workdir} holds a run with another config "
-                    f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in sorted(changed.items()))}). "
-                    "Pass another --workdir, or delete that folder to start over.")
-  notes, history = [], list(old.get("epochs_changes", []))
-  if old.get("epochs") != new["epochs"]:
-    # With a fixed schedule_epochs the schedule does not move: the run stays a prefix of the
-    # schedule_epochs-epoch run. Without one it spans --epochs and is re-spanned.
-    fixed = new.get("schedule_epochs") is not None
-    how = (f"unchanged: it spans schedule_epochs={new['schedule_epochs']} epochs whatever --epochs "
-           "says" if fixed else "re-spanned over the new total from the current step on")
-    if not allow_epochs_change:
-      raise UserError(f"{workdir} holds a run of --epochs={old.get('epochs')}, not "
-                      f"{new['epochs']}. Pass --allow_epochs_change to continue it to "
-                      f"{new['epochs']} epochs (the actor's cosine learning-rate schedule is then "
-                      f"{how}), or another --workdir.")
-    history.append({"from": old.get("epochs"), "to": new["epochs"],
-                    "actor_lr_schedule": ("unchanged: spans schedule_epochs" if fixed else
-                                          "re-spanned: the cosine continues from the current "
-                                          "step over the new total number of steps")})
-    notes.append(f"--epochs changed {old.get('epochs')} -> {new['epochs']} "
-                 f"(--allow_epochs_change): the actor's cosine schedule is {how}; recorded in "
-                 "config.json.")
-  for k in _HARMLESS:
-    if old.get(k) != new[k]:
-      notes.append(f"--{k} changed {old.get(k)} -> {new[k]}.")
-  if history:
-    new["epochs_changes"] = history
-  return new, notes
-
-
 # ------------------------------------------------------------------------------------- data
 
 def load_dataset(dataset, config, build_missing, build_steps, download=False, require_full=False):
@@ -203,10 +145,10 @@ def load_dataset(dataset, config, build_missing, build_steps, download=False, re
   the SAC qualities, the mixed ones) or "random" (random datasets only: the quick/tiny presets'
   default, as the others need an online SAC run first). A reduced build of a recipe (fewer
   transitions than its recipe's size) is refused when require_full."""
-  from mombo_jax import config as config_lib, data, recipes
+  from mombo_jax import config as config_lib, data, envs, provenance, recipes
   try:
     transitions = data.load_transitions(dataset, download=download)
-  except data.DatasetNotFoundError as e:
+  except DatasetNotFoundError as e:
     try:
       quality = config_lib.parse_name(dataset)[1]
     except ValueError:
@@ -236,65 +178,76 @@ def load_dataset(dataset, config, build_missing, build_steps, download=False, re
     transitions = data.load_transitions(dataset)
   except ValueError as e:
     raise UserError(f"--dataset={dataset}: {e}") from None
-  small = data.smaller_than_recipe(dataset)
+  small = provenance.smaller_than_recipe(dataset)
   if small and require_full:
     raise UserError(small + " (paper settings expect the full dataset)")
   if small:
     log(f"note: {small.split(' Rebuild')[0]} Training on it as asked.")
   env = config.env_name
-  if transitions.actions.shape[1] != _ACTION_DIM[env] or \
-      transitions.observations.shape[1] != _OBS_DIM[env]:
+  if transitions.actions.shape[1] != envs.ACTION_DIM[env] or \
+      transitions.observations.shape[1] != envs.OBS_DIM[env]:
     raise UserError(f"Dataset {dataset} has obs dim {transitions.observations.shape[1]} and action "
-                    f"dim {transitions.actions.shape[1]}, but {env} needs {_OBS_DIM[env]} and "
-                    f"{_ACTION_DIM[env]}; check --dataset / --env.")
+                    f"dim {transitions.actions.shape[1]}, but {env} needs {envs.OBS_DIM[env]} and "
+                    f"{envs.ACTION_DIM[env]}; check --dataset / --env.")
   return transitions
 
 
-def get_dynamics(config, transitions, seed_keys, dynamics_dir, dataset, should_stop=None):
-  """The per-seed ensembles [S, ...]: loaded from dynamics_dir when saved there for this very
-  setup (identity), else trained (resumably: <path>.partial holds an unfinished training)."""
-  import shutil
-  import numpy as np
-  from mombo_jax import checkpoint, data, dynamics
-  path = os.path.join(dynamics_dir, f"seed{config.seed}x{config.num_seeds}")
-  ident = dynamics.identity(config, transitions, data.dataset_identity(dataset, transitions))
-  if os.path.exists(path):
-    try:
-      dyn, meta = dynamics.load(path)
-    except checkpoint.CheckpointError as e:
-      raise UserError(f"{e}") from None
-    differs = dynamics.identity_mismatch(meta, ident)
-    if differs:
-      what = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in sorted(differs.items()))
-      raise UserError(f"The dynamics ensembles in {path} were trained for another setup ({what}). "
-                      f"Pass another --dynamics_dir, or delete {path} to retrain them.")
-    log(f"Reusing the dynamics ensembles in {path}.")
-    return dyn
-  from mombo_jax import distributed
-  if distributed.is_multiprocess():
-    # Every process would train (and write) the same ensembles: train them once, apart.
-    raise UserError(f"No dynamics ensembles in {path}, and a multi-process run does not train "
-                    "them. Train them first in one process: python -m experiments.train_dynamics "
-                    f"--dataset={dataset} --env={config.env} --seed={config.seed} "
-                    f"--seeds={config.num_seeds} --workdir={dynamics_dir} (same --preset and "
-                    "dynamics flags), then launch again with --dynamics_dir.")
-  log(f"Training {config.num_seeds} dynamics ensemble(s) of {config.dyn_members} members "
-      f"on {len(transitions.rewards)} transitions.")
-  t0 = time.time()
-  partial = path + ".partial"
+# ----------------------------------------------------------------------------- dynamics alone
+
+def dynamics_task(env, dataset):
+  """(config env short name, dataset name or id, note for the log or None)."""
+  from mombo_jax import config as config_lib, names
+  if env is None and dataset is None:
+    raise UserError("Pass --env=<short name> (e.g. hopper-medium) or --dataset=<Minari id>.")
+  dataset = dataset or env
+  if env is None:
+    env = dataset if "/" not in dataset else names.short_name(dataset)
+  note = None
+  if env is None:
+    # A foreign Minari id: the dynamics settings are the same for every task of an environment
+    # (except walker2d-medium's epoch cap), so any short name of that environment gives them.
+    env = f"{names.env_name(dataset)}-random"
+    note = f"{dataset} is not one of the project's datasets: using {env}'s dynamics settings."
+  config_lib.parse_name(env)   # ValueError listing the valid names
+  return env, dataset, note
+
+
+def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, preset="paper",
+                   workdir=None, overwrite=False, log_fn=print, should_stop=None):
+  """experiments.train_dynamics: loads the dataset, trains `seeds` ensembles in one vmapped run
+  (workdir.get_dynamics: the key scheme and the saved layout experiments.run reuses) and saves
+  them; returns the saved path. UserError for what the user can fix."""
+  from mombo_jax import config as config_lib, data, workdir as workdir_lib
+
   try:
-    dyn = dynamics.train_seeds(seed_keys, transitions, config, log_fn=log,
-                               checkpoint_dir=partial, should_stop=should_stop, identity=ident)
-  except dynamics.Interrupted as e:
-    raise Interrupted(getattr(should_stop, "signum", None), f"dynamics epoch {e.epoch} (saved in {partial})") from None
-  except checkpoint.CheckpointError as e:
+    env, dataset, note = dynamics_task(env, dataset)
+  except ValueError as e:                  # unknown names: the message lists the valid ones
     raise UserError(str(e)) from None
+  if note:
+    log_fn(note)
+  if seeds < 1:
+    raise UserError(f"--seeds must be >= 1, got {seeds}.")
+  overrides = dict(seed=seed, num_seeds=seeds)
+  if max_epochs is not None:
+    if max_epochs < 1:
+      raise UserError(f"--max_epochs must be >= 1, got {max_epochs}.")
+    overrides["dyn_max_epochs"] = max_epochs
+  try:
+    config = config_lib.make_config(env, "mombo", preset, **overrides)
   except ValueError as e:
-    raise UserError(f"Dynamics training on {dataset}: {e}") from None
-  log(f"Dynamics trained in {time.time() - t0:.0f} s; elites per seed: "
-      f"{np.asarray(dyn.elites).tolist()}.")
-  dynamics.save(path, dyn, config, identity=ident)
-  shutil.rmtree(partial, ignore_errors=True)
-  return dyn
-
-
+    raise UserError(str(e)) from None
+  workdir = workdir or workdir_lib.default_dynamics_root(dataset)
+  path = workdir_lib.dynamics_path(workdir, config)
+  if os.path.exists(path) and not overwrite:
+    raise UserError(f"{path} already exists; pass --overwrite to replace it, or another --workdir.")
+  try:
+    transitions = data.load_transitions(dataset)
+  except FileNotFoundError as e:           # DatasetNotFoundError names the collector command
+    raise UserError(str(e)) from None
+  log_fn(f"{dataset}: {len(transitions.rewards)} transitions, obs dim "
+         f"{transitions.observations.shape[1]}, action dim {transitions.actions.shape[1]}.")
+  workdir_lib.get_dynamics(config, transitions, dataset, workdir, should_stop=should_stop,
+                           overwrite=overwrite, log=log_fn)
+  log_fn(f"Saved to {path} (reuse with: python -m experiments.run --env={env} --seed={seed} "
+         f"--seeds={seeds} --dynamics_dir={workdir}).")
+  return path

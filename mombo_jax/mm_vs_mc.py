@@ -1,10 +1,13 @@
 """The paper's Figure 1 on a trained run: moment matching vs Monte Carlo estimates of the
-next-state value E[Q(s', a')], s' ~ the elite's next-state Gaussian (experiments.mm_vs_mc).
+next-state value E[Q(s', a')], s' ~ the elite's next-state Gaussian (experiments.mm_vs_mc is its
+CLI). This module owns the estimators, their timing, and the experiment on a run folder: its
+states, its files (mm_vs_mc.png, mm_vs_mc.csv, mm_vs_mc_estimates.csv) and its printed summary.
 
 Shapes: B = states, S = obs dim, A = action dim, E = critics, N = Monte Carlo samples, R = repeats.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable, Sequence
 
@@ -12,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax import dynamics
-from mombo_jax.trained import SeedNets
+from mombo_jax import data, dynamics, outputs
+from mombo_jax.trained import SeedNets, load_run
 
 
 def elite_gaussian(nets: SeedNets, obs, action, elite_rank: int = 0):
@@ -170,3 +173,55 @@ def plot_mm_vs_mc(result: dict, path: str, title: str = "", max_states: int = 3)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
+
+
+# ------------------------------------------------------------------------ the experiment on a run
+
+def load_seed(run_dir: str, seed_index: int = 0, elite_rank: int = 0):
+  """(the trained run, its dataset's Transitions) once the run is known to have seed
+  `seed_index` and elite `elite_rank`; ValueError if not, FileNotFoundError (a
+  DatasetNotFoundError among them) for a missing run file or dataset."""
+  trained = load_run(run_dir)
+  if not 0 <= seed_index < len(trained.nets):
+    raise ValueError(f"--seed_index={seed_index}: the run has {len(trained.nets)} seed(s).")
+  elites = int(trained.nets[seed_index].dyn.elites.shape[0])
+  if not 0 <= elite_rank < elites:
+    raise ValueError(f"--elite_rank={elite_rank}: the model has {elites} elites.")
+  return trained, data.load_transitions(trained.dataset)
+
+
+def run_experiment(trained, transitions, out: str, ns: Sequence[int], num_states: int = 4,
+                   repeats: int = 50, seed_index: int = 0, elite_rank: int = 0,
+                   seed: int = 0) -> dict:
+  """mm_vs_mc on `num_states` distinct dataset states (observations [num_states, S], drawn with
+  `seed`) of seed `seed_index` of a loaded run; writes mm_vs_mc.csv (summary rows),
+  mm_vs_mc_estimates.csv (every estimate) and mm_vs_mc.png into `out`. Returns mm_vs_mc's dict."""
+  rng = np.random.default_rng(seed)
+  idx = rng.choice(len(transitions.observations), num_states, replace=False)
+  obs = np.asarray(transitions.observations[idx], np.float32)
+  result = mm_vs_mc(trained.nets[seed_index], obs, jax.random.PRNGKey(seed), ns, repeats,
+                    elite_rank)
+  os.makedirs(out, exist_ok=True)
+  summary, raw = mm_vs_mc_rows(result)
+  outputs.write_rows(os.path.join(out, "mm_vs_mc.csv"), summary)
+  outputs.write_rows(os.path.join(out, "mm_vs_mc_estimates.csv"), raw)
+  title = (f"{trained.config.algo} on {trained.dataset}, seed {trained.seeds[seed_index]}, "
+           f"epoch {trained.epoch}")
+  plot_mm_vs_mc(result, os.path.join(out, "mm_vs_mc.png"), title)
+  return result
+
+
+def summary_lines(result: dict, out: str) -> list:
+  """What experiments.mm_vs_mc prints: per N the mean over states of the estimates' spread and of
+  |mean - MM|, the seconds per call against MM's; then MM's cost and the files written."""
+  mm_ms = result["seconds"]["MM"] * 1e3
+  lines = []
+  for n in sorted(result["estimates"]):
+    est = result["estimates"][n]                       # [R, B]
+    err = np.abs(est.mean(axis=0) - result["mm_mean"]).mean()
+    lines.append(f"N={n:>6}: spread of estimates {est.std(axis=0).mean():.4g}, |mean - MM| "
+                 f"{err:.3g}, {result['seconds'][n] * 1e3:.3g} ms per call "
+                 f"({result['seconds'][n] * 1e3 / mm_ms:.3g}x MM)")
+  lines.append(f"MM: {mm_ms:.3g} ms per call for {result['num_states']} states; wrote "
+               f"{os.path.join(out, 'mm_vs_mc.png')}, mm_vs_mc.csv, mm_vs_mc_estimates.csv")
+  return lines

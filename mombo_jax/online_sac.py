@@ -18,8 +18,8 @@ from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
-class UserError(Exception):
-  """A problem the user can fix; printed without a traceback."""
+from mombo_jax import envs
+from mombo_jax.errors import UserError
 
 
 def _print(msg: str):
@@ -29,12 +29,6 @@ def _print(msg: str):
 def _fmt_time(seconds: float) -> str:
   seconds = int(max(seconds, 0))
   return f"{seconds // 3600:d}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
-
-
-def _to_env_action(action: np.ndarray, space) -> np.ndarray:
-  """[-1, 1] policy actions -> the env's Box bounds (the identity for the MuJoCo tasks)."""
-  low, high = space.low, space.high
-  return (low + (np.asarray(action, np.float64) + 1.0) * 0.5 * (high - low)).astype(space.dtype)
 
 
 # Standard online SAC (Haarnoja et al. 2018; the D4RL behaviour policies were trained like this):
@@ -103,12 +97,9 @@ def host_actor(actor_params, config) -> Callable:
   costs tens of microseconds in numpy, several times less than a jitted call's dispatch, and the
   online loop acts once per environment step."""
   import jax
-  layers = jax.device_get(actor_params)["params"]
-  n = len(config.actor_hidden)
-  hidden = [(np.asarray(layers[f"Dense_{i}"]["kernel"]), np.asarray(layers[f"Dense_{i}"]["bias"]))
-            for i in range(n)]
-  mean_w, mean_b = (np.asarray(layers[f"Dense_{n}"][k]) for k in ("kernel", "bias"))
-  std_w, std_b = (np.asarray(layers[f"Dense_{n + 1}"][k]) for k in ("kernel", "bias"))
+  from mombo_jax import sac
+  hidden, (mean_w, mean_b), (std_w, std_b) = jax.tree.map(
+      np.asarray, sac.actor_layers(jax.device_get(actor_params)))
 
   def f(obs, rng=None):
     x = np.asarray(obs, np.float32)
@@ -132,20 +123,10 @@ def _jitted(config):
 
 
 def evaluate(make_env: Callable, mode_fn: Callable, episodes: int, seed: int) -> np.ndarray:
-  """Returns [episodes] of the deterministic policy mode_fn(obs [S] f32) -> action [A]."""
-  env = make_env()
-  returns = []
-  for i in range(episodes):
-    obs, _ = env.reset(seed=seed + i)
-    total, done = 0.0, False
-    while not done:
-      action = _to_env_action(np.asarray(mode_fn(obs.astype(np.float32))), env.action_space)
-      obs, reward, terminated, truncated, _ = env.step(action)
-      total += float(reward)
-      done = terminated or truncated
-    returns.append(total)
-  env.close()
-  return np.asarray(returns)
+  """Returns [episodes] of the deterministic policy mode_fn(obs [S] f32) -> action [A], episode i
+  reset with seed + i (envs.run_episodes); each summed step by step in order."""
+  return np.asarray([sum(float(r) for r in ep["rewards"])
+                     for ep in envs.run_episodes(make_env, mode_fn, episodes, seed)])
 
 
 @dataclasses.dataclass
@@ -293,8 +274,7 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   while step < total_steps and not (stop_at_medium and meta["medium_step"] >= 0):
     if step < start_steps or action is None:
       action = rng.uniform(-1.0, 1.0, action_dim).astype(np.float32)
-    next_obs, reward, terminated, truncated, _ = env.step(
-        _to_env_action(action, env.action_space))
+    next_obs, reward, terminated, truncated, _ = envs.step(env, action)
     replay["obs"][step], replay["action"][step] = obs, action
     replay["reward"][step], replay["next_obs"][step] = reward, next_obs
     replay["terminated"][step] = float(terminated)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax import buffer, dynamics, targets
+from mombo_jax import buffer, dynamics, envs, targets, termination
 from mombo_jax.trained import SeedNets
 
 
@@ -149,7 +149,7 @@ def model_draw(nets: SeedNets, obs, action, key):
   row, `penalty(nets, row, key)`.
   """
   config = nets.config
-  term_fn = dynamics.termination_fn(config.env_name)
+  term_fn = termination.termination_fn(config.env_name)
   k_step, k_u = jax.random.split(key)
   out = dynamics.step(nets.dyn, obs, action, k_step, config, penalty=False)
   row = buffer.Batch(obs=obs, action=action, reward=out.reward, next_obs=out.next_obs,
@@ -174,7 +174,7 @@ def penalty(nets: SeedNets, rows, key, scaled: bool = False):
   """
   config = nets.config
   u = targets.get_penalty(config)(nets.agent(), rows, key, dyn=nets.dyn, config=config,
-                                  term_fn=dynamics.termination_fn(config.env_name))
+                                  term_fn=termination.termination_fn(config.env_name))
   return config.beta * u if scaled else u
 
 
@@ -238,34 +238,22 @@ def uncertainty_quality(nets: SeedNets, batch: dict, key, num_draws: int = 100,
 def real_transitions(nets: SeedNets, env_name: str, episodes: int, seed: int,
                      every: int = 10, max_episode_steps: Optional[int] = None) -> dict:
   """--states=policy (the paper's): runs the deterministic policy (evaluation mode) for `episodes`
-  episodes in the real env and keeps the selected_steps of each. Returns numpy obs [B, S],
-  action [B, A], reward [B], next_obs [B, S], done [B] (terminated; truncation still bootstraps)
-  and episode [B]."""
-  from mombo_jax import data
-  env = data.make_env(env_name, **({} if max_episode_steps is None
-                                   else {"max_episode_steps": int(max_episode_steps)}))
+  episodes in the real env (episode i reset with seed * 1000 + i) and keeps the selected_steps of
+  each. Returns numpy obs [B, S], action [B, A] (the policy's, in [-1, 1]), reward [B],
+  next_obs [B, S], done [B] (terminated; truncation still bootstraps) and episode [B]."""
   policy = jax.jit(SeedNets.policy_mode)
-  act = lambda obs: policy(nets, obs)  # noqa: E731
-  low, high = env.action_space.low, env.action_space.high
+  recorded = envs.run_episodes(
+      lambda: envs.make_env(env_name, max_episode_steps=max_episode_steps),
+      lambda obs: policy(nets, jnp.asarray(obs)), episodes, int(seed) * 1000)
   rows = {k: [] for k in ("obs", "action", "reward", "next_obs", "done", "episode")}
-  try:
-    for ep in range(episodes):
-      obs, _ = env.reset(seed=int(seed) * 1000 + ep)
-      episode = []
-      while True:
-        a = np.asarray(act(jnp.asarray(obs, jnp.float32)), np.float64)
-        env_a = low + 0.5 * (a + 1.0) * (high - low)     # identity for [-1, 1] action spaces
-        nxt, r, terminated, truncated, _ = env.step(env_a.astype(env.action_space.dtype))
-        episode.append((obs, a, r, nxt, float(terminated)))
-        obs = nxt
-        if terminated or truncated:
-          break
-      for i in selected_steps(len(episode), every):
-        for k, v in zip(("obs", "action", "reward", "next_obs", "done"), episode[i]):
-          rows[k].append(v)
-        rows["episode"].append(ep)
-  finally:
-    env.close()
+  for ep, episode in enumerate(recorded):
+    for i in selected_steps(len(episode["rewards"]), every):
+      rows["obs"].append(episode["observations"][i])
+      rows["action"].append(episode["actions"][i])
+      rows["reward"].append(episode["rewards"][i])
+      rows["next_obs"].append(episode["observations"][i + 1])
+      rows["done"].append(float(episode["terminations"][i]))
+      rows["episode"].append(ep)
   return {k: np.asarray(v, np.int64 if k == "episode" else np.float32) for k, v in rows.items()}
 
 

@@ -16,10 +16,10 @@ Recipes (D4RL, Fu et al. 2020):
   as the random dataset, p% of them from whole episodes of the medium / expert dataset, the rest
   from whole random episodes (whole episodes make the shares approximate).
 Missing ingredients are built too; existing datasets are reused, never silently overwritten.
-Datasets live under MINARI_DATASETS_PATH as `mombo/<env>/<quality>-v0` (data.minari_id), with the
-D4RL reference returns and their provenance (recipe, size, rebuild command; the saved actors they
-were recorded from and the SAC medium point where there are such) in the metadata, and a dataset
-card beside them (mombo_jax.cards).
+Datasets live under MINARI_DATASETS_PATH as `mombo/<env>/<quality>-v0` (names.minari_id), with
+the D4RL reference returns and their provenance (recipe, size, rebuild command; the saved actors
+they were recorded from and the SAC medium point where there are such) in the metadata, and a
+dataset card beside them (mombo_jax.cards).
 
 Saved actors (mombo_jax.saved_actors). The Builder saves the SAC run's medium / expert actors to
 `<workdir>/<env>/actors/` as soon as it has them. Options.actors_only (collect --actors_only) only
@@ -37,10 +37,13 @@ import shlex
 import time
 from typing import Dict, List, Optional, Sequence
 
-from mombo_jax import data, saved_actors
+from mombo_jax import envs, minari_io, names, saved_actors
+from mombo_jax.config import parse_name
+from mombo_jax.errors import UserError
 from mombo_jax.minari_io import read_episodes, write_dataset
-from mombo_jax.online_sac import (SEED_OFFSETS, SacResult, UserError, _print, online_config,
-                                  restore_sac, train_sac)
+from mombo_jax.online_sac import (SEED_OFFSETS, SacResult, _print, online_config, restore_sac,
+                                  train_sac)
+from mombo_jax.scores import D4RL_REF_SCORES
 from mombo_jax.recording import (mix_episodes, random_policy, replay_episodes, rollout,
                                  sac_policy, summary)
 
@@ -99,8 +102,8 @@ def collect_command(name: str, opts: "Options", keys: Sequence[str] = (), **extr
 
 
 def provenance_for(name: str, recipe: str, steps: int) -> dict:
-  """What `data.provenance` reads back: the recipe, the transitions written, the full recipe's size
-  (None where it has none) and the command that rebuilds the dataset at full size."""
+  """What `provenance.provenance` reads back: the recipe, the transitions written, the full
+  recipe's size (None where it has none) and the command that rebuilds the dataset at full size."""
   return {"recipe": recipe, "steps": int(steps), "recipe_steps": RECIPE_STEPS.get(recipe),
           "command": f"python -m experiments.collect --env={name} --overwrite"}
 
@@ -109,21 +112,21 @@ def build_random(name: str, steps: int = 1_000_000, seed: int = 0, log_fn=_print
                  max_episode_steps: Optional[int] = None, overwrite: bool = False,
                  num_envs: int = 1) -> str:
   """Write `<env>-random`: `steps` transitions of a uniform random policy; returns its id."""
-  env, quality = data.parse_name(name)
+  env, quality = parse_name(name)
   if quality != "random":
     raise ValueError(f"build_random builds <env>-random datasets, got {name!r}.")
-  probe = data.make_env(name, max_episode_steps=max_episode_steps)
+  probe = envs.make_env(name, max_episode_steps=max_episode_steps)
   action_dim = probe.action_space.shape[0]
   probe.close()
   t0 = time.time()
-  episodes = rollout(lambda: data.make_env(name, max_episode_steps=max_episode_steps),
+  episodes = rollout(lambda: envs.make_env(name, max_episode_steps=max_episode_steps),
                      random_policy(action_dim, seed), steps, seed + SEED_OFFSETS["random"],
                      num_envs)
   elapsed = time.time() - t0
   log_fn(f"{name}: {summary(episodes)}; {steps / max(elapsed, 1e-9):.0f} steps/s")
   written = sum(len(ep["rewards"]) for ep in episodes)
   dataset_id = write_dataset(name, episodes, f"{steps} steps of a uniform random policy on "
-                             f"{data.GYM_IDS[env]} (D4RL recipe).", "uniform-random",
+                             f"{envs.GYM_IDS[env]} (D4RL recipe).", "uniform-random",
                              max_episode_steps, overwrite,
                              provenance=provenance_for(name, "random", written))
   log_fn(f"wrote {dataset_id} ({time.time() - t0:.1f} s in all)")
@@ -149,7 +152,7 @@ class Builder:
   # -- helpers
   def _write(self, name, episodes, description, algorithm, overwrite=False, *,
              extra_provenance: Optional[dict] = None, command: Optional[str] = None):
-    quality = data.parse_name(name)[1]
+    quality = parse_name(name)[1]
     recipe = "mixed" if quality.endswith("pct") else quality
     written = sum(len(ep["rewards"]) for ep in episodes)
     provenance = provenance_for(name, recipe, written)
@@ -178,8 +181,8 @@ class Builder:
     o = self.opts
     evals = [[int(s), float(r)] for s, r in result.evals if s <= result.medium_step]
     return dict(medium_step=int(result.medium_step), medium_fraction=o.medium_fraction,
-                medium_return=o.medium_fraction * data.D4RL_REF_SCORES[
-                    data.env_name(result.config.env)][1],
+                medium_return=o.medium_fraction * D4RL_REF_SCORES[
+                    names.env_name(result.config.env)][1],
                 medium_consecutive=o.medium_consecutive, eval_episodes=o.eval_episodes,
                 qualifying_evals=evals[-o.medium_consecutive:])
 
@@ -216,14 +219,14 @@ class Builder:
     and writes nothing else. Not while a build is still writing checkpoints to that workdir
     (opening them removes unfinished temporary checkpoint folders)."""
     o = self.opts
-    env, quality = data.parse_name(name)
+    env, quality = parse_name(name)
     wanted = saved_actors.ACTORS_OF.get(quality)
     if not wanted:
       raise UserError(f"{name} is recorded from no SAC actor: --actors_only exports the actors "
                       "behind medium, medium-replay, expert and medium-expert.")
     workdir = os.path.join(o.workdir, env, "sac")
     if env not in self._sac:
-      result = restore_sac(lambda: data.make_env(env, max_episode_steps=o.max_episode_steps),
+      result = restore_sac(lambda: envs.make_env(env, max_episode_steps=o.max_episode_steps),
                            online_config(env, o.hidden, o.batch_size), o.sac_steps,
                            start_steps=o.start_steps, seed=o.seed + SEED_OFFSETS["sac"],
                            workdir=workdir)
@@ -250,7 +253,7 @@ class Builder:
     """UserError now, before anything runs, for a name this Builder's mode cannot build:
     --from_actors with random / medium-replay / mixed qualities or a missing actor file,
     --actors_only with a quality that has no actor."""
-    env, quality = data.parse_name(name)
+    env, quality = parse_name(name)
     if self.opts.actors_only and quality not in saved_actors.ACTORS_OF:
       raise UserError(f"{name} is recorded from no SAC actor: --actors_only exports the actors "
                       "behind medium, medium-replay, expert and medium-expert.")
@@ -293,7 +296,7 @@ class Builder:
 
   def _build_from_actors(self, name: str, overwrite: bool) -> str:
     o = self.opts
-    env, quality = data.parse_name(name)
+    env, quality = parse_name(name)
     qualities = saved_actors.ACTORS_OF[quality]
     episodes = [ep for q in qualities for ep in self._actor_episodes(env, q)]
     actors = {q: dict(path=self._saved_actor(env, q).path, sha256=self._saved_actor(env, q).sha256,
@@ -302,7 +305,7 @@ class Builder:
     made = " followed by ".join(
         f"{o.steps} steps of the {o.rollout_policy} SAC policy saved in {a['path']} (sha256 "
         f"{a['sha256']}, SAC step {a['sac_step']})" for a in actors.values())
-    return self._write(name, episodes, f"{made} on {data.GYM_IDS[env]} (D4RL recipe, recorded "
+    return self._write(name, episodes, f"{made} on {envs.GYM_IDS[env]} (D4RL recipe, recorded "
                        f"from saved actors). Rebuild: {command}", "SAC", overwrite,
                        extra_provenance={"actors": actors}, command=command)
 
@@ -315,13 +318,13 @@ class Builder:
       return cached
     o = self.opts
     config = online_config(env, o.hidden, o.batch_size)
-    expert_return = data.D4RL_REF_SCORES[env][1]
+    expert_return = D4RL_REF_SCORES[env][1]
     medium_return = o.medium_fraction * expert_return
     workdir = os.path.join(o.workdir, env, "sac")
-    self.log(f"SAC run on {data.GYM_IDS[env]}: {o.sac_steps} steps, hidden {list(o.hidden)}, "
+    self.log(f"SAC run on {envs.GYM_IDS[env]}: {o.sac_steps} steps, hidden {list(o.hidden)}, "
              f"medium point at eval return >= {medium_return:.1f} "
              f"({o.medium_fraction:.3g} x D4RL expert {expert_return}); checkpoints in {workdir}")
-    result = train_sac(lambda: data.make_env(env, max_episode_steps=o.max_episode_steps), config,
+    result = train_sac(lambda: envs.make_env(env, max_episode_steps=o.max_episode_steps), config,
                        o.sac_steps, start_steps=o.start_steps, eval_every=o.eval_every,
                        eval_episodes=o.eval_episodes, seed=o.seed + SEED_OFFSETS["sac"],
                        medium_return=medium_return, workdir=workdir,
@@ -353,7 +356,7 @@ class Builder:
     policy = sac_policy(actor_params, config, o.seed + SEED_OFFSETS[seed_key],
                         o.rollout_policy == "deterministic")
     t0 = time.time()
-    episodes = rollout(lambda: data.make_env(env, max_episode_steps=o.max_episode_steps), policy,
+    episodes = rollout(lambda: envs.make_env(env, max_episode_steps=o.max_episode_steps), policy,
                        o.steps, o.seed + SEED_OFFSETS[seed_key], o.num_envs)
     self.log(f"recorded {o.steps} {seed_key} steps at {o.steps / max(time.time() - t0, 1e-9):.0f}"
              " steps/s")
@@ -361,7 +364,7 @@ class Builder:
 
   def _episodes_of(self, name: str) -> List[dict]:
     """Episodes of an ingredient dataset: read when it exists, else built (and written) now."""
-    if not data.exists_locally(name):
+    if not minari_io.exists_locally(name):
       self.log(f"ingredient {name} is missing: building it")
       self.build(name, overwrite=False)
     return read_episodes(name)
@@ -369,15 +372,15 @@ class Builder:
   # -- the recipes
   def build(self, name: str, overwrite: Optional[bool] = None) -> Optional[str]:
     overwrite = self.opts.overwrite if overwrite is None else overwrite
-    env, quality = data.parse_name(name)
+    env, quality = parse_name(name)
     self.check(name)
     if self.opts.actors_only:
       return self.export_actors(name)
-    if data.exists_locally(name) and not overwrite:
-      self.log(f"{data.minari_id(name)} already exists: skipped (pass --overwrite to rebuild it)")
+    if minari_io.exists_locally(name) and not overwrite:
+      self.log(f"{names.minari_id(name)} already exists: skipped (pass --overwrite to rebuild it)")
       return None
     o = self.opts
-    gym_id = data.GYM_IDS[env]
+    gym_id = envs.GYM_IDS[env]
     if o.from_actors:
       return self._build_from_actors(name, overwrite)
     if quality == "random":

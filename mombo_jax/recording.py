@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 
-from mombo_jax.online_sac import _to_env_action
+from mombo_jax.envs import finish_episode, new_episode, record_step, step
 
 
 def rollout(make_env: Callable, policy: Callable, num_steps: int, seed: int,
@@ -29,12 +29,12 @@ def rollout(make_env: Callable, policy: Callable, num_steps: int, seed: int,
   envs = [make_env() for _ in range(num_envs)]
   seeds = np.random.SeedSequence(seed).generate_state(num_envs * 2)
   rngs = [np.random.default_rng(int(s)) for s in seeds[num_envs:]]
-  open_eps, episodes = [], []
+  episodes = []
 
   def start(i, reset_seed=None):
     obs, _ = envs[i].reset(seed=reset_seed if reset_seed is not None
                            else int(rngs[i].integers(2**31)))
-    return dict(observations=[obs], actions=[], rewards=[], terminations=[], truncations=[])
+    return new_episode(obs)
 
   open_eps = [start(i, int(seeds[i]) % 2**31) for i in range(num_envs)]
   done = 0
@@ -43,32 +43,19 @@ def rollout(make_env: Callable, policy: Callable, num_steps: int, seed: int,
     obs = np.stack([ep["observations"][-1] for ep in open_eps]).astype(np.float32)
     actions = np.asarray(policy(obs))
     for i in range(active):
-      ep = open_eps[i]
-      act = _to_env_action(actions[i], envs[i].action_space)
-      next_obs, reward, terminated, truncated, _ = envs[i].step(act)
-      ep["observations"].append(next_obs)
-      ep["actions"].append(act)
-      ep["rewards"].append(float(reward))
-      ep["terminations"].append(bool(terminated))
-      ep["truncations"].append(bool(truncated))
-      if terminated or truncated:
-        episodes.append(_finish_episode(ep))
+      out = step(envs[i], actions[i])
+      record_step(open_eps[i], out.env_action, out)   # datasets hold the env's own actions
+      if out.terminated or out.truncated:
+        episodes.append(finish_episode(open_eps[i]))
         open_eps[i] = start(i)
     done += active
   for ep in open_eps:
     if ep["actions"]:
       ep["truncations"][-1] = True  # cut by the budget: the next state would still bootstrap
-      episodes.append(_finish_episode(ep))
+      episodes.append(finish_episode(ep))
   for env in envs:
     env.close()
   return episodes
-
-
-def _finish_episode(ep: dict) -> dict:
-  return dict(observations=np.stack(ep["observations"]), actions=np.stack(ep["actions"]),
-              rewards=np.asarray(ep["rewards"], np.float64),
-              terminations=np.asarray(ep["terminations"], bool),
-              truncations=np.asarray(ep["truncations"], bool))
 
 
 def random_policy(action_dim: int, seed: int) -> Callable:

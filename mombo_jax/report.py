@@ -18,13 +18,12 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from mombo_jax import paper_results
-from mombo_jax.results import (CI_LEVEL, ENV_ORDER, LAST_K, N_BOOTSTRAP, RUN_FILES, TYPE_ORDER,
-                               Group, ReportError, base_algo, beta_text, dataset_type, find_runs,
-                               group_runs, label_key, load_run, ordered, paper_dataset)
+from mombo_jax.errors import UserError
+from mombo_jax.results import (CI_LEVEL, ENV_ORDER, LAST_K, N_BOOTSTRAP, TYPE_ORDER, Pool,
+                               base_algo, beta_text, dataset_type, group_runs, label_key, ordered,
+                               paper_dataset, read_run)
 from mombo_jax.tables import PAPER, Block, Table, build_table, summary_best
-# Unused here: experiments/uncertainty.py labels its rows with report.algo_label (and builds its
-# table with report.build_table, which write_report uses), so both stay importable from here.
-from mombo_jax.results import algo_label  # noqa: F401
+from mombo_jax.workdir import RUN_FILES, find
 
 _LINESTYLES = {"MOPO": "--", "MOBILE": ":", "MOMBO": "-"}
 MISSING = "–"
@@ -64,7 +63,7 @@ def paper_footnotes(table: Table) -> List[str]:
 
 
 def render_markdown(table: Table, title: str = "Results", what: str = "over seeds",
-                    groups: Optional[Dict[tuple, Group]] = None) -> str:
+                    groups: Optional[Dict[tuple, Pool]] = None) -> str:
   """report.md: one table per block; bold **x**, underline <u>x</u>; the paper's columns plain.
   groups: adds a *Runs* table (seeds, beta, evaluations, folders of every cell)."""
   ci = any(b.has_ci() for b in table.blocks)
@@ -125,7 +124,7 @@ def _md_summary_row(label, values, complete, highest, digits=1, paper=None) -> s
   return f"| {label} | | " + " | ".join(cells) + " |"
 
 
-def _md_runs(groups: Dict[tuple, Group]) -> List[str]:
+def _md_runs(groups: Dict[tuple, Pool]) -> List[str]:
   """The *Runs* section: what every cell pools."""
   lines = ["## Runs", "",
            "Seeds: the healthy seeds pooled in the cell (diverged ones left out). Evaluations: "
@@ -268,7 +267,7 @@ def render_csv(table: Table, path: str):
 
 # ---------------------------------------------------------------------------------- figures
 
-def plot_curves(groups: Dict[tuple, Group], env: str, path: str):
+def plot_curves(groups: Dict[tuple, Pool], env: str, path: str):
   """curves_<env>.png: one panel per dataset of `env`, each algorithm's mean over seeds with a
   +-1 std band; the legend gives final score and AULC (mean +- std), as the paper's figures."""
   import matplotlib
@@ -305,25 +304,25 @@ def write_report(dirs: Sequence[str], out: Optional[str] = None, log=print) -> d
   (default dirs[0]), with the paper's numbers beside ours.
 
   Warnings (skipped folders, short runs) go to `log`. Returns {"runs", "groups", "table",
-  "files"}. Raises ReportError when no run is found (naming the folders searched).
+  "files"}. Raises UserError when no run is found (naming the folders searched).
   """
   if not dirs:
-    raise ReportError("Pass at least one folder to search for runs.")
+    raise UserError("Pass at least one folder to search for runs.")
   out = out or dirs[0]
-  paths, warnings = find_runs(dirs)
+  paths, warnings = find(dirs)
   runs = []
   for p in paths:
     try:
-      runs.append(load_run(p))
+      runs.append(read_run(p))
     except ValueError as e:
       warnings.append(f"warning: skipping {p}: {e}")
   for w in warnings:
     log(w)
   if not runs:
-    raise ReportError(f"No runs found under {', '.join(dirs)} (a run folder holds "
-                      f"{', '.join(RUN_FILES)}, written by experiments.run)"
-                      + (f"; {len(warnings)} folder(s) were skipped, see the warnings above."
-                         if warnings else "."))
+    raise UserError(f"No runs found under {', '.join(dirs)} (a run folder holds "
+                    f"{', '.join(RUN_FILES)}, written by experiments.run)"
+                    + (f"; {len(warnings)} folder(s) were skipped, see the warnings above."
+                       if warnings else "."))
   groups, more = group_runs(runs)
   for w in more:
     log(w)

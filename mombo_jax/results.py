@@ -1,13 +1,12 @@
 """Our runs' results, as the report reads them (the paper's are in mombo_jax.paper_results).
 
-`find_runs` finds the run workdirs under some folders (a workdir holds config.json, metrics.csv and
-summary.json, written by experiments.run through mombo_jax/outputs.py), `load_run` reads one
-(healthy seeds only) and `group_runs` pools the seeds of all runs of one (environment, dataset,
-algorithm label) into a Group.
+`read_run` reads one finished run (its workdir.Workdir: config.json, metrics.csv, summary.json;
+healthy seeds only) and `group_runs` pools the seeds of all runs of one (environment, dataset,
+algorithm label) into a Pool (a table cell).
 
 Metrics per seed: the final score (the last evaluation, what the paper's tables report), the mean
 of the last LAST_K evaluations (less sensitive to one noisy evaluation than the final score) and
-the AULC (mean over all evaluations). A Group gives per metric the mean over seeds, the std over
+the AULC (mean over all evaluations). A Pool gives per metric the mean over seeds, the std over
 seeds (population std, ddof = 0, as summary.json's) and a 95% percentile-bootstrap interval of the
 mean over seeds (`bootstrap_ci`: resampling seeds, fixed RNG seed, so a report is reproducible).
 
@@ -19,17 +18,16 @@ differ in it ('MOBILE (β=1.5)'). Labels, dataset types and environments sort in
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from mombo_jax import outputs
+from mombo_jax.errors import UserError
+from mombo_jax.workdir import Workdir
 
-RUN_FILES = ("config.json", "metrics.csv", "summary.json")
 # Column order of the paper (baselines first); MOMBO's targets in the order of SPEC.md section 3.
 _BASE_ORDER = ("MOPO", "MOBILE", "MOMBO")
 _TARGET_ORDER = ("lcb", "elite_spread", "mixture")
@@ -42,10 +40,6 @@ LAST_K = 10
 CI_LEVEL = 0.95
 N_BOOTSTRAP = 10_000
 BOOTSTRAP_SEED = 0
-
-
-class ReportError(Exception):
-  """Nothing to report (no runs found, unreadable folders); the message names what was searched."""
 
 
 @dataclasses.dataclass
@@ -68,7 +62,7 @@ class Run:
 
 
 @dataclasses.dataclass
-class Group:
+class Pool:
   """All seeds of one (env, dataset, algo label), pooled over runs. Arrays as in Run."""
   env: str
   dataset: str
@@ -188,40 +182,13 @@ def paper_dataset(dataset: str) -> Optional[str]:
 
 # ---------------------------------------------------------------------------------- discovery
 
-def find_runs(dirs: Sequence[str]) -> Tuple[List[str], List[str]]:
-  """(run workdirs, warnings) under `dirs`. A folder holding any of RUN_FILES is a run (its
-  subfolders, checkpoints and dynamics, are not searched); one missing some of them is skipped
-  with a warning naming it and what is missing. Raises ReportError for a DIR that does not exist."""
-  found, warnings = [], []
-  for top in dirs:
-    if not os.path.isdir(top):
-      raise ReportError(f"{top} is not a folder; pass folders that hold run workdirs "
-                        "(written by experiments.run).")
-    for root, subdirs, files in os.walk(top):
-      present = [f for f in RUN_FILES if f in files]
-      if not present:
-        subdirs.sort()
-        continue
-      subdirs[:] = []
-      missing = [f for f in RUN_FILES if f not in files]
-      if missing:
-        why = " (unfinished run?)" if "summary.json" in missing else ""
-        warnings.append(f"warning: skipping {root}: missing {', '.join(missing)}{why}")
-      else:
-        found.append(os.path.normpath(root))
-  return sorted(set(found)), warnings
-
-
-def load_run(path: str) -> Run:
+def read_run(path: str) -> Run:
   """One workdir -> Run (healthy seeds only). Raises ValueError on unreadable or inconsistent
   files."""
+  wd = Workdir(path)
   try:
-    with open(os.path.join(path, "config.json")) as f:
-      config = json.load(f)
-    with open(os.path.join(path, "summary.json")) as f:
-      summary = json.load(f)
-    rows = outputs.read_rows(os.path.join(path, "metrics.csv"))
-  except (OSError, ValueError, KeyError) as e:
+    config, summary, rows = wd.read_record(), wd.read_summary(), wd.read_rows()
+  except (OSError, ValueError, KeyError, UserError) as e:
     raise ValueError(f"unreadable ({type(e).__name__}: {e})") from None
   if not rows:
     raise ValueError("metrics.csv holds no evaluation rows")
@@ -252,8 +219,8 @@ def beta_text(beta: Optional[float]) -> str:
   return "?" if beta is None else f"{beta:g}"
 
 
-def group_runs(runs: Sequence[Run]) -> Tuple[Dict[tuple, Group], List[str]]:
-  """{(env, dataset, algo label): Group} pooling the seeds of the runs of each key; curves are
+def group_runs(runs: Sequence[Run]) -> Tuple[Dict[tuple, Pool], List[str]]:
+  """{(env, dataset, algo label): Pool} pooling the seeds of the runs of each key; curves are
   kept at the evaluation steps all of them share. Runs of one algorithm on one dataset that
   differ in beta are separate groups, their labels naming beta ('MOBILE (β=1.5)'): pooling them
   would average two different algorithms. Returns (groups, warnings)."""
@@ -295,7 +262,7 @@ def group_runs(runs: Sequence[Run]) -> Tuple[Dict[tuple, Group], List[str]]:
                         f"seed(s) {', '.join(map(str, r.overestimated))} passed the return bound "
                         "(overestimation); their scores are in the table")
     cols = [r.scores[np.isin(r.steps, steps)] for r in members]
-    groups[key] = Group(env=env, dataset=dataset, algo=label, runs=[r.path for r in members],
+    groups[key] = Pool(env=env, dataset=dataset, algo=label, runs=[r.path for r in members],
                         seeds=[s for r in members for s in r.seeds],
                         final=np.concatenate([r.final for r in members]),
                         aulc=np.concatenate([r.aulc for r in members]), steps=steps,

@@ -4,7 +4,7 @@ Pure and jittable; vmap it over seeds. The k steps run in a lax.scan; every step
 and written with one masked `buffer.add` at the end (rows of branches that already terminated are
 masked out, so the ring only ever holds real model transitions).
 
-Two rollout rules beside the gymnasium-faithful termination functions (dynamics.termination_fn):
+Two rollout rules beside the gymnasium-faithful termination functions (termination.termination_fn):
 - runaway: a next state with any |x| >= config.rollout_obs_limit (100, as the references'
   termination code for all three envs) is written as a terminal row and ends its branch;
 - non-finite: a model output (next state, reward, or their variances) that is NaN/inf ends its
@@ -26,7 +26,7 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   """Rolls out N branches for k = config.rollout_length steps and stores them in `buf`.
 
   policy_fn(obs [N, S], key) -> action [N, A]; dyn: one seed's ensemble; start_obs [N, S] real
-  states; term_fn(obs, action, next_obs) -> bool [N] (dynamics.termination_fn).
+  states; term_fn(obs, action, next_obs) -> bool [N] (termination.termination_fn).
   Each step uses one uniformly random elite per row (dynamics.step) and runs only the elites'
   networks, except for MOPO, whose penalty needs every member's. A branch that terminates
   writes its terminal row (done = 1) and then stops. Rows carry the producing elite's Gaussian

@@ -51,6 +51,25 @@ def make_actor(config: Config, action_dim: int) -> TanhGaussianActor:
                            log_std_min=config.log_std_min, log_std_max=config.log_std_max)
 
 
+def actor_layers(actor_params):
+  """The actor's (kernel, bias) pairs from its variables {"params": ...}: (hidden, mean, log_std),
+  hidden a list of (W [in, h], b [h]), mean and log_std (W [h, A], b [A]) the two heads. Flax
+  names TanhGaussianActor's layers Dense_0, Dense_1, ... in call order (the hidden layers, then
+  the mean head, then the log-std head), so the layer count alone tells the heads apart."""
+  layers = actor_params["params"]
+  n = len(layers) - 2
+
+  def pair(i):
+    return layers[f"Dense_{i}"]["kernel"], layers[f"Dense_{i}"]["bias"]
+
+  return [pair(i) for i in range(n)], pair(n), pair(n + 1)
+
+
+def actor_action_dim(actor_params) -> int:
+  """A: the width of the actor's mean head (actor_params: its variables {"params": ...})."""
+  return int(actor_layers(actor_params)[1][0].shape[-1])
+
+
 def make_critic(config: Config) -> CriticEnsemble:
   """The critic ensemble the config describes."""
   return CriticEnsemble(hidden_dims=tuple(config.critic_hidden), num_critics=config.num_critics)
@@ -249,9 +268,7 @@ def _actor_apply(agent_or_params, obs, config: Config):
   if isinstance(agent_or_params, AgentState):
     return agent_or_params.actor.apply_fn(agent_or_params.actor.params, obs)
   params = agent_or_params
-  # The mean head comes right after the hidden layers (Flax auto-names Dense_0, Dense_1, ...).
-  action_dim = params["params"][f"Dense_{len(config.actor_hidden)}"]["kernel"].shape[-1]
-  return make_actor(config, action_dim).apply(params, obs)
+  return make_actor(config, actor_action_dim(params)).apply(params, obs)
 
 
 def policy_sample(agent_or_actor_params, obs: jax.Array, key: jax.Array,

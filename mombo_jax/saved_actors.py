@@ -24,8 +24,9 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from mombo_jax import data
-from mombo_jax.online_sac import UserError, online_config
+from mombo_jax.envs import GYM_IDS
+from mombo_jax.errors import UserError
+from mombo_jax.online_sac import online_config
 
 ACTOR_FORMAT = "mombo_jax-actor-v1"
 ACTOR_QUALITIES = ("medium", "expert")
@@ -73,11 +74,10 @@ def _atomic_write(path: str, blob: bytes):
 
 def network_info(env: str, config, actor_params) -> dict:
   """The sidecar fields actor_config reads back (and the gym id), from a live run's actor."""
-  layers = actor_params["params"]
-  n = len(config.actor_hidden)
-  return dict(env=env, gym_id=data.GYM_IDS[env],
-              obs_dim=int(np.shape(layers["Dense_0"]["kernel"])[0]),
-              action_dim=int(np.shape(layers[f"Dense_{n}"]["kernel"])[-1]),
+  from mombo_jax import sac
+  return dict(env=env, gym_id=GYM_IDS[env],
+              obs_dim=int(np.shape(actor_params["params"]["Dense_0"]["kernel"])[0]),
+              action_dim=sac.actor_action_dim(actor_params),
               actor_hidden=[int(h) for h in config.actor_hidden],
               log_std_min=float(config.log_std_min), log_std_max=float(config.log_std_max),
               batch_size=int(config.batch_size))

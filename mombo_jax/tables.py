@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mombo_jax import paper_results
-from mombo_jax.results import (ENV_ORDER, LAST_K, TYPE_ORDER, Group, base_algo, dataset_type,
+from mombo_jax.results import (ENV_ORDER, LAST_K, TYPE_ORDER, Pool, base_algo, dataset_type,
                                label_key, ordered, paper_dataset)
 
 PAPER = "paper"
@@ -142,7 +142,7 @@ def _columns(algos: Sequence[str], metric: str, paper: bool) -> Tuple[List[str],
   return columns, bases
 
 
-def build_table(groups: Dict[tuple, Group], metrics=METRICS, digits: int = 1,
+def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
                 paper: bool = False) -> Table:
   """Rows = tasks (grouped by dataset type), columns = algorithms, one block per metric
   (default: final score, mean of the last LAST_K evaluations and AULC). groups: {(env, dataset,

@@ -1,5 +1,6 @@
 """The offline training epoch: one model rollout into the ring buffer, then `lax.scan` over the
-epoch's gradient steps on mixed real/synthetic batches. Pure; jit-compiled once, vmapped over seeds.
+epoch's gradient steps on mixed real/synthetic batches. Pure; jit-compiled once, vmapped over cells
+(a cell: one seed of one dataset and beta), several epochs per device call in make_cells_chunk.
 
 Never imports gymnasium, Minari, Orbax or absl: data comes in as arrays.
 
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax import buffer, dynamics, rollout, sac, targets
+from mombo_jax import buffer, dynamics, rollout, sac, targets, termination
 
 
 class TrainState(struct.PyTreeNode):
@@ -40,8 +41,8 @@ def init(key, config, real: buffer.Batch, dyn) -> TrainState:
                     diverged=jnp.zeros((), bool))
 
 
-def init_seeds(keys, config, real, dyn):
-  """init vmapped over seeds: keys [S, 2], dyn with a leading seed axis S."""
+def init_cells(keys, config, real, dyn):
+  """init vmapped over cells: keys [C, 2], dyn with a leading cell axis C -> TrainState [C]."""
   return jax.vmap(init, in_axes=(0, None, None, 0))(keys, config, real, dyn)
 
 
@@ -63,7 +64,7 @@ def make_cells(dataset, size, beta) -> Cell:
 
 def single_dataset(real: buffer.Batch, config, cells: int = None):
   """(real stacked [1, N, ...], Cell [cells]) for seeds of one dataset at config.beta: the
-  datasets and cells arguments of make_seeds_epoch's function for a plain run. cells: default
+  datasets and cells arguments of make_cells_epoch's function for a plain run. cells: default
   config.num_seeds."""
   n = real.reward.shape[0]
   cells = config.num_seeds if cells is None else cells
@@ -83,7 +84,7 @@ def make_epoch(config):
   scalars, quantity in DIVERGENCE_CHECKS: which check failed THIS epoch on a healthy seed).
   """
   target = targets.get_target(config)
-  term_fn = dynamics.termination_fn(config.env_name)
+  term_fn = termination.termination_fn(config.env_name)
 
   def epoch(state: TrainState, real: buffer.Batch, key, cell: Cell = None):
     if cell is None:
@@ -149,36 +150,37 @@ def _policy(agent, config, obs, key):
   return sac.policy_sample(agent, obs, key, config)
 
 
-SEED_AXIS = "seeds"
+CELL_AXIS = "cells"
 
 
-def seed_mesh():
-  """1-D Mesh over all devices (of every process, in a multi-process run), axis SEED_AXIS: the
-  seed axis is split over it."""
-  return jax.sharding.Mesh(np.asarray(jax.devices()), (SEED_AXIS,))
+def cell_mesh():
+  """1-D Mesh over all devices (of every process, in a multi-process run), axis CELL_AXIS: the
+  cell axis is split over it."""
+  return jax.sharding.Mesh(np.asarray(jax.devices()), (CELL_AXIS,))
 
 
-def seed_shardings():
-  """(sharding of a leading seed axis split over all devices, replicated sharding)."""
-  mesh = seed_mesh()
-  return (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(SEED_AXIS)),
+def cell_shardings():
+  """(sharding of a leading cell axis split over all devices, replicated sharding)."""
+  mesh = cell_mesh()
+  return (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(CELL_AXIS)),
           jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
-def check_seed_count(num_seeds: int, fix: str = ""):
-  """Raises ValueError unless num_seeds splits evenly over the devices (of all processes).
+def check_cell_count(num_cells: int, fix: str = ""):
+  """Raises ValueError unless num_cells splits evenly over the devices (of all processes).
 
-  fix: the advice that ends the message (default: use a multiple of the device count, or make
-  fewer devices visible).
+  The message speaks of seeds, the cells a user asks for (--seeds) in a plain run. fix: the advice
+  that ends the message (default: use a multiple of the device count, or make fewer devices
+  visible).
   """
   devices = jax.devices()
   n = len(devices)
-  if num_seeds % n:
+  if num_cells % n:
     where = "" if jax.process_count() == 1 else f" of {jax.process_count()} processes"
     fix = fix or (f"use a multiple of {n} seeds, or make fewer devices visible "
                   "(CUDA_VISIBLE_DEVICES, or XLA_FLAGS=--xla_force_host_platform_device_count "
                   "on CPU)")
-    raise ValueError(f"{num_seeds} seed(s) do not split evenly over the {n} "
+    raise ValueError(f"{num_cells} seed(s) do not split evenly over the {n} "
                      f"{devices[0].platform} device(s){where} the seed axis is sharded over: {fix}.")
 
 
@@ -197,31 +199,55 @@ def _place(tree, sharding):
   return jax.tree.map(one, tree)
 
 
-def shard_seeds(tree):
-  """`tree` (every leaf with a leading seed axis) placed as make_seeds_epoch expects it."""
-  return _place(tree, seed_shardings()[0])
+def shard_cells(tree):
+  """`tree` (every leaf with a leading cell axis) placed as make_cells_epoch / make_cells_chunk
+  expect it."""
+  return _place(tree, cell_shardings()[0])
 
 
 def replicate(tree):
   """`tree` (e.g. the real dataset) copied onto every device."""
-  return _place(tree, seed_shardings()[1])
+  return _place(tree, cell_shardings()[1])
 
 
-def make_seeds_epoch(config):
+def make_cells_epoch(config, num_cells: int):
   """jit(shard_map(vmap(epoch))) over a leading cell axis of state, key and cells; the datasets
-  are shared: fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C]) -> (state, metrics).
+  are shared: fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C])
+    -> (state [C], metrics {name: [C, ...]} as make_epoch's, with the cell axis first).
 
   A cell is one seed of one (dataset, beta); a plain run has C = config.num_seeds cells of one
-  dataset (single_dataset builds its arguments). The cell axis of state, key, cells, new state and
-  metrics is sharded over all devices (seed_shardings), each device training C / devices
-  cells; the datasets are replicated. Pass arrays placed with shard_seeds / replicate (or
-  uncommitted ones): a committed array on another placement is refused by jit. config.num_seeds
-  is the number of cells C and must split evenly over the devices (check_seed_count). The state
+  dataset (single_dataset builds its arguments) and passes num_cells=config.num_seeds. The cell
+  axis of state, key, cells, new state and metrics is sharded over all devices (cell_shardings),
+  each device training C / devices cells; the datasets are replicated. Pass arrays placed with
+  shard_cells / replicate (or uncommitted ones): a committed array on another placement is refused
+  by jit. num_cells is C and must split evenly over the devices (check_cell_count). The state
   argument is donated: its buffers (the ring buffer above all) are reused in place. Cached per
   config (ignoring fields the epoch never reads), so runs in one process share the compiled function.
   """
-  check_seed_count(config.num_seeds)
-  return _seeds_epoch(epoch_config(config))
+  check_cell_count(num_cells)
+  return _cells_epoch(epoch_config(config))
+
+
+def make_cells_chunk(config, num_cells: int, max_epochs: int):
+  """jit(shard_map(fori_loop over epochs of vmap(epoch))):
+  fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C], start: int32 [], n: int32 [])
+    -> (state [C], metrics {name: [max_epochs, C]})
+  Runs epochs start .. start+n-1 (1 <= n <= max_epochs; n and start are traced, so ONE compile
+  serves every chunk length), epoch e using per-cell key fold_in(keys[c], e): exactly what calling
+  make_cells_epoch's function n times with jax.vmap(fold_in, (0, None))(keys, e) does.
+  metrics row i < n: epoch start+i's metrics, each reduced over its trailing axes to one value
+  per cell (per-step arrays -> their mean over the epoch; bool flags such as `diverged` and
+  `diverged/<check>` stay bool); rows >= n are zeros/False. The state is donated.
+
+  Several epochs per device call: the host is not involved between them (no dispatch, no metrics
+  transfer per epoch). Placement, num_cells and caching as make_cells_epoch's; start and n are
+  replicated scalars (Python ints or int32 arrays). n beyond max_epochs runs max_epochs epochs
+  (the new state's `epoch` counts what ran), as the metrics hold no more rows.
+  """
+  if max_epochs < 1:
+    raise ValueError(f"max_epochs={max_epochs}: a chunk runs at least one epoch.")
+  check_cell_count(num_cells)
+  return _cells_chunk(epoch_config(config), int(max_epochs))
 
 
 # Fields the compiled epoch never reads (training the dynamics, evaluation, seeding, naming) and
@@ -239,16 +265,70 @@ def epoch_config(config):
                              **{k: getattr(defaults, k) for k in _NOT_IN_EPOCH})
 
 
+_P = jax.sharding.PartitionSpec
+# Arguments (state, real, keys, cells): the datasets replicated, everything else split by cell.
+_EPOCH_SPECS = (_P(CELL_AXIS), _P(), _P(CELL_AXIS), _P(CELL_AXIS))
+
+
+def _over_cells(per_device, in_specs, out_specs):
+  """jit(shard_map(per_device)) on cell_mesh, the state (argument 0) donated.
+
+  shard_map, not sharding propagation alone: each device runs per_device on its own cells, and
+  nothing is left to the partitioner that could add cross-device traffic (cells never meet). One
+  device: the same program as a plain jit(per_device), bit for bit."""
+  mesh = cell_mesh()
+  named = lambda spec: jax.sharding.NamedSharding(mesh, spec)  # noqa: E731
+  fn = jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                     check_vma=False)
+  return jax.jit(fn, donate_argnums=0, in_shardings=tuple(map(named, in_specs)),
+                 out_shardings=tuple(map(named, out_specs)))
+
+
 @functools.lru_cache(maxsize=16)
-def _seeds_epoch(config):
-  seeds, shared = seed_shardings()
-  spec = jax.sharding.PartitionSpec
-  # shard_map, not sharding propagation alone: each device runs the vmapped epoch on its own
-  # cells, and nothing is left to the partitioner that could add cross-device traffic (cells never
-  # meet). One device: the same program as a plain jit(vmap(epoch)), bit for bit.
-  per_device = jax.shard_map(jax.vmap(make_epoch(config), in_axes=(0, None, 0, 0)),
-                             mesh=seeds.mesh,
-                             in_specs=(spec(SEED_AXIS), spec(), spec(SEED_AXIS), spec(SEED_AXIS)),
-                             out_specs=spec(SEED_AXIS), check_vma=False)
-  return jax.jit(per_device, donate_argnums=0, in_shardings=(seeds, shared, seeds, seeds),
-                 out_shardings=(seeds, seeds))
+def _cells_epoch(config):
+  return _over_cells(jax.vmap(make_epoch(config), in_axes=(0, None, 0, 0)), _EPOCH_SPECS,
+                     (_P(CELL_AXIS), _P(CELL_AXIS)))
+
+
+def _per_cell(metrics: dict) -> dict:
+  """One cell's epoch metrics, one value each: per-step arrays averaged (as the runner logs
+  them), bool flags any-reduced so they stay bool; scalars as they are."""
+  def one(x):
+    if x.ndim == 0:
+      return x
+    return jnp.any(x) if x.dtype == jnp.bool_ else jnp.mean(x)
+  return {k: one(v) for k, v in metrics.items()}
+
+
+# The cache key needs no cell count: the jitted function specialises on its arguments' shapes.
+@functools.lru_cache(maxsize=16)
+def _cells_chunk(config, max_epochs):
+  vepoch = jax.vmap(make_epoch(config), in_axes=(0, None, 0, 0))
+  fold = jax.vmap(jax.random.fold_in, in_axes=(0, None))
+
+  # jit: the eval_shape below and the loop body then share one trace of the epoch (jit's trace
+  # cache); XLA inlines the call, so the loop body is the plain vmapped epoch.
+  @jax.jit
+  def one(state, real, keys, cells, epoch):
+    state, metrics = vepoch(state, real, fold(keys, epoch), cells)
+    return state, jax.vmap(_per_cell)(metrics)
+
+  def chunk(state, real, keys, cells, start, n):
+    # This device's cells: state [C / devices], metrics buffer [max_epochs, C / devices].
+    start = jnp.asarray(start, jnp.int32)
+    shapes = jax.eval_shape(one, state, real, keys, cells, start)[1]
+    rows = jax.tree.map(lambda s: jnp.zeros((max_epochs,) + s.shape, s.dtype), shapes)
+
+    def body(i, carry):
+      state, rows = carry
+      state, metrics = one(state, real, keys, cells, start + i)
+      rows = jax.tree.map(lambda r, m: jax.lax.dynamic_update_index_in_dim(r, m, i, 0), rows,
+                          metrics)
+      return state, rows
+
+    # A traced trip count: one while loop serves every n (no recompile per chunk length).
+    n = jnp.clip(jnp.asarray(n, jnp.int32), 0, max_epochs)
+    return jax.lax.fori_loop(0, n, body, (state, rows))
+
+  return _over_cells(chunk, _EPOCH_SPECS + (_P(), _P()), (_P(CELL_AXIS), _P(None, CELL_AXIS)))
+

@@ -1,16 +1,13 @@
 """A trained run read back for analysis (experiments.mm_vs_mc, experiments.uncertainty): its
-config.json (written by experiments.run) and its newest checkpoint (checkpoint.RunCheckpointer,
-restored without a template, i.e. as the flax state dict of the TrainState). The networks are
-rebuilt from the config (sac.make_actor / sac.make_critic) and the dynamics ensemble is the one
-stored in the run's state.
+config.json and newest checkpoint, through workdir.Workdir (restored against the typed TrainState
+template). The networks are rebuilt from the config (sac.make_actor / sac.make_critic) and the
+dynamics ensemble is the one stored in the run's state.
 
 Shapes: B = states, S = obs dim, A = action dim, E = critics.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import List, Optional
 
 import flax.struct
@@ -21,21 +18,6 @@ from flax.training.train_state import TrainState
 
 from mombo_jax import config as config_lib, dynamics, sac
 from mombo_jax.critics import sample_tanh_gaussian
-
-
-def load_config(workdir: str):
-  """(Config, dataset) from <workdir>/config.json. Raises ValueError naming the file."""
-  path = os.path.join(workdir, "config.json")
-  try:
-    with open(path) as f:
-      saved = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ValueError(f"{path} is missing or unreadable ({e}); pass a run workdir written by "
-                     "experiments.run.") from None
-  fields = {f.name for f in dataclasses.fields(config_lib.Config)}
-  # JSON turned the config's tuples into lists; the frozen Config must stay hashable.
-  values = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields}
-  return config_lib.Config(**values), saved.get("dataset") or values.get("env")
 
 
 @flax.struct.dataclass
@@ -53,7 +35,7 @@ class SeedNets:
 
   @property
   def action_dim(self) -> int:
-    return int(self.actor["params"][f"Dense_{len(self.config.actor_hidden)}"]["kernel"].shape[-1])
+    return sac.actor_action_dim(self.actor)
 
   def policy(self, obs, key):
     """(a ~ pi(.|obs) [..., A], log pi [...])."""
@@ -97,33 +79,31 @@ class TrainedRun:
 
 def load_run(workdir: str, step: Optional[int] = None) -> TrainedRun:
   """A run's config and newest (or `step`'s) checkpoint. Raises ValueError with what is missing."""
-  from mombo_jax import checkpoint
-  config, dataset = load_config(workdir)
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  if not os.path.isdir(ckpt_dir):
-    raise ValueError(f"{workdir} has no checkpoints folder; pass a run workdir of experiments.run "
-                     "that finished at least one evaluation.")
-  ckpt = checkpoint.RunCheckpointer(ckpt_dir, keep=None)
+  from mombo_jax.errors import UserError
+  from mombo_jax.workdir import Workdir
+  wd = Workdir(workdir)
   try:
-    tree, meta = ckpt.restore(step=step)
-  except checkpoint.CheckpointError as e:
+    config, dataset = wd.read_config()
+    t = wd.state_template(config)
+    # The networks and the dynamics only: the ring buffers (~135 MB a seed at paper size) and
+    # the optimiser states are never read.
+    part, meta = wd.restore({"agent": {"actor": {"params": t.agent.actor.params},
+                                       "critic": {"params": t.agent.critic.params},
+                                       "target_critic_params": t.agent.target_critic_params,
+                                       "log_alpha": {"params": t.agent.log_alpha.params}},
+                             "dynamics": t.dynamics}, step=step, partial=True)
+  except UserError as e:
     raise ValueError(str(e)) from None
-  finally:
-    ckpt.close()
-  agent, dyn = tree["agent"], tree["dynamics"]
-  num = int(np.shape(tree["epoch"])[0])
+  agent = part["agent"]
+  num = int(np.shape(agent["log_alpha"]["params"]["log_alpha"])[0])
   nets = []
   for i in range(num):
-    pick = lambda t, i=i: jax.tree.map(lambda x: jnp.asarray(x[i]), t)  # noqa: E731
-    d = pick(dyn)
+    pick = lambda t, i=i: jax.tree.map(lambda x: x[i], t)  # noqa: E731
     nets.append(SeedNets(config=config, actor=pick(agent["actor"]["params"]),
                          critic=pick(agent["critic"]["params"]),
                          target_critic=pick(agent["target_critic_params"]),
                          log_alpha=pick(agent["log_alpha"]["params"]["log_alpha"]),
-                         dyn=dynamics.DynamicsState(params=d["params"],
-                                                    input_mean=d["input_mean"],
-                                                    input_std=d["input_std"],
-                                                    elites=d["elites"].astype(jnp.int32))))
+                         dyn=pick(part["dynamics"])))
   return TrainedRun(workdir=workdir, config=config, dataset=dataset,
                     seeds=list(range(config.seed, config.seed + num)),
                     epoch=int(meta.get("epoch", meta.get("step", -1))), nets=nets)

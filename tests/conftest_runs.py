@@ -2,16 +2,14 @@
 
 Import the fixture into a test module (`from tests.conftest_runs import tiny_run  # noqa: F401`).
 
-The folder is what experiments.run leaves on disk (config.json from run.check_workdir_config, a
-checkpoint of the whole TrainState saved through checkpoint.RunCheckpointer as run.train saves it),
-but its state is the freshly initialised one (train_lib.init_seeds with untrained dynamics), not a
-trained one: a real tiny `run.train` costs ~85 s of compilation on the 2-core test machine, and the
+The folder is what experiments.run leaves on disk (config.json through workdir.Workdir, a
+checkpoint of the whole TrainState saved through its RunCheckpointer as runner.train saves it),
+but its state is the freshly initialised one (train_lib.init_cells with untrained dynamics), not a
+trained one: a real tiny `runner.train` costs ~85 s of compilation on the 2-core test machine, and the
 analyses only need networks of the run's shapes, read back through the run's own loaders. The
 dataset is the 2,000-step hopper-random build tests/test_run.py uses, in the session's
 MINARI_DATASETS_PATH.
 """
-import os
-
 import pytest
 
 DATASET = "hopper-random"
@@ -23,21 +21,21 @@ TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, ev
 def tiny_run(hopper_random_2000, tmp_path_factory):
   """(workdir, TrainState [2 seeds]) of a 2-seed MOMBO run folder on hopper-random."""
   import jax
-  from experiments import run
-  from mombo_jax import buffer, checkpoint, config as config_lib, data, dynamics, outputs
+  from mombo_jax import buffer, config as config_lib, data, dynamics
   from mombo_jax import train as train_lib
+  from mombo_jax.workdir import Workdir
   workdir = str(tmp_path_factory.mktemp("tiny_mombo_run"))
+  wd = Workdir(workdir)
   config = config_lib.make_config(DATASET, "mombo", preset="tiny", **TINY)
-  cfg_json, _ = run.check_workdir_config(workdir, config, DATASET)
-  outputs.write_json(os.path.join(workdir, "config.json"), cfg_json)
+  wd.write_config(wd.check_config(config, DATASET)[0])
   transitions = data.load_transitions(DATASET)
   real = buffer.from_transitions(transitions)
   keys = jax.random.split(jax.random.PRNGKey(0), config.num_seeds)
   obs_dim, action_dim = real.obs.shape[1], real.action.shape[1]
   # One compilation each instead of an eager init op by op (seconds on a busy 2-core machine).
   dyn = jax.jit(jax.vmap(lambda k: dynamics.init_state(k, obs_dim, action_dim, config)))(keys)
-  state = jax.jit(train_lib.init_seeds, static_argnums=1)(keys, config, real, dyn)
-  ckpt = checkpoint.RunCheckpointer(os.path.join(workdir, "checkpoints"))
+  state = jax.jit(train_lib.init_cells, static_argnums=1)(keys, config, real, dyn)
+  ckpt = wd.checkpointer()
   ckpt.save(config.epochs, state, {"epoch": config.epochs, "diverged": []})
   ckpt.close()
   return workdir, state

@@ -4,17 +4,16 @@ import re
 
 import numpy as np
 
-from experiments import import_d4rl
+from mombo_jax import cards, d4rl, minari_io, scores
 from mombo_jax.minari_io import read_episodes
-from mombo_jax import cards, data
 from tests.test_import_d4rl import _arrays, _write
 
 
 def test_card_numbers_match_a_direct_computation(minari_root, tmp_path):
   dataset_id = "test-cards/hopper/medium-replay-v2"
-  import_d4rl.import_file(_write(tmp_path / "f.hdf5", _arrays()), "hopper-medium-replay",
+  d4rl.import_file(_write(tmp_path / "f.hdf5", _arrays()), "hopper-medium-replay",
                           dataset_id, log_fn=lambda *_: None)
-  card_dir = os.path.join(data.datasets_root(), dataset_id)
+  card_dir = os.path.join(minari_io.datasets_root(), dataset_id)
   # Written by the importer already, beside the data.
   assert os.path.isfile(os.path.join(card_dir, "dataset_card.md"))
   assert os.path.getsize(os.path.join(card_dir, "returns_hist.png")) > 0
@@ -31,7 +30,7 @@ def test_card_numbers_match_a_direct_computation(minari_root, tmp_path):
   want = [returns.mean(), returns.std(), q[0], q[1], q[2], q[3], q[4]]
   np.testing.assert_allclose([float(x) for x in row], want, atol=0.051)
   norm = re.search(r"\| normalised return \| (.*) \|", text).group(1).split(" | ")
-  np.testing.assert_allclose(float(norm[0]), data.normalized_score(dataset_id, returns).mean(),
+  np.testing.assert_allclose(float(norm[0]), scores.normalized_score(dataset_id, returns).mean(),
                              atol=0.051)
   # Compared with D4RL's published hopper-medium-replay-v2.
   assert "| D4RL v2 | 402000 | 467.3 | 511.0 |" in text
@@ -61,7 +60,7 @@ def test_describe_writes_the_card_into_a_folder(minari_root, tmp_path):
   import subprocess
   import sys
   dataset_id = "test-cards/hopper/medium-v2"
-  import_d4rl.import_file(_write(tmp_path / "f.hdf5", _arrays()), "hopper-medium", dataset_id,
+  d4rl.import_file(_write(tmp_path / "f.hdf5", _arrays()), "hopper-medium", dataset_id,
                           log_fn=lambda *_: None)
   out = tmp_path / "card"
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,6 @@
-"""checkpoint.py: bit-exact round trips, atomic writes, pruning, corruption and template errors."""
+"""checkpoint.py: bit-exact round trips, atomic writes, pruning, corruption and template errors,
+partial restores."""
+import json
 import os
 
 import flax.linen as nn
@@ -32,7 +34,7 @@ def tree():
       "typed_key": jax.random.split(jax.random.key(7), NUM_SEEDS),
       "host": np.arange(6, dtype=np.float32).reshape(2, 3) / 7.0,
       "epoch": 5,
-      "misc": [1.5, (None, jnp.int32(3))],
+      "misc": [0.1, (None, jnp.int32(3))],     # 0.1: a float64 that float32 cannot hold
       "empty": {},
   }
 
@@ -57,7 +59,10 @@ def _assert_bit_exact(a, b):
 
 
 def _biggest_state_file(path):
-  files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(path, "state")) for f in fs]
+  """The biggest OCDBT data file (in a folder named d) of step `path`: the chunks of a leaf of a
+  few KiB of incompressible numbers (smaller leaves are inlined in the b-tree nodes)."""
+  files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(path, "state")) for f in fs
+           if os.path.basename(d) == "d"]
   return max(files, key=os.path.getsize)
 
 
@@ -76,14 +81,27 @@ def test_round_trip_bit_exact(tree, tmp_path):
 
 
 def test_eval_shape_template(tree, tmp_path):
-  """A template from jax.eval_shape (no real arrays), as a resuming run would build it."""
+  """A template from jax.eval_shape (no real arrays), as a resuming run would build it: Python
+  scalars become weakly typed 32-bit ShapeDtypeStructs, which take the saved 64-bit values."""
   path = tmp_path / "ck"
   ckpt.save_pytree(path, tree)
-  restored, _ = ckpt.load_pytree(path, template=jax.eval_shape(lambda: tree))
+  template = jax.eval_shape(lambda: tree)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[-1])
+  template["host"] = jax.ShapeDtypeStruct((2, 3), jnp.float32, sharding=device)
+  restored, _ = ckpt.load_pytree(path, template=template)
+  assert jax.tree.structure(restored) == jax.tree.structure(tree)
   np.testing.assert_array_equal(np.asarray(restored["key"]), np.asarray(tree["key"]))
   assert restored["agent"].opt_state[0].mu["params"]["bias"].dtype == jnp.float32
   np.testing.assert_array_equal(restored["agent"].opt_state[0].nu["params"]["bias"],
                                 tree["agent"].opt_state[0].nu["params"]["bias"])
+  assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(restored))
+  assert restored["host"].sharding == device                       # the template's placement
+  np.testing.assert_array_equal(restored["host"], tree["host"])
+  assert restored["epoch"].dtype == jnp.int32 and int(restored["epoch"]) == 5
+  assert restored["misc"][0].dtype == jnp.float32 and restored["misc"][0] == np.float32(0.1)
+  assert jax.random.key_impl(restored["typed_key"]) == jax.random.key_impl(tree["typed_key"])
+  np.testing.assert_array_equal(jax.random.key_data(restored["typed_key"]),
+                                jax.random.key_data(tree["typed_key"]))
 
 
 def test_load_without_template_gives_numpy_dicts(tree, tmp_path):
@@ -93,8 +111,8 @@ def test_load_without_template_gives_numpy_dicts(tree, tmp_path):
   kernel = raw["agent"]["params"]["params"]["kernel"]
   assert isinstance(kernel, np.ndarray)
   np.testing.assert_array_equal(kernel, tree["agent"].params["params"]["kernel"])
-  assert raw["agent"]["opt_state"]["0"]["count"].dtype == np.int32
-  assert raw["misc"]["1"]["0"] is None and raw["empty"] == {}
+  assert raw["agent"]["opt_state"][0]["count"].dtype == np.int32
+  assert raw["misc"][1][0] is None and raw["empty"] == {}
   assert raw["key"].dtype == np.uint32
   np.testing.assert_array_equal(jax.random.key_data(raw["typed_key"]),
                                 jax.random.key_data(tree["typed_key"]))
@@ -112,10 +130,14 @@ def test_refuses_overwrite(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["ck"]                      # no temp dirs left behind
 
 
-def test_bad_metadata_writes_nothing(tmp_path):
+def test_bad_metadata_or_leaf_writes_nothing(tmp_path):
   with pytest.raises(ckpt.CheckpointError, match="JSON"):
     ckpt.save_pytree(tmp_path / "ck", {"x": np.zeros(1)}, {"f": object()})
   assert os.listdir(tmp_path) == []
+  runs = ckpt.RunCheckpointer(tmp_path / "run")
+  with pytest.raises(ckpt.CheckpointError, match="Cannot checkpoint leaf a/s of type str"):
+    runs.save(1, {"a": {"s": "text"}, "x": np.zeros(1)})
+  assert runs.steps() == [] and os.listdir(tmp_path / "run") == []
 
 
 def _fail_json_save(monkeypatch):
@@ -172,10 +194,9 @@ def test_orbax_alone_restores_a_flipped_byte_silently_and_the_crc_catches_it(tmp
   victim = _biggest_state_file(os.path.join(path, "0"))
   _flip_byte(victim, os.path.getsize(victim) // 2)
   with ocp.CheckpointManager(path, item_names=("state", "meta")) as mngr:
-    raw = mngr.restore(0, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        restore_args={"tree": {"w": ocp.RestoreArgs(restore_type=np.ndarray)}})))["state"]
-  assert raw["tree"]["w"].shape == values.shape
-  assert not np.array_equal(raw["tree"]["w"], values), "Orbax noticed: the CRCs may be dropped"
+    raw = mngr.restore(0, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+  assert raw["w"].shape == values.shape
+  assert not np.array_equal(raw["w"], values), "Orbax noticed: the CRCs may be dropped"
   with pytest.raises(ckpt.CorruptCheckpointError, match="w fails its CRC32 check") as info:
     ckpt.load_pytree(path)
   assert os.path.join(path, "0") in str(info.value)
@@ -236,10 +257,11 @@ def test_run_checkpointer_keeps_last_and_falls_back(tmp_path):
   assert runs.latest_step() is None
   with pytest.raises(ckpt.CheckpointError, match="No run checkpoint"):
     runs.restore()
-  template = {"w": np.zeros(3, np.float32), "key": jax.random.PRNGKey(0)}
+  noise = np.random.default_rng(0).normal(size=2048).astype(np.float32)  # the biggest file
+  template = {"w": np.zeros(3, np.float32), "key": jax.random.PRNGKey(0), "noise": noise}
   for step in (10, 20, 30, 40, 50):
-    runs.save(step, {"w": np.full(3, step, np.float32), "key": jax.random.PRNGKey(step)},
-              {"epoch": step})
+    runs.save(step, {"w": np.full(3, step, np.float32), "key": jax.random.PRNGKey(step),
+                     "noise": noise}, {"epoch": step})
   assert runs.steps() == [30, 40, 50] and runs.latest_step() == 50
   state, meta = runs.restore(template)
   assert meta == {"epoch": 50, "step": 50} and state["w"].tolist() == [50.0] * 3
@@ -260,7 +282,7 @@ def test_run_checkpointer_keeps_last_and_falls_back(tmp_path):
 
   # A run resumed from 40 saves 45 next: the abandoned (here: corrupt) step 50 goes, the newest
   # others stay.
-  runs.save(45, {"w": np.zeros(3, np.float32), "key": jax.random.PRNGKey(45)})
+  runs.save(45, {"w": np.zeros(3, np.float32), "key": jax.random.PRNGKey(45), "noise": noise})
   assert runs.steps() == [30, 40, 45]
 
   for step in runs.steps():
@@ -268,3 +290,84 @@ def test_run_checkpointer_keeps_last_and_falls_back(tmp_path):
   with pytest.warns(ckpt.CheckpointWarning):
     with pytest.raises(ckpt.CheckpointError, match="Every run checkpoint .* is corrupt"):
       runs.restore(template)
+
+
+def _edit_meta(step_dir, edit):
+  """Rewrites the meta item (JSON) of a step: the manifest and format tag live there."""
+  path = os.path.join(step_dir, "meta", "metadata")
+  with open(path) as f:
+    body = json.load(f)
+  edit(body)
+  with open(path, "w") as f:
+    json.dump(body, f)
+
+
+def _spoil_crc(name):
+  def edit(body):
+    for leaf in body["leaves"]:
+      if "/".join(leaf[0]) == name:
+        leaf[4] ^= 1          # [path, shape, dtype, weak, crc, key impl]
+  return edit
+
+
+def test_partial_restore_reads_and_checks_only_the_sub_tree(tree, tmp_path):
+  runs = ckpt.RunCheckpointer(tmp_path, keep=2)
+  runs.save(1, tree, {"epoch": 1})
+  sub = {"agent": {"params": jax.eval_shape(lambda: tree["agent"].params)},
+         "typed_key": tree["typed_key"], "host": np.zeros((2, 3), np.float32)}
+  restored, meta = runs.restore(sub, partial=True)
+  assert meta == {"epoch": 1, "step": 1}
+  assert jax.tree.structure(restored) == jax.tree.structure(sub)
+  _assert_bit_exact(restored["agent"]["params"], tree["agent"].params)
+  _assert_bit_exact(restored["typed_key"], tree["typed_key"])
+  assert isinstance(restored["host"], np.ndarray) and restored["host"].tolist() == tree[
+      "host"].tolist()
+  # A flat dict or a TrainState-shaped sub-tree: the paths from the root are what counts.
+  actor_only = {"agent": {"params": {"params": {"kernel": np.zeros((NUM_SEEDS, 3, 4),
+                                                                   np.float32)}}}}
+  np.testing.assert_array_equal(runs.restore(actor_only, partial=True)[0]["agent"]["params"][
+      "params"]["kernel"], tree["agent"].params["params"]["kernel"])
+
+  # Only the leaves read are checked: a bad CRC elsewhere does not stop a partial restore...
+  _edit_meta(runs.path(1), _spoil_crc("epoch"))
+  runs.restore(sub, step=1, partial=True)
+  with pytest.raises(ckpt.CorruptCheckpointError, match="leaf epoch fails its CRC32 check"):
+    runs.restore(tree, step=1)
+  # ... but one of a leaf read does.
+  _edit_meta(runs.path(1), _spoil_crc("agent/params/params/kernel"))
+  with pytest.raises(ckpt.CorruptCheckpointError,
+                     match="leaf agent/params/params/kernel fails its CRC32 check"):
+    runs.restore(sub, step=1, partial=True)
+
+  with pytest.raises(ckpt.TemplateMismatchError, match="agent/actor is not in the checkpoint"):
+    runs.restore({"agent": {"actor": np.zeros(2, np.float32)}}, partial=True)
+  with pytest.raises(ckpt.TemplateMismatchError, match=r"host: shape \(2, 3\) in checkpoint"):
+    runs.restore({"host": np.zeros(6, np.float32)}, partial=True)
+  with pytest.raises(ValueError, match="needs a template"):
+    runs.restore(partial=True)
+
+
+def test_template_structure_orbax_compares(tree, tmp_path):
+  """Empty nodes have no leaves in the manifest; Orbax's own structure check reports an extra one
+  as a TemplateMismatchError. (None and {} it takes as the same empty node, restored as the
+  template has it.)"""
+  path = str(tmp_path / "ck")
+  ckpt.save_pytree(path, tree)
+  with pytest.raises(ckpt.TemplateMismatchError,
+                     match="(?s)does not match the template.*extra:.*--workdir"):
+    ckpt.load_pytree(path, template=dict(tree, extra={}))
+  assert ckpt.load_pytree(path, template=dict(tree, empty=None))[0]["empty"] is None
+
+
+def test_other_format_is_refused_with_what_to_do(tmp_path):
+  runs = ckpt.RunCheckpointer(tmp_path / "run", keep=3)
+  for step in (1, 2):
+    runs.save(step, {"x": np.full(2, step, np.float32)})
+  _edit_meta(runs.path(2), lambda body: body.update(format="mombo_jax.checkpoint/2"))
+  for call in (runs.restore, runs.metadata):
+    with pytest.raises(ckpt.CheckpointError) as info:
+      call()                                           # no fallback to step 1: not corruption
+    assert not isinstance(info.value, ckpt.CorruptCheckpointError)
+    assert "format 'mombo_jax.checkpoint/2'" in str(info.value)
+    assert f"reads {ckpt.FORMAT} only. Delete {tmp_path / 'run'}" in str(info.value)
+  assert runs.restore(step=1)[0]["x"].tolist() == [1.0, 1.0]

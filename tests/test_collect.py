@@ -1,5 +1,6 @@
-"""experiments/collect.py: recipes on tiny budgets, written as real Minari datasets, read back;
-the robust medium point; saved actors and datasets rebuilt from them (--from_actors)."""
+"""Dataset building (mombo_jax.recipes, behind experiments.collect): recipes on tiny budgets,
+written as real Minari datasets, read back; the robust medium point; saved actors and datasets
+rebuilt from them (--from_actors)."""
 import dataclasses
 import hashlib
 import json
@@ -7,12 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
+from xml.etree import ElementTree
 
 import numpy as np
 import pytest
 
-from experiments import collect
-from mombo_jax import data, minari_io, online_sac, recipes, recording, saved_actors
+from mombo_jax import (data, envs, errors, minari_io, online_sac, provenance, recipes, recording,
+                       saved_actors, scores)
 from tests.conftest import minari_root_at
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +34,7 @@ def _check_chaining(t, episodes):
 
 
 def test_rollout_counts_and_cuts():
-  episodes = recording.rollout(lambda: data.make_env("hopper-random", max_episode_steps=7),
+  episodes = recording.rollout(lambda: envs.make_env("hopper-random", max_episode_steps=7),
                                recording.random_policy(3, 0), 40, seed=0, num_envs=3)
   assert sum(len(ep["rewards"]) for ep in episodes) == 40
   for ep in episodes:
@@ -76,34 +78,48 @@ def test_build_random(root):
   assert len(t.rewards) == 300 and t.observations.dtype == np.float32
   assert np.all(np.abs(t.actions) <= 1.0) and t.actions.std() > 0.3  # uniform in [-1, 1]
   _check_chaining(t, minari_io.read_episodes("hopper-random"))
-  low, high, source = data.ref_scores("hopper-random")
-  assert (low, high) == data.D4RL_REF_SCORES["hopper"] and "metadata" in source
-  assert data.make_env(dataset_id).spec.max_episode_steps == 1000  # evaluation env: standard
+  low, high, source = scores.ref_scores("hopper-random")
+  assert (low, high) == scores.D4RL_REF_SCORES["hopper"] and "metadata" in source
+  assert envs.make_env(dataset_id).spec.max_episode_steps == 1000  # evaluation env: standard
   # Never silently overwritten; --overwrite rebuilds.
-  with pytest.raises(recipes.UserError, match="--overwrite"):
+  with pytest.raises(errors.UserError, match="--overwrite"):
     recipes.build_random("hopper-random", steps=10, log_fn=lambda *_: None)
   recipes.build_random("hopper-random", steps=50, seed=1, log_fn=lambda *_: None, overwrite=True)
   assert len(data.load_transitions("hopper-random").rewards) == 50  # not the cached 300 rows
   # Provenance: the recipe, what was written, the recipe's full size and how to rebuild it.
-  assert data.provenance("hopper-random") == {
+  assert provenance.provenance("hopper-random") == {
       "recipe": "random", "steps": 50, "recipe_steps": 1_000_000,
       "command": "python -m experiments.collect --env=hopper-random --overwrite"}
-  assert "reduced build" in data.smaller_than_recipe("hopper-random")
+  assert "reduced build" in provenance.smaller_than_recipe("hopper-random")
   with pytest.raises(ValueError):
     recipes.build_random("hopper-medium", steps=10)
 
 
-def test_flags_defined_only_as_program():
-  """Importing collect next to run defines no flag (both have --env; absl flags are global);
-  define_flags() gives defaults equal to Options' (checked in a fresh process)."""
-  from absl import flags
-  from experiments import run  # noqa: F401  (would raise DuplicateFlagError if flags clashed)
-  assert "sac_steps" not in flags.FLAGS
-  code = ("from experiments import collect; collect.define_flags(); collect.FLAGS(['collect']); "
-          "assert collect.options_from_flags() == collect.Options(), collect.options_from_flags()")
-  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                       timeout=60)
-  assert out.returncode == 0, out.stderr
+def _program_flags(module: str) -> dict:
+  """{flag name: (absl type, default as --helpxml prints it)} of the flags `python -m module`
+  defines itself."""
+  out = subprocess.run([sys.executable, "-m", module, "--helpxml"], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+  assert out.returncode in (0, 1), out.stderr      # absl exits 1 after printing the help
+  path = os.path.join(*module.split(".")) + ".py"
+  return {f.findtext("name"): (f.findtext("type"), f.findtext("default") or "")
+          for f in ElementTree.fromstring(out.stdout).iter("flag")
+          if f.findtext("file").endswith(path)}
+
+
+# --helpxml's <type> -> the Options value of its <default> (--hidden: a list of layer widths).
+_PARSE = {"bool": lambda d: d == "true", "int": int, "float": float,
+          "comma separated list of strings": lambda d: tuple(int(h) for h in d.split(","))}
+
+
+def test_every_option_is_a_flag_with_the_options_default():
+  """experiments.collect turns its flags into recipes.Options by name: each field is a flag whose
+  default is the field's (checked on the program's own --helpxml)."""
+  program = _program_flags("experiments.collect")
+  for field in dataclasses.fields(recipes.Options):
+    kind, default = program[field.name]
+    value = _PARSE.get(kind, str)(default) if default else None     # "": the default is None
+    assert value == field.default, (field.name, kind, default)
 
 
 @pytest.mark.slow
@@ -156,15 +172,15 @@ def test_sac_qualities_end_to_end(root, tmp_path):
   mixed = minari_io.read_episodes("hopper-random-medium-10pct")
   total = sum(len(e["rewards"]) for e in mixed)
   assert abs(total - len(random.rewards)) <= opts.max_episode_steps
-  assert data.ref_scores("hopper-medium-expert")[2].startswith("metadata")
-  assert data.provenance("hopper-medium-replay")["recipe_steps"] is None   # no fixed size
-  assert data.smaller_than_recipe("hopper-medium-replay") is None
-  assert data.provenance("hopper-medium-expert") == {
+  assert scores.ref_scores("hopper-medium-expert")[2].startswith("metadata")
+  assert provenance.provenance("hopper-medium-replay")["recipe_steps"] is None   # no fixed size
+  assert provenance.smaller_than_recipe("hopper-medium-replay") is None
+  assert provenance.provenance("hopper-medium-expert") == {
       "recipe": "medium-expert", "steps": 2 * opts.steps, "recipe_steps": 2_000_000,
       "command": "python -m experiments.collect --env=hopper-medium-expert --overwrite"}
-  assert data.provenance("hopper-random-medium-10pct")["recipe"] == "mixed"
+  assert provenance.provenance("hopper-random-medium-10pct")["recipe"] == "mixed"
   assert any("steps/s" in line and "ETA" in line for line in logs)
-  assert data.provenance("hopper-medium-replay")["medium_point"]["medium_step"] == 100
+  assert provenance.provenance("hopper-medium-replay")["medium_point"]["medium_step"] == 100
 
   # The run's actors were saved as soon as it had them (medium at step 100, expert at the end),
   # and the files alone rebuild the same datasets (compared exactly: one process, one machine).
@@ -177,14 +193,14 @@ def test_sac_qualities_end_to_end(root, tmp_path):
   assert medium_info["qualifying_evals"] == [[100, result.evals[0][1]]]
   with open(os.path.join(actors, "expert.json")) as f:
     assert json.load(f)["sac_step"] == 300
-  assert data.provenance("hopper-medium")["actors"]["medium"] == {
+  assert provenance.provenance("hopper-medium")["actors"]["medium"] == {
       "path": os.path.join(actors, "medium.msgpack"), "sha256": medium_info["sha256"],
       "sac_step": 100}
   with minari_root_at(tmp_path / "from_actors"):
     recipes.Builder(dataclasses.replace(opts, from_actors=actors),
                     log_fn=logs.append).build("hopper-medium-expert")
     again = data.load_transitions("hopper-medium-expert")
-    assert not data.exists_locally("hopper-medium")   # recorded, not written as ingredients
+    assert not minari_io.exists_locally("hopper-medium")   # recorded, not written as ingredients
   for field in again._fields:
     np.testing.assert_array_equal(getattr(again, field), getattr(both, field))
 
@@ -197,7 +213,7 @@ def test_sac_qualities_end_to_end(root, tmp_path):
   np.testing.assert_array_equal(result2.replay["obs"], result.replay["obs"])
   # Other network settings do not silently reuse the checkpoint.
   other = recipes.Options(**{**opts.__dict__, "hidden": (8, 8)})
-  with pytest.raises(recipes.UserError, match="another --workdir"):
+  with pytest.raises(errors.UserError, match="another --workdir"):
     recipes.Builder(other, log_fn=logs.append).sac_run("hopper")
 
 
@@ -225,8 +241,8 @@ def test_medium_builds_stop_the_sac_run_at_the_medium_point(tmp_path):
     assert recipes.Builder(only, log_fn=logs.append).build("hopper-medium") is None
     assert (actors / "medium.msgpack").read_bytes() == medium_bytes
     assert not any(line.startswith("SAC step") for line in logs), logs
-    assert not data.exists_locally("hopper-medium")
-    with pytest.raises(recipes.UserError, match="is at step 100, not --sac_steps=300"):
+    assert not minari_io.exists_locally("hopper-medium")
+    with pytest.raises(errors.UserError, match="is at step 100, not --sac_steps=300"):
       recipes.Builder(only, log_fn=logs.append).build("hopper-expert")
     logs.clear()
     recipes.Builder(opts, log_fn=logs.append).build("hopper-expert")
@@ -244,7 +260,7 @@ def test_unreached_medium_point_is_explained(root, tmp_path, monkeypatch):
   # Expert-level returns are out of reach for 120 steps of SAC (same shapes as above: no compiling).
   opts = recipes.Options(**{**TINY.__dict__, "sac_steps": 120, "medium_fraction": 1.0,
                             "workdir": str(tmp_path / "work")})
-  with pytest.raises(recipes.UserError, match="never reached the medium point"):
+  with pytest.raises(errors.UserError, match="never reached the medium point"):
     recipes.Builder(opts, log_fn=lambda *_: None).build("hopper-medium")
 
 
@@ -323,7 +339,7 @@ def _tiny_sac(**kwargs):
   """TINY's SAC run (300 steps, warm-up 100, one chunk of 201 gradient steps at step 300: the
   shapes the tests above compiled already) with an evaluation every 50 steps, medium return 0.5."""
   config = online_sac.online_config("hopper", TINY.hidden, TINY.batch_size)
-  return online_sac.train_sac(lambda: data.make_env("hopper-random", max_episode_steps=40),
+  return online_sac.train_sac(lambda: envs.make_env("hopper-random", max_episode_steps=40),
                               config, TINY.sac_steps, start_steps=TINY.start_steps, eval_every=50,
                               eval_episodes=2, seed=1, medium_return=0.5,
                               train_every=TINY.train_every, **kwargs)
@@ -405,12 +421,12 @@ def test_saved_actor_round_trip(tmp_path):
   assert 4 * 70406 < len(saved_actors.actor_bytes(big)) < 4 * 70406 + 2000
   # A replaced weights file, a missing one, another network: refused, naming the file.
   weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")
-  with pytest.raises(recipes.UserError, match="medium.msgpack .*not the file its sidecar"):
+  with pytest.raises(errors.UserError, match="medium.msgpack .*not the file its sidecar"):
     saved_actors.load_actor(str(tmp_path), "medium")
-  with pytest.raises(recipes.UserError, match="no saved actor file .*expert.msgpack"):
+  with pytest.raises(errors.UserError, match="no saved actor file .*expert.msgpack"):
     saved_actors.load_actor(str(tmp_path), "expert")
   saved_actors.save_actor(str(tmp_path), "medium", params, dict(info, actor_hidden=[8, 8, 8]))
-  with pytest.raises(recipes.UserError, match="does not hold the actor"):
+  with pytest.raises(errors.UserError, match="does not hold the actor"):
     saved_actors.load_actor(str(tmp_path), "medium")
 
 
@@ -435,7 +451,7 @@ def test_from_actors_builds_the_same_datasets_twice(tmp_path):
       for name in names:
         builder.build(name)
       return {name: data.load_transitions(name) for name in names}, \
-          {name: data.provenance(name) for name in names}
+          {name: provenance.provenance(name) for name in names}
   first, prov = build("a", opts)
   second, _ = build("b", opts)
   for name in names:
@@ -461,7 +477,7 @@ def test_from_actors_builds_the_same_datasets_twice(tmp_path):
       f"python -m experiments.collect --env=hopper-expert --seed=5 --num_envs=3 "
       f"--max_episode_steps=20 --from_actors={actors} --overwrite")
   with minari_root_at(tmp_path / "a"):
-    assert sha["expert"] in data.load_dataset("hopper-expert").storage.metadata["description"]
+    assert sha["expert"] in minari_io.load_dataset("hopper-expert").storage.metadata["description"]
     from mombo_jax import cards
     card = cards.card_text("hopper-expert")
   assert f"`{actors / 'expert.msgpack'}` (sha256 `{sha['expert']}`, SAC step 2)" in card
@@ -480,15 +496,15 @@ def test_from_actors_and_actors_only_refusals(tmp_path):
                         ("hopper-random", "needs no saved actor"),
                         ("hopper-random-medium-5pct", "with --from_actors first"),
                         ("walker2d-medium", "actor for hopper, not walker2d")]:
-    with pytest.raises(recipes.UserError, match=message):
+    with pytest.raises(errors.UserError, match=message):
       builder.check(name)
-  with pytest.raises(recipes.UserError, match="pass one of them"):
+  with pytest.raises(errors.UserError, match="pass one of them"):
     recipes.Builder(dataclasses.replace(FROM_ACTORS, from_actors=str(actors), actors_only=True))
   only = recipes.Builder(dataclasses.replace(FROM_ACTORS, actors_only=True,
                                              workdir=str(tmp_path / "none")))
-  with pytest.raises(recipes.UserError, match="recorded from no SAC actor"):
+  with pytest.raises(errors.UserError, match="recorded from no SAC actor"):
     only.check("hopper-random")
-  with pytest.raises(recipes.UserError, match="No SAC checkpoint in"):
+  with pytest.raises(errors.UserError, match="No SAC checkpoint in"):
     only.build("hopper-medium")
 
 
@@ -516,4 +532,4 @@ def test_from_actors_cli(tmp_path):
   assert "wrote mombo/hopper/medium-v0" in good.stdout
   with minari_root_at(tmp_path / "minari"):
     assert len(data.load_transitions("hopper-medium").rewards) == 30
-    assert "--from_actors=" in data.provenance("hopper-medium")["command"]
+    assert "--from_actors=" in provenance.provenance("hopper-medium")["command"]

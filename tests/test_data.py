@@ -1,6 +1,5 @@
 """Datasets: a tiny real Minari dataset round-trips through load_transitions; names, errors, scores
 and environments. Nothing here touches the network (a guard fails any connection attempt)."""
-import os
 import socket
 import time
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 
 from mombo_jax import config as config_lib
-from mombo_jax import data
+from mombo_jax import data, envs, errors, minari_io, names, scores
 from tests.conftest import minari_root_at
 
 TINY_ID = "test/hopper/tiny-v0"
@@ -115,14 +114,14 @@ def test_flatten_episodes_by_hand():
 
 def test_names():
   for name in config_lib.valid_names():
-    dataset_id = data.minari_id(name)
+    dataset_id = names.minari_id(name)
     assert dataset_id.startswith("mombo/") and dataset_id.endswith("-v0")
-    assert data.short_name(dataset_id) == name
-  assert data.minari_id("hopper-random") == "mombo/hopper/random-v0"
-  assert data.minari_id("walker2d-random-expert-50pct") == "mombo/walker2d/random-expert-50pct-v0"
-  assert data.short_name("mujoco/hopper/medium-v0") is None
-  assert data.env_name("mujoco/halfcheetah/expert-v0") == "halfcheetah"
-  assert data.env_name("walker2d-medium") == "walker2d"
+    assert names.short_name(dataset_id) == name
+  assert names.minari_id("hopper-random") == "mombo/hopper/random-v0"
+  assert names.minari_id("walker2d-random-expert-50pct") == "mombo/walker2d/random-expert-50pct-v0"
+  assert names.short_name("mujoco/hopper/medium-v0") is None
+  assert names.env_name("mujoco/halfcheetah/expert-v0") == "halfcheetah"
+  assert names.env_name("walker2d-medium") == "walker2d"
 
 
 @pytest.mark.parametrize("name", ["hopper-foo", "ant-random", "hopper", ""])
@@ -140,7 +139,7 @@ def test_malformed_id(root):
 
 def test_missing_dataset_names_the_collect_command(root, monkeypatch):
   start = time.time()
-  with pytest.raises(data.DatasetNotFoundError) as info:
+  with pytest.raises(errors.DatasetNotFoundError) as info:
     data.load_transitions("walker2d-medium-replay")
   message = str(info.value)
   assert "python -m experiments.collect --env=walker2d-medium-replay" in message
@@ -148,15 +147,15 @@ def test_missing_dataset_names_the_collect_command(root, monkeypatch):
   assert info.value.command == "python -m experiments.collect --env=walker2d-medium-replay"
   assert isinstance(info.value, FileNotFoundError)
   # Our own namespace is never downloaded; a public id offline fails fast too.
-  with pytest.raises(data.DatasetNotFoundError, match="only where they were built"):
+  with pytest.raises(errors.DatasetNotFoundError, match="only where they were built"):
     data.load_transitions("hopper-random", download=True)
   monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-  with pytest.raises(data.DatasetNotFoundError, match="HF_HUB_OFFLINE") as info:
+  with pytest.raises(errors.DatasetNotFoundError, match="HF_HUB_OFFLINE") as info:
     data.load_transitions("mujoco/hopper/medium-v0", download=True)
   assert "python -m experiments.collect --env=hopper-medium" in str(info.value)
   monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-  monkeypatch.setattr(data, "_reachable", lambda *a, **k: False)
-  with pytest.raises(data.DatasetNotFoundError, match="cannot be reached"):
+  monkeypatch.setattr(minari_io, "_reachable", lambda *a, **k: False)
+  with pytest.raises(errors.DatasetNotFoundError, match="cannot be reached"):
     data.load_transitions("mujoco/hopper/medium-v0", download=True)
   assert time.time() - start < 5.0
 
@@ -168,34 +167,34 @@ def test_reachability_check_is_bounded(monkeypatch):
     raise OSError("timed out")
   monkeypatch.setattr(socket, "create_connection", hang)
   start = time.time()
-  assert data._reachable(timeout=0.2) is False
+  assert minari_io._reachable(timeout=0.2) is False
   assert time.time() - start < 1.0
 
 
 def test_scores_from_metadata_and_fallback(tiny):
-  low, high, source = data.ref_scores(TINY_ID)
+  low, high, source = scores.ref_scores(TINY_ID)
   assert (low, high) == TINY_REF and "metadata" in source
-  np.testing.assert_allclose(data.normalized_score(TINY_ID, [[-1.0, 10.0], [4.5, 21.0]]),
+  np.testing.assert_allclose(scores.normalized_score(TINY_ID, [[-1.0, 10.0], [4.5, 21.0]]),
                              [[0.0, 100.0], [50.0, 200.0]])
-  low, high, source = data.ref_scores("hopper-random")  # not built here: D4RL fallback
-  assert (low, high) == data.D4RL_REF_SCORES["hopper"] and "D4RL" in source
-  scores = data.normalized_score("hopper-random", np.array([low, high]))
-  np.testing.assert_allclose(scores, [0.0, 100.0])
-  assert data.normalized_score("walker2d", 4592.3) == pytest.approx(100.0)
-  assert data.ref_scores("halfcheetah")[:2] == (-280.178953, 12135.0)
+  low, high, source = scores.ref_scores("hopper-random")  # not built here: D4RL fallback
+  assert (low, high) == scores.D4RL_REF_SCORES["hopper"] and "D4RL" in source
+  normalised = scores.normalized_score("hopper-random", np.array([low, high]))
+  np.testing.assert_allclose(normalised, [0.0, 100.0])
+  assert scores.normalized_score("walker2d", 4592.3) == pytest.approx(100.0)
+  assert scores.ref_scores("halfcheetah")[:2] == (-280.178953, 12135.0)
 
 
 def test_make_env(tiny):
-  env = data.make_env("hopper-medium")
+  env = envs.make_env("hopper-medium")
   assert env.spec.id == "Hopper-v5" and env.spec.max_episode_steps == 1000
   env.close()
-  env = data.make_env(TINY_ID)  # the dataset's own (evaluation) spec
+  env = envs.make_env(TINY_ID)  # the dataset's own (evaluation) spec
   assert env.spec.id == "Hopper-v5" and env.spec.max_episode_steps == 1000
   env.close()
   for name, gym_id in [("halfcheetah-random", "HalfCheetah-v5"),
                        ("walker2d-expert", "Walker2d-v5")]:
-    env = data.make_env(name)
+    env = envs.make_env(name)
     assert env.spec.id == gym_id
     env.close()
   with pytest.raises(ValueError):
-    data.make_env("hopper-bad")
+    envs.make_env("hopper-bad")

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from mombo_jax import config as config_lib, distributed
+from mombo_jax import config as config_lib, distributed, runner
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -31,11 +31,10 @@ def _launch(args, env):
 
 @pytest.mark.slow
 def test_two_processes_train_as_one_and_resume_in_one(hopper_random_2000, minari_root, tmp_path):
-  from experiments import run
   config = config_lib.make_config("hopper-random", "mombo", preset="tiny", num_seeds=2, **TINY)
   dyn = str(tmp_path / "dynamics")
   # One process, all epochs (it trains the dynamics the two processes then read).
-  single = run.train(config, "hopper-random", str(tmp_path / "single"), dynamics_dir=dyn)
+  single = runner.train(config, "hopper-random", str(tmp_path / "single"), dynamics_dir=dyn)
 
   # Two processes, one CPU device each, one seed each: stopped after epoch 1 ...
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
@@ -53,7 +52,7 @@ def test_two_processes_train_as_one_and_resume_in_one(hopper_random_2000, minari
   assert "epoch 1/2" in outs[0] and "epoch 1/2" not in outs[1]     # process 0 alone speaks
   assert sorted(os.listdir(workdir / "checkpoints")) == ["1"]
   # ... and resumed by ONE process: the checkpoint holds every seed, whoever wrote it.
-  resumed = run.train(config, "hopper-random", str(workdir), dynamics_dir=dyn)
+  resumed = runner.train(config, "hopper-random", str(workdir), dynamics_dir=dyn)
   for key in ("final_normalized_score", "aulc"):
     np.testing.assert_allclose(resumed[key], single[key], rtol=1e-4, err_msg=key)
   rows = (workdir / "metrics.csv").read_text().splitlines()

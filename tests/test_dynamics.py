@@ -1,12 +1,15 @@
-"""Dynamics ensemble: fitting, early stopping / snapshots / elites, seed vmapping, predict / step,
-termination functions against gymnasium, save / load."""
+"""Dynamics ensemble: fitting, early stopping / snapshots / elites, seed vmapping, resumable
+training (dynamics_training); predict / step (dynamics); termination functions against gymnasium
+(termination); save / load and the reuse key (saved_dynamics)."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from mombo_jax import config as config_lib
-from mombo_jax import dynamics
+from mombo_jax import dynamics, dynamics_training, saved_dynamics, termination
 from mombo_jax.data import Transitions
 
 # Tiny ensemble: 3 members, 2 elites, 2 x 32 hidden.
@@ -39,7 +42,8 @@ def fitted():
   cfg = _config(dyn_max_epochs=300, dyn_patience=10)
   data = _hetero_data(4000)
   hist = []
-  dyn = dynamics.train(jax.random.PRNGKey(0), data, cfg, log_fn=lambda _: None, history=hist)
+  dyn = dynamics_training.train(jax.random.PRNGKey(0), data, cfg, log_fn=lambda _: None,
+                                history=hist)
   return cfg, data, dyn, hist
 
 
@@ -80,8 +84,8 @@ def test_early_stopping_snapshots_and_elites_follow_the_rule(fitted):
   assert stop_epoch is not None and stop_epoch == hist[-1]["epoch"][0] == len(hist)
   assert stop_epoch < cfg.dyn_max_epochs      # it stopped on patience in this case
   np.testing.assert_array_equal(dyn.elites, np.argsort(best)[:cfg.dyn_elites])
-  inputs, targets = dynamics.make_arrays(data)
-  _, hold = dynamics.split_indices(jax.random.PRNGKey(0), len(data.rewards), cfg)
+  inputs, targets = dynamics_training.make_arrays(data)
+  _, hold = dynamics_training.split_indices(jax.random.PRNGKey(0), len(data.rewards), cfg)
   assert len(hold) == min(int(0.2 * len(data.rewards)), cfg.dyn_max_holdout)
   s_mean, _, r_mean, _ = dynamics.predict(dyn, inputs[hold, :1], inputs[hold, 1:], cfg)
   pred = np.concatenate([np.asarray(s_mean) - np.asarray(inputs[hold, :1]),
@@ -94,8 +98,8 @@ def test_max_epochs(fitted):
   _, data, _, _ = fitted
   hist, lines = [], []
   # Same dyn_* fields as the fixture except dyn_max_epochs (a runtime argument): no recompilation.
-  dynamics.train(jax.random.PRNGKey(1), data, _config(dyn_patience=10, dyn_max_epochs=3),
-                 log_fn=lines.append, history=hist)
+  dynamics_training.train(jax.random.PRNGKey(1), data, _config(dyn_patience=10, dyn_max_epochs=3),
+                          log_fn=lines.append, history=hist)
   assert len(hist) == 3 and len(lines) == 3 and "holdout mse" in lines[0]
   assert not hist[-1]["active"][0] and hist[-2]["active"][0]
 
@@ -104,12 +108,12 @@ def test_vmapped_seeds_equal_single_seed_training(fitted):
   cfg, data, _, _ = fitted
   keys = jax.random.split(jax.random.PRNGKey(3), 2)
   hist = []
-  batched = dynamics.train_seeds(keys, data, cfg, log_fn=lambda _: None, history=hist)
+  batched = dynamics_training.train_seeds(keys, data, cfg, log_fn=lambda _: None, history=hist)
   assert batched.elites.shape == (2, cfg.dyn_elites)
   stops = [sum(h["active"][s] for h in hist) for s in range(2)]
   assert stops[0] != stops[1], "seeds should stop at different epochs to exercise the freezing"
   for i in range(2):
-    single = dynamics.train(keys[i], data, cfg, log_fn=lambda _: None)
+    single = dynamics_training.train(keys[i], data, cfg, log_fn=lambda _: None)
     np.testing.assert_array_equal(single.elites, batched.elites[i])
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b[i], rtol=1e-4, atol=1e-5),
                  single, batched)
@@ -158,30 +162,74 @@ def test_save_load_round_trip(fitted, tmp_path):
   cfg, data, dyn, _ = fitted
   seeds = jax.tree.map(lambda x: jnp.stack([x, x]), dyn)
   for name, d in (("two", seeds), ("one", dyn)):
-    dynamics.save(str(tmp_path / name), d, cfg)
-    loaded, meta = dynamics.load(str(tmp_path / name))
+    saved_dynamics.save(str(tmp_path / name), d, cfg)
+    loaded, meta = saved_dynamics.load(str(tmp_path / name))
     assert isinstance(loaded, dynamics.DynamicsState) and loaded.elites.dtype == jnp.int32
     jax.tree.map(np.testing.assert_array_equal, d, loaded)
     assert meta["obs_dim"] == 1 and meta["action_dim"] == 1
     assert meta["num_seeds"] == (None if name == "one" else 2)
-    assert dynamics.config_overrides(meta)["dyn_hidden"] == cfg.dyn_hidden
+    assert saved_dynamics.config_overrides(meta)["dyn_hidden"] == cfg.dyn_hidden
   obs, act = jnp.asarray(data.observations[:5]), jnp.asarray(data.actions[:5])
-  cfg2 = config_lib.make_config("hopper-medium", **dynamics.config_overrides(meta))
+  cfg2 = config_lib.make_config("hopper-medium", **saved_dynamics.config_overrides(meta))
   np.testing.assert_array_equal(dynamics.predict(loaded, obs, act, cfg2)[0][0],
                                 dynamics.predict(dyn, obs, act, cfg)[0][0])
   with pytest.raises(Exception, match="exists"):
-    dynamics.save(str(tmp_path / "one"), dyn, cfg)
+    saved_dynamics.save(str(tmp_path / "one"), dyn, cfg)
+
+
+def _legacy_save(path, dyn, cfg, **meta_changes):
+  """Writes dyn as dynamics.save did before saved_dynamics: a plain dict tree, metadata with the
+  reuse key under "identity"; meta_changes: None drops a field, anything else sets it."""
+  from mombo_jax import checkpoint
+  meta = dict(dyn_members=cfg.dyn_members, dyn_elites=cfg.dyn_elites,
+              dyn_hidden=list(cfg.dyn_hidden), dyn_weight_decay=list(cfg.dyn_weight_decay),
+              dyn_max_logvar_init=cfg.dyn_max_logvar_init,
+              dyn_min_logvar_init=cfg.dyn_min_logvar_init, obs_dim=3, action_dim=2,
+              num_seeds=2, env=cfg.env, kind="mombo_jax.dynamics", identity={"seed": 0})
+  meta = {k: v for k, v in {**meta, **meta_changes}.items() if v is not None}
+  tree = {"params": dyn.params, "input_mean": dyn.input_mean, "input_std": dyn.input_std,
+          "elites": dyn.elites}
+  checkpoint.save_pytree(str(path), jax.device_get(tree), meta, kind="dynamics")
+
+
+def test_load_restores_earlier_saves_against_a_typed_template(tmp_path):
+  """Saves written before the split load as a DynamicsState (seed axis from num_seeds); metadata
+  that cannot build the template, or that disagrees with the arrays, is refused in one error."""
+  from mombo_jax import checkpoint
+  cfg = _config()
+  dyn = jax.vmap(lambda k: dynamics.init_state(k, 3, 2, cfg))(jax.random.split(
+      jax.random.PRNGKey(0), 2))
+  dyn = dyn.replace(input_mean=dyn.input_mean + 0.5, elites=jnp.asarray([[2, 0], [1, 2]]))
+  _legacy_save(tmp_path / "old", dyn, cfg)
+  loaded, meta = saved_dynamics.load(str(tmp_path / "old"))
+  assert isinstance(loaded, dynamics.DynamicsState) and isinstance(loaded.elites, jax.Array)
+  assert loaded.elites.dtype == jnp.int32
+  jax.tree.map(np.testing.assert_array_equal, dyn, loaded)
+  assert saved_dynamics.reuse_mismatch(meta, {"seed": 0}) == {}
+
+  _legacy_save(tmp_path / "no_dims", dyn, cfg, obs_dim=None, dyn_hidden=None)
+  with pytest.raises(checkpoint.CheckpointError, match="lacks dyn_hidden, obs_dim"):
+    saved_dynamics.load(str(tmp_path / "no_dims"))
+  _legacy_save(tmp_path / "wrong_dims", dyn, cfg, obs_dim=4, action_dim=1)
+  with pytest.raises(checkpoint.TemplateMismatchError):
+    saved_dynamics.load(str(tmp_path / "wrong_dims"))
+  _legacy_save(tmp_path / "other", dyn, cfg, kind=None)
+  with pytest.raises(checkpoint.CheckpointError, match="does not hold a dynamics ensemble"):
+    saved_dynamics.load(str(tmp_path / "other"))
+  with pytest.raises(checkpoint.CheckpointError, match="No dynamics ensemble saved"):
+    saved_dynamics.load(str(tmp_path / "missing"))
+  assert not (tmp_path / "missing").exists()
 
 
 def test_bad_input_errors():
   cfg = _config()
   data = _hetero_data(3)
   with pytest.raises(ValueError, match="too few"):
-    dynamics.train(jax.random.PRNGKey(0), data, cfg, log_fn=lambda _: None)
+    dynamics_training.train(jax.random.PRNGKey(0), data, cfg, log_fn=lambda _: None)
   with pytest.raises(ValueError, match="termination"):
-    dynamics.termination_fn("ant")
+    termination.termination_fn("ant")
   for name in ("hopper", "hopper-medium-replay", "Hopper-v5", "mujoco/hopper/medium-v0"):
-    assert dynamics.termination_fn(name) is dynamics.termination_fn("hopper")
+    assert termination.termination_fn(name) is termination.termination_fn("hopper")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,7 +275,7 @@ def _probe_states(env, n, seed, z_range, angle_range):
 
 
 def _check(env_name, obs, act, nxt, gym_done):
-  fn = jax.jit(dynamics.termination_fn(env_name))
+  fn = jax.jit(termination.termination_fn(env_name))
   ours = np.asarray(fn(jnp.asarray(obs, jnp.float32), jnp.asarray(act, jnp.float32),
                        jnp.asarray(nxt, jnp.float32)))
   assert ours.dtype == bool and ours.shape == gym_done.shape
@@ -259,7 +307,7 @@ def test_termination_matches_gymnasium(env_name, env_id, z_range, angle_range):
 
 
 def test_termination_of_non_finite_and_far_states():
-  hop = dynamics.termination_fn("hopper-medium")
+  hop = termination.termination_fn("hopper-medium")
   ok = np.array([1.2, 0.0] + [0.0] * 9, np.float32)
   rows = np.stack([ok, ok, ok, ok, ok])
   rows[1, 5] = np.nan
@@ -268,16 +316,17 @@ def test_termination_of_non_finite_and_far_states():
   rows[4, 3] = 99.0
   done = np.asarray(hop(None, None, jnp.asarray(rows)))
   np.testing.assert_array_equal(done, [False, True, True, True, False])
-  cheetah = dynamics.termination_fn("halfcheetah")
+  cheetah = termination.termination_fn("halfcheetah")
   done = cheetah(None, None, jnp.asarray([[1e3] * 17, [np.nan] * 17], jnp.float32))
   np.testing.assert_array_equal(done, [False, True])
 
 
 @pytest.mark.slow
 def test_train_dynamics_cli(tmp_path, monkeypatch):
-  """experiments.train_dynamics end to end on a tiny in-memory dataset (no Minari, no network)."""
-  from experiments import train_dynamics
-  from mombo_jax import data as data_lib
+  """experiments.train_dynamics' work (launch.train_dynamics) end to end on a tiny in-memory
+  dataset (no Minari, no network)."""
+  from mombo_jax import data as data_lib, launch, provenance
+  from mombo_jax.errors import UserError
   rng = np.random.default_rng(0)
   n, s, a = 300, 11, 3
   obs = rng.normal(size=(n, s)).astype(np.float32)
@@ -286,34 +335,35 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
   asked = []
   monkeypatch.setattr(data_lib, "load_transitions", lambda name, **_: asked.append(name) or fake)
   lines = []
-  path = train_dynamics.train_and_save(env="hopper-medium", seeds=2, seed=3, max_epochs=2,
-                                       preset="tiny", workdir=str(tmp_path), log_fn=lines.append)
+  path = launch.train_dynamics(env="hopper-medium", seeds=2, seed=3, max_epochs=2, preset="tiny",
+                               workdir=str(tmp_path), log_fn=lines.append)
   assert asked == ["hopper-medium"] and path == str(tmp_path / "seed3x2")
   assert sum("dynamics epoch" in line for line in lines) == 2
-  dyn, meta = dynamics.load(path)
+  dyn, meta = saved_dynamics.load(path)
   assert meta["num_seeds"] == 2 and meta["obs_dim"] == s and meta["action_dim"] == a
   assert dyn.elites.shape == (2, 2) and dyn.input_mean.shape == (2, s + a)
-  # Saved with the identity experiments.run checks before reusing them (same preset and seeds).
+  # Saved with the reuse key experiments.run checks before reusing them (same preset and seeds).
   run_config = config_lib.make_config("hopper-medium", "mombo", "tiny", seed=3, num_seeds=2)
-  expected = dynamics.identity(run_config, fake, data_lib.dataset_identity("hopper-medium", fake))
-  assert dynamics.identity_mismatch(meta, expected) == {}
+  expected = saved_dynamics.reuse_key(run_config, fake,
+                                      provenance.dataset_identity("hopper-medium", fake))
+  assert saved_dynamics.reuse_mismatch(meta, expected) == {}
   assert not (tmp_path / "seed3x2.partial").exists()
-  with pytest.raises(train_dynamics.UserError, match="already exists"):
-    train_dynamics.train_and_save(env="hopper-medium", seeds=2, seed=3, preset="tiny",
-                                  workdir=str(tmp_path), log_fn=lines.append)
-  with pytest.raises(train_dynamics.UserError, match="Valid names"):
-    train_dynamics.train_and_save(env="hopper-mediocre", workdir=str(tmp_path))
+  with pytest.raises(UserError, match="already exists"):
+    launch.train_dynamics(env="hopper-medium", seeds=2, seed=3, preset="tiny",
+                          workdir=str(tmp_path), log_fn=lines.append)
+  with pytest.raises(UserError, match="Valid names"):
+    launch.train_dynamics(env="hopper-mediocre", workdir=str(tmp_path))
 
 
 def test_interrupted_training_resumes_to_the_same_ensemble(fitted, tmp_path):
   """should_stop -> checkpoint + Interrupted; the same call resumes and ends bit for bit where an
-  uninterrupted call ends (same compiled functions, same machine). Another identity is refused."""
+  uninterrupted call ends (same compiled functions, same machine). Another reuse key is refused."""
   from mombo_jax import checkpoint
   _, data, _, _ = fitted
   cfg = _config(dyn_patience=10, dyn_max_epochs=6, dyn_checkpoint_every_s=0.0)
   keys = jax.random.split(jax.random.PRNGKey(4), 2)
   quiet = lambda _: None  # noqa: E731
-  whole = dynamics.train_seeds(keys, data, cfg, log_fn=quiet)
+  whole = dynamics_training.train_seeds(keys, data, cfg, log_fn=quiet)
   ident = {"dataset": "test/hetero-v0", "fingerprint": "abc"}
   calls = []
 
@@ -322,16 +372,16 @@ def test_interrupted_training_resumes_to_the_same_ensemble(fitted, tmp_path):
     return len(calls) == 2
 
   ckpt_dir = str(tmp_path / "partial")
-  with pytest.raises(dynamics.Interrupted) as info:
-    dynamics.train_seeds(keys, data, cfg, log_fn=quiet, checkpoint_dir=ckpt_dir,
-                         should_stop=stop_after_two, identity=ident)
+  with pytest.raises(dynamics_training.Interrupted) as info:
+    dynamics_training.train_seeds(keys, data, cfg, log_fn=quiet, checkpoint_dir=ckpt_dir,
+                                  should_stop=stop_after_two, reuse_key=ident)
   assert info.value.epoch == 2
   with pytest.raises(checkpoint.CheckpointError, match="fingerprint"):
-    dynamics.train_seeds(keys, data, cfg, log_fn=quiet, checkpoint_dir=ckpt_dir,
-                         identity=dict(ident, fingerprint="other"))
+    dynamics_training.train_seeds(keys, data, cfg, log_fn=quiet, checkpoint_dir=ckpt_dir,
+                                  reuse_key=dict(ident, fingerprint="other"))
   lines = []
-  resumed = dynamics.train_seeds(keys, data, cfg, log_fn=lines.append, checkpoint_dir=ckpt_dir,
-                                 identity=ident)
+  resumed = dynamics_training.train_seeds(keys, data, cfg, log_fn=lines.append,
+                                          checkpoint_dir=ckpt_dir, reuse_key=ident)
   assert "resumed" in lines[0] and "epoch 2" in lines[0]
   assert len(lines) == 1 + 4        # the resume line, then epochs 3..6 only
   jax.tree.map(np.testing.assert_array_equal, whole, resumed)
@@ -339,14 +389,23 @@ def test_interrupted_training_resumes_to_the_same_ensemble(fitted, tmp_path):
 
 def test_saved_identity_is_checked(fitted, tmp_path):
   cfg, data, dyn, _ = fitted
-  ident = dynamics.identity(cfg, data, {"dataset": "test/hetero-v0", "fingerprint": "abc"})
+  ident = saved_dynamics.reuse_key(cfg, data, {"dataset": "test/hetero-v0", "fingerprint": "abc"})
   assert ident["dyn_members"] == 3 and ident["obs_dim"] == 1
-  dynamics.save(str(tmp_path / "d"), dyn, cfg, identity=ident)
-  _, meta = dynamics.load(str(tmp_path / "d"))
-  assert dynamics.identity_mismatch(meta, ident) == {}
-  seven = dynamics.identity(_config(dyn_members=7, dyn_elites=5), data,
-                            {"dataset": "test/hetero-v0", "fingerprint": "abc"})
-  assert dynamics.identity_mismatch(meta, seven) == {"dyn_members": (3, 7), "dyn_elites": (2, 5)}
-  assert "fingerprint" in dynamics.identity_mismatch(meta, dict(ident, fingerprint="zzz"))
-  # A save from before identities were recorded matches nothing.
-  assert set(dynamics.identity_mismatch({}, ident)) == set(ident)
+  saved_dynamics.save(str(tmp_path / "d"), dyn, cfg, reuse_key=ident)
+  _, meta = saved_dynamics.load(str(tmp_path / "d"))
+  assert saved_dynamics.reuse_mismatch(meta, ident) == {}
+  seven = saved_dynamics.reuse_key(_config(dyn_members=7, dyn_elites=5), data,
+                                   {"dataset": "test/hetero-v0", "fingerprint": "abc"})
+  assert saved_dynamics.reuse_mismatch(meta, seven) == {"dyn_members": (3, 7), "dyn_elites": (2, 5)}
+  assert "fingerprint" in saved_dynamics.reuse_mismatch(meta, dict(ident, fingerprint="zzz"))
+  # A save from before reuse keys were recorded matches nothing.
+  assert set(saved_dynamics.reuse_mismatch({}, ident)) == set(ident)
+
+
+def test_training_config_keeps_the_algorithm():
+  """The training cache key keeps algo and target: MOPO with one elite is a valid run (only
+  MOMBO's elite_spread needs two), so its dynamics training must not be refused."""
+  cfg = config_lib.make_config("hopper-medium", "mopo", "tiny", dyn_elites=1)
+  assert dynamics_training._dyn_config(cfg).dyn_elites == 1
+  assert dynamics_training._dyn_config(cfg) == dynamics_training._dyn_config(
+      dataclasses.replace(cfg, dyn_max_epochs=7, beta=3.0))

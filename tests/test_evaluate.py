@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax import evaluate
+from mombo_jax import envs, evaluate
 from mombo_jax.config import make_config
 from mombo_jax.critics import TanhGaussianActor
 
@@ -87,9 +87,9 @@ def test_reused_evaluator_matches_fresh_envs(config):
   calls = [(falling, 3), (random, 5), (falling, 3), (random, 6)]
   with evaluate.Evaluator(config, "hopper", num_seeds=2, episodes=2,
                           max_episode_steps=horizon) as evaluator:
-    envs = evaluator.envs
+    vector_env = evaluator.envs
     reused = [evaluator.run(params, seed) for params, seed in calls]
-    assert evaluator.envs is envs
+    assert evaluator.envs is vector_env
     with pytest.raises(ValueError, match="2 seed"):
       evaluator.run(_random_params(config, num_seeds=3), 0)
   for (params, seed), got in zip(calls, reused):
@@ -101,8 +101,9 @@ def test_reused_evaluator_matches_fresh_envs(config):
 
 def test_action_bounds_are_rescaled(config, monkeypatch):
   """An env with bounds [-2, 2] (Pendulum) gets low + (a + 1) / 2 * (high - low) = 2a."""
-  monkeypatch.setattr(evaluate, "_make_env",
-                      lambda name, steps: gym.make("Pendulum-v1", max_episode_steps=steps))
+  monkeypatch.setattr(envs, "make_env",
+                      lambda name, max_episode_steps: gym.make("Pendulum-v1",
+                                                               max_episode_steps=max_episode_steps))
   actions = np.array([[0.25], [-0.5]], np.float32)
   got = evaluate.run(_constant_params(config, actions, 3), config, "pendulum", 1, seed=0,
                      max_episode_steps=10)

@@ -7,9 +7,10 @@ import jax
 import numpy as np
 import pytest
 
-from mombo_jax import buffer, checkpoint, config as config_lib, minari_io, runner
-from mombo_jax import train as train_lib
-from mombo_jax.launch import UserError
+from mombo_jax import buffer, config as config_lib, minari_io, runner
+from mombo_jax import groups as groups_lib
+from mombo_jax.errors import UserError
+from mombo_jax.workdir import Workdir
 
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
 SHORT = "mombo/hopper/short-random-v0"     # a shorter second hopper dataset (padded in the stack)
@@ -31,13 +32,13 @@ def datasets(hopper_random_2000):
 
 
 def _groups(root, datasets, betas, **kw):
-  return runner.plan_groups("hopper-random", "mombo", "tiny", dict(TINY, **kw), datasets, betas,
+  return groups_lib.plan_groups("hopper-random", "mombo", "tiny", dict(TINY, **kw), datasets, betas,
                             root=str(root))
 
 
 def _agent(workdir):
-  tree, _ = checkpoint.RunCheckpointer(os.path.join(workdir, "checkpoints")).restore()
-  return tree["agent"]
+  state, _ = Workdir(workdir).restore()
+  return state.agent
 
 
 def test_stack_pads_with_nan_and_sampling_stays_inside_each_dataset():
@@ -62,13 +63,13 @@ def test_stack_pads_with_nan_and_sampling_stays_inside_each_dataset():
 
 def test_groups_that_cannot_share_a_program_are_refused(tmp_path):
   with pytest.raises(UserError, match="auto_alpha"):       # hopper-medium: fixed alpha 0.2
-    runner.check_groups(runner.plan_groups("hopper-random", "mombo", "tiny", {},
+    groups_lib.check_groups(groups_lib.plan_groups("hopper-random", "mombo", "tiny", {},
                                            ["hopper-random", "hopper-medium"], None,
                                            root=str(tmp_path)))
   with pytest.raises(UserError, match="repeat"):
     _groups(tmp_path, ["hopper-random"], [1.0, 1.0])
   # Betas alone differ: one program.
-  runner.check_groups(_groups(tmp_path, ["hopper-random"], [0.5, 2.0]))
+  groups_lib.check_groups(_groups(tmp_path, ["hopper-random"], [0.5, 2.0]))
 
 
 @pytest.mark.slow
@@ -102,14 +103,14 @@ def test_grid_cells_equal_single_runs_and_resume_alone(datasets, tmp_path):
   assert all(s is not None and not s["diverged"] for s in rest)
   # Different betas trained different critics on the same data and seed.
   a, b = _agent(groups[0].workdir), _agent(groups[1].workdir)
-  assert not all(np.allclose(x, y) for x, y in zip(jax.tree.leaves(a["critic"]),
-                                                   jax.tree.leaves(b["critic"])))
+  assert not all(np.allclose(x, y) for x, y in zip(jax.tree.leaves(a.critic.params),
+                                                   jax.tree.leaves(b.critic.params)))
   for g in groups:
-    assert os.path.exists(os.path.join(g.workdir, "summary.json"))
+    assert Workdir(g.workdir).finished()
 
 
 def test_the_log_names_the_variant_and_every_beta_of_a_grid():
   mombo = config_lib.make_config("hopper-medium-replay", "mombo", target="lcb")
-  assert runner.describe_algorithm(mombo) == "MOMBO, target lcb (the paper's eq. (1)), beta 0.15"
-  assert runner.describe_algorithm(mombo, [0.15, 1.0]).endswith("betas 0.15, 1")
-  assert runner.describe_algorithm(config_lib.make_config("hopper-random", "mopo")) == "MOPO, lambda 1"
+  assert groups_lib.describe_algorithm(mombo) == "MOMBO, target lcb (the paper's eq. (1)), beta 0.15"
+  assert groups_lib.describe_algorithm(mombo, [0.15, 1.0]).endswith("betas 0.15, 1")
+  assert groups_lib.describe_algorithm(config_lib.make_config("hopper-random", "mopo")) == "MOPO, lambda 1"

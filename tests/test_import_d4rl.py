@@ -7,8 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from experiments import import_d4rl
-from mombo_jax import d4rl, data
+from mombo_jax import d4rl, data, envs, errors, names, provenance, scores
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 S, A = 11, 3
@@ -67,17 +66,17 @@ def test_round_trip_equals_qlearning_dataset(minari_root, tmp_path, next_obs):
   arrays = _arrays(next_obs)
   path = _write(tmp_path / "hopper_medium_replay-v2.hdf5", arrays)
   dataset_id = f"test-d4rl/hopper/medium-replay-{int(next_obs)}-v2"
-  written = import_d4rl.import_file(path, "hopper-medium-replay", dataset_id,
+  written = d4rl.import_file(path, "hopper-medium-replay", dataset_id,
                                     log_fn=lambda *_: None)
   assert written == dataset_id
   got = data.load_transitions(dataset_id)
   want = _qlearning(arrays)
   for g, w in zip(got, want):
     np.testing.assert_array_equal(g, w)
-  assert data.env_name(dataset_id) == "hopper"
-  assert data.ref_scores(dataset_id)[:2] == data.D4RL_REF_SCORES["hopper"]
-  assert data.provenance(dataset_id)["recipe"] == "d4rl-import"
-  assert data.make_env(dataset_id).spec.id == "Hopper-v5"
+  assert names.env_name(dataset_id) == "hopper"
+  assert scores.ref_scores(dataset_id)[:2] == scores.D4RL_REF_SCORES["hopper"]
+  assert provenance.provenance(dataset_id)["recipe"] == "d4rl-import"
+  assert envs.make_env(dataset_id).spec.id == "Hopper-v5"
   if next_obs:
     from mombo_jax.minari_io import read_episodes
     episodes = read_episodes(dataset_id)
@@ -88,29 +87,29 @@ def test_round_trip_equals_qlearning_dataset(minari_root, tmp_path, next_obs):
 
 def test_refusals(minari_root, tmp_path):
   quiet = dict(log_fn=lambda *_: None)
-  with pytest.raises(import_d4rl.UserError, match="does not exist.*hopper_medium_replay-v2.hdf5"):
-    import_d4rl.import_file(str(tmp_path / "nope.hdf5"), "hopper-medium-replay", **quiet)
+  with pytest.raises(errors.UserError, match="does not exist.*hopper_medium_replay-v2.hdf5"):
+    d4rl.import_file(str(tmp_path / "nope.hdf5"), "hopper-medium-replay", **quiet)
   arrays = _arrays()
   del arrays["timeouts"]
-  with pytest.raises(import_d4rl.UserError, match="not in D4RL's layout: missing timeouts"):
-    import_d4rl.import_file(_write(tmp_path / "a.hdf5", arrays), "hopper-medium", **quiet)
-  with pytest.raises(import_d4rl.UserError, match="obs dim 11 and action dim 3, but walker2d"):
-    import_d4rl.import_file(_write(tmp_path / "b.hdf5", _arrays()), "walker2d-medium", **quiet)
+  with pytest.raises(errors.UserError, match="not in D4RL's layout: missing timeouts"):
+    d4rl.import_file(_write(tmp_path / "a.hdf5", arrays), "hopper-medium", **quiet)
+  with pytest.raises(errors.UserError, match="obs dim 11 and action dim 3, but walker2d"):
+    d4rl.import_file(_write(tmp_path / "b.hdf5", _arrays()), "walker2d-medium", **quiet)
   arrays = _arrays()
   arrays["rewards"][4] = np.nan
   arrays["observations"][8, 3] = np.inf
   path = _write(tmp_path / "c.hdf5", arrays)
-  with pytest.raises(import_d4rl.UserError, match="2 row.*NaN/inf.*first at row 4.*--drop_nonfinite"):
-    import_d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2", **quiet)
-  import_d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2", drop_nonfinite=True,
+  with pytest.raises(errors.UserError, match="2 row.*NaN/inf.*first at row 4.*--drop_nonfinite"):
+    d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2", **quiet)
+  d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2", drop_nonfinite=True,
                           **quiet)
   got = data.load_transitions("test-d4rl/hopper/nan-v2")
   assert len(got.rewards) == 12 - 2 and np.all(np.isfinite(got.observations))
-  with pytest.raises(import_d4rl.UserError, match="already exists.*--overwrite"):
-    import_d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2", drop_nonfinite=True,
+  with pytest.raises(errors.UserError, match="already exists.*--overwrite"):
+    d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2", drop_nonfinite=True,
                             **quiet)
-  with pytest.raises(import_d4rl.UserError, match="Unknown dataset name"):
-    import_d4rl.import_file(path, "hopper-mediocre", **quiet)
+  with pytest.raises(errors.UserError, match="Unknown dataset name"):
+    d4rl.import_file(path, "hopper-mediocre", **quiet)
 
 
 def test_cli_prints_the_id_last(tmp_path):

@@ -1,4 +1,4 @@
-"""Moment matching vs Monte Carlo (experiments.mm_vs_mc, mombo_jax.mm_vs_mc): with a linear critic,
+"""Moment matching vs Monte Carlo (mombo_jax.mm_vs_mc, experiments.mm_vs_mc): with a linear critic,
 where moment matching is exact, the Monte Carlo estimates converge to the MM mean with an error
 that shrinks like sqrt(v / N); the script runs end to end on a run folder."""
 import csv
@@ -86,6 +86,14 @@ def test_member_q_picks_each_states_critic(tiny_run):
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b[1]), nets.target_critic,
                state.agent.target_critic_params)
 
+
+
+def test_load_seed_refuses_a_seed_or_elite_the_run_lacks(tiny_run):
+  workdir, _ = tiny_run
+  with pytest.raises(ValueError, match=r"--seed_index=2: the run has 2 seed\(s\)"):
+    mm_vs_mc.load_seed(workdir, seed_index=2)
+  with pytest.raises(ValueError, match="--elite_rank=-1: the model has"):
+    mm_vs_mc.load_seed(workdir, elite_rank=-1)
 
 @pytest.mark.slow
 def test_script_end_to_end(tiny_run, tmp_path):

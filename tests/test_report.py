@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mombo_jax import config as config_lib, outputs, paper_results, report, results, tables
+from mombo_jax.errors import UserError
 
 NAN = np.nan
 
@@ -316,12 +317,12 @@ def test_cli_writes_into_the_first_folder_and_warns(runs, tmp_path):
 
 
 def test_missing_folder_and_no_runs_are_clear_errors(tmp_path):
-  with pytest.raises(report.ReportError, match="nowhere.*is not a folder"):
+  with pytest.raises(UserError, match="nowhere.*is not a folder"):
     report.write_report([str(tmp_path / "nowhere")])
   (tmp_path / "half").mkdir()
   (tmp_path / "half" / "config.json").write_text("{}")
   logged = []
-  with pytest.raises(report.ReportError, match=f"No runs found under {tmp_path}.*skipped"):
+  with pytest.raises(UserError, match=f"No runs found under {tmp_path}.*skipped"):
     report.write_report([str(tmp_path)], log=logged.append)
   assert logged == [f"warning: skipping {tmp_path / 'half'}: missing metrics.csv, summary.json "
                     "(unfinished run?)"]
@@ -375,7 +376,7 @@ def test_paper_dataset_names():
 
 
 def _run(dataset, algo, seeds, level, beta=1.0, steps=12):
-  """A Run as load_run returns it: scores [T, S] rising by 0.5 per evaluation to `level` + seed."""
+  """A Run as read_run returns it: scores [T, S] rising by 0.5 per evaluation to `level` + seed."""
   scores = (level + 0.5 * (np.arange(steps) - (steps - 1))[:, None]
             + np.asarray(seeds, float)[None, :])
   env = dataset.split("/")[1] if "/" in dataset else dataset.split("-")[0]
@@ -490,7 +491,7 @@ def test_overestimated_seeds_are_listed(tmp_path):
   _write_run(str(plain), "hopper-medium", "mopo", [0], np.full((3, 1), 10.0))
   logged = []
   report.write_report([str(tmp_path)], str(tmp_path / "out"), log=logged.append)
-  assert results.load_run(str(flagged)).overestimated == [1]
+  assert results.read_run(str(flagged)).overestimated == [1]
   text = (tmp_path / "out" / "report.md").read_text().split("## Runs")[1]
   assert re.search(r"\| hopper-random \| MOPO \| [\d.]+ \| 2 \(0, 1\) \| 3 \| \d+ \| 1 \|", text)
   assert re.search(r"\| hopper-medium \| MOPO \| [\d.]+ \| 1 \(0\) \| 3 \| \d+ \| – \|", text)

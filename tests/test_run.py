@@ -1,4 +1,4 @@
-"""End-to-end runs of experiments.run.train on a tiny locally built dataset (CI-sized), plus the
+"""End-to-end runs of runner.train (experiments.run's loop) on a tiny locally built dataset (CI-sized), plus the
 properties the training loop promises: kill-and-resume = one run, and the moment-matching critic
 at zero variance = the plain critic inside the update. Seeds vmapped = seeds run alone is tested
 where it is strongest: a grid cell resumed alone = a single run (test_grid.py), seeds over 4
@@ -13,8 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax import buffer, checkpoint, config as config_lib, data, dynamics, sac
+from mombo_jax import (buffer, config as config_lib, data, dynamics, launch, provenance, runner,
+                       sac)
 from mombo_jax import train as train_lib
+from mombo_jax.errors import UserError
+from mombo_jax.workdir import Workdir
 
 DATASET = "hopper-random"
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -35,28 +38,26 @@ def _config(algo="mombo", **kw):
 
 
 def _final_params(workdir):
-  tree, _ = checkpoint.RunCheckpointer(os.path.join(workdir, "checkpoints")).restore()
-  return tree
+  state, _ = Workdir(workdir).restore()
+  return state
 
 
 @pytest.fixture(scope="module")
 def mombo_run(dataset, dyn_dir, tmp_path_factory):
   """One uninterrupted 2-seed MOMBO run, shared by the end-to-end and resume tests."""
-  from experiments import run
   workdir = tmp_path_factory.mktemp("mombo_run")
-  return workdir, run.train(_config("mombo", num_seeds=2), dataset, str(workdir),
+  return workdir, runner.train(_config("mombo", num_seeds=2), dataset, str(workdir),
                             dynamics_dir=dyn_dir)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["mombo", "mobile", "mopo"])
 def test_end_to_end(dataset, dyn_dir, tmp_path, algo, request):
-  from experiments import run
   config = _config(algo, num_seeds=2)
   if algo == "mombo":
     tmp_path, summary = request.getfixturevalue("mombo_run")
   else:
-    summary = run.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir)
+    summary = runner.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir)
   assert summary["seeds"] == [0, 1]
   assert len(summary["final_normalized_score"]) == 2
   assert np.all(np.isfinite(summary["aulc"]))
@@ -80,15 +81,14 @@ def test_end_to_end(dataset, dyn_dir, tmp_path, algo, request):
 
 @pytest.mark.slow
 def test_kill_and_resume_equals_uninterrupted(dataset, dyn_dir, tmp_path, mombo_run):
-  from experiments import run
   straight, _ = mombo_run
   config = _config("mombo", num_seeds=2)
-  assert run.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1) is None
+  assert runner.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1) is None
   with open(tmp_path / "metrics.csv") as f:
     assert len(f.read().strip().splitlines()) == 1 + 1 * 2
   # Resumed at epoch 1, one more epoch finishes the run: a run that restarted from scratch would
   # stop again after its first epoch and return None.
-  summary = run.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1)
+  summary = runner.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1)
   assert summary is not None
   jax.tree.map(np.testing.assert_array_equal, _final_params(str(straight)),
                _final_params(str(tmp_path)))
@@ -102,10 +102,10 @@ def test_kill_and_resume_equals_uninterrupted(dataset, dyn_dir, tmp_path, mombo_
 
 
 def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch, capsys):
-  """Three epochs, each evaluated and checkpointed: the epoch is traced and compiled once, ahead
-  of the loop, and the log says so once (the rate after it excludes compilation)."""
+  """Three epochs, each evaluated and checkpointed: the device call (train.make_cells_chunk) is
+  traced and compiled once, ahead of the loop, and the log says so once (the rate after it
+  excludes compilation)."""
   import functools
-  from experiments import run
   traces, compiles = [], []
   make_epoch = train_lib.make_epoch
 
@@ -120,22 +120,22 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
 
   def on_event(event, duration, fun_name="", **kw):
     del duration, kw
-    if event == "/jax/core/compile/backend_compile_duration" and fun_name == "jit(epoch)":
+    if event == "/jax/core/compile/backend_compile_duration" and fun_name == "jit(chunk)":
       compiles.append(fun_name)
 
   monkeypatch.setattr(train_lib, "make_epoch", counting_make_epoch)
-  train_lib._seeds_epoch.cache_clear()        # no compiled epoch of an earlier test is reused
+  train_lib._cells_chunk.cache_clear()        # no compiled chunk of an earlier test is reused
   jax.monitoring.register_event_duration_secs_listener(on_event)
   try:
     # steps_per_epoch=3: a program no other test compiles, so XLA cannot serve it from memory.
-    summary = run.train(_config("mombo", epochs=3, steps_per_epoch=3), dataset, str(tmp_path),
+    summary = runner.train(_config("mombo", epochs=3, steps_per_epoch=3), dataset, str(tmp_path),
                         dynamics_dir=dyn_dir)
   finally:
     jax.monitoring.unregister_event_duration_listener(on_event)
-    train_lib._seeds_epoch.cache_clear()
+    train_lib._cells_chunk.cache_clear()
   assert summary["epochs"] == [1, 2, 3]
   assert len(traces) == 1, f"the epoch was traced {len(traces)} times"
-  assert compiles == ["jit(epoch)"], compiles
+  assert compiles == ["jit(chunk)"], compiles
   out = capsys.readouterr().out
   assert out.count("Compiled the epoch in") == 1, out
   # The log names MOMBO's variant (the default: the released code's elite_spread).
@@ -146,35 +146,32 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
 
 
 def test_compilation_cache_flag(tmp_path, capsys):
-  from experiments import run
   old = jax.config.jax_compilation_cache_dir
   try:
-    assert run.enable_compilation_cache("") is None
+    assert launch.enable_compilation_cache("") is None
     assert jax.config.jax_compilation_cache_dir == old
     afile = tmp_path / "afile"
     afile.write_text("x")
-    assert run.enable_compilation_cache(str(afile / "cache")) is None   # a note, not a failure
+    assert launch.enable_compilation_cache(str(afile / "cache")) is None   # a note, not a failure
     assert "compiling without a persistent cache" in capsys.readouterr().out
     assert jax.config.jax_compilation_cache_dir == old
-    path = run.enable_compilation_cache(str(tmp_path / "cache" / "jax"))
+    path = launch.enable_compilation_cache(str(tmp_path / "cache" / "jax"))
     assert path == str(tmp_path / "cache" / "jax") and os.path.isdir(path)
     assert jax.config.jax_compilation_cache_dir == path
-    assert run.DEFAULT_COMPILATION_CACHE.startswith("~")
+    assert launch.DEFAULT_COMPILATION_CACHE.startswith("~")
   finally:
     jax.config.update("jax_compilation_cache_dir", old)
 
 
 def test_changed_config_refuses_workdir(dataset, dyn_dir, tmp_path):
-  from experiments import run
   (tmp_path / "config.json").write_text(json.dumps({"beta": 123.0}))
-  with pytest.raises(run.UserError, match="another config"):
-    run.train(_config("mombo"), dataset, str(tmp_path), dynamics_dir=dyn_dir)
+  with pytest.raises(UserError, match="another config"):
+    runner.train(_config("mombo"), dataset, str(tmp_path), dynamics_dir=dyn_dir)
 
 
 def test_missing_dataset_names_the_command(minari_root, tmp_path):
-  from experiments import run
-  with pytest.raises(run.UserError, match="experiments.collect"):
-    run.train(_config("mombo"), "hopper-medium-replay", str(tmp_path))
+  with pytest.raises(UserError, match="experiments.collect"):
+    runner.train(_config("mombo"), "hopper-medium-replay", str(tmp_path))
   # A failed launch leaves no config.json behind, so the corrected command is not blocked.
   assert not (tmp_path / "config.json").exists()
 
@@ -183,20 +180,19 @@ def test_missing_sac_datasets_are_built_only_when_asked(minari_root, tmp_path, m
   """The quick/tiny default builds missing random datasets only; --build_missing hands any short
   name (SAC-based, mixed) to the collector; a Minari id is never built."""
   import subprocess
-  from experiments import run
   calls = []
   monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd) or
                       subprocess.CompletedProcess(cmd, 1))
   config = _config("mombo")
-  with pytest.raises(run.UserError, match="--build_missing"):
-    run.load_dataset("hopper-random-medium-1pct", config, "random", 5000)
+  with pytest.raises(UserError, match="--build_missing"):
+    launch.load_dataset("hopper-random-medium-1pct", config, "random", 5000)
   assert calls == []
-  with pytest.raises(run.UserError, match="Building hopper-random-medium-1pct failed"):
-    run.load_dataset("hopper-random-medium-1pct", config, True, 5000)
+  with pytest.raises(UserError, match="Building hopper-random-medium-1pct failed"):
+    launch.load_dataset("hopper-random-medium-1pct", config, True, 5000)
   assert calls and calls[0][1:] == ["-m", "experiments.collect", "--env=hopper-random-medium-1pct",
                                     "--steps=5000", "--seed=0"]
-  with pytest.raises(run.UserError, match="is not in the local Minari root"):
-    run.load_dataset("someone/hopper/other-v0", config, True, 5000)
+  with pytest.raises(UserError, match="is not in the local Minari root"):
+    launch.load_dataset("someone/hopper/other-v0", config, True, 5000)
   assert len(calls) == 1
 
 
@@ -233,21 +229,19 @@ def test_mm_critic_at_zero_variance_matches_plain_update(tiny_setup):
 # ------------------------------------------------------------------------------ refusals up front
 
 def test_dataset_of_another_env_is_refused(dataset, tmp_path):
-  from experiments import run
   walker = config_lib.make_config("walker2d-random", "mombo", preset="tiny", **TINY)
   for name in ("mombo/hopper/random-v0", "hopper-random"):
-    with pytest.raises(run.UserError, match="holds hopper data.*walker2d"):
-      run.train(walker, name, str(tmp_path / "w"))
+    with pytest.raises(UserError, match="holds hopper data.*walker2d"):
+      runner.train(walker, name, str(tmp_path / "w"))
   assert not (tmp_path / "w" / "config.json").exists()
 
 
 def test_reduced_build_refused_with_paper_settings(dataset, tmp_path):
   """The test dataset is a 2,000-step build of the 1M-step random recipe."""
-  from experiments import run
-  assert data.provenance(dataset)["steps"] < data.provenance(dataset)["recipe_steps"]
-  with pytest.raises(run.UserError, match="reduced build.*experiments.collect --env=hopper-random "
+  assert provenance.provenance(dataset)["steps"] < provenance.provenance(dataset)["recipe_steps"]
+  with pytest.raises(UserError, match="reduced build.*experiments.collect --env=hopper-random "
                      "--overwrite.*--allow_small_dataset"):
-    run.train(_config("mombo"), dataset, str(tmp_path), require_full=True)
+    runner.train(_config("mombo"), dataset, str(tmp_path), require_full=True)
   assert not (tmp_path / "config.json").exists()
 
 
@@ -255,23 +249,21 @@ def test_reduced_build_refused_with_paper_settings(dataset, tmp_path):
     (dict(keep=0), "--keep_checkpoints"), (dict(stop_after=0), "--stop_after"),
     (dict(build_steps=0), "--build_steps")])
 def test_bad_run_arguments_are_refused(tmp_path, kwargs, match):
-  from experiments import run
-  with pytest.raises(run.UserError, match=match):
-    run.validate(_config("mombo"), DATASET, str(tmp_path), **kwargs)
+  with pytest.raises(UserError, match=match):
+    launch.validate(_config("mombo"), DATASET, str(tmp_path), **kwargs)
 
 
 def test_bad_workdirs_are_refused(tmp_path):
-  from experiments import run
   afile = tmp_path / "afile"
   afile.write_text("x")
-  with pytest.raises(run.UserError, match="--workdir=.*is a file"):
-    run.validate(_config("mombo"), DATASET, str(afile))
-  with pytest.raises(run.UserError, match="--workdir=.*cannot be created"):
-    run.validate(_config("mombo"), DATASET, str(afile / "sub"))
-  with pytest.raises(run.UserError, match="--dynamics_dir=.*is a file"):
-    run.validate(_config("mombo"), DATASET, str(tmp_path / "ok"), dynamics_dir=str(afile))
-  with pytest.raises(run.UserError, match="Unknown dataset name"):
-    run.validate(_config("mombo"), "hopper-randm", str(tmp_path / "ok"))
+  with pytest.raises(UserError, match="--workdir=.*is a file"):
+    launch.validate(_config("mombo"), DATASET, str(afile))
+  with pytest.raises(UserError, match="--workdir=.*cannot be created"):
+    launch.validate(_config("mombo"), DATASET, str(afile / "sub"))
+  with pytest.raises(UserError, match="--dynamics_dir=.*is a file"):
+    launch.validate(_config("mombo"), DATASET, str(tmp_path / "ok"), dynamics_dir=str(afile))
+  with pytest.raises(UserError, match="Unknown dataset name"):
+    launch.validate(_config("mombo"), "hopper-randm", str(tmp_path / "ok"))
 
 
 def _run_cli(args, env_extra=None, timeout=120):
@@ -296,47 +288,59 @@ def test_cli_refuses_bad_flags_in_one_line_before_any_work(tmp_path, flag):
 
 
 def test_epochs_change_needs_consent_and_is_recorded(tmp_path):
-  from experiments import run
-  first, _ = run.check_workdir_config(str(tmp_path), _config("mombo"), DATASET)
+  first, _ = Workdir(str(tmp_path)).check_config(_config("mombo"), DATASET)
   (tmp_path / "config.json").write_text(json.dumps(first))
   longer = _config("mombo", epochs=5, eval_every=2)
-  with pytest.raises(run.UserError, match="--allow_epochs_change"):
-    run.check_workdir_config(str(tmp_path), longer, DATASET)
-  new, notes = run.check_workdir_config(str(tmp_path), longer, DATASET, allow_epochs_change=True)
+  with pytest.raises(UserError, match="--allow_epochs_change"):
+    Workdir(str(tmp_path)).check_config(longer, DATASET)
+  new, notes = Workdir(str(tmp_path)).check_config(longer, DATASET, allow_epochs_change=True)
   assert new["epochs"] == 5 and new["epochs_changes"][0]["from"] == 2
   assert "re-spanned" in new["epochs_changes"][0]["actor_lr_schedule"]
   assert any("eval_every" in n for n in notes)
   # eval_every / eval_episodes alone may change freely.
-  run.check_workdir_config(str(tmp_path), _config("mombo", eval_episodes=3), DATASET)
+  Workdir(str(tmp_path)).check_config(_config("mombo", eval_episodes=3), DATASET)
   # With a fixed schedule (the paper preset's) a longer run keeps it: the run stays a prefix.
-  fixed, _ = run.check_workdir_config(str(tmp_path / "x"), _config("mombo", schedule_epochs=9),
-                                      DATASET)
+  fixed, _ = Workdir(str(tmp_path / "x")).check_config(_config("mombo", schedule_epochs=9),
+                                                       DATASET)
   (tmp_path / "x").mkdir()
   (tmp_path / "x" / "config.json").write_text(json.dumps(fixed))
-  new, notes = run.check_workdir_config(str(tmp_path / "x"),
-                                        _config("mombo", epochs=5, schedule_epochs=9), DATASET,
-                                        allow_epochs_change=True)
+  new, notes = Workdir(str(tmp_path / "x")).check_config(
+      _config("mombo", epochs=5, schedule_epochs=9), DATASET, allow_epochs_change=True)
   assert new["schedule_epochs"] == 9 and "unchanged" in new["epochs_changes"][0]["actor_lr_schedule"]
 
 
 def test_dynamics_of_another_setup_are_refused(dataset, dyn_dir, tmp_path, mombo_run):
   """mombo_run saved 3-member ensembles for seeds 0-1 in dyn_dir; a 4-member config must be refused
   with what differs, before anything reaches JAX."""
-  from experiments import run
   other = _config("mombo", num_seeds=2, dyn_members=4)
-  with pytest.raises(run.UserError, match="another setup.*dyn_members: saved 3, now 4"):
-    run.train(other, dataset, str(tmp_path), dynamics_dir=dyn_dir)
+  with pytest.raises(UserError, match="another setup.*dyn_members: saved 3, now 4"):
+    runner.train(other, dataset, str(tmp_path), dynamics_dir=dyn_dir)
 
 
 # ----------------------------------------------------------------------------------- divergence
 
 @pytest.mark.slow
 def test_a_diverging_seed_is_frozen_and_the_others_finish_unchanged(dataset, dyn_dir, tmp_path,
-                                                                    mombo_run):
-  from experiments import run
+                                                                    mombo_run, monkeypatch):
   straight_dir, straight = mombo_run
-  summary = run.train(_config("mombo", num_seeds=2), dataset, str(tmp_path), dynamics_dir=dyn_dir,
-                      _poison=(0, 1))
+  compile_chunk = runner.compile_chunk
+
+  def poisoning(program):
+    """The launch's device call, with NaN put into seed 0's critics before epoch 1 (as a
+    diverging update would leave them)."""
+    chunk = compile_chunk(program)
+
+    def call(state, real, keys, cells, start, n):
+      if int(start) == 1:
+        critic = jax.tree.map(lambda x: x.at[0].set(jnp.nan), state.agent.critic.params)
+        state = train_lib.shard_cells(state.replace(agent=state.agent.replace(
+            critic=state.agent.critic.replace(params=critic))))
+      return chunk(state, real, keys, cells, start, n)
+    return call
+
+  monkeypatch.setattr(runner, "compile_chunk", poisoning)
+  summary = runner.train(_config("mombo", num_seeds=2), dataset, str(tmp_path), dynamics_dir=dyn_dir)
+  monkeypatch.undo()
   assert [(d["seed"], d["epoch"]) for d in summary["diverged"]] == [(0, 2)]
   assert "params" in summary["diverged"][0]["quantity"]
   # Seed 1 trained exactly as in the run where nothing diverged (same compiled program).
@@ -345,10 +349,10 @@ def test_a_diverging_seed_is_frozen_and_the_others_finish_unchanged(dataset, dyn
   assert summary["final_normalized_score_mean"] == summary["final_normalized_score"][1]
   assert summary["final_normalized_score_std"] == 0.0
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a[1], b[1]),
-               _final_params(str(straight_dir))["agent"], _final_params(str(tmp_path))["agent"])
+               _final_params(str(straight_dir)).agent, _final_params(str(tmp_path)).agent)
   assert json.loads((tmp_path / "summary.json").read_text())["diverged"][0]["seed"] == 0
   # Resuming a finished run with a diverged seed keeps the record (it lives in the checkpoint).
-  again = run.train(_config("mombo", num_seeds=2), dataset, str(tmp_path), dynamics_dir=dyn_dir)
+  again = runner.train(_config("mombo", num_seeds=2), dataset, str(tmp_path), dynamics_dir=dyn_dir)
   assert again["diverged"] == summary["diverged"]
 
 
@@ -378,7 +382,6 @@ def _interrupt_at(args, env_extra, trigger, sig):
 def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, minari_root,
                                                                         tmp_path):
   import signal as _signal
-  from experiments import run
   overrides = dict(epochs=3, dyn_max_epochs=4)
   args = ["--env=hopper-random", "--preset=tiny", "--epochs=3", "--dynamics_max_epochs=4",
           "--steps_per_epoch=5", "--rollout_batch_size=32", f"--workdir={tmp_path / 'cli'}"]
@@ -400,7 +403,7 @@ def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, m
   # The same run without interruptions, in this process.
   cfg = config_lib.make_config(DATASET, "mombo", preset="tiny", steps_per_epoch=5,
                                rollout_batch_size=32, **overrides)
-  straight = run.train(cfg, DATASET, str(tmp_path / "straight"))
+  straight = runner.train(cfg, DATASET, str(tmp_path / "straight"))
   assert interrupted["epochs"] == straight["epochs"] == [1, 2, 3]
   np.testing.assert_allclose(interrupted["final_normalized_score"],
                              straight["final_normalized_score"], rtol=1e-6)

@@ -1,5 +1,6 @@
-"""The seed axis sharded over several devices trains as on one device; a seed count that does not
-split over the devices is refused.
+"""The cell (seed) axis sharded over several devices trains as on one device, one epoch per call
+and several in one call (make_cells_chunk); a seed count that does not split over the devices is
+refused.
 
 Several CPU devices exist only when XLA_FLAGS=--xla_force_host_platform_device_count=N is set
 before jax is imported, so both sides run in fresh subprocesses (this file is their script).
@@ -9,9 +10,9 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 SEEDS, EPOCHS, S_DIM, A_DIM, N = 4, 2, 11, 3, 128
+CHUNK = 2                  # epochs of the chunk run after the EPOCHS single ones
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -24,7 +25,8 @@ def _tiny_config(num_seeds):
 
 
 def _train(out_path):
-  """Trains SEEDS seeds for EPOCHS epochs on all local devices; saves state and metrics leaves."""
+  """Trains SEEDS seeds for EPOCHS epochs on all local devices, one call each, then CHUNK more in
+  one chunk call from the restored checkpoint; saves state and metrics leaves of both."""
   import jax
   import jax.numpy as jnp
   from mombo_jax import buffer, dynamics
@@ -41,22 +43,18 @@ def _train(out_path):
   keys = jax.random.split(jax.random.PRNGKey(0), SEEDS)
   # Initialisation compiled without optimisation: op by op, or optimised, it takes longer than
   # the two epochs.
-  init = jax.jit(lambda k: train_lib.init_seeds(
+  init = jax.jit(lambda k: train_lib.init_cells(
       k, cfg, real, jax.vmap(lambda kk: dynamics.init_state(kk, S_DIM, A_DIM, cfg))(k)))
   state = init.lower(keys).compile({"xla_backend_optimization_level": 0})(keys)
   real, cells = train_lib.single_dataset(real, cfg)
-  state, real = train_lib.shard_seeds(state), train_lib.replicate(real)
-  cells = train_lib.shard_seeds(cells)
-  epoch_fn = train_lib.make_seeds_epoch(cfg)
+  state, real = train_lib.shard_cells(state), train_lib.replicate(real)
+  cells = train_lib.shard_cells(cells)
+  epoch_fn = train_lib.make_cells_epoch(cfg, SEEDS)
   metrics = []
   for epoch in range(EPOCHS):
     epoch_keys = jax.random.split(jax.random.PRNGKey(100 + epoch), SEEDS)
-    state, m = epoch_fn(state, real, train_lib.shard_seeds(epoch_keys), cells)
+    state, m = epoch_fn(state, real, train_lib.shard_cells(epoch_keys), cells)
     metrics.append(m)
-  devices = len(jax.local_devices())
-  spread = {len(leaf.sharding.device_set) for leaf in jax.tree.leaves((state, metrics))}
-  assert spread == {devices}, spread           # every leaf lives on all devices
-  assert len(state.epoch.addressable_shards) == devices
   # A run checkpoint restores onto the template's sharding, ready for the compiled epoch.
   from mombo_jax import checkpoint
   ckpt = checkpoint.RunCheckpointer(out_path + ".ckpt")
@@ -65,23 +63,35 @@ def _train(out_path):
   for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state)):
     assert a.sharding == b.sharding, (a.sharding, b.sharding)
     np.testing.assert_array_equal(a, b)
-  epoch_fn(restored, real, train_lib.shard_seeds(jax.random.split(jax.random.PRNGKey(9), SEEDS)),
+  epoch_fn(restored, real, train_lib.shard_cells(jax.random.split(jax.random.PRNGKey(9), SEEDS)),
            cells)
-  leaves = jax.tree.leaves(jax.device_get((state, metrics)))
+  # Epochs EPOCHS .. EPOCHS+CHUNK-1 in one call, each device looping over its own cells.
+  restored, _ = ckpt.restore(state)
+  chunk = train_lib.make_cells_chunk(cfg, SEEDS, CHUNK + 1)(
+      restored, real, train_lib.shard_cells(jax.random.split(jax.random.PRNGKey(9), SEEDS)),
+      cells, EPOCHS, CHUNK)
+  devices = len(jax.local_devices())
+  spread = {len(leaf.sharding.device_set) for leaf in jax.tree.leaves((state, metrics, chunk))}
+  assert spread == {devices}, spread           # every leaf lives on all devices
+  assert len(state.epoch.addressable_shards) == devices
+  assert chunk[1]["diverged"].shape == (CHUNK + 1, SEEDS)
+  assert not any(np.any(np.asarray(v)[CHUNK:]) for v in chunk[1].values())   # rows past n
+  leaves = jax.tree.leaves(jax.device_get((state, metrics, chunk)))
   np.savez(out_path, devices=devices, *[np.asarray(x) for x in leaves])
 
 
 def _refuse():
-  """make_seeds_epoch and experiments.run.validate refuse 3 seeds on 4 devices."""
-  from experiments import run
-  from mombo_jax import train as train_lib
+  """make_cells_epoch and the launch's validate (experiments.run's checks) refuse 3 seeds on 4
+  devices."""
+  from mombo_jax import launch, train as train_lib
+  from mombo_jax.errors import UserError
   try:
-    train_lib.make_seeds_epoch(_tiny_config(3))
+    train_lib.make_cells_epoch(_tiny_config(3), 3)
   except ValueError as e:
     print("train:", e)
   try:
-    run.validate(_tiny_config(3), "hopper-random", os.environ["REFUSE_WORKDIR"])
-  except run.UserError as e:
+    launch.validate(_tiny_config(3), "hopper-random", os.environ["REFUSE_WORKDIR"])
+  except UserError as e:
     print("run:", e)
 
 

@@ -1,5 +1,5 @@
-"""experiments/sweep.py: the grid of cells, shared dynamics, skip-when-finished, failure and
-interruption records; one real tiny sweep through the CLI."""
+"""mombo_jax/sweep.py (behind experiments.sweep): the grid of cells, shared dynamics,
+skip-when-finished, failure and interruption records; one real tiny sweep through the CLI."""
 import json
 import os
 import subprocess
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from experiments import sweep
+from mombo_jax import errors, sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET = dict(preset="tiny", epochs=1, steps_per_epoch=5, rollout_batch_size=32, eval_episodes=1,
@@ -43,7 +43,7 @@ def test_plan_is_dataset_major_with_shared_dynamics(tmp_path):
     (dict(algos=("mopo", "mopo")), "must not repeat"),
 ])
 def test_plan_refuses_bad_input_before_anything_runs(tmp_path, bad, match):
-  with pytest.raises(sweep.UserError, match=match):
+  with pytest.raises(errors.UserError, match=match):
     _cells(tmp_path / "out", **bad)
   assert not os.path.exists(tmp_path / "out")
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from mombo_jax import buffer, config as config_lib, dynamics, sac, targets
+from mombo_jax import buffer, config as config_lib, dynamics, sac, targets, termination
 
 B, S, A = 16, 5, 2
 RTOL, ATOL = 2e-4, 2e-4
@@ -166,7 +166,7 @@ def _np_plain(agent, batch, key, cfg):
 
 @pytest.mark.parametrize("mode", ["elite_spread", "mixture"])
 def test_mombo_elite_modes(cfg, agent, batch, dyn, mode):
-  term_fn = dynamics.termination_fn("hopper")
+  term_fn = termination.termination_fn("hopper")
   key = jax.random.PRNGKey(6)
   y, _ = targets.get_target(dataclasses.replace(cfg, target=mode))(
       agent, batch, key, dyn=dyn, config=cfg, term_fn=term_fn)
@@ -234,7 +234,7 @@ def test_soft_backup_is_honoured_by_mombo_and_mobile(cfg, agent, batch, dyn):
   np.testing.assert_allclose(np.asarray(y_soft) - np.asarray(y_det),
                              mob.gamma * (1 - nb.done) * bonus, rtol=1e-3, atol=1e-3)
 
-  term_fn = dynamics.termination_fn("hopper")
+  term_fn = termination.termination_fn("hopper")
   for mode in ("elite_spread", "mixture"):
     det_cfg = dataclasses.replace(cfg, target=mode)
     y_det, _ = targets.get_target(det_cfg)(agent, batch, key, dyn=dyn, config=det_cfg,
@@ -261,7 +261,7 @@ def test_nan_behind_a_terminal_never_reaches_the_target(cfg, agent, batch, dyn):
   mopo = config_lib.make_config("hopper-random", "mopo", preset="tiny")
   for config in (cfg, dataclasses.replace(cfg, deterministic_backup=False), mob, mopo):
     y, _ = targets.get_target(config)(agent, bad, key, dyn=dyn, config=config,
-                                      term_fn=dynamics.termination_fn("hopper"))
+                                      term_fn=termination.termination_fn("hopper"))
     assert np.all(np.isfinite(np.asarray(y))), config.algo
 
 
@@ -274,7 +274,7 @@ def test_penalty_is_what_the_target_subtracts(cfg, agent, batch, dyn, algo, mode
   subtracts times beta, on model rows (past the leading real rows): y(beta=0) - y(beta=1) = U."""
   config = (dataclasses.replace(cfg, target=mode) if algo == "mombo" else
             dataclasses.replace(cfg, algo="mobile", mobile_num_samples=3))
-  term_fn = dynamics.termination_fn("hopper")
+  term_fn = termination.termination_fn("hopper")
   key = jax.random.PRNGKey(11)
   target, penalty = targets.get_target(config), targets.get_penalty(config)
   y0, y1 = (np.asarray(target(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn,

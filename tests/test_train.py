@@ -1,6 +1,7 @@
 """Per-seed divergence inside the compiled epoch: a seed that goes non-finite or explodes is frozen
 at its last healthy agent and flagged; the other seeds are untouched (bitwise: the same compiled
-program, the same vmap width)."""
+program, the same vmap width). Several epochs in one device call (make_cells_chunk) train as
+one call per epoch, and freeze a diverged seed the same way."""
 import dataclasses
 
 import jax
@@ -13,6 +14,7 @@ from mombo_jax import train as train_lib
 
 S_DIM, A_DIM, N = 11, 3, 256
 SEEDS = 2
+CHUNK = 3          # max_epochs of the chunk function
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def _fresh(cfg, real):
   keys = jax.random.split(jax.random.PRNGKey(0), SEEDS)
   one = dynamics.init_state(jax.random.PRNGKey(1), S_DIM, A_DIM, cfg)
   dyn = jax.tree.map(lambda x: jnp.stack([x] * SEEDS), one)
-  return train_lib.init_seeds(keys, cfg, real, dyn)
+  return train_lib.init_cells(keys, cfg, real, dyn)
 
 
 def _poison(state, seed):
@@ -47,7 +49,8 @@ def _poison(state, seed):
 
 
 def _host(tree):
-  return jax.tree.map(np.asarray, jax.device_get(tree))
+  # Copies: a view of a device buffer could change when a later call takes (donates) the buffer.
+  return jax.tree.map(np.array, jax.device_get(tree))
 
 
 def _assert_tree_equal(a, b):
@@ -60,13 +63,17 @@ def _args(cfg, real, epoch):
   return stacked, _keys(epoch), cells
 
 
+def _base_keys():
+  """keys [SEEDS] of the chunk function; epoch e of a cell uses fold_in(its key, e)."""
+  return jax.random.split(jax.random.PRNGKey(7), SEEDS)
+
+
 def _keys(epoch):
-  return jax.vmap(lambda k: jax.random.fold_in(k, epoch))(
-      jax.random.split(jax.random.PRNGKey(7), SEEDS))
+  return jax.vmap(jax.random.fold_in, (0, None))(_base_keys(), epoch)
 
 
 def test_nonfinite_seed_is_frozen_and_others_untouched(cfg, real):
-  epoch_fn = train_lib.make_seeds_epoch(cfg)
+  epoch_fn = train_lib.make_cells_epoch(cfg, SEEDS)
   clean, clean_metrics = epoch_fn(_fresh(cfg, real), *_args(cfg, real, 0))
   assert not np.any(np.asarray(clean_metrics["diverged"]))
   clean = _host(clean)
@@ -100,9 +107,87 @@ def test_a_finite_explosion_counts_as_divergence(cfg, real):
   strict = dataclasses.replace(cfg, max_abs_loss=1e-6)
   state = _fresh(strict, real)
   before = _host(state.agent)
-  state, metrics = train_lib.make_seeds_epoch(strict)(state, *_args(strict, real, 0))
+  state, metrics = train_lib.make_cells_epoch(strict, SEEDS)(state, *_args(strict, real, 0))
   assert np.all(np.asarray(metrics["diverged"]))
   assert np.all(np.asarray(metrics["diverged/critic_loss"]))
   assert not np.any(np.asarray(metrics["diverged/params"]))   # finite, just too large
   assert np.all(np.isfinite(np.asarray(metrics["critic_loss"])))
   _assert_tree_equal(_host(state.agent), before)
+
+
+@pytest.fixture(scope="module")
+def chunk_fn(cfg):
+  return train_lib.make_cells_chunk(cfg, SEEDS, CHUNK)
+
+
+def _per_cell(metrics):
+  """One epoch's metrics {name: [C, ...]} reduced as the chunk does: [C] each."""
+  return {k: np.any(v, axis=tuple(range(1, v.ndim))) if v.dtype == bool
+          else np.mean(v, axis=tuple(range(1, v.ndim))) for k, v in _host(metrics).items()}
+
+
+@pytest.fixture(scope="module")
+def chunked(cfg, real, chunk_fn):
+  """Epochs 0, 1, 2 from one fresh state three ways, on the host: one epoch per call (states
+  after 2 and 3 epochs, metrics rows [CHUNK, C]), a chunk of 2 then one of 1, one chunk of 3."""
+  stacked, _, cells = _args(cfg, real, 0)
+  epoch_fn = train_lib.make_cells_epoch(cfg, SEEDS)
+  state, rows, by_epoch = _fresh(cfg, real), [], {}
+  for e in range(CHUNK):
+    state, metrics = epoch_fn(state, stacked, _keys(e), cells)
+    rows.append(_per_cell(metrics))
+    by_epoch[e + 1] = _host(state)
+  by_epoch["metrics"] = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+  state, first = chunk_fn(_fresh(cfg, real), stacked, _base_keys(), cells, 0, 2)
+  two = _host((state, first))
+  state, second = chunk_fn(state, stacked, _base_keys(), cells, 2, 1)
+  three = _host(chunk_fn(_fresh(cfg, real), stacked, _base_keys(), cells, 0, CHUNK))
+  return dict(epochs=by_epoch, two=two, two_then_one=_host((state, second)), three=three)
+
+
+def _assert_tree_close(a, b):
+  # rtol, not equality: XLA may fuse the while loop's body otherwise than the single epoch.
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7), a, b)
+
+
+def test_a_chunk_trains_as_one_call_per_epoch(chunked):
+  epochs = chunked["epochs"]
+  state2, metrics2 = chunked["two"]
+  _assert_tree_close(state2, epochs[2])
+  _assert_tree_close({k: v[:2] for k, v in metrics2.items()},
+                     {k: v[:2] for k, v in epochs["metrics"].items()})
+  state3, metrics3 = chunked["three"]
+  _assert_tree_close(state3, epochs[3])
+  _assert_tree_close(metrics3, epochs["metrics"])
+  np.testing.assert_array_equal(state3.epoch, [CHUNK] * SEEDS)
+  # Two chunks (epochs 0-1, then 2 with start=2) continue where the first stopped.
+  state21, metrics21 = chunked["two_then_one"]
+  _assert_tree_close(state21, state3)
+  _assert_tree_close({k: v[0] for k, v in metrics21.items()},
+                     {k: v[2] for k, v in metrics3.items()})
+  assert set(metrics3) == set(epochs["metrics"]) and metrics3["diverged"].dtype == bool
+  assert all(v.shape == (CHUNK, SEEDS) for v in metrics3.values())
+
+
+def test_chunk_rows_past_n_are_zero(chunked):
+  for (_, metrics), n in ((chunked["two"], 2), (chunked["two_then_one"], 1)):
+    for k, v in metrics.items():
+      assert not np.any(v[n:]), k
+
+
+def test_a_diverged_seed_stays_frozen_through_a_chunk(cfg, real, chunk_fn, chunked):
+  poisoned = _poison(_fresh(cfg, real), 0)
+  poisoned_agent = _host(poisoned.agent)
+  stacked, _, cells = _args(cfg, real, 0)
+  state, metrics = _host(chunk_fn(poisoned, stacked, _base_keys(), cells, 0, 2))
+  np.testing.assert_array_equal(metrics["diverged"], [[True, False], [True, False],
+                                                      [False, False]])
+  np.testing.assert_array_equal(metrics["diverged/params"][:, 0], [True, False, False])
+  assert not any(np.any(metrics[f"diverged/{k}"][:, 1]) for k in train_lib.DIVERGENCE_CHECKS)
+  # Seed 0 kept the agent it came in with; seed 1 is bit for bit the clean chunk's seed 1.
+  _assert_tree_equal(jax.tree.map(lambda x: x[0], state.agent),
+                     jax.tree.map(lambda x: x[0], poisoned_agent))
+  _assert_tree_equal(jax.tree.map(lambda x: x[1], state.agent),
+                     jax.tree.map(lambda x: x[1], chunked["two"][0].agent))
+  np.testing.assert_array_equal(state.epoch, [2, 2])
+  assert np.all(np.isfinite(metrics["critic_loss"][:2, 1]))

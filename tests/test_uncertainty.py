@@ -1,4 +1,4 @@
-"""The uncertainty-quantifier experiment (experiments.uncertainty, mombo_jax.quantifier_quality;
+"""The uncertainty-quantifier experiment (mombo_jax.uncertainty_runs, quantifier_quality;
 the paper's Table 2, SPEC.md section 9): the scores on known Bellman errors, the definition against
 a closed form (linear critic, Gaussian policy and model), U against what the run's own target
 subtracts, and the experiment end to end on a run folder in both --states modes, with the paper's
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from mombo_jax import dynamics, quantifier_quality, targets, trained
+from mombo_jax import (dynamics, quantifier_quality, targets, termination, trained,
+                       uncertainty_runs)
 from tests.conftest_runs import tiny_run  # noqa: F401  (session fixture)
 
 
@@ -162,7 +163,7 @@ def test_u_is_what_the_runs_target_subtracts(tiny_run):
   rng = np.random.default_rng(2)
   obs = jnp.asarray(rng.normal(scale=0.1, size=(8, 11)) + np.r_[1.25, np.zeros(10)], jnp.float32)
   action = jnp.asarray(rng.uniform(-1, 1, size=(8, 3)), jnp.float32)
-  term_fn = dynamics.termination_fn(nets.config.env_name)
+  term_fn = termination.termination_fn(nets.config.env_name)
   modes = ("lcb", "elite_spread")
 
   @jax.jit
@@ -219,7 +220,6 @@ def test_table_has_the_papers_numbers_beside_the_as_trained_blocks():
   """Table 2's own numbers (paper_results) stand in their own columns beside the as-trained
   accuracy and tightness on the paper's datasets only, never in the U / beta blocks, with the
   note saying what they compare with; ours keep the bold / underline rule to themselves."""
-  from experiments import uncertainty
   from mombo_jax import paper_results
   rows = [dict(run="r", env="hopper", dataset=dataset, algo=algo, target="", states="policy",
                seed=seed, epoch=1, beta=2.0, transitions=10, draws=5, num_policy=7,
@@ -228,9 +228,9 @@ def test_table_has_the_papers_numbers_beside_the_as_trained_blocks():
                bellman_error_mean=3.0)
           for dataset in ("hopper-random", "mujoco/hopper/expert-v0")
           for algo in ("MOBILE", "MOMBO (elite_spread)") for seed in (0, 1)]
-  text = uncertainty.table_markdown(rows)
+  text = uncertainty_runs.table_markdown(rows)
   blocks = _blocks(text)
-  for metric, title in uncertainty.METRICS[:2]:
+  for metric, title in uncertainty_runs.METRICS[:2]:
     header, paper_row, other_row = [line for line in blocks[title].splitlines()
                                     if line.startswith(("| Dataset type", "| random",
                                                         "| mujoco"))]
@@ -241,7 +241,7 @@ def test_table_has_the_papers_numbers_beside_the_as_trained_blocks():
       assert cells[col] == f"{mean:.3f} ± {std:.3f}", (metric, algo)
     assert "**" not in cells[3] + cells[5]          # references, not in the table rule
     assert [c.strip() for c in other_row.split("|")[1:-1]][3] == "–"   # no Table 2 number
-  for _, title in uncertainty.METRICS[2:]:
+  for _, title in uncertainty_runs.METRICS[2:]:
     assert "(paper)" not in blocks[title], title
   assert "the paper's Table 2" in text and "*U / beta* blocks" in text
   assert "Table 1 for D4RL" not in text          # report.py's note on the score tables is replaced
@@ -259,15 +259,14 @@ def test_help_describes_the_definition():
 @pytest.mark.slow
 @pytest.mark.parametrize("states", ["policy", "dataset"])
 def test_experiment_end_to_end(tiny_run, tmp_path, states):
-  from experiments import uncertainty
   from mombo_jax import paper_results
   workdir, _ = tiny_run
-  assert uncertainty.find_run_dirs([workdir, workdir + "/"]) == [workdir]
+  assert uncertainty_runs.find_run_dirs([workdir, workdir + "/"]) == [workdir]
   with pytest.raises(ValueError, match=f"No runs.*found under {tmp_path}"):
-    uncertainty.find_run_dirs([str(tmp_path)])
+    uncertainty_runs.find_run_dirs([str(tmp_path)])
   draws = 20
   # 8 tuples either way (<= 8 policy tuples pad to 8), so both modes share one compilation.
-  rows = uncertainty.evaluate_runs([workdir], states=states, episodes=2, max_episode_steps=30,
+  rows = uncertainty_runs.evaluate_runs([workdir], states=states, episodes=2, max_episode_steps=30,
                                    num_states=8, draws=draws, num_policy=50, log=lambda *a: None)
   assert [r["seed"] for r in rows] == [0, 1] and len({r["algo"] for r in rows}) == 1
   assert rows[0]["algo"].startswith("MOMBO") and {r["states"] for r in rows} == {states}
@@ -286,18 +285,25 @@ def test_experiment_end_to_end(tiny_run, tmp_path, states):
         r["penalty_unscaled_mean"] - r["bellman_error_mean"], rel=1e-5, abs=1e-6)
     assert r["penalty_mean"] == pytest.approx(r["beta"] * r["penalty_unscaled_mean"], rel=1e-5)
     assert r["penalty_mean"] > 0 and np.isfinite(r["bellman_error_mean"])
-  text = uncertainty.table_markdown(rows)
+  text = uncertainty_runs.table_markdown(rows)
   acc = np.array([r["accuracy"] for r in rows])
   assert f"{acc.mean():.3f} ± {acc.std():.3f}" in text
   assert f"states={states}" in text and "Accuracy (U / beta)" in text and "U / beta" in text
   # hopper-random is one of the paper's datasets: its Table 2 numbers sit beside ours.
   blocks = _blocks(text)
-  for metric, title in uncertainty.METRICS[:2]:
+  for metric, title in uncertainty_runs.METRICS[:2]:
     mean, std = paper_results.uncertainty("hopper-random", "MOMBO", metric)
     assert "| MOMBO (paper) |" in blocks[title] and f"{mean:.3f} ± {std:.3f}" in blocks[title]
-  assert uncertainty.output_names(states) == (
+  assert uncertainty_runs.output_names(states) == (
       ("uncertainty.csv", "uncertainty.md") if states == "policy" else
       ("uncertainty_dataset.csv", "uncertainty_dataset.md"))
+  csv_path, md_path = uncertainty_runs.write_outputs(rows, str(tmp_path / "out"), states)
+  assert (os.path.basename(csv_path), os.path.basename(md_path)) == uncertainty_runs.output_names(
+      states)
+  with open(md_path) as f:
+    assert f.read() == text
+  with open(csv_path) as f:
+    assert len(f.read().strip().splitlines()) == 1 + len(rows)
   if states == "dataset":
     from mombo_jax import data
     picked = quantifier_quality.dataset_states(data.load_transitions(rows[0]["dataset"]), 8, 0)

@@ -1,0 +1,91 @@
+"""What a launch trains: its Groups (one workdir each: a dataset, a beta, its seeds), planned from
+the --datasets x --betas flags and checked to share one compiled program. mombo_jax.runner trains
+them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Optional
+
+from mombo_jax.errors import UserError
+from mombo_jax.workdir import grid_dynamics_dir, run_dir
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  """One workdir of a launch: config.num_seeds seeds (from config.seed) of one dataset at
+  config.beta. dynamics_dir: where its ensembles are saved / reused (default <workdir>/dynamics)."""
+  config: Any
+  dataset: str
+  workdir: str
+  dynamics_dir: Optional[str] = None
+
+  def label(self) -> str:
+    c = self.config
+    return f"{self.dataset} beta={c.beta:g} seeds {c.seed}..{c.seed + c.num_seeds - 1}"
+
+
+def describe_algorithm(config, betas=None) -> str:
+  """One line naming the algorithm and, for MOMBO, which target (the variant matters: see README
+  "Which MOMBO"); betas: the launch's betas (a --betas grid), default config.beta."""
+  values = ", ".join(f"{b:g}" for b in (betas or [config.beta]))
+  coef = ("lambda" if config.algo == "mopo" else "beta") + ("s" if betas and len(betas) > 1 else "")
+  if config.algo == "mombo":
+    origin = {"elite_spread": "the released code's", "lcb": "the paper's eq. (1)",
+              "mixture": "law of total variance"}[config.target]
+    return f"MOMBO, target {config.target} ({origin}), {coef} {values}"
+  return f"{config.algo.upper()}, {coef} {values}"
+
+
+def plan_groups(env, algo, preset, overrides, datasets=None, betas=None, root="runs",
+                dynamics_dir=None):
+  """The Groups of a --datasets x --betas launch (datasets default [env], betas default each
+  dataset's own paper beta or overrides["beta"]). A short dataset name brings its own paper
+  settings (config.make_config); a Minari id trains with env's. Workdirs: run_dir under root.
+  With betas, a dataset's groups share their dynamics (workdir.grid_dynamics_dir; without, each
+  workdir keeps its own, as a plain run does). Raises UserError for a bad name or value."""
+  from mombo_jax import config as config_lib
+  datasets = list(datasets or [env])
+  if len(set(datasets)) != len(datasets) or (betas and len(set(betas)) != len(betas)):
+    raise UserError("--datasets and --betas must not repeat a value.")
+  groups = []
+  for dataset in datasets:
+    task = dataset if dataset in config_lib.valid_names() else env
+    for beta in (betas or [None]):
+      values = dict(overrides) if beta is None else dict(overrides, beta=beta)
+      try:
+        config = config_lib.make_config(task, algo, preset, **values)
+      except ValueError as e:
+        raise UserError(f"{dataset}: {e}") from None
+      workdir = run_dir(root, dataset, algo, config.target, config.seed, config.num_seeds,
+                        None if not betas else beta)
+      dyn = grid_dynamics_dir(root, dataset, dynamics_dir) if betas else None
+      groups.append(Group(config, dataset, workdir, dyn))
+  return groups
+
+
+def check_groups(groups):
+  """Refuses groups that cannot share one compiled epoch (settings other than the dataset, beta,
+  seeds and the dynamics' training differ) or one folder."""
+  from mombo_jax import train as train_lib
+  if not groups:
+    raise UserError("Nothing to train: no dataset / beta given.")
+  dirs = [os.path.abspath(g.workdir) for g in groups]
+  if len(set(dirs)) != len(dirs):
+    raise UserError(f"Two cells of this launch would share a workdir ({', '.join(dirs)}); give "
+                    "each (dataset, beta) its own.")
+  first = dataclasses.asdict(train_lib.epoch_config(groups[0].config))
+  envs = {g.config.env_name for g in groups}
+  if len(envs) > 1:
+    raise UserError(f"--datasets of one launch must share an environment, got {sorted(envs)}: "
+                    "launch one per environment.")
+  for g in groups[1:]:
+    other = dataclasses.asdict(train_lib.epoch_config(g.config))
+    diff = {k: (first[k], v) for k, v in other.items() if first[k] != v}
+    if diff:
+      what = ", ".join(f"{k}: {a!r} for {groups[0].dataset} vs {b!r} for {g.dataset}"
+                       for k, (a, b) in sorted(diff.items()))
+      raise UserError(f"{groups[0].dataset} and {g.dataset} cannot train in one program: their "
+                      f"settings differ beyond the dataset and beta ({what}). Pass flags that "
+                      "set these fields for all (e.g. --rollout_length), or launch them apart.")

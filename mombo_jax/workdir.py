@@ -1,0 +1,339 @@
+"""A run on disk, owned in one place: the layout of a run's folder, its config.json (write, read,
+compare), its checkpoints (restored against a typed template), its outputs, and the dynamics
+ensembles it trains or reuses. No other module spells a path inside a run.
+
+    <workdir>/
+      config.json          the Config fields + "dataset" (+ "epochs_changes": --allow_epochs_change)
+      checkpoints/<step>/  Orbax steps of the TrainState, leading cell axis [S] (checkpoint.py)
+      dynamics/seed<s>x<S>/  the S dynamics ensembles (unless --dynamics_dir puts them elsewhere)
+      metrics.csv          one row per seed per evaluation        (outputs.py formats the files)
+      summary.json         final scores, AULC, diverged / overestimated seeds
+      learning_curve.png
+
+The key scheme of a run lives here too (`cell_keys`): experiments.run and
+experiments.train_dynamics derive seed i's dynamics key the same way, so both train identical
+ensembles and either's can be reused by the other.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from mombo_jax.errors import UserError
+
+CONFIG = "config.json"
+METRICS = "metrics.csv"
+SUMMARY = "summary.json"
+CURVE = "learning_curve.png"
+CHECKPOINTS = "checkpoints"
+DYNAMICS = "dynamics"
+# What a finished run holds (experiments.report reads these three).
+RUN_FILES = (CONFIG, METRICS, SUMMARY)
+# Config fields that may change between launches of one run without --allow_epochs_change.
+HARMLESS = ("eval_every", "eval_episodes")
+
+
+def run_dir(root, dataset, algo, target, seed, seeds, beta=None) -> str:
+  """<root>/<dataset>/<algo>[-<target>][-beta<beta>]/s<seed>x<seeds>: a run's default workdir
+  (beta only in the name of a --betas grid's cells)."""
+  name = algo + (f"-{target}" if algo == "mombo" else "") + ("" if beta is None else f"-beta{beta:g}")
+  return os.path.join(root, dataset.replace("/", "_"), name, f"s{seed}x{seeds}")
+
+
+def grid_dynamics_dir(root: str, dataset: str, dynamics_dir: Optional[str] = None) -> str:
+  """Where the betas of a --betas grid share a dataset's ensembles: <dynamics_dir>/dynamics, by
+  default <root>/<dataset>/dynamics."""
+  return os.path.join(dynamics_dir or os.path.join(root, dataset.replace("/", "_")), DYNAMICS)
+
+
+def default_dynamics_root(dataset: str, root: str = "runs") -> str:
+  """experiments.train_dynamics' default folder of saved ensembles: runs/dynamics/<dataset>."""
+  return os.path.join(root, DYNAMICS, dataset.replace("/", "_"))
+
+
+def dynamics_path(dynamics_dir: str, config) -> str:
+  """<dynamics_dir>/seed<seed>x<num_seeds>: the ensembles of config's seeds."""
+  return os.path.join(dynamics_dir, f"seed{config.seed}x{config.num_seeds}")
+
+
+def cell_keys(config):
+  """The run's key scheme: (dynamics, init, epoch) keys [S] of seeds config.seed ...: seed i's
+  are fold_in(PRNGKey(config.seed + i), 0 / 1 / 2)."""
+  import jax
+  import jax.numpy as jnp
+  seeds = jnp.arange(config.seed, config.seed + config.num_seeds)
+  seed_keys = jax.vmap(jax.random.PRNGKey)(seeds)
+  return tuple(jax.vmap(lambda k, i=i: jax.random.fold_in(k, i))(seed_keys) for i in range(3))
+
+
+def config_record(config, dataset: str) -> dict:
+  """config.json's content for `config` trained on `dataset` (JSON types: tuples become lists)."""
+  return json.loads(json.dumps(dict(dataclasses.asdict(config), dataset=dataset)))
+
+
+def config_from_record(record: dict):
+  """(Config, dataset) of a config.json record; fields the Config no longer has are ignored."""
+  from mombo_jax import config as config_lib
+  fields = {f.name for f in dataclasses.fields(config_lib.Config)}
+  # JSON turned the config's tuples into lists; the frozen Config must stay hashable.
+  values = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in fields}
+  return config_lib.Config(**values), record.get("dataset") or values.get("env")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workdir:
+  """One run's folder. dynamics_dir: where its dynamics ensembles live (default
+  <path>/dynamics; a --betas grid shares one across the betas of a dataset)."""
+  path: str
+  dynamics_dir: Optional[str] = None
+
+  def __post_init__(self):
+    if self.dynamics_dir is None:
+      object.__setattr__(self, "dynamics_dir", os.path.join(self.path, DYNAMICS))
+
+  def file(self, name: str) -> str:
+    return os.path.join(self.path, name)
+
+  @property
+  def checkpoints(self) -> str:
+    return self.file(CHECKPOINTS)
+
+  def finished(self) -> bool:
+    """The run ended (summary.json written)."""
+    return os.path.exists(self.file(SUMMARY))
+
+  # ------------------------------------------------------------------------------ config.json
+
+  def read_record(self) -> dict:
+    """config.json as written; UserError naming the file when missing or unreadable."""
+    path = self.file(CONFIG)
+    try:
+      with open(path) as f:
+        return json.load(f)
+    except (OSError, ValueError) as e:
+      raise UserError(f"{path} is missing or unreadable ({e}); pass a run workdir written by "
+                      "experiments.run.") from None
+
+  def read_config(self):
+    """(Config, dataset) of the run here."""
+    return config_from_record(self.read_record())
+
+  def check_config(self, config, dataset, allow_epochs_change=False) -> Tuple[dict, List[str]]:
+    """(config.json record to write, notes) for training `config` on `dataset` here. Refuses a run
+    of another config, and a changed --epochs unless allow_epochs_change (then recorded with how
+    the actor's schedule was handled). Writes nothing."""
+    new = config_record(config, dataset)
+    path = self.file(CONFIG)
+    if not os.path.exists(path):
+      return new, []
+    try:
+      with open(path) as f:
+        old = json.load(f)
+    except (OSError, ValueError) as e:
+      raise UserError(f"{path} is unreadable ({e}); delete that file to start the run afresh "
+                      "(its checkpoints then no longer match and must go too).") from None
+    changed = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v
+               and k not in ("epochs",) + HARMLESS}
+    if changed:
+      raise UserError(f"{self.path} holds a run with another config "
+                      f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in sorted(changed.items()))}). "
+                      "Pass another --workdir, or delete that folder to start over.")
+    notes, history = [], list(old.get("epochs_changes", []))
+    if old.get("epochs") != new["epochs"]:
+      # With a fixed schedule_epochs the schedule does not move: the run stays a prefix of the
+      # schedule_epochs-epoch run. Without one it spans --epochs and is re-spanned.
+      fixed = new.get("schedule_epochs") is not None
+      how = (f"unchanged: it spans schedule_epochs={new['schedule_epochs']} epochs whatever "
+             "--epochs says" if fixed else "re-spanned over the new total from the current step on")
+      if not allow_epochs_change:
+        raise UserError(f"{self.path} holds a run of --epochs={old.get('epochs')}, not "
+                        f"{new['epochs']}. Pass --allow_epochs_change to continue it to "
+                        f"{new['epochs']} epochs (the actor's cosine learning-rate schedule is "
+                        f"then {how}), or another --workdir.")
+      history.append({"from": old.get("epochs"), "to": new["epochs"],
+                      "actor_lr_schedule": ("unchanged: spans schedule_epochs" if fixed else
+                                            "re-spanned: the cosine continues from the current "
+                                            "step over the new total number of steps")})
+      notes.append(f"--epochs changed {old.get('epochs')} -> {new['epochs']} "
+                   f"(--allow_epochs_change): the actor's cosine schedule is {how}; recorded in "
+                   "config.json.")
+    for k in HARMLESS:
+      if old.get(k) != new[k]:
+        notes.append(f"--{k} changed {old.get(k)} -> {new[k]}.")
+    if history:
+      new["epochs_changes"] = history
+    return new, notes
+
+  def write_config(self, record: dict):
+    from mombo_jax import outputs
+    os.makedirs(self.path, exist_ok=True)
+    outputs.write_json(self.file(CONFIG), record)
+
+  # ------------------------------------------------------------------------------ checkpoints
+
+  def checkpointer(self, keep: Optional[int] = 3):
+    """The run's checkpoint.RunCheckpointer (keep None: keep all, for reading)."""
+    from mombo_jax import checkpoint
+    return checkpoint.RunCheckpointer(self.checkpoints, keep=keep)
+
+  def state_template(self, config=None):
+    """jax.eval_shape of the run's TrainState [S]: what its checkpoints restore against, built
+    from config.json (or `config`) and the env's dims alone: nothing is trained or read."""
+    import jax
+    import jax.numpy as jnp
+    from mombo_jax import buffer, dynamics, envs, train as train_lib
+    if config is None:
+      config, _ = self.read_config()
+    obs_dim, act_dim = envs.OBS_DIM[config.env_name], envs.ACTION_DIM[config.env_name]
+    # init reads only the real data's dims: one-row stand-ins.
+    dims = dict(obs=obs_dim, action=act_dim, next_obs=obs_dim, obs_var=obs_dim,
+                next_obs_mean=obs_dim, next_obs_var=obs_dim)
+    shape = lambda name: (1, dims[name]) if name in dims else (1,)  # noqa: E731
+    real = buffer.Batch(**{f.name: jax.ShapeDtypeStruct(shape(f.name), jnp.float32)
+                           for f in dataclasses.fields(buffer.Batch)})
+
+    def init(keys):
+      dyn = jax.vmap(lambda k: dynamics.init_state(k, obs_dim, act_dim, config))(keys)
+      return train_lib.init_cells(keys, config, real, dyn)
+    return jax.eval_shape(init, cell_keys(config)[1])
+
+  def restore(self, template=None, step: Optional[int] = None, partial: bool = False):
+    """(state, checkpoint metadata) of the newest valid (or `step`'s) checkpoint, restored
+    against `template` (default: state_template()); partial: template is a sub-tree of the saved
+    state (e.g. the actors only) and only its leaves are read. UserError when there is none or it
+    cannot be read."""
+    from mombo_jax import checkpoint
+    if not os.path.isdir(self.checkpoints):
+      raise UserError(f"{self.path} has no checkpoints folder; pass a run workdir of "
+                      "experiments.run that finished at least one evaluation.")
+    if template is None:
+      template = self.state_template()
+    ckpt = self.checkpointer(keep=None)
+    try:
+      return ckpt.restore(template, step=step, partial=partial)
+    except checkpoint.CheckpointError as e:
+      raise UserError(str(e)) from None
+    finally:
+      ckpt.close()
+
+  # ---------------------------------------------------------------------------------- outputs
+
+  def read_rows(self, max_epoch: Optional[int] = None) -> List[dict]:
+    from mombo_jax import outputs
+    return outputs.read_rows(self.file(METRICS), max_epoch=max_epoch)
+
+  def write_rows(self, rows: Sequence[dict]):
+    from mombo_jax import outputs
+    outputs.write_rows(self.file(METRICS), rows)
+
+  def read_summary(self) -> dict:
+    with open(self.file(SUMMARY)) as f:
+      return json.load(f)
+
+  def write_summary(self, summary: dict):
+    from mombo_jax import outputs
+    outputs.write_json(self.file(SUMMARY), summary)
+
+  def plot(self, rows, seeds, title: str, diverged=()):
+    from mombo_jax import outputs
+    outputs.plot_curve(rows, seeds, self.file(CURVE), title, diverged)
+
+  # --------------------------------------------------------------------------------- dynamics
+
+  def dynamics(self, config, transitions, dataset, should_stop=None, log=print):
+    """The run's dynamics ensembles [S]: see get_dynamics."""
+    return get_dynamics(config, transitions, dataset, self.dynamics_dir, should_stop=should_stop,
+                        log=log)
+
+
+# ------------------------------------------------------------------------------------ finding
+
+def find(dirs: Sequence[str], need: Sequence[str] = RUN_FILES) -> Tuple[List[str], List[str]]:
+  """(run workdirs, warnings) under `dirs`: a folder holding any of `need` is a run (its
+  subfolders are not searched); one missing some of them is skipped with a warning naming what
+  is missing. UserError for a DIR that is not a folder."""
+  found, warnings = [], []
+  for top in dirs:
+    if not os.path.isdir(top):
+      raise UserError(f"{top} is not a folder; pass folders that hold run workdirs (written by "
+                      "experiments.run).")
+    for root, subdirs, files in os.walk(top):
+      present = [f for f in need if f in files or f in subdirs]
+      if not present:
+        subdirs.sort()
+        continue
+      missing = [f for f in need if f not in files and f not in subdirs]
+      subdirs[:] = []                 # a run's subfolders (checkpoints, dynamics) are not runs
+      if missing:
+        why = " (unfinished run?)" if SUMMARY in missing else ""
+        warnings.append(f"warning: skipping {root}: missing {', '.join(missing)}{why}")
+      else:
+        found.append(os.path.normpath(root))
+  return sorted(set(found)), warnings
+
+
+# ----------------------------------------------------------------------------------- dynamics
+
+def get_dynamics(config, transitions, dataset, dynamics_dir, *, should_stop=None,
+                 overwrite: Optional[bool] = None, log: Callable = print):
+  """config's seeds' dynamics ensembles [S] in <dynamics_dir>/seed<s>x<S>: reused when saved
+  there for this very setup (saved_dynamics.reuse_key), else trained with cell_keys' dynamics keys
+  (resumably: <path>.partial holds an unfinished training) and saved.
+
+  overwrite None (experiments.run): reuse what fits, refuse what does not; False
+  (experiments.train_dynamics): refuse an existing ensemble; True: train again and replace it.
+  should_stop: a StopFlag; when it fires, training checkpoints and Interrupted is raised.
+  """
+  import numpy as np
+  from mombo_jax import checkpoint, distributed, dynamics_training, provenance, saved_dynamics
+  from mombo_jax.launch import Interrupted
+  path = dynamics_path(dynamics_dir, config)
+  key = saved_dynamics.reuse_key(config, transitions, provenance.dataset_identity(dataset, transitions))
+  if os.path.exists(path) and overwrite is False:
+    raise UserError(f"{path} already exists; pass --overwrite to replace it, or another "
+                    "--workdir.")
+  if os.path.exists(path) and overwrite is None:
+    try:
+      dyn, meta = saved_dynamics.load(path)
+    except checkpoint.CheckpointError as e:
+      raise UserError(f"{e}") from None
+    differs = saved_dynamics.reuse_mismatch(meta, key)
+    if differs:
+      raise UserError(f"The dynamics ensembles in {path} were trained for another setup "
+                      f"({saved_dynamics.format_mismatch(differs)}). "
+                      f"Pass another --dynamics_dir, or delete {path} to retrain them.")
+    log(f"Reusing the dynamics ensembles in {path}.")
+    return dyn
+  if distributed.is_multiprocess():
+    # Every process would train (and write) the same ensembles: train them once, apart.
+    raise UserError(f"No dynamics ensembles in {path}, and a multi-process run does not train "
+                    "them. Train them first in one process: python -m experiments.train_dynamics "
+                    f"--dataset={dataset} --env={config.env} --seed={config.seed} "
+                    f"--seeds={config.num_seeds} --workdir={dynamics_dir} (same --preset and "
+                    "dynamics flags), then launch again with --dynamics_dir.")
+  log(f"Training {config.num_seeds} dynamics ensemble(s) of {config.dyn_members} members "
+      f"({'x'.join(map(str, config.dyn_hidden))}, {config.dyn_elites} elites each; max epochs "
+      f"{config.dyn_max_epochs or 'none: early stopping'}) on {len(transitions.rewards)} "
+      "transitions.")
+  t0 = time.time()
+  partial = path + ".partial"
+  try:
+    dyn = dynamics_training.train_seeds(cell_keys(config)[0], transitions, config, log_fn=log,
+                                        checkpoint_dir=partial, should_stop=should_stop,
+                                        reuse_key=key)
+  except dynamics_training.Interrupted as e:
+    raise Interrupted(getattr(should_stop, "signum", None),
+                      f"dynamics epoch {e.epoch} (saved in {partial})") from None
+  except checkpoint.CheckpointError as e:
+    raise UserError(str(e)) from None
+  except ValueError as e:
+    raise UserError(f"Dynamics training on {dataset}: {e}") from None
+  log(f"Dynamics trained in {time.time() - t0:.0f} s; elites per seed: "
+      f"{np.asarray(dyn.elites).tolist()}.")
+  saved_dynamics.save(path, dyn, config, overwrite=bool(overwrite), reuse_key=key)
+  shutil.rmtree(partial, ignore_errors=True)
+  return dyn

@@ -9,6 +9,7 @@ requests.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Any, List
@@ -199,14 +200,29 @@ def prepare(groups, records, keep, should_stop, data_options):
   return runs, program
 
 
+# Compiled chunks of this process, by function and argument signature: launches of one setup in
+# one process (tests, notebooks, a resumed grid) compile once. AOT compiles bypass jit's cache.
+_COMPILED = collections.OrderedDict()
+_MAX_COMPILED = 8
+
+
 def compile_chunk(program: Program):
   """The launch's compiled device call: (state, real, keys, cells, start, n) -> (state, metrics
   [eval_every, C]) running epochs start .. start+n-1 (train.make_cells_chunk)."""
+  import jax
   import numpy as np
   from mombo_jax import train as train_lib
   fn = train_lib.make_cells_chunk(program.config, program.num_cells, program.config.eval_every)
-  return fn.lower(program.state, program.real, program.keys, program.cells,
-                  np.int32(program.start), np.int32(1)).compile()
+  args = (program.state, program.real, program.keys, program.cells, np.int32(program.start),
+          np.int32(1))
+  leaves, tree = jax.tree.flatten(args)
+  key = (fn, tree, tuple((np.shape(x), str(x.dtype), getattr(x, "sharding", None)) for x in leaves))
+  if key not in _COMPILED:
+    _COMPILED[key] = fn.lower(*args).compile()
+    while len(_COMPILED) > _MAX_COMPILED:
+      _COMPILED.popitem(last=False)
+  _COMPILED.move_to_end(key)
+  return _COMPILED[key]
 
 
 def chunk_length(epoch, end, eval_every, seconds_per_epoch=None) -> int:

@@ -102,7 +102,9 @@ def options_from_flags() -> Options:
 
 
 def main(argv):
-  del argv
+  from mombo_jax.errors import stray_words
+  if stray_words(argv):
+    sys.exit(stray_words(argv))
   # Orbax reports every checkpoint write at INFO; progress lines are printed instead.
   logging.set_verbosity(logging.WARNING)
   from mombo_jax import config as config_lib

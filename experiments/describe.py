@@ -26,7 +26,9 @@ def define_flags():
 
 
 def main(argv):
-  del argv
+  from mombo_jax.errors import stray_words
+  if stray_words(argv):
+    sys.exit(stray_words(argv))
   logging.set_verbosity(logging.WARNING)
   from mombo_jax import cards
   if not FLAGS.dataset:

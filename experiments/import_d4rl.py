@@ -28,7 +28,9 @@ def define_flags():
 
 
 def main(argv):
-  del argv
+  from mombo_jax.errors import stray_words
+  if stray_words(argv):
+    sys.exit(stray_words(argv))
   logging.set_verbosity(logging.WARNING)
   if not FLAGS.file or not FLAGS.env:
     sys.exit("error: --file and --env are required, e.g. --file=hopper_medium_replay-v2.hdf5 "

@@ -101,9 +101,9 @@ def _resume_command() -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    sys.exit(f"error: unexpected argument(s) {' '.join(argv[1:])}: every option is a --flag "
-             "(see --help).")
+  from mombo_jax.errors import stray_words
+  if stray_words(argv):
+    sys.exit(stray_words(argv))
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
   from mombo_jax import config as config_lib, distributed, launch, runner
   from mombo_jax import groups as groups_lib, workdir as workdir_lib

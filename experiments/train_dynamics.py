@@ -33,8 +33,9 @@ def define_flags():
 
 
 def main(argv):
-  if len(argv) > 1:
-    sys.exit(f"error: unexpected argument(s) {' '.join(argv[1:])}: every option is a --flag.")
+  from mombo_jax.errors import stray_words
+  if stray_words(argv):
+    sys.exit(stray_words(argv))
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
   from mombo_jax import launch
   stop = launch.StopFlag()

@@ -88,7 +88,9 @@ def define_flags():
 
 
 def main(argv):
-  del argv
+  from mombo_jax.errors import stray_words
+  if stray_words(argv):
+    sys.exit(stray_words(argv))
   logging.set_verbosity(logging.WARNING)
   if not FLAGS.runs:
     sys.exit("error: --runs is required (run workdirs or folders holding them).")

@@ -19,3 +19,20 @@ class DatasetNotFoundError(FileNotFoundError):
     super().__init__(message)
     self.dataset_id = dataset_id
     self.command = command
+
+
+_BOOLEAN_WORDS = ("true", "false", "yes", "no", "0", "1")
+
+
+def stray_words(argv) -> Optional[str]:
+  """The `error:` line for words absl left on a command line (argv[1:]), or None when there are
+  none. Every option is a --flag, so a word is a mistake, and a silent one: absl reads
+  `--flag false` as --flag (True) followed by the word "false", which this names."""
+  words = list(argv[1:])
+  if not words:
+    return None
+  hint = (" A boolean flag takes its value after '=' (--flag=false): `--flag false` sets it to "
+          "True and leaves the word behind."
+          if any(w.lower() in _BOOLEAN_WORDS for w in words) else "")
+  return (f"error: unexpected argument(s) {' '.join(words)}: every option is a --flag (see "
+          f"--help).{hint}")

@@ -287,6 +287,21 @@ def test_cli_refuses_bad_flags_in_one_line_before_any_work(tmp_path, flag):
   assert not (tmp_path / "w" / "config.json").exists()
 
 
+def test_stray_words_are_refused_naming_the_boolean_trap(tmp_path):
+  """absl leaves words it does not parse in argv; every entry point refuses them (errors.stray_words)
+  instead of ignoring them. `--allow_epochs_change false` set the flag to True and left "false"."""
+  from mombo_jax.errors import stray_words
+  assert stray_words(["prog"]) is None
+  assert "unexpected argument(s) stray" in stray_words(["prog", "stray"])
+  assert "boolean" not in stray_words(["prog", "stray"])
+  assert "--flag=false" in stray_words(["prog", "False"])
+  out = _run_cli(["--env=hopper-random", "--allow_epochs_change", "false",
+                  f"--workdir={tmp_path / 'w'}"], {"MINARI_DATASETS_PATH": str(tmp_path / "e")})
+  assert out.returncode != 0 and "Traceback" not in out.stderr
+  assert out.stderr.strip().splitlines() == [stray_words(["prog", "false"])], out.stderr
+  assert not (tmp_path / "w").exists()
+
+
 def test_epochs_change_needs_consent_and_is_recorded(tmp_path):
   first, _ = Workdir(str(tmp_path)).check_config(_config("mombo"), DATASET)
   (tmp_path / "config.json").write_text(json.dumps(first))

@@ -107,7 +107,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
   from mombo_jax import config as config_lib, distributed, launch, runner
   from mombo_jax import groups as groups_lib, workdir as workdir_lib
-  from mombo_jax.errors import UserError
+  from mombo_jax.errors import Interrupted, UserError
   stop = launch.StopFlag()
   stop.install()
   try:   # before anything touches JAX's devices
@@ -147,7 +147,7 @@ def main(argv):
     summaries = runner.train_grid(groups, **options)
   except UserError as e:
     sys.exit(f"error: {e}")
-  except launch.Interrupted as e:
+  except Interrupted as e:
     print(f"Stopped at {e.where}. Resume with:\n  {_resume_command()}", file=sys.stderr,
           flush=True)
     sys.exit(128 + (e.signum or 2))

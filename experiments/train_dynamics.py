@@ -11,7 +11,7 @@ import sys
 
 from absl import app, flags, logging
 
-from mombo_jax.errors import UserError
+from mombo_jax.errors import Interrupted, UserError
 
 FLAGS = flags.FLAGS
 
@@ -47,7 +47,7 @@ def main(argv):
                    should_stop=stop)
   except UserError as e:
     sys.exit(f"error: {e}")
-  except launch.Interrupted as e:
+  except Interrupted as e:
     print(f"Stopped at {e.where}; the same command resumes.", file=sys.stderr, flush=True)
     sys.exit(128 + (stop.signum or 2))
 

@@ -1,5 +1,6 @@
-"""The errors a user can act on. The command-line programs print them as one `error:` line without
-a traceback; anything else is a bug and keeps its traceback."""
+"""The errors a user can act on, and the stop a signal asked for. The command-line programs print
+them as one `error:` line (Interrupted: the resume command) without a traceback; anything else is
+a bug and keeps its traceback."""
 from __future__ import annotations
 
 from typing import Optional
@@ -19,6 +20,15 @@ class DatasetNotFoundError(FileNotFoundError):
     super().__init__(message)
     self.dataset_id = dataset_id
     self.command = command
+
+
+class Interrupted(Exception):
+  """SIGINT / SIGTERM stopped the run at a safe point, after checkpointing what it had."""
+
+  def __init__(self, signum: int, where: str):
+    super().__init__(where)
+    self.signum = signum
+    self.where = where
 
 
 _BOOLEAN_WORDS = ("true", "false", "yes", "no", "0", "1")

@@ -11,15 +11,6 @@ import sys
 from mombo_jax.errors import DatasetNotFoundError, UserError
 
 
-class Interrupted(Exception):
-  """SIGINT / SIGTERM stopped the run at a safe point, after checkpointing what it had."""
-
-  def __init__(self, signum: int, where: str):
-    super().__init__(where)
-    self.signum = signum
-    self.where = where
-
-
 DEFAULT_COMPILATION_CACHE = os.path.join("~", ".cache", "mombo_jax", "jax")
 EXIT_DIVERGED = 3           # the run finished, but at least one seed diverged and was left out
 

@@ -14,8 +14,8 @@ import dataclasses
 import time
 from typing import Any, List
 
-from mombo_jax.errors import UserError
-from mombo_jax.launch import Interrupted, load_dataset, log, validate
+from mombo_jax.errors import Interrupted, UserError
+from mombo_jax.launch import load_dataset, log, validate
 from mombo_jax.groups import Group, check_groups, describe_algorithm
 from mombo_jax.workdir import Workdir
 

@@ -23,7 +23,7 @@ import shutil
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from mombo_jax.errors import UserError
+from mombo_jax.errors import Interrupted, UserError
 
 CONFIG = "config.json"
 METRICS = "metrics.csv"
@@ -279,24 +279,20 @@ def find(dirs: Sequence[str], need: Sequence[str] = RUN_FILES) -> Tuple[List[str
 # ----------------------------------------------------------------------------------- dynamics
 
 def get_dynamics(config, transitions, dataset, dynamics_dir, *, should_stop=None,
-                 overwrite: Optional[bool] = None, log: Callable = print):
+                 overwrite: bool = False, log: Callable = print):
   """config's seeds' dynamics ensembles [S] in <dynamics_dir>/seed<s>x<S>: reused when saved
   there for this very setup (saved_dynamics.reuse_key), else trained with cell_keys' dynamics keys
   (resumably: <path>.partial holds an unfinished training) and saved.
 
-  overwrite None (experiments.run): reuse what fits, refuse what does not; False
-  (experiments.train_dynamics): refuse an existing ensemble; True: train again and replace it.
+  overwrite: train again and replace a saved ensemble instead of reusing it (or refusing one of
+  another setup).
   should_stop: a StopFlag; when it fires, training checkpoints and Interrupted is raised.
   """
   import numpy as np
   from mombo_jax import checkpoint, distributed, dynamics_training, provenance, saved_dynamics
-  from mombo_jax.launch import Interrupted
   path = dynamics_path(dynamics_dir, config)
   key = saved_dynamics.reuse_key(config, transitions, provenance.dataset_identity(dataset, transitions))
-  if os.path.exists(path) and overwrite is False:
-    raise UserError(f"{path} already exists; pass --overwrite to replace it, or another "
-                    "--workdir.")
-  if os.path.exists(path) and overwrite is None:
+  if os.path.exists(path) and not overwrite:
     try:
       dyn, meta = saved_dynamics.load(path)
     except checkpoint.CheckpointError as e:
@@ -334,6 +330,6 @@ def get_dynamics(config, transitions, dataset, dynamics_dir, *, should_stop=None
     raise UserError(f"Dynamics training on {dataset}: {e}") from None
   log(f"Dynamics trained in {time.time() - t0:.0f} s; elites per seed: "
       f"{np.asarray(dyn.elites).tolist()}.")
-  saved_dynamics.save(path, dyn, config, overwrite=bool(overwrite), reuse_key=key)
+  saved_dynamics.save(path, dyn, config, overwrite=overwrite, reuse_key=key)
   shutil.rmtree(partial, ignore_errors=True)
   return dyn

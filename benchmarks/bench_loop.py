@@ -24,7 +24,7 @@ median of the repeats' differences).
 The fixed costs of a launch (data and dynamics loading, compilation, the evaluation, the
 checkpoint, summary and plot) cancel in the difference; what remains is what the loop adds per
 epoch (dispatch, key folding, the per-epoch pulls of metrics to the host, Python). The evaluation
-is timed on its own (the `eval s` column, where the runner has `_evaluate`): its cost depends on the
+is timed on its own (the `eval s` column, where the runner has an evaluation function): its cost depends on the
 actor's episode lengths, so it is the one fixed cost that may not cancel exactly; the `excl. eval`
 column takes it out.
 
@@ -172,7 +172,10 @@ def launch_seconds(config, dataset, workdir, dyn_dir, build_steps, log_path):
   """(wall s of runner.train in a fresh workdir, compile s it logged or nan, s in its evaluations
   or nan); its log goes to log_path, the workdir is removed."""
   evals = []
-  original = getattr(runner, "_evaluate", None)
+  # The evaluation function: group_run.evaluate now, runner._evaluate in older checkouts.
+  host, name = ((runner.group_run, "evaluate") if hasattr(runner, "group_run")
+                else (runner, "_evaluate"))
+  original = getattr(host, name, None)
   if original is not None:
     def timed(*args, **kwargs):
       t = time.perf_counter()
@@ -180,7 +183,7 @@ def launch_seconds(config, dataset, workdir, dyn_dir, build_steps, log_path):
         return original(*args, **kwargs)
       finally:
         evals.append(time.perf_counter() - t)
-    runner._evaluate = timed
+    setattr(host, name, timed)
   shutil.rmtree(workdir, ignore_errors=True)
   log = io.StringIO()
   try:
@@ -191,7 +194,7 @@ def launch_seconds(config, dataset, workdir, dyn_dir, build_steps, log_path):
     seconds = time.perf_counter() - t0
   finally:
     if original is not None:
-      runner._evaluate = original
+      setattr(host, name, original)
     with open(log_path, "w") as f:
       f.write(log.getvalue())
   shutil.rmtree(workdir, ignore_errors=True)

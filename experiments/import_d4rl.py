@@ -3,16 +3,23 @@ r"""Import one of D4RL's own hdf5 files as a real Minari dataset.
   python -m experiments.import_d4rl --file=hopper_medium_replay-v2.hdf5 --env=hopper-medium-replay
   python -m experiments.run --env=hopper-medium-replay --dataset=d4rl/hopper/medium-replay-v2
 
-The rows come back from `mombo_jax.data.load_transitions` exactly as D4RL's qlearning_dataset gives
-them (see mombo_jax/d4rl.py). The dataset's metadata holds D4RL's reference returns, the gymnasium
-v5 evaluation env, the file's `metadata/*` values and its provenance. The last line printed is the
-Minari id written. The import is mombo_jax.d4rl's (import_file); this program only parses the flags.
+With the default --timeouts=drop the rows come back from `mombo_jax.data.load_transitions` exactly
+as the paper's loader (adinlab/MOMBO utils/load_dataset.py, qlearning_dataset) gives them: the
+timed-out last step of each episode and the file's last row are skipped; --timeouts=keep keeps
+every row that has a next state (see mombo_jax/d4rl.py, which also says where D4RL's own
+qlearning_dataset differs). Before writing, a sample of rows is replayed from the file's
+infos/qpos, infos/qvel in the named env, and a file of another env is refused, naming the env it
+replays as (--nocheck_physics skips this; a file without infos/qpos is imported with a line saying
+it could not be checked). The dataset's metadata holds D4RL's reference returns, the gymnasium v5
+evaluation env, the file's `metadata/*` values and its provenance (with the timeout mode and the
+physics check, both shown on its card). The last line printed is the Minari id written. The import
+is mombo_jax.d4rl's (import_file); this program only parses the flags.
 """
 import sys
 
 from absl import app, flags, logging
 
-from mombo_jax.d4rl import import_file
+from mombo_jax.d4rl import TIMEOUT_MODES, import_file
 from mombo_jax.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -25,6 +32,12 @@ def define_flags():
   flags.DEFINE_string("dataset_id", None, "Minari id to write (default d4rl/<env>/<quality>-v2).")
   flags.DEFINE_bool("overwrite", False, "Replace an existing dataset of that id.")
   flags.DEFINE_bool("drop_nonfinite", False, "Drop rows holding NaN/inf (refused by default).")
+  flags.DEFINE_enum("timeouts", "drop", list(TIMEOUT_MODES),
+                    "drop: skip timed-out rows and the file's last row, as the paper's loader "
+                    "(and D4RL's qlearning_dataset) do; keep: keep every row with a next state.")
+  flags.DEFINE_bool("check_physics", True,
+                    "Replay a sample of rows from infos/qpos, infos/qvel in the named env and "
+                    "refuse a file of another env (--nocheck_physics skips it).")
 
 
 def main(argv):
@@ -37,7 +50,8 @@ def main(argv):
              "--env=hopper-medium-replay.")
   try:
     dataset_id = import_file(FLAGS.file, FLAGS.env, FLAGS.dataset_id, FLAGS.overwrite,
-                             FLAGS.drop_nonfinite)
+                             FLAGS.drop_nonfinite, timeouts=FLAGS.timeouts,
+                             check_physics=FLAGS.check_physics)
   except UserError as e:
     sys.exit(f"error: {e}")
   print(f"Train on it with: python -m experiments.run --env={FLAGS.env} --dataset={dataset_id}")

@@ -4,9 +4,10 @@ r"""Tables and learning curves over many runs, in the paper's layout.
   python -m experiments.report runs/a runs/b --out=report/
 
 Finds every run workdir (config.json + metrics.csv + summary.json, written by experiments.run)
-under the folders, groups runs by environment, dataset and algorithm (seeds of several runs pooled;
-MOMBO's target, and beta where runs of one algorithm on one dataset differ in it, are part of the
-algorithm and never pooled), and writes
+under the folders, groups runs by environment, dataset, algorithm and setup (seeds of several runs
+pooled; MOMBO's target always, and where runs of one algorithm on one dataset differ in their setup
+- beta, epochs, steps_per_epoch, any config.json field but the seeds and evaluation fields - the
+fields that differ, are part of the column's name: different setups are never pooled), and writes
 - report.md, report.tex: final normalised score (last evaluation), mean of the last 10
   evaluations, and AULC; each as mean +- std over seeds with a 95% bootstrap interval over seeds,
   best in bold, within one std of the best underlined, averages and average ranks; the paper's
@@ -15,7 +16,13 @@ algorithm and never pooled), and writes
   report.md also lists the runs, seeds and beta of every cell;
 - report.csv: every number of the tables, ours with its interval, the paper's with its table;
 - curves_<env>.png: learning curves, mean +- std over seeds.
+report.md links docs/protocol.md, which says what every number is; a run whose summary.json names
+another protocol is refused.
+
+Every option is a --flag; every word is a folder to search (a word that is not a folder is refused
+in one line, before anything is read).
 """
+import os
 import sys
 
 from absl import app, flags
@@ -29,12 +36,18 @@ def define_flags():
 
 
 def main(argv):
-  from mombo_jax import report
-  from mombo_jax.errors import UserError
   dirs = argv[1:]
   if not dirs:
     sys.exit("error: pass one or more folders holding runs, e.g. "
              "`python -m experiments.report runs/`.")
+  # Words are folders; one that is not is a typo or an option without its dashes (`out=x`):
+  # refused whole, as the other entry points refuse stray words.
+  stray = [d for d in dirs if not os.path.isdir(d)]
+  if stray:
+    sys.exit(f"error: {' '.join(stray)}: not a folder. Every word names a folder of runs, and "
+             "every option is a --flag (e.g. --out=DIR; see --help).")
+  from mombo_jax import report
+  from mombo_jax.errors import UserError
   try:
     result = report.write_report(dirs, FLAGS.out, log=lambda m: print(m, file=sys.stderr))
   except UserError as e:

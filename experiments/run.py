@@ -77,6 +77,14 @@ def define_flags():
   flags.DEFINE_integer("process_id", None, "Multi-process run: this process's index, 0 first.")
   flags.DEFINE_bool("distributed", False, "Multi-process run configured by the cluster's "
                     "environment (SLURM, Open MPI, TPU pods: jax.distributed.initialize()).")
+  flags.DEFINE_float("init_timeout", 300, "Multi-process run: seconds to wait for every process "
+                     "to connect; then one error line naming the missing ones, exit "
+                     "4 (mombo_jax.distributed.EXIT_INIT_TIMEOUT).")
+  flags.DEFINE_list("log", ["csv"], "Where the metrics go besides metrics.csv (always written): "
+                    "csv, tensorboard (<workdir>/tb/seed<s>/; needs pip install -e "
+                    ".[tensorboard]), wandb (one W&B run per seed under <workdir>/wandb/, offline "
+                    "unless WANDB_MODE or WANDB_API_KEY is set: upload with `wandb sync`; needs "
+                    "pip install -e .[wandb]). E.g. --log=tensorboard,wandb.")
   flags.DEFINE_integer("stop_after", None, "Stop after this many epochs of this launch (e.g. to fit "
                        "a job time limit); the same command resumes.")
 
@@ -112,7 +120,7 @@ def main(argv):
   stop.install()
   try:   # before anything touches JAX's devices
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
-                           auto=FLAGS.distributed)
+                           auto=FLAGS.distributed, timeout=FLAGS.init_timeout)
   except ValueError as e:
     sys.exit(f"error: {e}")
   try:
@@ -128,11 +136,12 @@ def main(argv):
   options = dict(build_missing=build, build_steps=FLAGS.build_steps or preset.build_steps,
                  keep=FLAGS.keep_checkpoints, stop_after=FLAGS.stop_after, download=FLAGS.download,
                  require_full=preset.require_full and not FLAGS.allow_small_dataset,
-                 allow_epochs_change=FLAGS.allow_epochs_change, should_stop=stop)
+                 allow_epochs_change=FLAGS.allow_epochs_change, should_stop=stop,
+                 log_to=FLAGS.log)
   try:
     if grid:
       try:
-        betas = [float(b) for b in FLAGS.betas] if FLAGS.betas else None
+        betas = [float(b) for b in FLAGS.betas] if FLAGS.betas is not None else None
       except ValueError:
         raise UserError(f"--betas={','.join(FLAGS.betas)}: not all numbers.") from None
       groups = groups_lib.plan_groups(FLAGS.env, FLAGS.algo, FLAGS.preset, _overrides(),

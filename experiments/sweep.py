@@ -12,21 +12,29 @@ so the first cell of a dataset trains them and the others reuse them.
 
 Resumable: a cell whose summary.json exists is finished and skipped; any other cell is launched
 again and resumes from its own checkpoints. Run the same command again after an interruption.
-`<out>/sweep.json` records each cell's command, status, exit code and wall time. A failing cell
-does not stop the sweep; the sweep's exit status is 1 when any cell failed (3 when seeds diverged
-and nothing failed outright), 130/143 when interrupted.
+A cell whose folder holds a run of another setup (its config.json: another --beta, --epochs,
+preset, ...) is refused before anything is launched, naming the fields that differ: pass another
+--out, or the setup it was run with. `<out>/sweep.json` records each cell's command, status, exit
+code and wall time, and its history over every sweep into <out> (a diverged cell stays
+diverged). A failing cell does not stop the sweep; the sweep's exit status is 1 when any cell
+failed (3 when seeds of a cell diverged, now or before, and nothing failed outright), 130 / 143
+when SIGINT / SIGTERM interrupted it (the running cell checkpoints first).
 
-Budget flags (--preset, --epochs, --steps_per_epoch, ...) are passed to every cell; anything after
-`--` is passed through to `experiments.run` verbatim. The cells and their launch are
-mombo_jax.sweep's; this program only parses the flags.
+Setup flags (--preset, --epochs, --steps_per_epoch, --beta, ...) are checked and passed to every
+cell (a given --beta also names the cells' folders, <algo>[-<target>]-beta<b>); after `--` go
+only experiments.run's flags that do not change the setup (--keep_checkpoints,
+--compilation_cache, --build_missing, --build_steps, --download, --allow_small_dataset, --log,
+--allow_epochs_change: it continues finished cells to a larger --epochs). Any other word is
+refused. The cells and their launch are mombo_jax.sweep's; this program only parses the flags.
 """
 import shlex
 import sys
 
 from absl import app, flags
 
-from mombo_jax.errors import UserError
-from mombo_jax.sweep import BUDGET_FLAGS, Launcher, exit_code, plan, run_sweep, summary
+from mombo_jax.errors import UserError, stray_words
+from mombo_jax.sweep import (BUDGET_FLAGS, Launcher, check_cells, exit_code, plan, run_sweep,
+                             summary)
 
 FLAGS = flags.FLAGS
 
@@ -44,19 +52,25 @@ def define_flags():
 
 
 def main(argv):
-  extra = argv[1:]   # after `--`: passed through to experiments.run
+  # absl drops `--` and leaves the words after it, and any stray word before it, in argv: only
+  # --flags (checked by plan) may be passed on; a bare word is a mistake.
+  extra = argv[1:]
+  line = stray_words([argv[0]] + [w for w in extra if not w.startswith("-")])
+  if line:
+    sys.exit(line)
   try:
     cells = plan(FLAGS.envs, FLAGS.algos, FLAGS.seeds, FLAGS.seed, FLAGS.out,
                  {k: getattr(FLAGS, k) for k in BUDGET_FLAGS}, extra)
+    if FLAGS.dry_run:
+      check_cells(cells)
+      for cell in cells:
+        print(("# finished: " if cell.finished else "") + cell.command_line)
+      return
+    launcher = Launcher()
+    launcher.install()
+    result = run_sweep(cells, FLAGS.out, runner=launcher)
   except UserError as e:
     sys.exit(f"error: {e}")
-  if FLAGS.dry_run:
-    for cell in cells:
-      print(("# finished: " if cell.finished else "") + cell.command_line)
-    return
-  launcher = Launcher()
-  launcher.install()
-  result = run_sweep(cells, FLAGS.out, runner=launcher)
   print(summary(result, FLAGS.out))
   if result["status"] == "interrupted":
     resume = [sys.executable, "-m", "experiments.sweep"] + sys.argv[1:]

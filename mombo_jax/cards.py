@@ -92,8 +92,17 @@ def card_text(name: str, stats: Optional[dict] = None) -> str:
 
 def _provenance_lines(prov: dict) -> list:
   """Card lines for the saved actors a dataset was recorded from and the SAC run's medium point
-  (mombo_jax.recipes), where its provenance records them."""
+  (mombo_jax.recipes), and for an import of D4RL's file its timeout mode and physics check
+  (mombo_jax.d4rl), where its provenance records them."""
   lines = []
+  if prov.get("recipe") == "d4rl-import":
+    mode = prov.get("timeouts")
+    lines.append("- D4RL rows: " + {
+        "drop": "timed-out rows and the file's last row skipped (--timeouts=drop, the paper's "
+                "loader)",
+        "keep": "every row with a next state kept, timed-out ones too (--timeouts=keep)",
+    }.get(mode, "timeout mode not recorded (imported before --timeouts: rows kept)"))
+    lines.append(f"- physics check: {prov.get('physics_check') or 'not recorded'}")
   actors = prov.get("actors")
   if isinstance(actors, dict):
     for quality, actor in actors.items():

@@ -31,8 +31,11 @@ Without a template: Orbax's own form, nested dicts (custom nodes as dicts of the
 from __future__ import annotations
 
 import dataclasses
+import errno
+import glob
 import json
 import os
+import shutil
 import warnings
 import zlib
 from typing import Any, Optional
@@ -132,10 +135,12 @@ def _encode(tree: Any, metadata: Optional[dict], kind: str, where: str):
   return tree, dict(format=FORMAT, kind=kind, metadata=meta_json, leaves=manifest)
 
 
-def _manager(directory: str, keep: Optional[int], create: bool = True):
+def _manager(directory: str, keep: Optional[int], create: bool = True, cleanup: bool = True):
+  # cleanup: remove the unfinished step folders a killed save left. Only a writer (holding the
+  # run's lock) may: a reader would delete the save in progress of a live run.
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
                                          enable_async_checkpointing=False,
-                                         cleanup_tmp_directories=True)
+                                         cleanup_tmp_directories=cleanup)
   return ocp.CheckpointManager(directory, options=options, item_names=("state", "meta"))
 
 
@@ -146,12 +151,57 @@ def _save_step(mngr, step: int, encoded, kind: str):
                                                     meta=ocp.args.JsonSave(encoded[1])), force=True)
     mngr.wait_until_finished()
   except Exception as e:  # Orbax / tensorstore / OS errors: one clear message
-    raise CheckpointError(f"Saving the {kind} checkpoint {where} failed ({type(e).__name__}: {e}). "
-                          "Nothing was committed there; check free disk space and "
-                          "permissions.") from e
+    # The unfinished step folder would fill the disk further: removed now (and any left by a
+    # killed process at the next start, by the writer's manager).
+    for tmp in glob.glob(where + ".orbax-checkpoint-tmp*"):
+      shutil.rmtree(tmp, ignore_errors=True)
+    raise CheckpointError(f"Saving the {kind} checkpoint {where} failed ({_cause(e)}). "
+                          "Nothing was committed there and the earlier checkpoints are intact; "
+                          "check free disk space and permissions.") from None
   if not saved:
     raise CheckpointError(f"Orbax declined to save the {kind} checkpoint {where} (a step at or "
                           "after it exists).")
+
+
+_OS_CAUSES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
+
+
+def _cause(e: BaseException) -> str:
+  """The OS's words for an error somewhere in e's chain ("No space left on device"), also when
+  tensorstore wrapped them in its own text; else e's first line, shortened."""
+  seen = e
+  while seen is not None:
+    if isinstance(seen, OSError) and seen.strerror:
+      return seen.strerror
+    for code in _OS_CAUSES:
+      if os.strerror(code) in str(seen):
+        return os.strerror(code)
+    seen = seen.__cause__ or seen.__context__
+  text = str(e).splitlines()[0] if str(e) else ""
+  return f"{type(e).__name__}: {text[:200]}"
+
+
+def _check_room(directory: str, tree: Any, kind: str, where: str):
+  """Refuses a save that cannot succeed before Orbax starts writing (its failures mid-write come
+  with pages of tensorstore and asyncio noise): a folder that cannot be written, or less free
+  space than the state's raw size (an upper bound: the arrays are compressed)."""
+  need = sum(int(getattr(x, "nbytes", 8)) for x in jax.tree.leaves(tree) if not _is_key(x))
+  try:
+    os.makedirs(directory, exist_ok=True)
+    probe = os.path.join(directory, f".write-probe-{os.getpid()}")
+    with open(probe, "wb"):
+      pass
+    os.remove(probe)
+    free = shutil.disk_usage(directory).free
+  except OSError as e:
+    raise CheckpointError(f"Saving the {kind} checkpoint {where} failed ({e.strerror or e}: "
+                          f"{directory}). Nothing was committed there and the earlier "
+                          "checkpoints are intact; check permissions and the filesystem.") from None
+  if free < need:
+    raise CheckpointError(f"Saving the {kind} checkpoint {where} needs up to {need / 2**20:.1f} "
+                          f"MiB, and {directory} has {free / 2**20:.1f} MiB free (No space left "
+                          "on device). Nothing was committed there and the earlier checkpoints "
+                          "are intact; free some space and run the same command again.")
 
 
 def _fix(kind: str, step_dir: str) -> str:
@@ -301,7 +351,7 @@ def load_pytree(path: str, template: Any = None, kind: str = "saved"):
   if not os.path.isdir(path):
     raise CheckpointError(f"No {kind} checkpoint at {path}: the directory does not exist. Check "
                           "the path.")
-  mngr = _manager(path, keep=None, create=False)
+  mngr = _manager(path, keep=None, create=False, cleanup=False)
   try:
     step = mngr.latest_step()
     if step is None:
@@ -331,7 +381,8 @@ class RunCheckpointer:
     self.keep, self.kind = keep, kind
     if os.path.exists(self.directory) and not os.path.isdir(self.directory):
       raise CheckpointError(f"{self.directory} is a file, not a checkpoint folder.")
-    self._mngr = _manager(self.directory, keep)
+    # keep=None is a reader (keeps everything, writes nothing): it leaves unfinished saves alone.
+    self._mngr = _manager(self.directory, keep, cleanup=keep is not None)
 
   def path(self, step: int) -> str:
     return os.path.join(self.directory, str(int(step)))
@@ -354,6 +405,7 @@ class RunCheckpointer:
     metadata = dict(metadata or {})
     if metadata.setdefault("step", step) != step:
       raise ValueError(f"metadata['step'] = {metadata['step']} disagrees with step = {step}.")
+    _check_room(self.directory, state, self.kind, self.path(step))
     encoded = _encode(state, metadata, self.kind, self.path(step))
     for stale in [s for s in self.steps() if s >= step]:
       self._mngr.delete(stale)

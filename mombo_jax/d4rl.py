@@ -1,33 +1,46 @@
 """D4RL's own hdf5 files (the v2 MuJoCo datasets the paper trains on) as episodes for Minari.
 
 D4RL's layout: one row per step, `observations` [N, S], `actions` [N, A], `rewards` [N],
-`terminals` [N], `timeouts` [N], optionally `next_observations` [N, S], plus `infos/*` (per row)
-and `metadata/*` groups. Episodes end at a terminal or a timeout.
+`terminals` [N], `timeouts` [N], optionally `next_observations` [N, S], plus `infos/*` (per row:
+`infos/qpos` [N, nq] and `infos/qvel` [N, nv] are the simulator state each row's observation was
+taken in) and `metadata/*` groups. Episodes end at a terminal or a timeout.
 
 Minari stores an episode as observations [T + 1, S] (the states visited, including the last next
 state) and T actions / rewards / terminations / truncations; `data.flatten_episodes` turns that back
-into (s, a, r, s', terminal) rows. `to_episodes` maps one onto the other so that the rows come back
-exactly as D4RL's `qlearning_dataset` (d4rl/__init__.py) would give them:
-- with `next_observations`: every row is kept with the file's own s'. Where a row's s' is not the
-  next row's s within an episode (it happens in D4RL's files), the episode is cut there (truncated:
-  the cut still bootstraps), so that every transition keeps its exact s'.
-- without: s' is the next row's s; a row that ends in a timeout has no next state and is dropped
-  (qlearning_dataset skips `timeouts[i]` rows), and so is the file's last row. A terminal row keeps
-  the following row's s as its s' (only its terminal flag matters then), as qlearning_dataset does.
+into (s, a, r, s', terminal) rows. `to_episodes` maps one onto the other, in one of two modes:
+- `timeouts="drop"` (the default): the rows of the paper's own loader, `qlearning_dataset` in
+  adinlab/MOMBO utils/load_dataset.py (the same code as OfflineRL-Kit's and MOBILE's), with
+  terminate_on_end=False. It reads rows 0..N-2 (the file's last row never), skips every row with
+  `timeouts[i]`, and takes s' from `next_observations[i]` where the file has them (terminal rows
+  kept), else from `observations[i + 1]`, and then skips terminal rows too (their next row starts
+  another episode). D4RL's own `qlearning_dataset` (d4rl/__init__.py) picks the same rows from a
+  file with `next_observations` (D4RL's v2 generation scripts write them) but always takes s' from
+  the next row, wrong after a terminal and where the chain breaks; without `next_observations` it
+  keeps the terminal rows (s' = the next episode's first observation, harmless to Q-learning, not
+  to a dynamics model).
+- `timeouts="keep"`: every row with the file's own s' (the timed-out last step of each episode and
+  the file's last row included, truncated: they bootstrap); without `next_observations` the same
+  rows as D4RL's qlearning_dataset (a timed-out row and the last row have no next state there).
+In both, where a row's s' is not the next kept row's s within an episode (it happens in D4RL's
+files), the episode is cut there (truncated), so that every transition keeps its exact s'.
+
+`d4rl_physics.replay_check` tells whether a file holds the named env's physics.
 
 `import_file` (experiments.import_d4rl is its CLI) reads a file, checks it and writes it as a real
 Minari dataset with D4RL's reference returns, the evaluation env, the file's `metadata/*` values
-and its provenance.
+and its provenance (which records the timeout mode and the physics check).
 """
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Dict, List, Optional
 
 import numpy as np
 
 from mombo_jax import config as config_lib
 from mombo_jax import minari_io, names
+from mombo_jax.d4rl_physics import OBS_TOLERANCE, replay_check, same_shaped_envs
 from mombo_jax.envs import ACTION_DIM, OBS_DIM
 from mombo_jax.errors import UserError
 from mombo_jax.scores import D4RL_REF_SCORES
@@ -41,28 +54,42 @@ class D4RLFormatError(ValueError):
 
 def read_hdf5(path: str) -> Dict[str, np.ndarray]:
   """The arrays of a D4RL hdf5 file: the REQUIRED keys, `next_observations` when present,
-  `infos/<k>` per-row arrays and `metadata/<k>` values (as stored)."""
+  `infos/<k>` per-row arrays and `metadata/<k>` values (as stored). D4RLFormatError for a file
+  that is not a readable hdf5 (garbage, truncated, damaged inside) or not in D4RL's layout."""
   import h5py
   out = {}
   try:
     f = h5py.File(path, "r")
   except OSError as e:
-    raise D4RLFormatError(f"{path} is not a readable hdf5 file ({e}).") from None
-  with f:
-    missing = [k for k in REQUIRED if k not in f]
-    if missing:
-      raise D4RLFormatError(f"{path} is not in D4RL's layout: missing {', '.join(missing)} "
-                            f"(it has {', '.join(sorted(f.keys())) or 'no keys'}).")
-    for key in REQUIRED + ("next_observations",):
-      if key in f:
-        out[key] = np.asarray(f[key][()])
-    for group in ("infos", "metadata"):
-      if group in f and hasattr(f[group], "keys"):
-        for key in f[group].keys():
-          item = f[group][key]
-          if hasattr(item, "shape"):
-            out[f"{group}/{key}"] = item[()]
+    raise D4RLFormatError(f"{path} is not a readable hdf5 file ({_one_line(e)}).") from None
+  key = "its keys"
+  try:
+    with f:
+      missing = [k for k in REQUIRED if k not in f]
+      if missing:
+        raise D4RLFormatError(f"{path} is not in D4RL's layout: missing {', '.join(missing)} "
+                              f"(it has {', '.join(sorted(f.keys())) or 'no keys'}).")
+      for key in REQUIRED + ("next_observations",):
+        if key in f:
+          out[key] = np.asarray(f[key][()])
+      for group in ("infos", "metadata"):
+        if group in f and hasattr(f[group], "keys"):
+          for name in f[group].keys():
+            key = f"{group}/{name}"
+            item = f[group][name]
+            if hasattr(item, "shape"):
+              out[key] = item[()]
+  except D4RLFormatError:
+    raise
+  except (OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
+    # A file damaged past its header opens but fails on reading (h5py raises all of these).
+    raise D4RLFormatError(f"{path} is not a readable hdf5 file: reading {key} failed "
+                          f"({type(e).__name__}: {_one_line(e)}); download it again.") from None
   return out
+
+
+def _one_line(e: BaseException) -> str:
+  return " ".join(str(e).strip("'\"").split())
 
 
 def check(arrays: Dict[str, np.ndarray], env: str) -> int:
@@ -97,23 +124,35 @@ def nonfinite_rows(arrays: Dict[str, np.ndarray]) -> np.ndarray:
   return bad
 
 
-def to_episodes(arrays: Dict[str, np.ndarray], keep: Optional[np.ndarray] = None) -> List[dict]:
+TIMEOUT_MODES = ("drop", "keep")
+
+
+def to_episodes(arrays: Dict[str, np.ndarray], keep: Optional[np.ndarray] = None,
+                timeouts: str = "drop") -> List[dict]:
   """Minari episodes (dicts of observations [T+1, S], actions [T, A], rewards, terminations,
-  truncations [T]) holding exactly D4RL's qlearning_dataset transitions (module docstring).
+  truncations [T]) holding the file's transitions as `timeouts` says (module docstring): "drop" =
+  the paper's loader's rows, "keep" = every row that has a next state.
 
   keep: bool [N] rows to keep (e.g. the finite ones); a dropped row cuts its episode there.
   """
+  if timeouts not in TIMEOUT_MODES:
+    raise ValueError(f"timeouts must be one of {', '.join(TIMEOUT_MODES)}, got {timeouts!r}.")
   obs, act, rew = arrays["observations"], arrays["actions"], arrays["rewards"]
   term = arrays["terminals"].astype(bool)
   timeout = arrays["timeouts"].astype(bool)
   n = obs.shape[0]
-  keep = np.ones(n, bool) if keep is None else np.asarray(keep, bool)
+  keep = np.ones(n, bool) if keep is None else np.array(keep, bool)   # a copy: edited below
   nxt = arrays.get("next_observations")
   if nxt is None:
-    # qlearning_dataset: s' = the next row; timed-out rows and the last row have none.
+    # s' = the next row; timed-out rows and the last row have none.
     nxt = np.concatenate([obs[1:], obs[-1:]], axis=0)
-    keep = keep & ~timeout
-    keep[-1] = False
+    keep &= ~timeout
+    if timeouts == "drop":
+      keep &= ~term            # the paper's `if done_bool ...: if not has_next_obs: continue`
+  elif timeouts == "drop":
+    keep &= ~timeout           # `if final_timestep: continue`
+  if n and (timeouts == "drop" or "next_observations" not in arrays):
+    keep[-1] = False           # `for i in range(N - 1)`
   episodes, rows = [], []
 
   def close(terminated):
@@ -181,15 +220,20 @@ def default_id(name: str) -> str:
 
 
 def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_nonfinite=False,
-                log_fn=print) -> str:
+                log_fn=print, *, timeouts: str = "drop", check_physics: bool = True) -> str:
   """Reads D4RL's file at `path` for the short name `name` and writes it as the Minari dataset
-  `dataset_id` (default_id(name) when None); returns the id. UserError for a bad name or id, a
-  missing file, an existing dataset (without overwrite), a file not in D4RL's layout, or rows
-  holding NaN/inf (without drop_nonfinite, which drops them). log_fn: progress lines."""
+  `dataset_id` (default_id(name) when None); returns the id. UserError for a bad name, id or
+  `timeouts`, a missing or unreadable file, an existing dataset (without overwrite), a file not in
+  D4RL's layout, rows holding NaN/inf (without drop_nonfinite, which drops them), or (with
+  `check_physics`) a file whose stored states do not replay as `name`'s env (replay_check; the
+  line names the env they do replay as, if any). timeouts: "drop" (the paper's loader's rows) or
+  "keep" (to_episodes). log_fn: progress lines. A failed write leaves no dataset behind."""
   try:
     env, _ = config_lib.parse_name(name)
   except ValueError as e:
     raise UserError(str(e)) from None
+  if timeouts not in TIMEOUT_MODES:
+    raise UserError(f"--timeouts={timeouts}: expected one of {', '.join(TIMEOUT_MODES)}.")
   dataset_id = dataset_id or default_id(name)
   try:
     names.resolve(dataset_id)
@@ -211,23 +255,63 @@ def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_non
                     f"{int(np.argmax(bad))}); pass --drop_nonfinite to drop them.")
   if bad.any():
     log_fn(f"Dropping {int(bad.sum())} row(s) holding NaN/inf (--drop_nonfinite).")
-  episodes = to_episodes(arrays, keep=~bad)
+  physics_note = _physics(arrays, path, name, env, ~bad, log_fn) if check_physics \
+      else "not checked (--nocheck_physics)"
+  episodes = to_episodes(arrays, keep=~bad, timeouts=timeouts)
   if not episodes:
     raise UserError(f"{path} holds no complete transition.")
   steps = sum(len(ep["rewards"]) for ep in episodes)
   has_next = "next_observations" in arrays
   log_fn(f"{path}: {n} rows -> {steps} transitions in {len(episodes)} episodes "
-         f"({'the file' if has_next else 'the next row'}'s next observations).")
+         f"({'the file' if has_next else 'the next row'}'s next observations, "
+         f"--timeouts={timeouts}).")
   file_meta = {k.split("/", 1)[1]: _jsonable(v) for k, v in arrays.items()
                if k.startswith("metadata/")}
   provenance = {"recipe": "d4rl-import", "steps": int(steps), "recipe_steps": None,
                 "command": f"python -m experiments.import_d4rl --file={os.path.abspath(path)} "
-                           f"--env={name} --overwrite", "source_file": os.path.abspath(path)}
-  return minari_io.write_dataset(
-      dataset_id, episodes, f"D4RL's {name}-v2 file ({os.path.basename(path)}), imported with "
-      "experiments/import_d4rl.py.", "D4RL", overwrite=overwrite, provenance=provenance,
-      ref_scores=D4RL_REF_SCORES[env], env_name=env,
-      extra_metadata={"d4rl_metadata": file_meta} if file_meta else None)
+                           f"--env={name} --timeouts={timeouts} --overwrite"
+                           + ("" if check_physics else " --nocheck_physics"),
+                "source_file": os.path.abspath(path), "timeouts": timeouts,
+                "physics_check": physics_note}
+  try:
+    return minari_io.write_dataset(
+        dataset_id, episodes, f"D4RL's {name}-v2 file ({os.path.basename(path)}), imported with "
+        f"experiments/import_d4rl.py (--timeouts={timeouts}).", "D4RL", overwrite=overwrite,
+        provenance=provenance, ref_scores=D4RL_REF_SCORES[env], env_name=env,
+        extra_metadata={"d4rl_metadata": file_meta} if file_meta else None)
+  except UserError:
+    raise                      # refused before writing anything (e.g. created meanwhile)
+  except BaseException:
+    # write_dataset removes a dataset it failed to write, not one whose card failed afterwards.
+    shutil.rmtree(os.path.join(minari_io.datasets_root(), names.resolve(dataset_id)),
+                  ignore_errors=True)
+    raise
+
+
+def _physics(arrays, path, name, env, keep, log_fn) -> str:
+  """replay_check for an import: the note for the provenance; UserError for a mismatch, naming
+  the same-shaped env the file does replay as, if any."""
+  result = replay_check(arrays, env, keep)
+  if result.status == "unchecked":
+    log_fn(f"Could not check that {path} holds {env}'s physics: {result.note}.")
+    return f"not possible: {result.note}"
+  if result.status == "match":
+    log_fn(f"Physics check: {result.note}.")
+    return f"passed: {result.note}"
+  if result.obs_error is not None and result.obs_error <= OBS_TOLERANCE:
+    raise UserError(f"{path} holds {env}'s physics but not its rewards: {result.note}; were they "
+                    "rescaled or shifted? Pass --nocheck_physics to import it anyway.")
+  others = same_shaped_envs(env)
+  matches = [e for e in others if replay_check(arrays, e, keep).status == "match"]
+  quality = name.partition("-")[2]
+  if matches:
+    found = (f"they replay as {' and '.join(matches)}'s (--env={matches[0]}-{quality}?)")
+  elif others:
+    found = f"nor as {' or '.join(others)}'s, the other env(s) of these dims"
+  else:
+    found = f"no other env has {OBS_DIM[env]}/{ACTION_DIM[env]} dims"
+  raise UserError(f"{path} is not {name}'s data: expected {env}'s physics, but {result.note}; "
+                  f"{found}. Pass --nocheck_physics to import it anyway.")
 
 
 def _jsonable(value):

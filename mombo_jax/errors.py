@@ -35,10 +35,15 @@ _BOOLEAN_WORDS = ("true", "false", "yes", "no", "0", "1")
 
 
 def stray_words(argv) -> Optional[str]:
-  """The `error:` line for words absl left on a command line (argv[1:]), or None when there are
-  none. Every option is a --flag, so a word is a mistake, and a silent one: absl reads
-  `--flag false` as --flag (True) followed by the word "false", which this names."""
+  """The `error:` line for words absl left on a command line (argv[1:]), or for a list flag given
+  empty (`--betas=`, which would otherwise mean "not given"), or None when all is well. Every
+  option is a --flag, so a word is a mistake, and a silent one: absl reads `--flag false` as
+  --flag (True) followed by the word "false", which this names."""
   words = list(argv[1:])
+  empty = _empty_lists()
+  if empty:
+    return (f"error: {', '.join(f'--{n}=' for n in empty)} given empty; pass at least one value "
+            "(comma-separated), or leave the flag out for its default.")
   if not words:
     return None
   hint = (" A boolean flag takes its value after '=' (--flag=false): `--flag false` sets it to "
@@ -46,3 +51,15 @@ def stray_words(argv) -> Optional[str]:
           if any(w.lower() in _BOOLEAN_WORDS for w in words) else "")
   return (f"error: unexpected argument(s) {' '.join(words)}: every option is a --flag (see "
           f"--help).{hint}")
+
+
+def _empty_lists():
+  """Names of the list flags given on the command line with no value."""
+  from absl import flags
+  values = flags.FLAGS
+  out = []
+  for name in sorted(values):
+    flag = values[name]
+    if flag.present and isinstance(flag.value, list) and not flag.value:
+      out.append(name)
+  return out

@@ -46,6 +46,9 @@ def plan_groups(env, algo, preset, overrides, datasets=None, betas=None, root="r
   With betas, a dataset's groups share their dynamics (workdir.grid_dynamics_dir; without, each
   workdir keeps its own, as a plain run does). Raises UserError for a bad name or value."""
   from mombo_jax import config as config_lib
+  if (datasets is not None and not list(datasets)) or (betas is not None and not list(betas)):
+    raise UserError("--datasets / --betas given empty; pass at least one value, or leave the "
+                    "flag out.")
   datasets = list(datasets or [env])
   if len(set(datasets)) != len(datasets) or (betas and len(set(betas)) != len(betas)):
     raise UserError("--datasets and --betas must not repeat a value.")

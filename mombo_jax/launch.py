@@ -8,7 +8,7 @@ traceback.
 import os
 import sys
 
-from mombo_jax.errors import DatasetNotFoundError, UserError
+from mombo_jax.errors import DatasetNotFoundError, Interrupted, UserError
 
 
 DEFAULT_COMPILATION_CACHE = os.path.join("~", ".cache", "mombo_jax", "jax")
@@ -70,17 +70,22 @@ def enable_compilation_cache(path: str):
 
 
 def _check_dir(path: str, flag: str):
-  """`path` exists or can be created, is a directory and is writable; else UserError."""
+  """`path` is a writable folder, or one that can be created (its nearest existing parent is a
+  writable folder); else UserError. Creates nothing: a refused launch leaves no empty folder."""
   import tempfile
   if os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f"{flag}={path} is a file, not a folder; pass another {flag}.")
+  parent = os.path.abspath(path)
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise UserError(f"{flag}={path} cannot be created: {parent} is a file; pass another {flag}.")
   try:
-    os.makedirs(path, exist_ok=True)
-    with tempfile.TemporaryFile(dir=path):
+    with tempfile.TemporaryFile(dir=parent):
       pass
   except OSError as e:
-    raise UserError(f"{flag}={path} cannot be created or written ({e.strerror or e}); pass a "
-                    f"writable {flag}.") from None
+    raise UserError(f"{flag}={path} cannot be {'written' if parent == os.path.abspath(path) else 'created'} "
+                    f"({e.strerror or e}: {parent}); pass a writable {flag}.") from None
 
 
 def check_dataset_env(dataset: str, config):
@@ -130,12 +135,14 @@ def validate(config, dataset, workdir, dynamics_dir=None, keep=3, stop_after=Non
 
 # ------------------------------------------------------------------------------------- data
 
-def load_dataset(dataset, config, build_missing, build_steps, download=False, require_full=False):
+def load_dataset(dataset, config, build_missing, build_steps, download=False, require_full=False,
+                 should_stop=None):
   """Transitions of `dataset`; a missing dataset that the collector knows by its short name is
   built with `build_steps` per recorded dataset when build_missing is True (any quality: random,
   the SAC qualities, the mixed ones) or "random" (random datasets only: the quick/tiny presets'
   default, as the others need an online SAC run first). A reduced build of a recipe (fewer
-  transitions than its recipe's size) is refused when require_full."""
+  transitions than its recipe's size) is refused when require_full. should_stop: the launch's
+  StopFlag; a build it stopped raises errors.Interrupted (the collector keeps its progress)."""
   from mombo_jax import config as config_lib, data, envs, provenance, recipes
   try:
     transitions = data.load_transitions(dataset, download=download)
@@ -164,7 +171,14 @@ def load_dataset(dataset, config, build_missing, build_steps, download=False, re
     import subprocess
     cmd = [sys.executable, "-m", "experiments.collect", f"--env={dataset}", f"--steps={build_steps}",
            f"--seed={config.seed}"]
-    if subprocess.run(cmd, check=False).returncode != 0:
+    code = subprocess.run(cmd, check=False).returncode
+    # Ctrl-C reaches the collector too (one process group): it checkpoints and stops.
+    signum = (getattr(should_stop, "signum", None) if should_stop is not None and should_stop()
+              else (-code if code < 0 else code - 128 if code in (130, 143) else None))
+    if signum:
+      raise Interrupted(signum, f"building {dataset} (the collector resumes from its "
+                        "checkpoint)") from None
+    if code != 0:
       raise UserError(f"Building {dataset} failed: {' '.join(cmd)}") from None
     transitions = data.load_transitions(dataset)
   except ValueError as e:
@@ -231,14 +245,15 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
   path = workdir_lib.dynamics_path(workdir, config)
   if os.path.exists(path) and not overwrite:
     raise UserError(f"{path} already exists; pass --overwrite to replace it, or another --workdir.")
-  try:
-    transitions = data.load_transitions(dataset)
-  except FileNotFoundError as e:           # DatasetNotFoundError names the collector command
-    raise UserError(str(e)) from None
-  log_fn(f"{dataset}: {len(transitions.rewards)} transitions, obs dim "
-         f"{transitions.observations.shape[1]}, action dim {transitions.actions.shape[1]}.")
-  workdir_lib.get_dynamics(config, transitions, dataset, workdir, should_stop=should_stop,
-                           overwrite=overwrite, log=log_fn)
+  with workdir_lib.dynamics_lock(workdir, config):      # before any work: one writer
+    try:
+      transitions = data.load_transitions(dataset)
+    except FileNotFoundError as e:         # DatasetNotFoundError names the collector command
+      raise UserError(str(e)) from None
+    log_fn(f"{dataset}: {len(transitions.rewards)} transitions, obs dim "
+           f"{transitions.observations.shape[1]}, action dim {transitions.actions.shape[1]}.")
+    workdir_lib.get_dynamics(config, transitions, dataset, workdir, should_stop=should_stop,
+                             overwrite=overwrite, log=log_fn)
   log_fn(f"Saved to {path} (reuse with: python -m experiments.run --env={env} --seed={seed} "
          f"--seeds={seeds} --dynamics_dir={workdir}).")
   return path

@@ -172,13 +172,13 @@ def write_dataset(name: str, episodes: Sequence[dict], description: str, algorit
       extra[PROVENANCE_KEY] = json.dumps(provenance)
     if extra:
       minari.load_dataset(dataset_id).storage.update_metadata(extra)
+    cards.write_card(dataset_id, episodes=episodes)   # dataset_card.md + returns_hist.png
   except BaseException:
     shutil.rmtree(path, ignore_errors=True)  # no half-written dataset blocks the next attempt
     raise
   finally:
     env.close()
     eval_env.close()
-  cards.write_card(dataset_id, episodes=episodes)   # dataset_card.md + returns_hist.png
   return dataset_id
 
 

@@ -1,7 +1,16 @@
 """A run's outputs, written and read in one place: metrics.csv (one row per seed per evaluation),
 summary.json (final normalised score and AULC per seed, mean and std over the healthy seeds, the
-diverged seeds, the critics' mean Q against the return bound) and learning_curve.png.
-`experiments.run` writes them; reports read them back.
+diverged seeds, the critics' mean Q against the return bound, the reporting protocol it follows)
+and learning_curve.png. `experiments.run` writes them; reports read them back.
+
+Every file is written through a temporary file renamed over the target (`atomic_write`), so a
+reader never sees half a file and a failed write leaves the committed one as it was. A write the
+OS refuses (read-only file system, no space left, a file where a folder should be) raises
+`WriteError`: a UserError of one line naming the path and the cause, its temporary file removed.
+
+Protocol: `PROTOCOL` names the definitions summary.json's numbers follow (docs/protocol.md: what
+"final" is, what AULC averages, std with ddof = 0 over the healthy seeds, ...); `summarise` writes
+it into every summary, and the report refuses summaries of another version.
 
 Overestimation watch: no policy's return can exceed max|r| / (1 - gamma) (r: the real dataset's
 rewards), so critics whose mean Q passes that bound have overestimated. `return_bound` computes it,
@@ -9,13 +18,101 @@ rewards), so critics whose mean Q passes that bound have overestimated. `return_
 goes on).
 """
 import csv
+import errno
 import json
 import os
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
+from mombo_jax.errors import UserError
+
 _INT_COLUMNS = ("epoch", "step", "seed")
+# The reporting protocol summary.json follows (docs/protocol.md). A change of what any number in
+# summary.json means (the final score, AULC, the std, which seeds count) is a new version.
+PROTOCOL = "mombo_jax.protocol/1"
+PROTOCOL_DOC = "docs/protocol.md"
+
+# What to do about a refused write, by errno.
+_WRITE_FIXES = {
+    errno.ENOSPC: "free some space and run again",
+    errno.EDQUOT: "free some space (disk quota) and run again",
+    errno.EROFS: "pass a folder on a writable file system",
+    errno.EACCES: "pass a folder you may write to",
+    errno.EPERM: "pass a folder you may write to",
+    errno.ENOTDIR: "a part of the path is a file, not a folder; pass another folder",
+    errno.EEXIST: "a file stands where a folder should be; pass another folder",
+}
+
+
+class WriteError(UserError):
+  """A file or folder the OS refused to write (read-only file system, no space, no permission, a
+  file in the way). One line: the path, the OS's cause, the fix. path: what was being written;
+  cause: the OS's words (strerror); errno: the OSError's errno."""
+
+  def __init__(self, path: str, error: OSError):
+    self.path = str(path)
+    self.errno = error.errno
+    self.cause = error.strerror or str(error)
+    fix = _WRITE_FIXES.get(error.errno)
+    super().__init__(f"Cannot write {self.path}: {self.cause}" + (f"; {fix}." if fix else "."))
+
+
+def write_error(path: str, error: OSError) -> WriteError:
+  """The WriteError for `error` (an OSError) raised while writing `path`: for callers that write
+  through their own code (os.makedirs, a library's save) and want the same one-line refusal."""
+  return WriteError(path, error)
+
+
+def make_dirs(path: str):
+  """os.makedirs(path, exist_ok=True); WriteError instead of an OSError."""
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise WriteError(path, e) from None
+
+
+def check_writable(folder: str):
+  """Creates `folder` if needed and checks that a file can be written in it (a temporary file,
+  removed at once); WriteError naming the folder otherwise. For a program's output folder, before
+  any work."""
+  import tempfile
+  make_dirs(folder)
+  try:
+    with tempfile.TemporaryFile(dir=folder):
+      pass
+  except OSError as e:
+    raise WriteError(folder, e) from None
+
+
+def atomic_write(path: str, write: Callable, binary: bool = False):
+  """Writes `path` through `<path>.tmp`: write(f) fills the open temporary file, which is then
+  renamed over `path`. On any failure the temporary file is removed and `path` is untouched; an
+  OSError (of the open, the write or the rename) becomes a WriteError naming `path`."""
+  tmp = path + ".tmp"
+  try:
+    with open(tmp, "wb" if binary else "w", **({} if binary else {"newline": ""})) as f:
+      write(f)
+    os.replace(tmp, path)
+  except BaseException as e:
+    try:
+      os.remove(tmp)
+    except OSError:
+      pass
+    if isinstance(e, OSError):
+      raise WriteError(path, e) from None
+    raise
+
+
+def write_text(path: str, text: str):
+  """Atomically writes `text` (report.md, report.tex, ...)."""
+  atomic_write(path, lambda f: f.write(text))
+
+
+def save_figure(fig, path: str, **kwargs):
+  """Atomically saves a matplotlib figure (format from path's extension)."""
+  fmt = os.path.splitext(path)[1].lstrip(".") or "png"
+  atomic_write(path, lambda f: fig.savefig(f, format=fmt, **kwargs), binary=True)
 
 
 def read_rows(path: str, max_epoch: Optional[int] = None) -> List[dict]:
@@ -29,24 +126,23 @@ def read_rows(path: str, max_epoch: Optional[int] = None) -> List[dict]:
   return rows if max_epoch is None else [r for r in rows if r["epoch"] <= max_epoch]
 
 
-def write_rows(path: str, rows: Sequence[dict]):
-  """Atomically (temp file + rename) writes metrics.csv; the columns are every row's keys in order
-  of first appearance (rows of an older run, resumed, lack newer columns: "nan" there)."""
-  tmp = path + ".tmp"
-  with open(tmp, "w", newline="") as f:
-    if rows:
-      fields = list(dict.fromkeys(k for row in rows for k in row))
-      writer = csv.DictWriter(f, fieldnames=fields, restval="nan")
+def write_rows(path: str, rows: Sequence[dict], fields: Optional[Sequence[str]] = None):
+  """Atomically (atomic_write) writes a CSV such as metrics.csv; the columns are `fields`, by
+  default every row's keys in order of first appearance (rows of an older run, resumed, lack
+  newer columns: "nan" there). WriteError when the OS refuses."""
+  def write(f):
+    columns = list(fields) if fields is not None else list(
+        dict.fromkeys(k for row in rows for k in row))
+    if columns:
+      writer = csv.DictWriter(f, fieldnames=columns, restval="nan")
       writer.writeheader()
       writer.writerows(rows)
-  os.replace(tmp, path)
+  atomic_write(path, write)
 
 
-def write_json(path: str, obj):
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=1)
-  os.replace(tmp, path)
+def write_json(path: str, obj, indent: int = 1):
+  """Atomically (atomic_write) writes obj as JSON. WriteError when the OS refuses."""
+  atomic_write(path, lambda f: json.dump(obj, f, indent=indent))
 
 
 def score_table(rows: Sequence[dict], seeds: Sequence[int], key: str = "epoch"):
@@ -58,9 +154,10 @@ def score_table(rows: Sequence[dict], seeds: Sequence[int], key: str = "epoch"):
 
 def summarise(rows: Sequence[dict], seeds: Sequence[int], diverged: Sequence[dict] = (),
               q: Optional["QWatch"] = None) -> dict:
-  """summary.json: per-seed final score and AULC (mean normalised score over all evaluations), and
-  their mean / std over the seeds that did not diverge (None when none is left); with `q` (the
-  run's QWatch) also its fields (QWatch.summary)."""
+  """summary.json: per-seed final score (the last evaluation's) and AULC (mean normalised score
+  over all evaluations, equally weighted), and their mean / std (np.std: ddof = 0) over the seeds
+  that did not diverge (None when none is left); `protocol`: PROTOCOL; with `q` (the run's
+  QWatch) also its fields (QWatch.summary)."""
   epochs, table = score_table(rows, seeds)
   final, aulc = table[-1], table.mean(axis=0)
   bad = {int(d["seed"]) for d in diverged}
@@ -69,7 +166,7 @@ def summarise(rows: Sequence[dict], seeds: Sequence[int], diverged: Sequence[dic
   def stat(fn, x):
     return float(fn(x[keep])) if keep.any() else None
 
-  return dict(seeds=[int(s) for s in seeds], epochs=epochs,
+  return dict(protocol=PROTOCOL, seeds=[int(s) for s in seeds], epochs=epochs,
               final_normalized_score=final.tolist(), aulc=aulc.tolist(),
               final_normalized_score_mean=stat(np.mean, final),
               final_normalized_score_std=stat(np.std, final),
@@ -165,5 +262,7 @@ def plot_curve(rows: Sequence[dict], seeds: Sequence[int], path: str, title: str
   ax.set(xlabel="gradient steps", ylabel="normalised score", title=title)
   ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  try:
+    save_figure(fig, path, dpi=100)
+  finally:
+    plt.close(fig)

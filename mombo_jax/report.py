@@ -1,25 +1,30 @@
 """The report over many runs: `write_report(dirs, out)` finds the run workdirs under `dirs`,
-groups them (mombo_jax.results: healthy seeds of all runs of one environment, dataset and algorithm
-label pooled), builds the tables (mombo_jax.tables: the paper's layout and table rule, the paper's
+groups them (mombo_jax.results: healthy seeds of all runs of one environment, dataset, algorithm
+and setup pooled; runs of different setups are separate columns named by what differs), builds
+the tables (mombo_jax.tables: the paper's layout and table rule, the paper's
 published numbers beside ours) and writes them as report.md, report.tex and report.csv, with the
 learning curves as curves_<env>.png.
 
 Each cell gives the mean over seeds, the std over seeds and a 95% percentile-bootstrap interval of
 the mean over seeds; the paper's columns give its own mean and std, with footnotes saying what
 they are.
+
+Protocol: every summary.json names the reporting protocol its numbers follow (outputs.PROTOCOL,
+docs/protocol.md), and report.md links that page. Summaries of another protocol are refused (one
+line naming them); summaries written before the field existed are read as protocol 1, whose
+definitions they follow, with a warning.
 """
 from __future__ import annotations
 
-import csv
 import os
 import re
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from mombo_jax import paper_results
+from mombo_jax import outputs, paper_results
 from mombo_jax.errors import UserError
-from mombo_jax.results import (CI_LEVEL, ENV_ORDER, LAST_K, N_BOOTSTRAP, TYPE_ORDER, Pool,
+from mombo_jax.results import (CI_LEVEL, ENV_ORDER, LAST_K, N_BOOTSTRAP, TYPE_ORDER, Pool, Run,
                                base_algo, beta_text, dataset_type, group_runs, label_key, ordered,
                                paper_dataset, read_run)
 from mombo_jax.tables import PAPER, Block, Table, build_table, summary_best
@@ -63,11 +68,13 @@ def paper_footnotes(table: Table) -> List[str]:
 
 
 def render_markdown(table: Table, title: str = "Results", what: str = "over seeds",
-                    groups: Optional[Dict[tuple, Pool]] = None) -> str:
+                    groups: Optional[Dict[tuple, Pool]] = None,
+                    preamble: Sequence[str] = ()) -> str:
   """report.md: one table per block; bold **x**, underline <u>x</u>; the paper's columns plain.
-  groups: adds a *Runs* table (seeds, beta, evaluations, folders of every cell)."""
+  groups: adds a *Runs* table (seeds, beta, evaluations, folders of every cell). preamble:
+  paragraphs under the title (the protocol's link)."""
   ci = any(b.has_ci() for b in table.blocks)
-  lines = [f"# {title}", "",
+  lines = [f"# {title}", ""] + [x for p in preamble for x in (p, "")] + [
            f"Mean ± std {what}"
            + (f" [{CI_LEVEL:.0%} percentile-bootstrap interval of the mean over seeds, "
               f"{N_BOOTSTRAP:,} resamples; with one seed, the value itself]" if ci else "")
@@ -127,6 +134,9 @@ def _md_summary_row(label, values, complete, highest, digits=1, paper=None) -> s
 def _md_runs(groups: Dict[tuple, Pool]) -> List[str]:
   """The *Runs* section: what every cell pools."""
   lines = ["## Runs", "",
+           "Each row pools runs of one setup (config.json but seeds and evaluation fields); an "
+           "algorithm run with several setups on a dataset has a column per setup, its label "
+           "naming the fields that differ. "
            "Seeds: the healthy seeds pooled in the cell (diverged ones left out). Evaluations: "
            f"the fewest of its runs (the window of 'last {LAST_K}' when fewer). β: config.beta "
            "(MOMBO / MOBILE β, MOPO λ). Q > bound: the seeds whose critics' mean Q passed the "
@@ -258,11 +268,8 @@ def render_csv(table: Table, path: str):
             ci_low=float(b.lo[i, j]) if has_ci else "", ci_high=float(b.hi[i, j]) if has_ci else "",
             source=(paper_results.source(b.metric, paper_dataset(dataset)) if paper[j]
                     else "ours")))
-  with open(path, "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=["env", "dataset", "column", "metric", "mean", "std",
-                                           "ci_low", "ci_high", "source"])
-    writer.writeheader()
-    writer.writerows(rows)
+  outputs.write_rows(path, rows, fields=["env", "dataset", "column", "metric", "mean", "std",
+                                         "ci_low", "ci_high", "source"])
 
 
 # ---------------------------------------------------------------------------------- figures
@@ -293,18 +300,59 @@ def plot_curves(groups: Dict[tuple, Pool], env: str, path: str):
     ax.set(title=dataset, xlabel="gradient steps", ylabel="normalised score")
     ax.legend(fontsize=7, title="final, AULC", title_fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  try:
+    outputs.save_figure(fig, path, dpi=100)
+  finally:
+    plt.close(fig)
 
 
 # ------------------------------------------------------------------------------------ driver
+
+def protocol_doc() -> str:
+  """The path of docs/protocol.md in this checkout (it may be absent from an installed copy)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(outputs.__file__)))
+  return os.path.join(root, outputs.PROTOCOL_DOC)
+
+
+def check_protocols(runs: Sequence[Run]) -> List[str]:
+  """Refuses (UserError, one line) runs summarised under another protocol than outputs.PROTOCOL:
+  their numbers may mean something else, and a report never mixes them. Returns the warnings for
+  runs written before summary.json had the field (read as protocol 1, whose definitions they
+  follow)."""
+  other = [r for r in runs if r.protocol is not None and r.protocol != outputs.PROTOCOL]
+  if other:
+    shown = ", ".join(f"{r.path} ({r.protocol})" for r in other[:3])
+    more = f" and {len(other) - 3} more" if len(other) > 3 else ""
+    raise UserError(f"{len(other)} run(s) follow another reporting protocol than this report's "
+                    f"{outputs.PROTOCOL} ({outputs.PROTOCOL_DOC}): {shown}{more}. Report them "
+                    "with the mombo_jax version that wrote them, or leave their folders out.")
+  old = [r for r in runs if r.protocol is None]
+  if not old:
+    return []
+  return [f"warning: {len(old)} run(s) have no 'protocol' in summary.json (written before it was "
+          f"recorded), read as {outputs.PROTOCOL}: {', '.join(r.path for r in old[:3])}"
+          + (f" and {len(old) - 3} more" if len(old) > 3 else "")]
+
+
+def _protocol_line(out: str, runs: Sequence[Run]) -> str:
+  doc = protocol_doc()
+  link = os.path.relpath(doc, os.path.abspath(out)) if os.path.exists(doc) else outputs.PROTOCOL_DOC
+  old = sum(r.protocol is None for r in runs)
+  return (f"Protocol: [{outputs.PROTOCOL}]({link}) (what the final score, the AULC, the std and "
+          "the interval are, which seeds are left out, the environments' versions, the reference "
+          "scores; no number is picked by online evaluation)."
+          + (f" {old} run(s) predate the protocol field in summary.json and are read as "
+             f"{outputs.PROTOCOL}." if old else ""))
+
 
 def write_report(dirs: Sequence[str], out: Optional[str] = None, log=print) -> dict:
   """Finds, groups, writes report.md, report.tex, report.csv, curves_<env>.png into `out`
   (default dirs[0]), with the paper's numbers beside ours.
 
-  Warnings (skipped folders, short runs) go to `log`. Returns {"runs", "groups", "table",
-  "files"}. Raises UserError when no run is found (naming the folders searched).
+  Warnings (skipped folders, short runs, runs without a protocol field) go to `log`. Returns
+  {"runs", "groups", "table", "files"}. Raises UserError when no run is found (naming the folders
+  searched), when a run follows another protocol (check_protocols), and outputs.WriteError when
+  `out` cannot be written (nothing half-written is left: each file goes through a rename).
   """
   if not dirs:
     raise UserError("Pass at least one folder to search for runs.")
@@ -316,6 +364,10 @@ def write_report(dirs: Sequence[str], out: Optional[str] = None, log=print) -> d
       runs.append(read_run(p))
     except ValueError as e:
       warnings.append(f"warning: skipping {p}: {e}")
+  notes = []
+  if runs:   # before any warning or work: another protocol, an unwritable --out are one line
+    notes = check_protocols(runs)
+    outputs.check_writable(out)
   for w in warnings:
     log(w)
   if not runs:
@@ -323,17 +375,19 @@ def write_report(dirs: Sequence[str], out: Optional[str] = None, log=print) -> d
                     f"{', '.join(RUN_FILES)}, written by experiments.run)"
                     + (f"; {len(warnings)} folder(s) were skipped, see the warnings above."
                        if warnings else "."))
+  for w in notes:
+    log(w)
   groups, more = group_runs(runs)
   for w in more:
     log(w)
   table = build_table(groups, paper=True)
-  os.makedirs(out, exist_ok=True)
   files = [os.path.join(out, name) for name in ("report.md", "report.tex", "report.csv")]
-  with open(files[0], "w") as f:
-    f.write(render_markdown(table, title=f"Results of {len(runs)} run(s)",
-                            what="over seeds (diverged seeds left out)", groups=groups))
-  with open(files[1], "w") as f:
-    f.write(render_latex(table))
+  outputs.write_text(files[0], render_markdown(
+      table, title=f"Results of {len(runs)} run(s)",
+      what="over seeds (population std, ddof = 0; diverged seeds left out)", groups=groups,
+      preamble=[_protocol_line(out, runs)]))
+  outputs.write_text(files[1], f"% Protocol: {outputs.PROTOCOL} ({outputs.PROTOCOL_DOC}).\n"
+                     + render_latex(table))
   render_csv(table, files[2])
   for env in ordered({k[0] for k in groups}, ENV_ORDER):
     files.append(os.path.join(out, f"curves_{env}.png"))

@@ -3,17 +3,19 @@ beta) of a launch, evaluation, checkpoints and outputs per workdir.
 
 A launch trains one or more groups.Group: a group is one workdir (one dataset, one beta, its
 seeds) and is exactly a plain run's folder (workdir.Workdir), resumable on its own. `train` is the
-one-group case. train_grid reads plan -> prepare -> loop -> finish; the loop hands the device several epochs
-per call (train.make_cells_chunk), so the host acts only at evaluations, checkpoints and stop
-requests.
+one-group case. train_grid reads plan -> prepare -> loop -> finish; the loop hands the device
+several epochs per call (train.make_cells_chunk), so the host acts only at evaluations,
+checkpoints and stop requests. What the host does per group (watch, evaluate, log, finish) is
+group_run's.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
 import time
-from typing import Any, List
+from typing import Any
 
+from mombo_jax import group_run
 from mombo_jax.errors import Interrupted, UserError
 from mombo_jax.launch import load_dataset, log, validate
 from mombo_jax.groups import Group, check_groups, describe_algorithm
@@ -22,29 +24,6 @@ from mombo_jax.workdir import Workdir
 # Longest a device call may run (epochs are batched up to the next evaluation, but no more than
 # this): SIGTERM / SIGINT are honoured between calls, and schedulers' grace periods are ~30 s.
 CHUNK_SECONDS = 10.0
-
-
-@dataclasses.dataclass
-class GroupRun:
-  """A group during a launch: its cells' slice of the program's cell axis and the host-side record
-  of its run (metrics rows, overestimation watch, diverged seeds, evaluator)."""
-  group: Group
-  workdir: Workdir
-  cells: slice
-  seeds: Any                   # int [S]
-  ckpt: Any                    # checkpoint.RunCheckpointer
-  rows: List[dict] = dataclasses.field(default_factory=list)
-  q: Any = None                # outputs.QWatch
-  diverged: dict = dataclasses.field(default_factory=dict)   # seed -> {seed, epoch, quantity}
-  evaluator: Any = None
-  scores: Any = None           # normalised scores [S, episodes] of the last evaluation
-
-  @property
-  def config(self):
-    return self.group.config
-
-  def where(self, many: bool) -> str:
-    return f" [{self.group.label()}]" if many else ""
 
 
 @dataclasses.dataclass
@@ -64,51 +43,75 @@ class Program:
 
 def train(config, dataset, workdir, dynamics_dir=None, build_missing=False, build_steps=1_000_000,
           keep=3, stop_after=None, download=False, *, require_full=False,
-          allow_epochs_change=False, should_stop=None):
+          allow_epochs_change=False, should_stop=None, log_to=("csv",)):
   """A whole run (all seeds); resumes from <workdir>/checkpoints when present. Returns the summary,
   or None when `stop_after` epochs of this call ended it early (as a preempted job would).
 
   require_full: refuse a reduced build of the dataset's recipe (paper settings).
   should_stop: a StopFlag (or any callable with .signum); when it fires, the run checkpoints at the
   end of the current device call and raises Interrupted.
+  log_to: where the metrics go besides metrics.csv (always written; --log): names of
+  loggers.KINDS, e.g. ("csv", "tensorboard", "wandb"), or "csv,tensorboard"; an unknown name or a
+  logger whose package is missing is refused (UserError) before any work.
   """
   return train_grid([Group(config, dataset, workdir, dynamics_dir)], build_missing, build_steps,
                     keep, stop_after, download, require_full=require_full,
-                    allow_epochs_change=allow_epochs_change, should_stop=should_stop)[0]
+                    allow_epochs_change=allow_epochs_change, should_stop=should_stop,
+                    log_to=log_to)[0]
 
 
 def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_after=None,
                download=False, *, require_full=False, allow_epochs_change=False,
-               should_stop=None):
+               should_stop=None, log_to=("csv",)):
   """Trains every cell (seed) of every group in one compiled program; each group's workdir gets
   what a plain run of that group alone writes, and resumes on its own. Returns the groups'
-  summaries (None each when `stop_after` ended this launch early). Arguments as for `train`."""
-  from mombo_jax import distributed
-  records = plan(groups, keep, stop_after, build_steps, allow_epochs_change)
-  if distributed.is_multiprocess():
-    build_missing = False        # processes building one dataset side by side would collide
-  runs, program = prepare(groups, records, keep, should_stop, dict(
-      build_missing=build_missing, build_steps=build_steps, download=download,
-      require_full=require_full))
+  summaries (None each when `stop_after` ended this launch early). Arguments as for `train`; the
+  loggers of `log_to` write each workdir's rows, one series per seed (W&B: one run per seed, the
+  launch's workdirs one group)."""
+  from mombo_jax import distributed, loggers
+  kinds = loggers.parse(log_to)  # before any work: unknown names, missing packages
+  held = []                      # the workdirs' locks (process 0's), released by the OS at death
   try:
-    done = loop(runs, program, stop_after, should_stop)
+    records = plan(groups, keep, stop_after, build_steps, allow_epochs_change, held)
+    if distributed.is_multiprocess():
+      build_missing = False      # processes building one dataset side by side would collide
+    runs, program = prepare(groups, records, keep, should_stop, dict(
+        build_missing=build_missing, build_steps=build_steps, download=download,
+        require_full=require_full, should_stop=should_stop))
+    group = loggers.launch_group([g.workdir for g in groups])
+    for r in runs:               # opened by loop (process 0), once training is sure to start
+      r.loggers = loggers.RunLoggers(kinds, group)
+    try:
+      done = loop(runs, program, stop_after, should_stop)
+    finally:
+      for r in runs:
+        if r.evaluator is not None:
+          r.evaluator.close()
+        if r.loggers is not None:
+          r.loggers.close()
+    if not done:
+      return [None] * len(runs)
+    return [group_run.finish(r) if distributed.is_main() else None for r in runs]
   finally:
-    for r in runs:
-      if r.evaluator is not None:
-        r.evaluator.close()
-  if not done:
-    return [None] * len(runs)
-  return [finish(r) if distributed.is_main() else None for r in runs]
+    for lock in reversed(held):  # a refused launch leaves no folder it created
+      lock.release(cleanup=True)
 
 
-def plan(groups, keep, stop_after, build_steps, allow_epochs_change):
+def plan(groups, keep, stop_after, build_steps, allow_epochs_change, held):
   """Every check that needs no data: the groups fit one program, the flags and folders are valid,
-  each workdir's config.json agrees. Returns each group's (config.json record, notes)."""
+  no other launch writes these workdirs (their locks are taken and appended to `held`; process 0
+  holds them), each workdir's config.json agrees. Returns each group's (config.json record, notes)."""
+  from mombo_jax import distributed
   check_groups(groups)
   cells = sum(g.config.num_seeds for g in groups)
   for g in groups:
     validate(g.config, g.dataset, g.workdir, g.dynamics_dir, keep, stop_after, build_steps,
              cells=cells)
+  if distributed.is_main():
+    for g in groups:
+      held.append(Workdir(g.workdir).lock().acquire())
+      for path in Workdir(g.workdir).remove_stale_tmp():
+        log(f"note: removed {path}, an unfinished checkpoint a stopped launch left.")
   return [Workdir(g.workdir, g.dynamics_dir).check_config(g.config, g.dataset, allow_epochs_change)
           for g in groups]
 
@@ -120,7 +123,7 @@ def prepare(groups, records, keep, should_stop, data_options):
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from mombo_jax import buffer, checkpoint, distributed, outputs, train as train_lib
+  from mombo_jax import buffer, checkpoint, distributed, outputs, provenance, train as train_lib
   from mombo_jax.workdir import cell_keys
 
   names = list(dict.fromkeys(g.dataset for g in groups))      # distinct datasets, in order
@@ -132,9 +135,12 @@ def prepare(groups, records, keep, should_stop, data_options):
     log(f"{name}: {len(t.rewards)} transitions, obs dim {t.observations.shape[1]}, action dim "
         f"{t.actions.shape[1]}.")
   for g, (record, notes) in zip(groups, records):
+    wd = Workdir(g.workdir, g.dynamics_dir)
+    record, more = wd.check_data(record, provenance.dataset_identity(g.dataset,
+                                                                     transitions[g.dataset]))
     if distributed.is_main():
-      Workdir(g.workdir, g.dynamics_dir).write_config(record)
-    for note in notes:
+      wd.write_config(record)
+    for note in notes + more:
       log(f"note: {note}" + (f" ({g.workdir})" if len(groups) > 1 else ""))
 
   reals = [buffer.from_transitions(transitions[name]) for name in names]
@@ -153,7 +159,7 @@ def prepare(groups, records, keep, should_stop, data_options):
     cell_dataset += [names.index(g.dataset)] * c.num_seeds
     cell_beta += [c.beta] * c.num_seeds
     offset = len(cell_beta) - c.num_seeds
-    runs.append(GroupRun(group=g, workdir=wd, cells=slice(offset, offset + c.num_seeds),
+    runs.append(group_run.GroupRun(group=g, workdir=wd, cells=slice(offset, offset + c.num_seeds),
                          seeds=np.arange(c.seed, c.seed + c.num_seeds),
                          ckpt=wd.checkpointer(keep)))
   # One init for all cells (one set of network and optimiser objects, so the groups' states
@@ -240,7 +246,7 @@ def loop(runs, program: Program, stop_after, should_stop) -> bool:
   Interrupted when should_stop fired (after a checkpoint)."""
   import jax
   import numpy as np
-  from mombo_jax import distributed
+  from mombo_jax import checkpoint, distributed
   config, many = program.config, len(runs) > 1
 
   def save(epoch):
@@ -250,9 +256,12 @@ def loop(runs, program: Program, stop_after, should_stop) -> bool:
     whole = (distributed.to_host(program.state) if todo and distributed.is_multiprocess()
              else program.state)
     for r in todo:
-      r.ckpt.save(epoch, jax.tree.map(lambda x, r=r: x[r.cells], whole),
-                  {"epoch": epoch, "diverged": list(r.diverged.values()),
-                   "q": list(r.q.records.values())})
+      try:
+        r.ckpt.save(epoch, jax.tree.map(lambda x, r=r: x[r.cells], whole),
+                    {"epoch": epoch, "diverged": list(r.diverged.values()),
+                     "q": list(r.q.records.values())})
+      except checkpoint.CheckpointError as e:
+        raise UserError(str(e)) from None
 
   def stop_requested(epoch):
     if should_stop is not None and distributed.agree(should_stop()):
@@ -275,7 +284,10 @@ def loop(runs, program: Program, stop_after, should_stop) -> bool:
     t_compile = time.time()
     chunk = compile_chunk(program)
     log(f"Compiled the epoch in {time.time() - t_compile:.1f} s.")
-  _log_reference_scores(runs)
+    if distributed.is_main():      # before training: a logger that fails costs no epoch
+      for r in runs:
+        group_run.open_loggers(r, program.start)
+  group_run.log_reference_scores(runs)
   epoch, pace, t_start = program.start, None, time.time()
   while epoch < end:
     stop_requested(epoch)
@@ -288,7 +300,7 @@ def loop(runs, program: Program, stop_after, should_stop) -> bool:
                else jax.device_get(metrics))
     pace = (time.time() - t0) / n
     for i in range(n):
-      _watch(runs, {k: np.asarray(v[i]) for k, v in metrics.items()}, epoch + i + 1, config, many)
+      group_run.watch(runs, {k: np.asarray(v[i]) for k, v in metrics.items()}, epoch + i + 1, config, many)
     epoch += n
     if epoch % config.eval_every and epoch != config.epochs:
       stop_requested(epoch)
@@ -300,8 +312,8 @@ def loop(runs, program: Program, stop_after, should_stop) -> bool:
     actors = distributed.to_host(program.state.agent.actor.params)
     if distributed.is_main():                # process 0 evaluates and writes the outputs
       for r in runs:
-        _evaluate(r, actors, last, epoch)
-        _log_progress(r, last, epoch, rate, eta, many)
+        group_run.evaluate(r, actors, last, epoch)
+        group_run.log_progress(r, last, epoch, rate, eta, many)
     save(epoch)
     stop_requested(epoch)
   if epoch < config.epochs:
@@ -309,95 +321,3 @@ def loop(runs, program: Program, stop_after, should_stop) -> bool:
     log(f"Stopping after {stop_after} epoch(s) as asked; run again to resume.")
     return False
   return True
-
-
-def _watch(runs, metrics, done, config, many):
-  """Epoch `done`'s per-cell metrics ({name: [C]}): the overestimation watch and divergence."""
-  from mombo_jax import train as train_lib
-  frozen = metrics["diverged"]
-  for r in runs:
-    for i, s in zip(range(r.cells.start, r.cells.stop), r.seeds):
-      q = metrics["q_mean"][i]
-      # A frozen seed's metrics are its failed epoch's (maybe NaN): not watched.
-      if not frozen[i] and r.q.update(int(s), done, q):
-        log(f"warning: seed {s} of {r.group.dataset} beta={r.config.beta:g} overestimates: the "
-            f"critics' mean Q {q:.4g} passed the return bound max|r|/(1-gamma) = {r.q.bound:.4g} "
-            f"at epoch {done}. Training goes on; the seed is flagged `overestimated` in "
-            "summary.json.")
-      if frozen[i] and int(s) not in r.diverged:
-        quantity = ", ".join(k for k in train_lib.DIVERGENCE_CHECKS
-                             if bool(metrics[f"diverged/{k}"][i])) or "unknown"
-        r.diverged[int(s)] = {"seed": int(s), "epoch": done, "quantity": quantity}
-        log(f"seed {s}{r.where(many)} diverged at epoch {done} ({quantity} non-finite or beyond "
-            f"+-{config.max_abs_loss:g}); it is frozen at its last healthy state and left out of "
-            "the summary. The other seeds go on.")
-
-
-def _log_reference_scores(runs):
-  from mombo_jax import scores
-  shown = {}
-  for r in runs:
-    shown.setdefault(r.group.dataset, scores.ref_scores(r.group.dataset))
-  for name, (ref_min, ref_max, source) in shown.items():
-    log(f"Normalised scores{'' if len(shown) == 1 else f' of {name}'} use R_random={ref_min:.2f}, "
-        f"R_expert={ref_max:.2f} ({source}).")
-
-
-def _evaluate(r: GroupRun, actors, last, done):
-  """Evaluates group r's actors (`actors`: every cell's actor parameters on the host) and appends
-  its metrics.csv rows; last: the epoch's metrics {name: [C]}. Sets r.scores [S, episodes]."""
-  import jax
-  from mombo_jax import evaluate, scores
-  c = r.config
-  if r.evaluator is None:                  # built at the first evaluation, reused after
-    r.evaluator = evaluate.Evaluator(c, c.env_name, c.num_seeds, c.eval_episodes)
-  returns = r.evaluator.run(jax.tree.map(lambda x: x[r.cells], actors), seed=10_000 * c.seed + done)
-  r.scores = scores.normalized_score(r.group.dataset, returns)   # [S, episodes]
-  for i, s in enumerate(r.seeds):
-    cell = r.cells.start + i
-    row = dict(epoch=done, step=done * c.steps_per_epoch, seed=int(s),
-               return_mean=float(returns[i].mean()), normalized_score=float(r.scores[i].mean()),
-               diverged=float(int(s) in r.diverged))
-    row.update({k: float(v[cell]) for k, v in sorted(last.items())})
-    row.update(q_bound=r.q.bound, overestimated=float(int(s) in r.q.flagged()))
-    r.rows.append(row)
-  r.workdir.write_rows(r.rows)
-
-
-def _log_progress(r: GroupRun, last, done, rate, eta, many):
-  c, cells = r.config, r.cells
-  log(f"epoch {done}/{c.epochs}{r.where(many)}  {rate:.0f} steps/s (all "
-      f"{'seeds' if not many else 'cells'})  score per seed "
-      f"[{', '.join(f'{x:.1f}' for x in r.scores.mean(axis=1))}]  critic_loss "
-      f"[{', '.join(f'{x:.3g}' for x in last['critic_loss'][cells])}]  q_mean "
-      f"[{', '.join(f'{x:.4g}' for x in last['q_mean'][cells])}] (bound {r.q.bound:.4g})  "
-      f"ETA {_fmt(eta)}"
-      + (f"  OVERESTIMATED seeds {r.q.flagged()}" if r.q.flagged() else "")
-      + (f"  diverged seeds {sorted(r.diverged)}" if r.diverged else ""))
-
-
-def finish(r: GroupRun) -> dict:
-  """Group r's summary.json and learning_curve.png; returns the summary."""
-  from mombo_jax import outputs
-  c, g = r.config, r.group
-  diverged = sorted(r.diverged.values(), key=lambda d: d["seed"])
-  summary = outputs.summarise(r.rows, r.seeds, diverged, r.q)
-  r.workdir.write_summary(summary)
-  title = f"{c.algo} ({c.target}) on {g.dataset}" if c.algo == "mombo" else f"{c.algo} on {g.dataset}"
-  r.workdir.plot(r.rows, r.seeds, title, sorted(r.diverged))
-  log(f"final normalised score {_num(summary['final_normalized_score_mean'])} "
-      f"+- {_num(summary['final_normalized_score_std'])}, AULC {_num(summary['aulc_mean'])}"
-      + (f" over the {len(r.seeds) - len(r.diverged)} healthy seed(s)" if r.diverged else "")
-      + (f"; seed(s) {r.q.flagged()} overestimated (mean Q above the return bound "
-         f"{r.q.bound:.4g})" if r.q.flagged() else "")
-      + f"; wrote {g.workdir}")
-  return summary
-
-
-def _num(x):
-  return "n/a" if x is None else f"{x:.1f}"
-
-
-def _fmt(seconds):
-  seconds = int(seconds)
-  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"

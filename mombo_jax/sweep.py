@@ -2,13 +2,16 @@
 
 This module owns the sweep's cells and their launch: `plan` turns datasets x algorithms into Cells
 (one `python -m experiments.run` command each, all seeds of a cell in one launch, the algorithms of
-a dataset sharing `<out>/<dataset>/dynamics`), `Launcher` runs a cell as a child process and
-forwards SIGINT / SIGTERM to it, and `run_sweep` launches the unfinished cells in order and keeps
-the record `<out>/sweep.json`. Where the cells' folders go is mombo_jax.workdir's.
+a dataset sharing `<out>/<dataset>/dynamics`), `check_cells` refuses cells whose folder holds a
+run of another setup than asked (naming the fields), `Launcher` runs a cell as a child process
+and forwards SIGINT / SIGTERM to it, and `run_sweep` launches the unfinished cells in order and
+keeps the record `<out>/sweep.json` (each cell's status and its history over every sweep that
+touched it). Where the cells' folders go is mombo_jax.workdir's.
 """
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import shlex
@@ -16,26 +19,48 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
+from mombo_jax import outputs
 from mombo_jax.errors import UserError
 from mombo_jax.launch import EXIT_DIVERGED
 
-# experiments.run's flags that a sweep sets for every cell (name -> absl type).
+# experiments.run's flags that a sweep sets for every cell (name -> absl type). They make the
+# cell's setup (its config.json), which the sweep checks and compares with finished cells.
 BUDGET_FLAGS = {"preset": "string", "target": "string", "epochs": "integer",
                 "steps_per_epoch": "integer", "eval_every": "integer", "eval_episodes": "integer",
                 "rollout_batch_size": "integer", "rollout_length": "integer",
-                "dynamics_max_epochs": "integer", "real_ratio": "float"}
+                "dynamics_max_epochs": "integer", "real_ratio": "float", "beta": "float",
+                "schedule_epochs": "integer"}
+# experiments.run's flags a sweep passes on after `--` (name -> absl type): they change how a cell
+# runs, not what it trains (its config.json).
+PASSTHROUGH_FLAGS = {"keep_checkpoints": "integer", "compilation_cache": "string",
+                     "build_missing": "bool", "build_steps": "integer", "download": "bool",
+                     "allow_small_dataset": "bool", "allow_epochs_change": "bool", "log": "list"}
+# experiments.run's flags a sweep sets itself, with the sweep's flag that does it.
+_OWNED = {"env": "--envs", "dataset": "--envs", "datasets": "--envs", "algo": "--algos",
+          "seeds": "--seeds", "seed": "--seed", "workdir": "--out", "dynamics_dir": "--out",
+          "betas": "one sweep per --beta"}
+# experiments.run's flags a sweep does not pass on: a cell must run to its end in one process.
+_NOT_PASSED = ("stop_after", "coordinator_address", "num_processes", "process_id", "distributed",
+               "init_timeout")
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+# A cell's status in sweep.json; `status` of the sweep is the worst of its cells'.
+_SEVERITY = ("finished", "diverged", "failed", "interrupted")
 
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-  """One experiments.run launch: all seeds of one algorithm on one dataset."""
+  """One experiments.run launch: all seeds of one algorithm on one dataset. config: the Config
+  the command trains (what its config.json must say); allow_epochs_change: `-- 
+  --allow_epochs_change` was passed (a finished cell of fewer --epochs is continued)."""
   env: str
   algo: str
   workdir: str
   dynamics_dir: str
   command: tuple
+  config: Any = dataclasses.field(default=None, compare=False, repr=False)
+  allow_epochs_change: bool = False
 
   @property
   def name(self) -> str:
@@ -52,12 +77,59 @@ class Cell:
     return Workdir(self.workdir).finished()
 
 
+def check_passthrough(extra: Sequence[str]) -> Dict[str, Any]:
+  """{flag: value} of the words after `--`, each a --flag of PASSTHROUGH_FLAGS with a value of its
+  type; UserError (one line, naming the word and what to do) for anything else: a word, a setup
+  flag (the sweep's own), a flag the sweep sets or cannot pass on, an unknown or mistyped one."""
+  values = {}
+  for word in extra:
+    if not word.startswith("--") or word == "--":
+      raise UserError(f"unexpected argument {word!r}: everything after `--` must be an "
+                      "experiments.run --flag (e.g. -- --keep_checkpoints=2).")
+    name, has_value, value = word[2:].partition("=")
+    kind = PASSTHROUGH_FLAGS.get(name)
+    if kind is None and name.startswith("no") and PASSTHROUGH_FLAGS.get(name[2:]) == "bool" \
+        and not has_value:
+      values[name[2:]] = False
+      continue
+    if name in BUDGET_FLAGS:
+      raise UserError(f"{word}: pass --{name} to the sweep itself, before `--`: it sets every "
+                      "cell's setup, which the sweep checks and compares with finished cells.")
+    if name in _OWNED:
+      raise UserError(f"{word}: the sweep sets --{name} for every cell ({_OWNED[name]}).")
+    if name in _NOT_PASSED:
+      raise UserError(f"{word}: a sweep does not pass --{name} on (each cell runs to its end in "
+                      "one process); run that cell with experiments.run instead.")
+    if kind is None:
+      passed = ", ".join("--" + n for n in sorted(PASSTHROUGH_FLAGS))
+      setup = ", ".join("--" + n for n in sorted(BUDGET_FLAGS))
+      raise UserError(f"{word}: not a flag a sweep passes on to experiments.run; after `--` go "
+                      f"only {passed} (the setup's flags go before `--`: {setup}).")
+    if kind == "bool":
+      if has_value and value.lower() not in _BOOL_WORDS:
+        raise UserError(f"{word}: --{name} takes true or false.")
+      values[name] = _BOOL_WORDS[value.lower()] if has_value else True
+      continue
+    if not has_value:
+      raise UserError(f"{word}: give --{name} its value after '=' (--{name}=VALUE).")
+    if kind == "integer":
+      try:
+        values[name] = int(value)
+      except ValueError:
+        raise UserError(f"{word}: --{name} takes an integer.") from None
+    else:
+      values[name] = value
+  return values
+
+
 def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: str,
          budget: dict, extra: Sequence[str] = (), python: str = sys.executable) -> List[Cell]:
   """The cells in launch order (dataset-major: a dataset's dynamics are trained by its first
   cell and reused by the rest). Every name and budget is checked first by building each cell's
-  config, so a typo fails here and not hours into the sweep. budget: experiments.run flag -> value
-  (None = the cell's default)."""
+  config, so a typo fails here and not hours into the sweep; `extra` (the words after `--`) by
+  check_passthrough. budget: experiments.run flag -> value (None = the cell's default). A given
+  --beta is part of the cells' folder names (<algo>[-<target>]-beta<b>), so sweeps of several
+  betas share one --out."""
   from mombo_jax import config as config_lib, workdir as workdir_lib
   if not envs:
     raise UserError("--envs is required, e.g. --envs=hopper-random,hopper-medium-replay.")
@@ -71,26 +143,81 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
   unknown = sorted(set(budget) - set(BUDGET_FLAGS))
   if unknown:
     raise UserError(f"Unknown budget flag(s) {unknown}; known: {sorted(BUDGET_FLAGS)}.")
+  passed = check_passthrough(extra)
   overrides = {("dyn_max_epochs" if k == "dynamics_max_epochs" else k): v
                for k, v in budget.items() if k != "preset"}
+  if "schedule_epochs" in overrides:     # as experiments.run: 0 means "span --epochs"
+    overrides["schedule_epochs"] = overrides["schedule_epochs"] or None
   cells = []
   for env in envs:
     for algo in algos:
       try:
-        config_lib.make_config(env, algo, budget.get("preset", "paper"), seed=seed,
-                               num_seeds=seeds, **overrides)
+        config = config_lib.make_config(env, algo, budget.get("preset", "paper"), seed=seed,
+                                        num_seeds=seeds, **overrides)
       except (ValueError, TypeError) as e:
         raise UserError(f"{env} / {algo}: {e}") from None
       target = budget.get("target", config_lib.Config.target)
-      workdir = workdir_lib.run_dir(out, env, algo, target, seed, seeds)
+      workdir = workdir_lib.run_dir(out, env, algo, target, seed, seeds, budget.get("beta"))
       dynamics_dir = workdir_lib.grid_dynamics_dir(out, env)
       command = [python, "-m", "experiments.run", f"--env={env}", f"--algo={algo}",
                  f"--seeds={seeds}", f"--seed={seed}", f"--workdir={workdir}",
                  f"--dynamics_dir={dynamics_dir}"]
       command += [f"--{k}={v}" for k, v in budget.items()]
       command += list(extra)
-      cells.append(Cell(env, algo, workdir, dynamics_dir, tuple(command)))
+      cells.append(Cell(env, algo, workdir, dynamics_dir, tuple(command), config,
+                        bool(passed.get("allow_epochs_change"))))
   return cells
+
+
+def setup_mismatch(cell: Cell) -> Dict[str, tuple]:
+  """{field: (recorded, asked)} where the run in cell.workdir (its config.json) differs from the
+  config the cell asks for; {} when the folder holds no config.json yet or they agree."""
+  from mombo_jax import workdir as workdir_lib
+  wd = workdir_lib.Workdir(cell.workdir)
+  if cell.config is None or not os.path.exists(wd.file(workdir_lib.CONFIG)):
+    return {}
+  record = wd.read_record()
+  asked = workdir_lib.config_record(cell.config, cell.env)
+  return {k: (record.get(k), v) for k, v in asked.items() if record.get(k) != v}
+
+
+def check_cells(cells: Sequence[Cell]) -> Set[str]:
+  """Refuses, before anything is launched, cells whose folder holds a run of another setup than
+  asked (UserError, one line naming each cell and the fields that differ, recorded -> asked):
+  any field for a finished cell (its results are what they are), any but the evaluation's for an
+  unfinished one (experiments.run resumes it; --eval_every / --eval_episodes may change), and
+  --epochs unless `-- --allow_epochs_change`. Returns the workdirs of the finished cells to
+  continue to a changed --epochs (those flags passed)."""
+  from mombo_jax.workdir import HARMLESS
+  problems, extend = [], set()
+  for cell in cells:
+    differs = setup_mismatch(cell)
+    if not differs:
+      continue
+    finished = cell.finished
+    extending = "epochs" in differs and cell.allow_epochs_change
+    # experiments.run resumes a run under other evaluation fields; a finished run's evaluations
+    # are done, unless it is continued to more epochs.
+    harmless = set(HARMLESS) if (not finished or extending) else set()
+    bad = {k: v for k, v in differs.items()
+           if k not in harmless and not (k == "epochs" and cell.allow_epochs_change)}
+    if bad:
+      problems.append((cell, finished, bad))
+    elif finished:
+      extend.add(cell.workdir)
+  if problems:
+    parts = [f"{cell.name} in {cell.workdir} ({'finished' if finished else 'unfinished'}: "
+             + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(bad.items())) + ")"
+             for cell, finished, bad in problems]
+    only_epochs = all("epochs" in bad and set(bad) <= {"epochs"} | set(HARMLESS)
+                      for _, _, bad in problems)
+    raise UserError(
+        f"{len(problems)} cell(s) hold a run of another setup than asked, so nothing was "
+        f"launched: {'; '.join(parts)}. Ask for the setup they were run with (sweep.json has "
+        "their commands), pass another --out, or delete those cells' folders to run them again"
+        + ("; or pass `-- --allow_epochs_change` to continue them to the new --epochs"
+           if only_epochs else "") + ".")
+  return extend
 
 
 class Launcher:
@@ -128,67 +255,165 @@ class Launcher:
 
 def run_sweep(cells: Sequence[Cell], out: str, runner: Optional[Callable[[Cell], int]] = None,
               log: Callable[[str], None] = print) -> dict:
-  """Launches the unfinished cells in order; returns and writes the record <out>/sweep.json:
-  {"cells": [{env, algo, workdir, command, status, exit_code, seconds}], "status"}.
-  status per cell: finished | skipped (finished before) | diverged | failed | interrupted |
-  not started (after an interruption). runner(cell) -> exit status (default: a Launcher)."""
+  """Launches the unfinished cells in order (after check_cells: nothing is launched when one
+  holds another setup); returns and writes the record <out>/sweep.json:
+  {"cells": [{env, algo, workdir, command, status, exit_code, seconds, skipped, history}],
+   "status", "signal" (when interrupted), "other_cells" (cells of earlier sweeps into <out> that
+   this one does not plan; kept as they were)}.
+
+  status per cell: finished | diverged | failed | interrupted | not started (after an
+  interruption); a cell finished before is not launched (skipped: true) and keeps its outcome:
+  diverged when its summary.json lists diverged seeds or its last launch ended so, else
+  finished. history: one {status, time, command, exit_code, seconds} per launch and one {status:
+  "skipped", time, command} per sweep that found it finished, over every sweep into <out>, oldest
+  first. The sweep's status is its cells' worst (interrupted > failed > diverged > finished).
+  runner(cell) -> exit status (default: a Launcher). outputs.WriteError (a UserError) when <out>
+  cannot be written: raised before any cell is launched."""
+  from mombo_jax import locks
   runner = runner or Launcher()
-  os.makedirs(out, exist_ok=True)
+  extend = check_cells(cells)
+  outputs.check_writable(out)
+  # One sweep per folder (sweep.json has one writer); each cell's run takes its workdir's lock.
+  lock = locks.FolderLock(out, ".sweep.lock", what="sweep --out", fix=(
+      "wait for that sweep to finish or stop it, or pass another --out")).acquire()
+  try:
+    return _run_sweep(cells, out, runner, extend, log)
+  finally:
+    lock.release()
+
+
+def _run_sweep(cells, out, runner, extend, log):
   record_path = os.path.join(out, "sweep.json")
+  old = _read_record(record_path)
+  earlier = {e.get("workdir"): e for e in old.get("cells", []) + old.get("other_cells", [])
+             if isinstance(e, dict)}
+  planned = {c.workdir for c in cells}
+  others = [e for w, e in earlier.items() if w not in planned]
   records = []
-  status = "finished"
-  for i, cell in enumerate(cells, 1):
-    entry = dict(env=cell.env, algo=cell.algo, workdir=cell.workdir, command=cell.command_line)
-    records.append(entry)
-    if cell.finished:
-      entry.update(status="skipped", exit_code=None, seconds=0.0)
-      log(f"[sweep {i}/{len(cells)}] {cell.name}: finished before, skipped ({cell.workdir})")
+  for cell in cells:
+    history = _history(earlier.get(cell.workdir, {}))
+    records.append(dict(env=cell.env, algo=cell.algo, workdir=cell.workdir,
+                        command=cell.command_line, status="pending", exit_code=None,
+                        seconds=0.0, skipped=False, history=history))
+
+  def write(status, signum=None):
+    result = dict(cells=records, status=status)
+    if signum is not None:
+      result["signal"] = int(signum)
+    if others:
+      result["other_cells"] = others
+    outputs.write_json(record_path, result, indent=2)
+    return result
+
+  write("running")                     # an unwritable --out fails here, before any launch
+  signum = None
+  for i, (cell, entry) in enumerate(zip(cells, records), 1):
+    if cell.finished and cell.workdir not in extend:
+      entry.update(status=_finished_status(cell, entry["history"]), skipped=True)
+      entry["history"].append(dict(status="skipped", time=_now(), command=cell.command_line))
+      log(f"[sweep {i}/{len(cells)}] {cell.name}: finished before ({entry['status']}), skipped "
+          f"({cell.workdir})")
       continue
-    if status == "interrupted":
-      entry.update(status="not started", exit_code=None, seconds=0.0)
+    if signum is None and getattr(runner, "signum", None):   # a signal between two cells
+      signum = runner.signum
+    if signum is not None:
+      entry["status"] = "not started"
       continue
     log(f"[sweep {i}/{len(cells)}] {cell.name}: {entry['command']}")
-    t0 = time.time()
+    entry["status"] = "running"
+    write("running")
+    t0, started = time.time(), _now()
     code = runner(cell)
     entry.update(exit_code=code, seconds=round(time.time() - t0, 1))
+    stopped = _signal_of(code)
     if code == 0 and cell.finished:
       entry["status"] = "finished"
     elif code == EXIT_DIVERGED:
       entry["status"] = "diverged"
-      status = "diverged" if status == "finished" else status
-    elif code in (128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM):
+    elif stopped is not None:
       entry["status"] = "interrupted"
-      status = "interrupted"
+      signum = getattr(runner, "signum", None) or stopped
     else:
       entry["status"] = "failed"
-      status = "failed" if status != "interrupted" else status
+    entry["history"].append(dict(status=entry["status"], time=started,
+                                 command=cell.command_line, exit_code=code,
+                                 seconds=entry["seconds"]))
     log(f"[sweep {i}/{len(cells)}] {cell.name}: {entry['status']} (exit {code}, "
         f"{entry['seconds']:.0f} s)")
-    _write(record_path, dict(cells=records, status="running"))
-  result = dict(cells=records, status=status)
-  _write(record_path, result)
-  return result
+    write("running")
+  worst = max((_SEVERITY.index(e["status"]) for e in records if e["status"] in _SEVERITY),
+              default=0)
+  status = "interrupted" if signum is not None else _SEVERITY[worst]
+  return write(status, signum)
 
 
-def _write(path: str, obj: dict):
-  # Through a temporary file: an interrupted sweep never leaves a half-written record.
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2)
-  os.replace(tmp, path)
+def _now() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _signal_of(code: int) -> Optional[int]:
+  """The stop signal (SIGINT / SIGTERM) a cell's exit status reports, or None: experiments.run
+  exits 128 + signal after checkpointing; a child killed by the signal has -signal; the Launcher
+  returns -signal for cells it did not start after one."""
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    if code in (128 + signum, -signum):
+      return int(signum)
+  return None
+
+
+def _read_record(path: str) -> dict:
+  """The sweep.json of earlier sweeps into this folder ({} when none)."""
+  if not os.path.exists(path):
+    return {}
+  try:
+    with open(path) as f:
+      record = json.load(f)
+  except (OSError, ValueError) as e:
+    raise UserError(f"{path} is unreadable ({e}); delete it and run again (each cell's folder "
+                    "keeps its own results; only the record of earlier sweeps goes).") from None
+  return record if isinstance(record, dict) else {}
+
+
+def _history(entry: dict) -> List[dict]:
+  """A cell's history from its entry in an earlier sweep.json (a record written before histories
+  were kept gives its one status, time unknown)."""
+  if isinstance(entry.get("history"), list):
+    return list(entry["history"])
+  if entry.get("status") in _SEVERITY:
+    return [dict(status=entry["status"], time=None, command=entry.get("command"),
+                 exit_code=entry.get("exit_code"), seconds=entry.get("seconds"))]
+  return []
+
+
+def _finished_status(cell: Cell, history: Sequence[dict]) -> str:
+  """A finished cell's outcome: diverged when its summary.json lists diverged seeds or its last
+  launch ended diverged, else finished."""
+  from mombo_jax.workdir import Workdir
+  try:
+    if Workdir(cell.workdir).read_summary().get("diverged"):
+      return "diverged"
+  except (OSError, ValueError, AttributeError):
+    pass
+  launches = [h for h in history if h.get("status") in _SEVERITY]
+  return "diverged" if launches and launches[-1]["status"] == "diverged" else "finished"
 
 
 def exit_code(result: dict) -> int:
-  """The sweep's exit status: 0, EXIT_DIVERGED (seeds diverged, nothing failed), 1 (a cell
-  failed) or 130 (interrupted)."""
-  return {"finished": 0, "diverged": EXIT_DIVERGED, "failed": 1,
-          "interrupted": 128 + signal.SIGINT}[result["status"]]
+  """The sweep's exit status: 0, EXIT_DIVERGED (seeds of a cell diverged, now or in an earlier
+  sweep, and nothing failed), 1 (a cell failed) or 128 + the signal that interrupted it (130
+  SIGINT, 143 SIGTERM)."""
+  if result["status"] == "interrupted":
+    return 128 + int(result.get("signal") or signal.SIGINT)
+  return {"finished": 0, "diverged": EXIT_DIVERGED, "failed": 1}[result["status"]]
 
 
 def summary(result: dict, out: str) -> str:
-  """One line: the sweep's status, how many cells ended in each status, where the record is."""
+  """One line: the sweep's status, how many cells ended in each status, how many were skipped
+  (finished before), where the record is."""
   counts = {}
   for entry in result["cells"]:
     counts[entry["status"]] = counts.get(entry["status"], 0) + 1
+  skipped = sum(bool(e.get("skipped")) for e in result["cells"])
   return (f"sweep {result['status']}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+          + (f" ({skipped} skipped: finished before)" if skipped else "")
           + f"; record in {os.path.join(out, 'sweep.json')}")

@@ -3,12 +3,17 @@ compare), its checkpoints (restored against a typed template), its outputs, and 
 ensembles it trains or reuses. No other module spells a path inside a run.
 
     <workdir>/
-      config.json          the Config fields + "dataset" (+ "epochs_changes": --allow_epochs_change)
+      .lock                the OS lock of the launch writing here (locks.FolderLock: the holder's PID, host, start)
+      config.json          the Config fields + "dataset", "data" (the dataset's identity:
+                           transitions and fingerprint; a resume on other data is refused),
+                           "epochs_changes" (--allow_epochs_change), "eval_changes"
       checkpoints/<step>/  Orbax steps of the TrainState, leading cell axis [S] (checkpoint.py)
       dynamics/seed<s>x<S>/  the S dynamics ensembles (unless --dynamics_dir puts them elsewhere)
       metrics.csv          one row per seed per evaluation        (outputs.py formats the files)
-      summary.json         final scores, AULC, diverged / overestimated seeds
+      summary.json         final scores, AULC, diverged / overestimated seeds, protocol
       learning_curve.png
+      tb/seed<s>/          TensorBoard events per seed (--log=tensorboard; loggers.py)
+      wandb/               offline W&B runs per seed + runs.json (--log=wandb)
 
 The key scheme of a run lives here too (`cell_keys`): experiments.run and
 experiments.train_dynamics derive seed i's dynamics key the same way, so both train identical
@@ -17,6 +22,8 @@ ensembles and either's can be reused by the other.
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import glob
 import json
 import os
 import shutil
@@ -31,6 +38,9 @@ SUMMARY = "summary.json"
 CURVE = "learning_curve.png"
 CHECKPOINTS = "checkpoints"
 DYNAMICS = "dynamics"
+LOCK = ".lock"
+TENSORBOARD = "tb"
+WANDB = "wandb"
 # What a finished run holds (experiments.report reads these three).
 RUN_FILES = (CONFIG, METRICS, SUMMARY)
 # Config fields that may change between launches of one run without --allow_epochs_change.
@@ -129,6 +139,10 @@ class Workdir:
     new = config_record(config, dataset)
     path = self.file(CONFIG)
     if not os.path.exists(path):
+      if self.checkpointer_steps():
+        raise UserError(f"{self.checkpoints} holds checkpoints but {path} is missing: what they "
+                        "were trained on (config, data) cannot be told. Delete "
+                        f"{self.checkpoints} to start the run afresh, or pass another --workdir.")
       return new, []
     try:
       with open(path) as f:
@@ -161,17 +175,66 @@ class Workdir:
       notes.append(f"--epochs changed {old.get('epochs')} -> {new['epochs']} "
                    f"(--allow_epochs_change): the actor's cosine schedule is {how}; recorded in "
                    "config.json.")
+    eval_history = list(old.get("eval_changes", []))
     for k in HARMLESS:
       if old.get(k) != new[k]:
-        notes.append(f"--{k} changed {old.get(k)} -> {new[k]}.")
+        notes.append(f"--{k} changed {old.get(k)} -> {new[k]} (recorded in config.json).")
+        eval_history.append({"field": k, "from": old.get(k), "to": new[k], "time": _now()})
     if history:
       new["epochs_changes"] = history
+    if eval_history:
+      new["eval_changes"] = eval_history
+    if "data" in old:
+      new["data"] = old["data"]
     return new, notes
+
+  def check_data(self, record: dict, identity: dict) -> Tuple[dict, List[str]]:
+    """(record with "data" = identity, notes): refuses training on data other than the run's
+    (provenance.dataset_identity: Minari id, transitions, fingerprint) recorded in config.json,
+    whatever else was deleted (dynamics, checkpoints)."""
+    old = record.get("data")
+    record = dict(record, data=identity)
+    if old is None:
+      resumed = bool(self.checkpointer_steps())
+      return record, ([f"config.json of {self.path} did not record its data yet (written before "
+                       "data fingerprints): recording it now."] if resumed else [])
+    differs = [k for k in identity if old.get(k) != identity[k]]
+    if differs:
+      raise UserError(
+          f"{self.path} was trained on other data than {record.get('dataset')} holds now ("
+          + ", ".join(f"{k}: {old.get(k)!r} -> {identity[k]!r}" for k in differs)
+          + "): the dataset was rebuilt or replaced. Pass another --workdir, or delete "
+          f"{self.path} to train on the new data from the start.")
+    return record, []
+
+  def checkpointer_steps(self) -> List[str]:
+    """The step folders under checkpoints/ (committed or not), without opening Orbax."""
+    if not os.path.isdir(self.checkpoints):
+      return []
+    return [d for d in os.listdir(self.checkpoints) if d.isdigit()]
 
   def write_config(self, record: dict):
     from mombo_jax import outputs
-    os.makedirs(self.path, exist_ok=True)
+    outputs.make_dirs(self.path)
     outputs.write_json(self.file(CONFIG), record)
+
+  # -------------------------------------------------------------------------------- the lock
+
+  def lock(self):
+    """locks.FolderLock on <path>/.lock (acquire() it): the one writer of this run. Creates the
+    folder; release(cleanup=True) after a refusal removes it again when it holds nothing else."""
+    from mombo_jax import locks
+    return locks.FolderLock(self.path, LOCK, what="--workdir", fix=(
+        "wait for it to finish or stop it (it checkpoints, and the same command resumes it), or "
+        "pass another --workdir"))
+
+  def remove_stale_tmp(self) -> List[str]:
+    """Removes the unfinished checkpoint folders a killed or failed save left (Orbax's
+    *.orbax-checkpoint-tmp*); call only while holding the lock. Returns the removed paths."""
+    stale = sorted(glob.glob(os.path.join(self.checkpoints, "*.orbax-checkpoint-tmp*")))
+    for path in stale:
+      shutil.rmtree(path, ignore_errors=True)
+    return stale
 
   # ------------------------------------------------------------------------------ checkpoints
 
@@ -250,6 +313,10 @@ class Workdir:
                         log=log)
 
 
+def _now() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 # ------------------------------------------------------------------------------------ finding
 
 def find(dirs: Sequence[str], need: Sequence[str] = RUN_FILES) -> Tuple[List[str], List[str]]:
@@ -288,9 +355,32 @@ def get_dynamics(config, transitions, dataset, dynamics_dir, *, should_stop=None
   another setup).
   should_stop: a StopFlag; when it fires, training checkpoints and Interrupted is raised.
   """
+  path = dynamics_path(dynamics_dir, config)
+  # Reading: shared with other readers; training and writing: this process alone.
+  lock = dynamics_lock(dynamics_dir, config, shared=os.path.exists(path) and not overwrite)
+  lock.acquire()
+  ok = False
+  try:
+    dyn = _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop, overwrite, log)
+    ok = True
+    return dyn
+  finally:
+    lock.release(cleanup=not ok)
+
+
+def dynamics_lock(dynamics_dir: str, config, shared: bool = False):
+  """locks.FolderLock of config's ensembles in dynamics_dir (<dir>/seed<s>x<S>.lock; acquire()
+  it): exclusive while they are trained or written, shared while read."""
+  from mombo_jax import locks
+  return locks.FolderLock(dynamics_dir, os.path.basename(dynamics_path(dynamics_dir, config)) + LOCK,
+                          shared=shared, what="dynamics ensemble", fix=(
+                              "wait until it has trained them (then they are reused), or pass "
+                              "another --dynamics_dir"))
+
+
+def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop, overwrite, log):
   import numpy as np
   from mombo_jax import checkpoint, distributed, dynamics_training, provenance, saved_dynamics
-  path = dynamics_path(dynamics_dir, config)
   key = saved_dynamics.reuse_key(config, transitions, provenance.dataset_identity(dataset, transitions))
   if os.path.exists(path) and not overwrite:
     try:

@@ -1,11 +1,15 @@
 """Several processes, one program (mombo_jax.distributed): two CPU processes on localhost joined by
 jax.distributed train the seeds of one run as one process does, write the outputs once, and leave
-a checkpoint that a run of another process count resumes."""
+a checkpoint that a run of another process count resumes. Joining is bounded: a process whose peers
+never come ends in one line at --init_timeout, a stop signal while waiting ends it at once, and
+once joined the run's own SIGTERM handler is back (JAX's preemption notifier takes it over)."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -19,9 +23,19 @@ FLAGS = ["--env=hopper-random", "--preset=tiny", "--seeds=2", "--compilation_cac
 
 
 def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
+  return _free_ports(1)[0]
+
+
+def _free_ports(n: int) -> list:
+  """n distinct free ports (held together while picked, so none repeats)."""
+  socks = [socket.socket() for _ in range(n)]
+  try:
+    for s in socks:
+      s.bind(("localhost", 0))
+    return [s.getsockname()[1] for s in socks]
+  finally:
+    for s in socks:
+      s.close()
 
 
 def _launch(args, env):
@@ -73,20 +87,115 @@ def test_initialize_refuses_partial_flags_and_is_a_no_op_without_them():
 
 
 def test_cli_refuses_partial_flags_in_one_line(tmp_path):
-  out = subprocess.run([sys.executable, "-m", "experiments.run", "--process_id=0",
-                        f"--workdir={tmp_path / 'w'}"], cwd=_ROOT, capture_output=True, text=True,
-                       timeout=120)
-  assert out.returncode != 0
-  assert out.stderr.strip().splitlines()[-1].startswith("error: --coordinator_address"), out.stderr
-  assert not (tmp_path / "w").exists()
-  # --distributed outside a cluster: one line naming the flags to pass instead.
+  def cli(*args, env=None):
+    return subprocess.Popen([sys.executable, "-m", "experiments.run", *args,
+                             f"--workdir={tmp_path / 'w'}"], cwd=_ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  # --distributed outside a cluster (the second): one line naming the flags to pass instead.
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   for k in [k for k in env if k.startswith(("SLURM_", "OMPI_", "TPU_"))]:
     del env[k]
-  out = subprocess.run([sys.executable, "-m", "experiments.run", "--distributed",
-                        f"--workdir={tmp_path / 'w'}"], cwd=_ROOT, capture_output=True, text=True,
-                       timeout=120, env=env)
-  err = out.stderr.strip().splitlines()
-  assert out.returncode != 0 and len(err) == 1, out.stderr
+  partial, outside = cli("--process_id=0"), cli("--distributed", env=env)   # side by side
+  _, stderr = partial.communicate(timeout=120)
+  assert partial.returncode != 0
+  assert stderr.strip().splitlines()[-1].startswith("error: --coordinator_address"), stderr
+  _, stderr = outside.communicate(timeout=120)
+  err = stderr.strip().splitlines()
+  assert outside.returncode != 0 and len(err) == 1, stderr
   assert err[0].startswith("error: --distributed found no cluster") and "--process_id" in err[0]
   assert not (tmp_path / "w").exists()
+
+
+def _cpu_env():
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  for k in [k for k in env if "_proxy" in k.lower()]:     # JAX warns about each on stderr
+    del env[k]
+  return env
+
+
+def _waiting(proc, port, process_id):
+  """Reads proc's stdout up to its 'waiting for' line (the test's cue that it is waiting)."""
+  line = proc.stdout.readline().strip()
+  assert line == f"waiting for 2 processes at localhost:{port} (process {process_id}) ...", line
+  return time.monotonic()
+
+
+def _run_alone(process_id, port, *extra):
+  return subprocess.Popen([sys.executable, "-m", "experiments.run", "--num_processes=2",
+                           f"--coordinator_address=localhost:{port}",
+                           f"--process_id={process_id}", *extra], cwd=_ROOT, env=_cpu_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_process_whose_peers_never_come_ends_in_one_line_at_init_timeout(tmp_path):
+  # Process 0 alone (no one connects) and process 1 alone (no coordinator), side by side.
+  ports = _free_ports(2)
+  procs = [_run_alone(i, ports[i], "--init_timeout=2", f"--workdir={tmp_path / 'w'}")
+           for i in (0, 1)]
+  started = [_waiting(p, ports[i], i) for i, p in enumerate(procs)]
+  outs = [p.communicate(timeout=60) for p in procs]
+  waited = [time.monotonic() - t for t in started]
+  assert [p.returncode for p in procs] == [distributed.EXIT_INIT_TIMEOUT] * 2, outs
+  for (_, err), w in zip(outs, waited):
+    assert len(err.strip().splitlines()) == 1, err         # no C++ stack, no traceback
+    assert "--init_timeout" in err and w < 30, (err, w)
+  assert outs[0][1].startswith(f"error: process 0 waited 2 s at localhost:{ports[0]} for "
+                               "process(es) 1 (--num_processes=2)"), outs[0][1]
+  assert outs[1][1].startswith(f"error: process 1 waited 2 s for the coordinator at localhost:"
+                               f"{ports[1]} (process 0 of --num_processes=2) and nothing "
+                               "answers there"), outs[1][1]
+  assert not (tmp_path / "w").exists()
+
+
+def test_sigterm_and_sigint_while_waiting_end_at_once():
+  ports = _free_ports(2)
+  procs = [_run_alone(i, ports[i], "--init_timeout=120") for i in (0, 1)]
+  for i, (p, sig) in enumerate(zip(procs, (signal.SIGTERM, signal.SIGINT))):
+    _waiting(p, ports[i], i)
+    p.send_signal(sig)
+  sent = time.monotonic()
+  outs = [p.communicate(timeout=30)[1] for p in procs]
+  assert time.monotonic() - sent < 10
+  assert [p.returncode for p in procs] == [143, 130], outs
+  for err, name in zip(outs, ("SIGTERM", "SIGINT")):
+    assert err.strip().splitlines() == [err.strip()] and err.startswith(
+        f"{name} received while waiting for the other processes"), err
+
+
+def test_coordinator_port_in_use_is_refused_in_one_line():
+  # JAX's coordinator service crashes (segmentation fault) on a port already taken.
+  with socket.socket() as taken:
+    taken.bind(("", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    proc = _run_alone(0, port, "--init_timeout=60")
+    out, err = proc.communicate(timeout=60)
+  assert proc.returncode == 1 and not out, (out, err)
+  assert err.strip().splitlines() == [f"error: --coordinator_address=localhost:{port}: port "
+                                      f"{port} is already in use on this host, where process 0 "
+                                      "serves the coordinator; pass a free port (the same on "
+                                      "every process)."], err
+
+
+_JOIN_THEN_SIGTERM = """
+import os, signal, sys, time
+from mombo_jax import distributed
+got = []
+signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+distributed.initialize(sys.argv[1], 2, int(sys.argv[2]), timeout=60)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.2)
+print(distributed.process_count(), got)
+"""
+
+
+def test_joined_processes_keep_their_sigterm_handler():
+  # JAX's preemption notifier takes SIGTERM over when the processes join: the run's stop flag
+  # would never hear a cluster's preemption.
+  port = _free_port()
+  procs = [subprocess.Popen([sys.executable, "-c", _JOIN_THEN_SIGTERM, f"localhost:{port}", str(i)],
+                            cwd=_ROOT, env=_cpu_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+  outs = [p.communicate(timeout=120)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outs
+  assert [o.strip().splitlines()[-1] for o in outs] == ["2 [15]"] * 2, outs

@@ -1,7 +1,9 @@
 """Grid axes in one program (experiments.run --datasets / --betas): every (dataset, beta, seed) cell
 trains in one compiled epoch, each (dataset, beta) in a workdir of its own that resumes alone and
 holds what a single run of that cell gives."""
+import dataclasses
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -10,7 +12,7 @@ import pytest
 from mombo_jax import buffer, config as config_lib, minari_io, runner
 from mombo_jax import groups as groups_lib
 from mombo_jax.errors import UserError
-from mombo_jax.workdir import Workdir
+from mombo_jax.workdir import LOCK, Workdir
 
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
 SHORT = "mombo/hopper/short-random-v0"     # a shorter second hopper dataset (padded in the stack)
@@ -76,7 +78,11 @@ def test_groups_that_cannot_share_a_program_are_refused(tmp_path):
 def test_grid_cells_equal_single_runs_and_resume_alone(datasets, tmp_path):
   """2 datasets x 2 betas x 1 seed in one program, stopped after one of two epochs. Then one cell
   (the padded dataset, the second beta) resumes alone to the end and equals a single run of it;
-  the rest of the grid resumes together."""
+  a grid holding that finished cell is refused, and the grid resumes together (its copy of the
+  cell equals the single run too).
+
+  The cell that resumes alone is a copy of the grid cell's workdir, so that the grid then resumes
+  whole: the same four cells, the program compiled once (a C-cell program compiles per C)."""
   groups = _groups(tmp_path / "grid", list(datasets), [0.5, 3.0])
   assert [os.path.relpath(g.workdir, tmp_path / "grid") for g in groups] == [
       os.path.join("hopper-random", "mombo-elite_spread-beta0.5", "s0x1"),
@@ -86,26 +92,31 @@ def test_grid_cells_equal_single_runs_and_resume_alone(datasets, tmp_path):
   assert runner.train_grid(groups, stop_after=1) == [None] * 4
   cell = groups[3]
   assert cell.config.beta == 3.0 and cell.dataset == SHORT
-  summary = runner.train(cell.config, cell.dataset, cell.workdir, cell.dynamics_dir)
+  alone = dataclasses.replace(cell, workdir=str(tmp_path / "alone"))
+  shutil.copytree(cell.workdir, alone.workdir, ignore=shutil.ignore_patterns(LOCK))
+  summary = runner.train(alone.config, alone.dataset, alone.workdir, alone.dynamics_dir)
   single = tmp_path / "single"
-  alone = runner.train(cell.config, cell.dataset, str(single), cell.dynamics_dir)
-  grid_agent, single_agent = _agent(cell.workdir), _agent(str(single))
+  fresh = runner.train(cell.config, cell.dataset, str(single), cell.dynamics_dir)
+  alone_agent, single_agent = _agent(alone.workdir), _agent(str(single))
   # Same data, keys and beta; vmap widths differ (4 cells vs 1), so XLA may fuse differently.
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5),
-               grid_agent, single_agent)
+               alone_agent, single_agent)
   assert summary["final_normalized_score_mean"] == pytest.approx(
-      alone["final_normalized_score_mean"], abs=1.0)
+      fresh["final_normalized_score_mean"], abs=1.0)
 
-  # The other three resume together (the finished one is refused: epochs differ).
+  # A grid of cells at different epochs is refused (the finished one: epochs differ).
   with pytest.raises(UserError, match="different epochs"):
-    runner.train_grid(groups)
-  rest = runner.train_grid(groups[:3])
-  assert all(s is not None and not s["diverged"] for s in rest)
+    runner.train_grid(groups[:3] + [alone])
+  resumed = runner.train_grid(groups)
+  assert all(s is not None and not s["diverged"] for s in resumed)
+  # The grid's own copy of the cell, both epochs in the 4-cell program, holds the single run too.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5),
+               _agent(cell.workdir), single_agent)
   # Different betas trained different critics on the same data and seed.
   a, b = _agent(groups[0].workdir), _agent(groups[1].workdir)
   assert not all(np.allclose(x, y) for x, y in zip(jax.tree.leaves(a.critic.params),
                                                    jax.tree.leaves(b.critic.params)))
-  for g in groups:
+  for g in groups + [alone]:
     assert Workdir(g.workdir).finished()
 
 

@@ -496,3 +496,141 @@ def test_overestimated_seeds_are_listed(tmp_path):
   assert re.search(r"\| hopper-random \| MOPO \| [\d.]+ \| 2 \(0, 1\) \| 3 \| \d+ \| 1 \|", text)
   assert re.search(r"\| hopper-medium \| MOPO \| [\d.]+ \| 1 \(0\) \| 3 \| \d+ \| – \|", text)
   assert any("seed(s) 1 passed the return bound" in w and str(flagged) in w for w in logged)
+
+
+# ------------------------------------------------------------- setups, protocol, faults (#18, #20)
+
+def _label_columns(text):
+  """Our column labels of report.md's first block."""
+  columns, _ = _md_block(text, "Normalised score (final evaluation)")
+  return [c for c in columns if not c.endswith("(paper)")]
+
+
+def test_runs_of_different_setups_are_never_pooled(tmp_path):
+  """Two runs differing only in beta are two named columns, never one mean; the same for a budget
+  field (steps_per_epoch); runs differing only in seeds or evaluation fields are pooled."""
+  scores = lambda level: np.full((3, 2), level)   # noqa: E731
+  _write_run(str(tmp_path / "a"), "hopper-random", "mombo", [0, 1], scores(10.0), beta=0.5)
+  _write_run(str(tmp_path / "b"), "hopper-random", "mombo", [0, 1], scores(30.0), beta=4.5)
+  result = report.write_report([str(tmp_path)], str(tmp_path / "out"), log=lambda *_: None)
+  text = (tmp_path / "out" / "report.md").read_text()
+  assert _label_columns(text) == ["MOMBO (lcb, β=0.5)", "MOMBO (lcb, β=4.5)"]
+  groups = result["groups"]
+  assert groups[("hopper", "hopper-random", "MOMBO (lcb, β=0.5)")].stat("final")[0] == 10.0
+  assert groups[("hopper", "hopper-random", "MOMBO (lcb, β=4.5)")].stat("final")[0] == 30.0
+  assert groups[("hopper", "hopper-random", "MOMBO (lcb, β=4.5)")].differs == ["beta"]
+  assert "MOMBO (lcb) |" not in text        # no pooled column of both
+
+  runs = [results.read_run(str(tmp_path / x)) for x in ("a", "b")]
+  for sub, level, overrides in [("c", 50.0, dict(beta=0.5, steps_per_epoch=7)),
+                                ("d", 12.0, dict(beta=0.5, eval_episodes=3)),   # pooled with a
+                                ("e", 14.0, dict(beta=4.5))]:                   # pooled with b
+    path = str(tmp_path / "more" / sub)
+    _write_run(path, "hopper-random", "mombo", [2, 3], scores(level), **overrides)
+    runs.append(results.read_run(path))
+  groups, _ = results.group_runs(runs)
+  labels = sorted(groups, key=lambda k: results.label_key(k[2]))
+  # Sorted by beta, then by the other fields, numbers as numbers (7 before 20).
+  assert [k[2] for k in labels] == ["MOMBO (lcb, β=0.5, steps_per_epoch=7)",
+                                    "MOMBO (lcb, β=0.5, steps_per_epoch=20)",
+                                    "MOMBO (lcb, β=4.5, steps_per_epoch=20)"]
+  pooled = groups[labels[1]]
+  assert sorted(pooled.seeds) == [0, 1, 2, 3] and pooled.stat("final")[0] == 11.0
+  assert pooled.differs == ["beta", "steps_per_epoch"]
+  assert groups[labels[0]].seeds == [2, 3] and groups[labels[0]].stat("final")[0] == 50.0
+  # 1 and 1.0 are one value (a flag typed as an integer changes nothing).
+  groups, _ = results.group_runs([_run("hopper-random", "MOPO", [0], 1.0, beta=1),
+                                 _run("hopper-random", "MOPO", [1], 1.0, beta=1.0)])
+  assert list(groups) == [("hopper", "hopper-random", "MOPO")]
+  # A field the older run does not record is a difference too (unknown is not "equal").
+  runs[-1].setup = dict(runs[-1].setup, data={"fingerprint": "abc"})
+  groups, _ = results.group_runs(runs)
+  assert any("data=abc" in k[2] for k in groups) and any("data=?" in k[2] for k in groups)
+
+
+def test_the_protocol_is_written_checked_and_linked(tmp_path):
+  rows = [dict(epoch=1, step=5, seed=0, normalized_score=1.0)]
+  assert outputs.summarise(rows, [0])["protocol"] == outputs.PROTOCOL == "mombo_jax.protocol/1"
+  runs = tmp_path / "runs"
+  _write_run(str(runs / "new"), "hopper-random", "mopo", [0], np.full((2, 1), 5.0))
+  _write_run(str(runs / "old"), "hopper-medium", "mopo", [0], np.full((2, 1), 5.0))
+  summary = json.loads((runs / "old" / "summary.json").read_text())
+  del summary["protocol"]
+  outputs.write_json(str(runs / "old" / "summary.json"), summary)
+  logged = []
+  report.write_report([str(runs)], str(tmp_path / "out"), log=logged.append)
+  # A summary without the field: read as protocol 1, with a warning naming it and a note.
+  assert any("no 'protocol'" in w and str(runs / "old") in w for w in logged), logged
+  text = (tmp_path / "out" / "report.md").read_text()
+  link = re.search(r"Protocol: \[mombo_jax\.protocol/1\]\(([^)]+)\)", text).group(1)
+  assert os.path.samefile(tmp_path / "out" / link, report.protocol_doc())
+  assert "1 run(s) predate the protocol field" in text
+  assert "protocol.md" in (tmp_path / "out" / "report.tex").read_text().splitlines()[0]
+  doc = open(report.protocol_doc()).read()
+  assert outputs.PROTOCOL in doc and "ddof = 0" in doc and "v5" in doc
+  # Another protocol: refused in one line naming the run and the fix; nothing is written.
+  summary["protocol"] = "mombo_jax.protocol/2"
+  outputs.write_json(str(runs / "old" / "summary.json"), summary)
+  with pytest.raises(UserError) as e:
+    report.write_report([str(runs)], str(tmp_path / "out2"), log=lambda *_: None)
+  assert f"{runs / 'old'} (mombo_jax.protocol/2)" in str(e.value)
+  assert "leave their folders out" in str(e.value) and "\n" not in str(e.value)
+  assert not (tmp_path / "out2").exists()
+
+
+def test_writes_are_atomic_and_refused_in_one_line(tmp_path, monkeypatch):
+  """outputs' writers: a refused write names the path and the OS's cause, removes its temporary
+  file and leaves the committed file as it was."""
+  import errno
+  path = tmp_path / "summary.json"
+  outputs.write_json(str(path), {"a": 1})
+  real = os.replace
+
+  def refuse(src, dst):
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dst))
+
+  monkeypatch.setattr(os, "replace", refuse)
+  with pytest.raises(outputs.WriteError) as e:
+    outputs.write_json(str(path), {"a": 2})
+  assert isinstance(e.value, UserError) and e.value.path == str(path)
+  assert str(e.value) == (f"Cannot write {path}: Read-only file system; pass a folder on a "
+                          "writable file system.")
+  monkeypatch.setattr(os, "replace", real)
+  assert json.loads(path.read_text()) == {"a": 1} and os.listdir(tmp_path) == ["summary.json"]
+
+  def full(f):
+    f.write("x")
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  with pytest.raises(outputs.WriteError, match="No space left on device; free some space"):
+    outputs.atomic_write(str(path), full)
+  assert json.loads(path.read_text()) == {"a": 1} and os.listdir(tmp_path) == ["summary.json"]
+  # Not an OSError (a bug): no WriteError, but the temporary file goes all the same.
+  with pytest.raises(TypeError):
+    outputs.write_json(str(path), {"a": object()})
+  assert os.listdir(tmp_path) == ["summary.json"]
+  with pytest.raises(outputs.WriteError, match="Not a directory"):
+    outputs.write_rows(str(path / "metrics.csv"), [{"a": 1}])
+  # The report: --out under a file is one refusal naming it.
+  _write_run(str(tmp_path / "runs" / "r"), "hopper-random", "mopo", [0], np.full((2, 1), 5.0))
+  with pytest.raises(outputs.WriteError, match=re.escape(f"Cannot write {path / 'out'}: Not a "
+                                                         "directory")):
+    report.write_report([str(tmp_path / "runs")], str(path / "out"), log=lambda *_: None)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["RUNS", "out=x"], "error: out=x: not a folder"),
+    (["RUNS", "--out=FILE/report"], "error: Cannot write FILE/report: Not a directory"),
+])
+def test_cli_refuses_stray_words_and_an_unwritable_out_in_one_line(tmp_path, args, match):
+  runs = tmp_path / "runs"
+  _write_run(str(runs / "r"), "hopper-random", "mopo", [0], np.full((2, 1), 5.0))
+  blocker = tmp_path / "file"
+  blocker.write_text("")
+  args = [a.replace("RUNS", str(runs)).replace("FILE", str(blocker)) for a in args]
+  got = subprocess.run([sys.executable, "-m", "experiments.report"] + args, capture_output=True,
+                       text=True, timeout=120)
+  lines = got.stderr.strip().splitlines()
+  assert got.returncode == 1 and len(lines) == 1, got.stderr
+  assert lines[0].startswith(match.replace("FILE", str(blocker))), lines[0]
+  assert not (runs / "report.md").exists()

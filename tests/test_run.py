@@ -423,3 +423,68 @@ def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, m
   np.testing.assert_allclose(interrupted["final_normalized_score"],
                              straight["final_normalized_score"], rtol=1e-6)
   np.testing.assert_allclose(interrupted["aulc"], straight["aulc"], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_loaded_policy_reproduces_the_runs_evaluation_returns(mombo_run):
+  """Each seed of a finished run, loaded as a plain Policy (mombo_jax.load_policy) and stepped in
+  a plain env with its actions, returns what the run's last evaluation recorded in metrics.csv, on
+  the env seeds that evaluation used (group_run.evaluate: Evaluator.run(actors, seed=10_000 *
+  config.seed + epoch), env (s, e) reset with evaluate.env_seeds(that, S, episodes)[s, e])."""
+  from mombo_jax import envs, evaluate, load_policy
+  workdir, _ = mombo_run
+  wd = Workdir(str(workdir))
+  config, _ = wd.read_config()
+  rows = wd.read_rows()
+  last = max(r["epoch"] for r in rows)
+  env_seeds = evaluate.env_seeds(10_000 * config.seed + last, config.num_seeds,
+                                 config.eval_episodes)
+  env = envs.make_env(config.env_name)
+  try:
+    for i, seed in enumerate(range(config.seed, config.seed + config.num_seeds)):
+      policy = load_policy(str(workdir), seed=seed)
+      assert (policy.seed, policy.epoch) == (seed, last)
+      returns = []
+      for env_seed in env_seeds[i]:
+        obs, _ = env.reset(seed=int(env_seed))
+        total, done = 0.0, False
+        while not done:
+          obs, reward, terminated, truncated, _ = env.step(policy(obs))
+          total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+      recorded = [r["return_mean"] for r in rows if (r["epoch"], r["seed"]) == (last, seed)]
+      assert len(recorded) == 1
+      assert np.mean(returns) == pytest.approx(recorded[0], rel=1e-4), (seed, returns)
+  finally:
+    env.close()
+
+
+def test_tensorboard_logger_follows_metrics_csv_across_a_resume(dataset, dyn_dir, tmp_path):
+  """runner.train(log_to=("csv", "tensorboard")) stopped after epoch 1 and resumed: each seed's
+  TensorBoard run (<workdir>/tb/seed<s>) holds every metrics.csv evaluation once, at its gradient
+  step (the purge of a killed launch's events: test_loggers.py)."""
+  from mombo_jax import loggers
+  config, log = _config("mombo", num_seeds=2), ("csv", "tensorboard")
+  assert runner.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1,
+                      log_to=log) is None
+  assert runner.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir,
+                      log_to=log) is not None
+  rows = Workdir(str(tmp_path)).read_rows()
+  for s in (0, 1):
+    series = loggers.read_tensorboard(str(tmp_path / "tb" / f"seed{s}"))
+    assert not [tag for tag in series if tag.endswith("#duplicate")]
+    mine = [r for r in rows if r["seed"] == s]
+    for tag, key in [("eval/normalized_score", "normalized_score"),
+                     ("train/critic_loss", "critic_loss"), ("health/q_bound", "q_bound")]:
+      assert [step for step, _ in series[tag]] == [r["step"] for r in mine] == [5, 10]
+      assert [v for _, v in series[tag]] == pytest.approx([r[key] for r in mine], rel=1e-5)
+
+
+def test_cli_refuses_an_unknown_logger_before_any_work(tmp_path):
+  out = _run_cli(["--log=csv,tensorbord", "--env=hopper-random", f"--workdir={tmp_path / 'w'}"],
+                 {"MINARI_DATASETS_PATH": str(tmp_path / "empty")})
+  assert out.returncode == 1 and "Traceback" not in out.stderr
+  lines = [l for l in out.stderr.strip().splitlines() if l.strip()]
+  assert len(lines) == 1 and "unknown logger(s) tensorbord; valid: csv, tensorboard, wandb" in \
+      lines[0], out.stderr
+  assert not (tmp_path / "w").exists()

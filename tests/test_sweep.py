@@ -1,9 +1,15 @@
 """mombo_jax/sweep.py (behind experiments.sweep): the grid of cells, shared dynamics,
-skip-when-finished, failure and interruption records; one real tiny sweep through the CLI."""
+skip-when-finished, failure and interruption records, the status history, finished cells of
+another setup refused, only validated flags passed on, SIGTERM's exit status, an unwritable --out;
+one real tiny sweep through the CLI."""
+import errno
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,9 +20,20 @@ BUDGET = dict(preset="tiny", epochs=1, steps_per_epoch=5, rollout_batch_size=32,
               dynamics_max_epochs=2)
 
 
-def _cells(out, envs=("hopper-random", "walker2d-random"), algos=("mombo", "mopo"), **budget):
+def _cells(out, envs=("hopper-random", "walker2d-random"), algos=("mombo", "mopo"), extra=(),
+           **budget):
   return sweep.plan(list(envs), list(algos), seeds=2, seed=0, out=str(out),
-                    budget={**BUDGET, **budget}, python="python3")
+                    budget={**BUDGET, **budget}, extra=extra, python="python3")
+
+
+def _finish(cell, diverged=()):
+  """What experiments.run leaves in a finished cell's folder, as far as the sweep reads it: the
+  config.json of the cell's config and a summary.json."""
+  from mombo_jax import workdir
+  wd = workdir.Workdir(cell.workdir)
+  wd.write_config(workdir.config_record(cell.config, cell.env))
+  wd.write_summary({"diverged": [{"seed": s, "epoch": 1, "quantity": "params"}
+                                 for s in diverged]})
 
 
 def test_plan_is_dataset_major_with_shared_dynamics(tmp_path):
@@ -58,9 +75,7 @@ def test_run_records_statuses_skips_finished_cells_and_stops_after_an_interrupt(
     launched.append((cell.env, cell.algo))
     code = codes[(cell.env, cell.algo)]
     if code in (0, sweep.EXIT_DIVERGED):      # experiments.run writes summary.json then
-      os.makedirs(cell.workdir, exist_ok=True)
-      with open(os.path.join(cell.workdir, "summary.json"), "w") as f:
-        f.write("{}")
+      _finish(cell)
     return code
 
   result = sweep.run_sweep(cells, str(tmp_path), runner=runner, log=lambda *_: None)
@@ -69,22 +84,177 @@ def test_run_records_statuses_skips_finished_cells_and_stops_after_an_interrupt(
   assert result["status"] == "failed" and sweep.exit_code(result) == 1
   assert json.loads((tmp_path / "sweep.json").read_text()) == result
 
-  # Again: only the failed cell is launched (the others have their summary.json).
+  # Again: only the failed cell is launched (the others have their summary.json). The diverged
+  # cell stays diverged (never overwritten by "skipped"), so the sweep still exits 3.
   launched.clear()
   codes[("hopper-random", "mopo")] = 0
   result = sweep.run_sweep(cells, str(tmp_path), runner=runner, log=lambda *_: None)
   assert launched == [("hopper-random", "mopo")]
-  assert [e["status"] for e in result["cells"]] == ["skipped", "finished", "skipped", "skipped"]
-  assert sweep.exit_code(result) == 0
+  assert [e["status"] for e in result["cells"]] == ["finished", "finished", "diverged", "finished"]
+  assert [e["skipped"] for e in result["cells"]] == [True, False, True, True]
+  assert result["status"] == "diverged" and sweep.exit_code(result) == sweep.EXIT_DIVERGED
+  assert "(3 skipped: finished before)" in sweep.summary(result, str(tmp_path))
+  # Each cell's history over both sweeps, oldest first, with the command and time of each.
+  histories = [[h["status"] for h in e["history"]] for e in result["cells"]]
+  assert histories == [["finished", "skipped"], ["failed", "finished"], ["diverged", "skipped"],
+                       ["finished", "skipped"]]
+  assert all(h["command"] == e["command"] and h["time"] for e in result["cells"]
+             for h in e["history"])
+  assert json.loads((tmp_path / "sweep.json").read_text()) == result
 
-  # An interrupted cell stops the sweep: later cells are not launched.
-  fresh = _cells(tmp_path / "other")
-  launched.clear()
-  result = sweep.run_sweep(fresh, str(tmp_path / "other"), runner=lambda c: launched.append(c)
-                           or 130, log=lambda *_: None)
-  assert len(launched) == 1
-  assert [e["status"] for e in result["cells"]] == ["interrupted"] + ["not started"] * 3
-  assert sweep.exit_code(result) == 130
+  # An interrupted cell stops the sweep: later cells are not launched; the exit status is the
+  # signal's (SIGINT 130, SIGTERM 143).
+  for code, signum in ((130, signal.SIGINT), (143, signal.SIGTERM), (-15, signal.SIGTERM)):
+    fresh = _cells(tmp_path / f"other{code}")
+    launched.clear()
+    result = sweep.run_sweep(fresh, str(tmp_path / f"other{code}"),
+                             runner=lambda c, code=code: launched.append(c) or code,
+                             log=lambda *_: None)
+    assert len(launched) == 1
+    assert [e["status"] for e in result["cells"]] == ["interrupted"] + ["not started"] * 3
+    assert result["signal"] == signum and sweep.exit_code(result) == 128 + signum
+
+
+def test_a_summary_listing_diverged_seeds_makes_a_skipped_cell_diverged(tmp_path):
+  cells = _cells(tmp_path, envs=("hopper-random",), algos=("mopo",))
+  _finish(cells[0], diverged=(1,))
+  result = sweep.run_sweep(cells, str(tmp_path), runner=lambda c: pytest.fail("launched"),
+                           log=lambda *_: None)
+  assert result["cells"][0]["status"] == "diverged" and result["cells"][0]["skipped"]
+  assert sweep.exit_code(result) == sweep.EXIT_DIVERGED
+
+
+def test_finished_cells_of_another_setup_are_refused_naming_the_fields(tmp_path):
+  cells = _cells(tmp_path)
+  for c in cells:
+    _finish(c)
+  record = (tmp_path / "sweep.json")
+  never = lambda c: pytest.fail(f"{c.name} launched")   # noqa: E731
+  # Another budget over the finished cells: refused before anything runs, naming cell and field.
+  with pytest.raises(errors.UserError) as e:
+    sweep.run_sweep(_cells(tmp_path, epochs=2, steps_per_epoch=6), str(tmp_path), runner=never,
+                    log=lambda *_: None)
+  msg = str(e.value)
+  assert "4 cell(s) hold a run of another setup" in msg and "nothing was launched" in msg
+  assert "hopper-random mombo-elite_spread" in msg and "epochs: 1 -> 2" in msg
+  assert "steps_per_epoch: 5 -> 6" in msg and "\n" not in msg
+  assert "--allow_epochs_change" not in msg    # more than epochs differs
+  assert not record.exists()
+  # Evaluation fields: a finished cell's evaluations are done, so they count there ...
+  with pytest.raises(errors.UserError, match="eval_episodes: 1 -> 3"):
+    sweep.run_sweep(_cells(tmp_path, eval_episodes=3), str(tmp_path), runner=never,
+                    log=lambda *_: None)
+  # ... but not for an unfinished one, which experiments.run resumes under the new ones.
+  os.remove(os.path.join(cells[0].workdir, "summary.json"))
+  assert sweep.check_cells(_cells(tmp_path, envs=("hopper-random",), algos=("mombo",),
+                                  eval_episodes=3)) == set()
+  # Only --epochs: refused with the way to continue, which then relaunches the finished cells.
+  with pytest.raises(errors.UserError, match="allow_epochs_change"):
+    sweep.check_cells(_cells(tmp_path, epochs=3))
+  longer = _cells(tmp_path, epochs=3, extra=["--allow_epochs_change"])
+  assert sweep.check_cells(longer) == {c.workdir for c in cells[1:]}
+  launched = []
+  sweep.run_sweep(longer, str(tmp_path), runner=lambda c: launched.append(c) or 0,
+                  log=lambda *_: None)
+  assert launched == longer
+  assert all("--allow_epochs_change" in c.command for c in launched)
+  # Another beta names other folders: launched beside the old cells, nothing refused.
+  betas = _cells(tmp_path, beta=0.5)
+  assert all(re.search(r"-beta0.5/s0x2$", c.workdir) for c in betas)
+  assert sweep.check_cells(betas) == set()
+
+
+def test_only_validated_flags_are_passed_on(tmp_path):
+  assert sweep.check_passthrough(["--keep_checkpoints=2", "--download", "--nobuild_missing",
+                                  "--allow_small_dataset=false", "--compilation_cache="]) == dict(
+      keep_checkpoints=2, download=True, build_missing=False, allow_small_dataset=False,
+      compilation_cache="")
+  for words, match in [(["stray"], "unexpected argument 'stray'"),
+                       (["beta=0.1"], "unexpected argument 'beta=0.1'"),
+                       (["--beta=0.1"], "pass --beta to the sweep itself, before `--`"),
+                       (["--epochs=3"], "pass --epochs to the sweep itself"),
+                       (["--workdir=x"], "the sweep sets --workdir"),
+                       (["--betas=1,2"], "the sweep sets --betas"),
+                       (["--stop_after=1"], "does not pass --stop_after on"),
+                       (["--frobnicate=1"], "not a flag a sweep passes on"),
+                       (["--keep_checkpoints=two"], "takes an integer"),
+                       (["--keep_checkpoints"], "give --keep_checkpoints its value"),
+                       (["--download=maybe"], "takes true or false")]:
+    with pytest.raises(errors.UserError, match=re.escape(match)):
+      _cells(tmp_path / "out", extra=words)
+  assert not os.path.exists(tmp_path / "out")
+  # Every flag passed on is one experiments.run defines, with the type the sweep checks.
+  with open(os.path.join(REPO, "experiments", "run.py")) as f:
+    defined = dict((n, k) for k, n in re.findall(r'DEFINE_(\w+)\("(\w+)"', f.read()))
+  for name, kind in {**sweep.PASSTHROUGH_FLAGS, **sweep.BUDGET_FLAGS}.items():
+    assert defined.get(name) in ({"string": ("string", "enum")}.get(kind) or (kind,)), name
+
+
+def test_an_unwritable_out_is_one_line_before_any_launch(tmp_path, monkeypatch):
+  blocker = tmp_path / "file"
+  blocker.write_text("")
+  cells = _cells(blocker / "sweep")
+  never = lambda c: pytest.fail("launched")   # noqa: E731
+  with pytest.raises(errors.UserError, match=re.escape(f"Cannot write {blocker / 'sweep'}: Not a "
+                                                        "directory")):
+    sweep.run_sweep(cells, str(blocker / "sweep"), runner=never, log=lambda *_: None)
+  # A read-only file system (tests run as root, where permissions do not stop writes): the OS's
+  # refusal of the record's rename, simulated.
+  out = tmp_path / "ro"
+  real = os.replace
+
+  def refuse(src, dst):
+    if str(dst).endswith("sweep.json"):
+      raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dst))
+    return real(src, dst)
+
+  monkeypatch.setattr(os, "replace", refuse)
+  with pytest.raises(errors.UserError) as e:
+    sweep.run_sweep(_cells(out), str(out), runner=never, log=lambda *_: None)
+  assert str(e.value) == (f"Cannot write {out / 'sweep.json'}: Read-only file system; pass a "
+                          "folder on a writable file system.")
+  assert os.listdir(out) == [".sweep.lock"]   # the temporary record is gone (the lock's file
+                                              # stays, held by nobody)
+
+
+_CHILD = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(143)); "
+          "print('ready', flush=True); time.sleep(60)")
+_SWEEP = """
+import sys
+from mombo_jax import sweep
+out = sys.argv[1]
+child = (sys.executable, "-c", sys.argv[2])
+cells = [sweep.Cell("hopper-random", a, f"{out}/{a}", f"{out}/dynamics", child)
+         for a in ("mopo", "mombo")]
+launcher = sweep.Launcher()
+launcher.install()
+result = sweep.run_sweep(cells, out, runner=launcher)
+print(sweep.summary(result, out))
+sys.exit(sweep.exit_code(result))
+"""
+
+
+def test_sigterm_stops_the_sweep_with_143(tmp_path):
+  """A real sweep process: SIGTERM is forwarded once to the running cell (which exits 143 as
+  experiments.run does after its checkpoint), no further cell starts, the sweep exits 143."""
+  proc = subprocess.Popen([sys.executable, "-c", _SWEEP, str(tmp_path), _CHILD], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.time() + 60
+    while time.time() < deadline:
+      line = proc.stdout.readline()
+      if line.strip() == "ready" or not line:
+        break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 128 + signal.SIGTERM, err
+  assert "sweep interrupted: 1 interrupted, 1 not started" in out
+  record = json.loads((tmp_path / "sweep.json").read_text())
+  assert record["signal"] == signal.SIGTERM
+  assert [c["exit_code"] for c in record["cells"]] == [143, None]
 
 
 @pytest.mark.slow
@@ -100,8 +270,31 @@ def test_cli_runs_a_tiny_sweep_and_skips_it_when_run_again(minari_root, hopper_r
   assert (workdir / "summary.json").exists() and (out / "hopper-random" / "dynamics").is_dir()
   assert "sweep finished: 1 finished" in first.stdout
   again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-  assert again.returncode == 0 and "skipped" in again.stdout and "1 skipped" in again.stdout
+  assert again.returncode == 0 and "1 finished (1 skipped: finished before)" in again.stdout
+  # The same sweep with another budget over the finished cell: refused, naming the field.
+  other = subprocess.run(cmd + ["--steps_per_epoch=6"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+  assert other.returncode == 1 and "steps_per_epoch: 5 -> 6" in other.stderr
   bad = subprocess.run(cmd[:3] + ["--envs=hopper-foo", f"--out={out}"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=120)
   assert bad.returncode == 1 and bad.stderr.strip().startswith("error:")
   assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("words, match", [
+    (["stray", "beta=0.1"], "unexpected argument(s) stray beta=0.1"),
+    (["--out=FILE/sweep", "--", "--keep_checkpoints=2"], "Cannot write FILE/sweep: Not a directory"),
+])
+def test_cli_refuses_stray_words_and_an_unwritable_out_in_one_line(tmp_path, words, match):
+  blocker = tmp_path / "file"
+  blocker.write_text("")
+  words = [w.replace("FILE", str(blocker)) for w in words]
+  out = [] if any(w.startswith("--out") for w in words) else [f"--out={tmp_path / 'sweep'}"]
+  got = subprocess.run([sys.executable, "-m", "experiments.sweep", "--envs=hopper-random",
+                        "--algos=mopo"] + out + words, cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+  assert got.returncode == 1 and "Traceback" not in got.stderr, got.stderr
+  lines = got.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error:")
+  assert match.replace("FILE", str(blocker)) in lines[0], lines[0]
+  assert not (tmp_path / "sweep").exists()

@@ -1,0 +1,141 @@
+"""One group (workdir) of a launch on the host: its record during training (GroupRun: metrics
+rows, the overestimation watch, diverged seeds, the evaluator, the loggers) and what the training
+loop (runner.loop) does with it: watch each epoch's metrics, evaluate, log progress, and finish
+(summary.json, the curve).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List
+
+from mombo_jax.groups import Group
+from mombo_jax.launch import log
+from mombo_jax.workdir import Workdir
+
+
+@dataclasses.dataclass
+class GroupRun:
+  """A group during a launch: its cells' slice of the program's cell axis and the host-side record
+  of its run (metrics rows, overestimation watch, diverged seeds, evaluator)."""
+  group: Group
+  workdir: Workdir
+  cells: slice
+  seeds: Any                   # int [S]
+  ckpt: Any                    # checkpoint.RunCheckpointer
+  rows: List[dict] = dataclasses.field(default_factory=list)
+  q: Any = None                # outputs.QWatch
+  diverged: dict = dataclasses.field(default_factory=dict)   # seed -> {seed, epoch, quantity}
+  evaluator: Any = None
+  scores: Any = None           # normalised scores [S, episodes] of the last evaluation
+  loggers: Any = None          # loggers.RunLoggers: where the rows go besides metrics.csv (--log)
+
+  @property
+  def config(self):
+    return self.group.config
+
+  def where(self, many: bool) -> str:
+    return f" [{self.group.label()}]" if many else ""
+
+
+def watch(runs, metrics, done, config, many):
+  """Epoch `done`'s per-cell metrics ({name: [C]}): the overestimation watch and divergence."""
+  from mombo_jax import train as train_lib
+  frozen = metrics["diverged"]
+  for r in runs:
+    for i, s in zip(range(r.cells.start, r.cells.stop), r.seeds):
+      q = metrics["q_mean"][i]
+      # A frozen seed's metrics are its failed epoch's (maybe NaN): not watched.
+      if not frozen[i] and r.q.update(int(s), done, q):
+        log(f"warning: seed {s} of {r.group.dataset} beta={r.config.beta:g} overestimates: the "
+            f"critics' mean Q {q:.4g} passed the return bound max|r|/(1-gamma) = {r.q.bound:.4g} "
+            f"at epoch {done}. Training goes on; the seed is flagged `overestimated` in "
+            "summary.json.")
+      if frozen[i] and int(s) not in r.diverged:
+        quantity = ", ".join(k for k in train_lib.DIVERGENCE_CHECKS
+                             if bool(metrics[f"diverged/{k}"][i])) or "unknown"
+        r.diverged[int(s)] = {"seed": int(s), "epoch": done, "quantity": quantity}
+        log(f"seed {s}{r.where(many)} diverged at epoch {done} ({quantity} non-finite or beyond "
+            f"+-{config.max_abs_loss:g}); it is frozen at its last healthy state and left out of "
+            "the summary. The other seeds go on.")
+
+
+def log_reference_scores(runs):
+  from mombo_jax import scores
+  shown = {}
+  for r in runs:
+    shown.setdefault(r.group.dataset, scores.ref_scores(r.group.dataset))
+  for name, (ref_min, ref_max, source) in shown.items():
+    log(f"Normalised scores{'' if len(shown) == 1 else f' of {name}'} use R_random={ref_min:.2f}, "
+        f"R_expert={ref_max:.2f} ({source}).")
+
+
+def open_loggers(r: GroupRun, start: int):
+  """Opens group r's loggers besides metrics.csv (--log) for a run resuming at epoch `start` (0:
+  fresh); r.rows are metrics.csv's rows up to there."""
+  if r.loggers is not None and r.loggers.extra:
+    r.loggers.open(r.group.workdir, r.workdir.read_record(), r.seeds, r.rows, start, log=log)
+
+
+def evaluate(r: GroupRun, actors, last, done):
+  """Evaluates group r's actors (`actors`: every cell's actor parameters on the host) and appends
+  its metrics.csv rows (and hands them to r.loggers); last: the epoch's metrics {name: [C]}. Sets
+  r.scores [S, episodes]."""
+  import jax
+  from mombo_jax import evaluate as evaluate_lib, scores
+  c = r.config
+  if r.evaluator is None:                  # built at the first evaluation, reused after
+    r.evaluator = evaluate_lib.Evaluator(c, c.env_name, c.num_seeds, c.eval_episodes)
+  returns = r.evaluator.run(jax.tree.map(lambda x: x[r.cells], actors), seed=10_000 * c.seed + done)
+  r.scores = scores.normalized_score(r.group.dataset, returns)   # [S, episodes]
+  new = []
+  for i, s in enumerate(r.seeds):
+    cell = r.cells.start + i
+    row = dict(epoch=done, step=done * c.steps_per_epoch, seed=int(s),
+               return_mean=float(returns[i].mean()), normalized_score=float(r.scores[i].mean()),
+               diverged=float(int(s) in r.diverged))
+    row.update({k: float(v[cell]) for k, v in sorted(last.items())})
+    row.update(q_bound=r.q.bound, overestimated=float(int(s) in r.q.flagged()))
+    new.append(row)
+  r.rows += new
+  r.workdir.write_rows(r.rows)
+  if r.loggers is not None:
+    r.loggers.write(new)
+
+
+def log_progress(r: GroupRun, last, done, rate, eta, many):
+  c, cells = r.config, r.cells
+  log(f"epoch {done}/{c.epochs}{r.where(many)}  {rate:.0f} steps/s (all "
+      f"{'seeds' if not many else 'cells'})  score per seed "
+      f"[{', '.join(f'{x:.1f}' for x in r.scores.mean(axis=1))}]  critic_loss "
+      f"[{', '.join(f'{x:.3g}' for x in last['critic_loss'][cells])}]  q_mean "
+      f"[{', '.join(f'{x:.4g}' for x in last['q_mean'][cells])}] (bound {r.q.bound:.4g})  "
+      f"ETA {_fmt(eta)}"
+      + (f"  OVERESTIMATED seeds {r.q.flagged()}" if r.q.flagged() else "")
+      + (f"  diverged seeds {sorted(r.diverged)}" if r.diverged else ""))
+
+
+def finish(r: GroupRun) -> dict:
+  """Group r's summary.json and learning_curve.png; returns the summary."""
+  from mombo_jax import outputs
+  c, g = r.config, r.group
+  diverged = sorted(r.diverged.values(), key=lambda d: d["seed"])
+  summary = outputs.summarise(r.rows, r.seeds, diverged, r.q)
+  r.workdir.write_summary(summary)
+  title = f"{c.algo} ({c.target}) on {g.dataset}" if c.algo == "mombo" else f"{c.algo} on {g.dataset}"
+  r.workdir.plot(r.rows, r.seeds, title, sorted(r.diverged))
+  log(f"final normalised score {_num(summary['final_normalized_score_mean'])} "
+      f"+- {_num(summary['final_normalized_score_std'])}, AULC {_num(summary['aulc_mean'])}"
+      + (f" over the {len(r.seeds) - len(r.diverged)} healthy seed(s)" if r.diverged else "")
+      + (f"; seed(s) {r.q.flagged()} overestimated (mean Q above the return bound "
+         f"{r.q.bound:.4g})" if r.q.flagged() else "")
+      + f"; wrote {g.workdir}")
+  return summary
+
+
+def _num(x):
+  return "n/a" if x is None else f"{x:.1f}"
+
+
+def _fmt(seconds):
+  seconds = int(seconds)
+  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"

@@ -55,7 +55,7 @@ def test_stack_pads_with_nan_and_sampling_stays_inside_each_dataset():
   assert stacked.obs.shape == (2, 50, 2) and sizes.tolist() == [50, 7]
   assert np.isnan(stacked.reward[1, 7:]).all() and not np.isnan(stacked.reward[1, :7]).any()
   ring = buffer.init_ring(4, 2, 1)                 # empty: every row of a batch is real
-  sample = jax.jit(lambda k, d, n: buffer.sample_mixed(stacked, ring, k, 64, 0.5, d, n))
+  sample = jax.jit(lambda k, d, n: buffer.sample_mixed(stacked, ring, k, 64, 32, d, n))
   for seed in range(20):
     rows = sample(jax.random.PRNGKey(int(rng.integers(1 << 30))), 1, 7)
     np.testing.assert_array_equal(rows.reward, 2.0)     # only dataset 1's own 7 rows

@@ -95,5 +95,5 @@ def check_groups(groups):
                        for k, (a, b) in sorted(diff.items()))
       raise UserError(f"{groups[0].dataset} and {g.dataset} cannot train in one program: their "
                       "settings differ beyond those each cell carries (the dataset, "
-                      f"beta, {', '.join(train_lib.CELL_SETTINGS)}) ({what}). Pass flags that set these fields "
-                      "for all, or launch them apart.")
+                      f"beta, {', '.join(train_lib.CELL_SETTINGS)}) ({what}). Pass flags that "
+                      "set these fields for all, or launch them apart.")

@@ -35,9 +35,9 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   next_obs_var; zero at step 0). MOPO (config.algo == "mopo"): reward and reward_mean are
   penalised by beta * mopo_penalty (beta: f32 scalar, may be traced; default config.beta).
 
-  length: k, int32 scalar <= K = config.rollout_length (may be traced: a cell's own rollout length
-  in a program of several, train.Cell; default K). The scan always runs K steps; steps >= k write nothing and
-  count in no metric, and step i uses split(key, K)[i], which under JAX's partitionable threefry
+  length: k, int32 scalar <= K = config.rollout_length (may be traced: a cell's own rollout
+  length in a program of several, train.Cell; default K). The scan always runs K steps; steps
+  >= k write nothing and count in no metric, and step i uses split(key, K)[i], which under JAX's partitionable threefry
   is split(key, k)[i]: a k-step rollout in a K-step scan writes exactly the rows of a k-step
   scan. capacity: the ring slots this cell uses (buffer.add; default the whole ring).
 

@@ -39,7 +39,8 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   length in a program of several, train.Cell; default K). The scan always runs K steps; steps
   >= k write nothing and count in no metric, and step i uses split(key, K)[i], which under JAX's
   partitionable threefry is split(key, k)[i]: a k-step rollout in a K-step scan writes exactly
-  the rows of a k-step scan. capacity: the ring slots this cell uses (buffer.add; default the whole ring).
+  the rows of a k-step scan. capacity: the ring slots this cell uses (buffer.add; default the
+  whole ring).
 
   Returns (buf, metrics) with scalar metrics: reward (mean over written rows), terminated_frac
   (fraction of branches that ended within k steps: terminal, runaway or non-finite), length (mean

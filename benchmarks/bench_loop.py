@@ -137,7 +137,7 @@ def device_timer(config, dataset, dyn_dir, build_steps, epochs):
   real = buffer.from_transitions(transitions)
   stacked, sizes = buffer.stack([real])
   held = {"state": shard(_first(train, "init_cells", "init_seeds")(init_keys, config, real, dyn))}
-  cells = shard(train.make_cells([0] * s, np.asarray(sizes)[[0] * s], [config.beta] * s))
+  cells = shard(train.make_cells([0] * s, np.asarray(sizes)[[0] * s], config))
   stacked, keys = train.replicate(stacked), shard(keys)
   fold = jax.jit(jax.vmap(jax.random.fold_in, in_axes=(0, None)))
   epoch_keys = jax.block_until_ready([fold(keys, e) for e in range(epochs)])

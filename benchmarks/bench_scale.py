@@ -56,7 +56,8 @@ def bench_steps(args, rng, matmul):
     def one(agent, ring, dyn, k, config=config):
       target_fn = targets.bind(config, dyn, term_fn)
       k1, k2 = jax.random.split(k)
-      batch = buffer.sample_mixed(real, ring, k1, config.batch_size, config.real_ratio)
+      batch = buffer.sample_mixed(real, ring, k1, config.batch_size,
+                                  buffer.real_rows(config.batch_size, config.real_ratio))
       return sac.update(agent, batch, k2, target_fn, config)
 
     def steps(agent, ring, dyn, key, one=one):

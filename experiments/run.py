@@ -23,8 +23,9 @@ def define_flags():
                       "selects the paper's hyperparameters and the evaluation environment.")
   flags.DEFINE_string("dataset", None, "Dataset to train on (short name or Minari id); default --env.")
   flags.DEFINE_list("datasets", None, "Several datasets of one env trained in one program "
-                    "(each short name with its own paper settings; those that differ beyond beta "
-                    "must agree or be set by flags); each gets its own workdir under --workdir.")
+                    "(each short name with its own paper settings, its rollout length, real "
+                    "ratio and alpha included; other settings must agree or be set by flags); "
+                    "each gets its own workdir under --workdir.")
   flags.DEFINE_list("betas", None, "Several betas (MOPO: lambdas) trained in one program, each "
                     "(dataset, beta) in its own workdir; the dynamics are shared by the betas.")
   flags.DEFINE_enum("algo", "mombo", ["mombo", "mobile", "mopo"], "Algorithm.")

@@ -73,13 +73,17 @@ def init_ring(capacity: int, obs_dim: int, action_dim: int) -> RingBuffer:
   return RingBuffer(data=data, ptr=jnp.zeros((), jnp.int32), count=jnp.zeros((), jnp.int32))
 
 
-def add(buf: RingBuffer, rows: Batch, mask: jax.Array) -> RingBuffer:
-  """Writes the rows with mask True, in order, contiguously from buf.ptr, wrapping at capacity.
+def add(buf: RingBuffer, rows: Batch, mask: jax.Array, capacity=None) -> RingBuffer:
+  """Writes the rows with mask True, in order, contiguously from buf.ptr, wrapping at `capacity`.
 
-  rows: Batch [N, ...]; mask: bool [N]. Masked-out rows are not written and take no slot. If more
-  than `capacity` rows are masked in, only the last `capacity` of them survive (FIFO).
+  rows: Batch [N, ...]; mask: bool [N]; capacity: int32 scalar <= buf.capacity (may be traced;
+  default buf.capacity): the ring uses slots [0, capacity) only, so a cell of a program whose
+  ring is larger (train.Cell: a shorter rollout) behaves as a ring of its own size. Masked-out
+  rows are not written and take no slot. If more than `capacity` rows are masked in, only the
+  last `capacity` of them survive (FIFO).
   """
-  capacity = buf.capacity
+  size = buf.capacity
+  capacity = size if capacity is None else jnp.asarray(capacity, jnp.int32)
   chex.assert_rank(mask, 1)
   chex.assert_equal_shape_prefix([rows.reward, mask], 1)
   mask = mask.astype(bool)
@@ -88,8 +92,8 @@ def add(buf: RingBuffer, rows: Batch, mask: jax.Array) -> RingBuffer:
   # Rows that would be overwritten within this same call are dropped, so no slot gets two writes
   # (duplicate scatter indices have no defined winner).
   keep = mask & (pos >= n_new - capacity)
-  # Index `capacity` is out of range, so mode="drop" skips those rows.
-  idx = jnp.where(keep, (buf.ptr + pos) % capacity, capacity)
+  # Index `size` is out of range, so mode="drop" skips those rows.
+  idx = jnp.where(keep, (buf.ptr + pos) % capacity, size)
   data = jax.tree.map(lambda d, r: d.at[idx].set(r.astype(d.dtype), mode="drop"), buf.data, rows)
   return RingBuffer(data=data, ptr=((buf.ptr + n_new) % capacity).astype(jnp.int32),
                     count=jnp.minimum(buf.count + n_new, capacity).astype(jnp.int32))
@@ -126,28 +130,47 @@ def stack(datasets) -> tuple:
   return jax.tree.map(lambda *xs: np.stack([pad(x) for x in xs]), *datasets), sizes
 
 
-def sample_mixed(real: Batch, buf: RingBuffer, key: jax.Array, batch_size: int,
-                 real_ratio: float, dataset=None, size=None) -> Batch:
-  """int(batch_size * real_ratio) real rows, then the rest synthetic -> Batch [batch_size].
+def real_rows(batch_size: int, real_ratio: float) -> int:
+  """The real rows of a mixed batch, int(batch_size * real_ratio) (the references' rounding):
+  what sample_mixed takes. Raises ValueError for a ratio outside [0, 1]."""
+  if not 0.0 <= real_ratio <= 1.0:
+    raise ValueError(f"real_ratio must lie in [0, 1], got {real_ratio}.")
+  return int(batch_size * real_ratio)
+
+
+def sample_mixed(real: Batch, buf: RingBuffer, key: jax.Array, batch_size: int, n_real,
+                 dataset=None, size=None) -> Batch:
+  """n_real real rows, then batch_size - n_real synthetic ones -> Batch [batch_size].
 
   real: Batch [N_real, ...] (e.g. from_transitions), or datasets stacked [D, N_max, ...] (stack)
   with `dataset` (int scalar, may be traced) picking one of them. size: int scalar (may be traced),
-  the real rows drawn from are [0, size); default all N. If the ring is still empty, every row is
-  real. batch_size and real_ratio are static (Python numbers).
+  the real rows drawn from are [0, size); default all N. n_real: int scalar in [0, batch_size]
+  (may be traced: cells of one program may mix differently; real_rows gives it from a ratio).
+  batch_size is static. If the ring is still empty, every row is real.
+
+  Draws: batch_size real indices from one half of the key and batch_size ring indices from the
+  other; row i < n_real is real draw i, row i >= n_real ring draw i - n_real. Under JAX's
+  partitionable threefry, randint(k, (B,))[:m] == randint(k, (m,)), so the rows are those of
+  drawing exactly n_real real and batch_size - n_real ring indices.
   """
-  if not 0.0 <= real_ratio <= 1.0:
-    raise ValueError(f"real_ratio must lie in [0, 1], got {real_ratio}.")
-  n_real = int(batch_size * real_ratio)
-  n_syn = batch_size - n_real
+  chex.assert_rank(jnp.asarray(n_real), 0)
   k_real, k_syn = jax.random.split(key)
   n_data = real.reward.shape[-1] if size is None else size
   idx = jax.random.randint(k_real, (batch_size,), 0, n_data)
-  real_rows = take(real, idx, dataset)
-  if n_syn == 0:
-    return real_rows
-  syn_rows = sample(buf, k_syn, n_syn)
-  # A select, not a cond: this runs vmapped over seeds, where cond would execute both sides anyway.
-  has_syn = buf.count > 0
+  reals = take(real, idx, dataset)
+  if isinstance(n_real, (int, np.integer)):
+    # A Python count (every cell of the program mixes alike): the ring draws are [batch - n_real].
+    n_real = int(n_real)
+    if n_real == batch_size:
+      return reals
+    syn = sample(buf, k_syn, batch_size - n_real)
+    # A select, not a cond: this runs vmapped over seeds, where cond would execute both sides.
+    return jax.tree.map(lambda r, s: jnp.concatenate(
+        [r[:n_real], jnp.where(buf.count > 0, s, r[n_real:])], axis=0), reals, syn)
+  syn_idx = jax.random.randint(k_syn, (batch_size,), 0, jnp.maximum(buf.count, 1))
+  row = jnp.arange(batch_size)
+  syn_rows = jax.tree.map(lambda d: d[syn_idx[jnp.maximum(row - n_real, 0)]], buf.data)
+  use_real = (row < n_real) | (buf.count <= 0)
   return jax.tree.map(
-      lambda r, s: jnp.concatenate([r[:n_real], jnp.where(has_syn, s, r[n_real:])], axis=0),
-      real_rows, syn_rows)
+      lambda r, s: jnp.where(use_real.reshape((-1,) + (1,) * (r.ndim - 1)), r, s),
+      reals, syn_rows)

@@ -69,8 +69,10 @@ def plan_groups(env, algo, preset, overrides, datasets=None, betas=None, root="r
 
 
 def check_groups(groups):
-  """Refuses groups that cannot share one compiled epoch (settings other than the dataset, beta,
-  seeds and the dynamics' training differ) or one folder."""
+  """Refuses groups that cannot share one compiled epoch (settings other than the dataset, the
+  settings each cell carries (beta and train.CELL_SETTINGS: rollout_length, real_ratio,
+  auto_alpha; the program's rollout scan and ring take the longest rollout_length,
+  runner.program_config), seeds and the dynamics' training differ) or one folder."""
   from mombo_jax import train as train_lib
   if not groups:
     raise UserError("Nothing to train: no dataset / beta given.")
@@ -78,17 +80,20 @@ def check_groups(groups):
   if len(set(dirs)) != len(dirs):
     raise UserError(f"Two cells of this launch would share a workdir ({', '.join(dirs)}); give "
                     "each (dataset, beta) its own.")
-  first = dataclasses.asdict(train_lib.epoch_config(groups[0].config))
+  shared = lambda c: dataclasses.asdict(train_lib.epoch_config(  # noqa: E731
+      dataclasses.replace(c, rollout_length=1), train_lib.CELL_SETTINGS))
+  first = shared(groups[0].config)
   envs = {g.config.env_name for g in groups}
   if len(envs) > 1:
     raise UserError(f"--datasets of one launch must share an environment, got {sorted(envs)}: "
                     "launch one per environment.")
   for g in groups[1:]:
-    other = dataclasses.asdict(train_lib.epoch_config(g.config))
+    other = shared(g.config)
     diff = {k: (first[k], v) for k, v in other.items() if first[k] != v}
     if diff:
       what = ", ".join(f"{k}: {a!r} for {groups[0].dataset} vs {b!r} for {g.dataset}"
                        for k, (a, b) in sorted(diff.items()))
       raise UserError(f"{groups[0].dataset} and {g.dataset} cannot train in one program: their "
-                      f"settings differ beyond the dataset and beta ({what}). Pass flags that "
-                      "set these fields for all (e.g. --rollout_length), or launch them apart.")
+                      "settings differ beyond those each cell carries (the dataset, "
+                      f"beta, {', '.join(train_lib.CELL_SETTINGS)}) ({what}). Pass flags that "
+                      "set these fields for all, or launch them apart.")

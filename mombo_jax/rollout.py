@@ -22,8 +22,9 @@ from mombo_jax import dynamics
 
 
 def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
-        buf: buffer_lib.RingBuffer, config, term_fn: Callable, beta=None):
-  """Rolls out N branches for k = config.rollout_length steps and stores them in `buf`.
+        buf: buffer_lib.RingBuffer, config, term_fn: Callable, beta=None, length=None,
+        capacity=None):
+  """Rolls out N branches for k steps and stores them in `buf`.
 
   policy_fn(obs [N, S], key) -> action [N, A]; dyn: one seed's ensemble; start_obs [N, S] real
   states; term_fn(obs, action, next_obs) -> bool [N] (termination.termination_fn).
@@ -34,6 +35,13 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   next_obs_var; zero at step 0). MOPO (config.algo == "mopo"): reward and reward_mean are
   penalised by beta * mopo_penalty (beta: f32 scalar, may be traced; default config.beta).
 
+  length: k, int32 scalar <= K = config.rollout_length (may be traced: a cell's own rollout
+  length in a program of several, train.Cell; default K). The scan always runs K steps; steps
+  >= k write nothing and count in no metric, and step i uses split(key, K)[i], which under JAX's
+  partitionable threefry is split(key, k)[i]: a k-step rollout in a K-step scan writes exactly
+  the rows of a k-step scan. capacity: the ring slots this cell uses (buffer.add; default the
+  whole ring).
+
   Returns (buf, metrics) with scalar metrics: reward (mean over written rows), terminated_frac
   (fraction of branches that ended within k steps: terminal, runaway or non-finite), length (mean
   rows written per branch), next_obs_var (mean over written rows and dims), num_added (rows
@@ -43,10 +51,12 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   chex.assert_rank(start_obs, 2)
   n, _ = start_obs.shape
   k = config.rollout_length
+  active = jnp.arange(k) < (k if length is None else length)     # bool [K]: step i runs
   penalise = config.algo == "mopo"
   beta = config.beta if beta is None else beta
 
-  def one_step(carry, step_key):
+  def one_step(carry, inputs):
+    step_key, on = inputs
     obs, obs_var, alive = carry
     k_pi, k_model = jax.random.split(step_key)
     action = policy_fn(obs, k_pi)
@@ -65,21 +75,23 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
         obs=obs, action=action, reward=reward, next_obs=out.next_obs,
         done=done.astype(jnp.float32), obs_var=obs_var, next_obs_mean=out.next_obs_mean,
         next_obs_var=out.next_obs_var, reward_mean=reward_mean, reward_var=out.reward_var)
-    written = alive & finite
+    written = alive & finite & on
     still = written & ~done
     # Ended branches carry zeros, not the model's NaN/inf, into the next step's inputs.
     next_obs = jnp.where(still[:, None], out.next_obs, 0.0)
     next_var = jnp.where(still[:, None], out.next_obs_var, 0.0)
-    return (next_obs, next_var, still), (rows, written, alive & ~finite,
+    # A step past the cell's k leaves the branches as they were (alive_end: alive after step k).
+    still = jnp.where(on, still, alive)
+    return (next_obs, next_var, still), (rows, written, alive & ~finite & on,
                                          out.mopo_penalty if penalise else ())
 
   init = (start_obs, jnp.zeros_like(start_obs), jnp.ones((n,), bool))
   (_, _, alive_end), (rows, written, dropped, penalty) = jax.lax.scan(
-      one_step, init, jax.random.split(key, k))
+      one_step, init, (jax.random.split(key, k), active))
   # [k, N, ...] -> [k * N, ...]: step-major order, so older steps enter the ring first.
   flat = jax.tree.map(lambda x: x.reshape((k * n,) + x.shape[2:]), rows)
   mask = written.reshape(k * n)
-  buf = buffer_lib.add(buf, flat, mask)
+  buf = buffer_lib.add(buf, flat, mask, capacity)
 
   n_rows = jnp.sum(mask.astype(jnp.float32))
   denom = jnp.maximum(n_rows, 1.0)

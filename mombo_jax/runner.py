@@ -30,13 +30,15 @@ CHUNK_SECONDS = 10.0
 class Program:
   """The device side of a launch: the compiled program's shared config and its arguments, cell
   axis C (sharded over the devices), datasets D (replicated)."""
-  config: Any                  # the groups' shared settings (epoch_config decides what may differ)
+  config: Any                  # the groups' shared settings (epoch_config decides what may differ),
+                               # rollout_length the longest group's (program_config)
   num_cells: int
   state: Any                   # TrainState [C]
   real: Any                    # buffer.Batch [D, N_max, ...]
   keys: Any                    # [C] epoch keys: epoch e of cell c uses fold_in(keys[c], e)
   cells: Any                   # train.Cell [C]
   start: int                   # the epoch every workdir resumes at
+  per_cell: tuple = ()         # train.CELL_SETTINGS the groups differ in: read from `cells`
 
 
 # -------------------------------------------------------------------------------------- train
@@ -149,7 +151,7 @@ def prepare(groups, records, keep, should_stop, data_options):
   # padding ignored): the critics' mean Q of its cells is watched against it (outputs.QWatch).
   bounds = dict(zip(names, outputs.return_bound(np.asarray(stacked.reward), groups[0].config.gamma)))
   join = lambda trees: jax.tree.map(lambda *xs: jnp.concatenate(xs), *trees)  # noqa: E731
-  runs, dyns, init_keys, epoch_keys, cell_dataset, cell_beta = [], [], [], [], [], []
+  runs, dyns, init_keys, epoch_keys, cell_dataset, cell_configs = [], [], [], [], [], []
   for g in groups:
     c, wd = g.config, Workdir(g.workdir, g.dynamics_dir)
     dyn_k, init_k, epoch_k = cell_keys(c)
@@ -157,14 +159,14 @@ def prepare(groups, records, keep, should_stop, data_options):
     init_keys.append(init_k)
     epoch_keys.append(epoch_k)
     cell_dataset += [names.index(g.dataset)] * c.num_seeds
-    cell_beta += [c.beta] * c.num_seeds
-    offset = len(cell_beta) - c.num_seeds
+    cell_configs += [c] * c.num_seeds
+    offset = len(cell_configs) - c.num_seeds
     runs.append(group_run.GroupRun(group=g, workdir=wd, cells=slice(offset, offset + c.num_seeds),
                          seeds=np.arange(c.seed, c.seed + c.num_seeds),
                          ckpt=wd.checkpointer(keep)))
   # One init for all cells (one set of network and optimiser objects, so the groups' states
   # concatenate); each group's checkpoint then restores onto its slice.
-  config = groups[0].config      # the settings all cells share (check_groups); C = len(cell_beta)
+  config = program_config(groups)  # the settings all cells share; C = len(cell_configs)
   fresh = train_lib.init_cells(join(init_keys), config, reals[0], join(dyns))
   del dyns
   states, starts, metas = [], [], []
@@ -172,9 +174,11 @@ def prepare(groups, records, keep, should_stop, data_options):
     state, meta = jax.tree.map(lambda x, r=r: x[r.cells], fresh), {}
     if r.ckpt.latest_step() is not None:
       try:
-        state, meta = r.ckpt.restore(state)
+        # The checkpoint holds the group's own ring (a plain run's); the program's may be longer.
+        state, meta = r.ckpt.restore(train_lib.resize_rings(state, r.config.synthetic_capacity))
       except checkpoint.CheckpointError as e:
         raise UserError(str(e)) from None
+      state = train_lib.resize_rings(state, config.synthetic_capacity)
       r.diverged = {int(d["seed"]): d for d in (meta or {}).get("diverged", [])}
       log(f"Resumed from {r.ckpt.directory} at epoch {int(np.asarray(state.epoch)[0])}.")
     states.append(state)
@@ -197,13 +201,22 @@ def prepare(groups, records, keep, should_stop, data_options):
            else outputs.QWatch.from_rows(r.seeds, bound, r.rows))
   # The cell axis lives split over all devices (of all processes) from here on; the datasets are
   # copied to every device once.
-  program = Program(config=config, num_cells=len(cell_beta),
+  program = Program(config=config, num_cells=len(cell_configs),
                     state=train_lib.shard_cells(join(states)), real=train_lib.replicate(stacked),
                     keys=train_lib.shard_cells(join(epoch_keys)),
                     cells=train_lib.shard_cells(train_lib.make_cells(
-                        cell_dataset, sizes[cell_dataset], cell_beta)),
-                    start=starts[0])
+                        cell_dataset, sizes[cell_dataset], cell_configs)),
+                    start=starts[0],
+                    per_cell=train_lib.per_cell_settings([g.config for g in groups]))
   return runs, program
+
+
+def program_config(groups):
+  """The config of the launch's program: the first group's (check_groups: every group's agrees
+  with it in what the epoch reads alike), with the longest rollout_length of the groups (the
+  rollout scan's length and the ring's capacity; each cell uses its own, train.Cell)."""
+  return dataclasses.replace(groups[0].config,
+                             rollout_length=max(g.config.rollout_length for g in groups))
 
 
 # Compiled chunks of this process, by function and argument signature: launches of one setup in
@@ -218,7 +231,8 @@ def compile_chunk(program: Program):
   import jax
   import numpy as np
   from mombo_jax import train as train_lib
-  fn = train_lib.make_cells_chunk(program.config, program.num_cells, program.config.eval_every)
+  fn = train_lib.make_cells_chunk(program.config, program.num_cells, program.config.eval_every,
+                                  program.per_cell)
   args = (program.state, program.real, program.keys, program.cells, np.int32(program.start),
           np.int32(1))
   leaves, tree = jax.tree.flatten(args)
@@ -246,7 +260,7 @@ def loop(runs, program: Program, stop_after, should_stop) -> bool:
   Interrupted when should_stop fired (after a checkpoint)."""
   import jax
   import numpy as np
-  from mombo_jax import checkpoint, distributed
+  from mombo_jax import checkpoint, distributed, train as train_lib
   config, many = program.config, len(runs) > 1
 
   def save(epoch):
@@ -256,8 +270,11 @@ def loop(runs, program: Program, stop_after, should_stop) -> bool:
     whole = (distributed.to_host(program.state) if todo and distributed.is_multiprocess()
              else program.state)
     for r in todo:
+      # The group's cells with the group's own ring (what a plain run of it saves).
+      state = train_lib.resize_rings(jax.tree.map(lambda x, r=r: x[r.cells], whole),
+                                     r.config.synthetic_capacity)
       try:
-        r.ckpt.save(epoch, jax.tree.map(lambda x, r=r: x[r.cells], whole),
+        r.ckpt.save(epoch, state,
                     {"epoch": epoch, "diverged": list(r.diverged.values()),
                      "q": list(r.q.records.values())})
       except checkpoint.CheckpointError as e:

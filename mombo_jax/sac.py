@@ -37,7 +37,8 @@ class AgentState(struct.PyTreeNode):
   actor: TrainState of TanhGaussianActor (params = {"params": ...}).
   critic: TrainState of CriticEnsemble (params = {"params": {"members": ... leading axis E}}).
   target_critic_params: Polyak average of critic.params (same structure).
-  log_alpha: TrainState with params {"log_alpha": f32 scalar}; untouched when not config.auto_alpha.
+  log_alpha: TrainState with params {"log_alpha": f32 scalar}; untouched when alpha is fixed
+  (config.auto_alpha, or update's per-cell auto_alpha, False).
   """
   actor: TrainState
   critic: TrainState
@@ -127,20 +128,23 @@ def _init_agent(key, obs_dim, action_dim, config, total_steps):
       log_alpha=_train_state(None, log_alpha, optax.adam(config.alpha_lr)))
 
 
-def alpha(agent: AgentState, config: Config) -> jax.Array:
-  """Entropy temperature (f32 scalar): exp(log_alpha) if config.auto_alpha, else config.alpha.
+def alpha(agent: AgentState, config: Config, auto_alpha=None) -> jax.Array:
+  """Entropy temperature (f32 scalar): exp(log_alpha) if auto_alpha, else config.alpha.
 
+  auto_alpha: bool scalar, may be traced (cells of one program may learn or fix alpha: train.Cell);
+  default config.auto_alpha.
   With auto_alpha the temperature is capped at config.alpha_max (1.0 by default), as the MOMBO,
   MOBILE and MOPO references do (`clamp(log_alpha.exp(), 0, 1)`): on penalised synthetic rewards the
   entropy term can otherwise dominate early. The cap acts on the value used in the losses and
   targets only; log_alpha's own gradient step is unaffected.
   """
-  if config.auto_alpha:
-    value = jnp.exp(agent.log_alpha.params["log_alpha"])
-    if config.alpha_max is not None:
-      value = jnp.minimum(value, jnp.asarray(config.alpha_max, jnp.float32))
-    return value
-  return jnp.asarray(config.alpha, jnp.float32)
+  fixed = jnp.asarray(config.alpha, jnp.float32)
+  if auto_alpha is None and not config.auto_alpha:
+    return fixed
+  value = jnp.exp(agent.log_alpha.params["log_alpha"])
+  if config.alpha_max is not None:
+    value = jnp.minimum(value, jnp.asarray(config.alpha_max, jnp.float32))
+  return value if auto_alpha is None else jnp.where(auto_alpha, value, fixed)
 
 
 def target_entropy(config: Config, action_dim: int) -> float:
@@ -155,19 +159,21 @@ def _check_batch(batch: Batch):
   chex.assert_equal_shape_prefix([batch.obs, batch.action, batch.reward, batch.done], 1)
 
 
-def soft_target(agent: AgentState, batch: Batch, key: jax.Array, config: Config):
+def soft_target(agent: AgentState, batch: Batch, key: jax.Array, config: Config,
+                auto_alpha=None):
   """Standard SAC target from the sampled next state: returns (y [B], aux dict of scalars).
 
   y = r + gamma * (1 - d) * (min_j Q'_j(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s'),
   without the entropy term when config.deterministic_backup. Clamped at config.clip_target_min
-  unless that is None (online SAC, mombo_jax.online_sac, passes a config with None).
+  unless that is None (online SAC, mombo_jax.online_sac, passes a config with None). auto_alpha:
+  as alpha's.
   """
   _check_batch(batch)
   mean, log_std = agent.actor.apply_fn(agent.actor.params, batch.next_obs)
   next_action, next_logp = sample_tanh_gaussian(mean, log_std, key)
   q_next = agent.critic.apply_fn(agent.target_critic_params, batch.next_obs, next_action).min(0)
   if not config.deterministic_backup:
-    q_next = q_next - alpha(agent, config) * next_logp
+    q_next = q_next - alpha(agent, config, auto_alpha) * next_logp
   # Selection, not (1 - d) * q: a NaN/inf value behind a terminal must not reach the target.
   y = batch.reward + config.gamma * jnp.where(batch.done > 0, 0.0, q_next)
   if config.clip_target_min is not None:
@@ -185,13 +191,16 @@ def _critic_values(agent: AgentState, critic_params, obs, action, obs_var, confi
 
 
 def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,
-           config: Config) -> Tuple[AgentState, Dict[str, jax.Array]]:
+           config: Config, auto_alpha=None) -> Tuple[AgentState, Dict[str, jax.Array]]:
   """One gradient step of critics, actor and temperature, then the Polyak target update.
 
   Order as in the reference code (OfflineRL-Kit): critics on y, actor on the updated critics with
   the pre-step alpha, alpha on the actor's log-probabilities, target params with tau.
   Returns (agent, metrics): f32 scalars critic_loss, actor_loss, alpha_loss, alpha, q_mean,
   target_mean, entropy, plus target_fn's aux (non-scalars averaged).
+  auto_alpha: bool scalar, may be traced (default config.auto_alpha): whether this agent learns
+  its temperature; where not, log_alpha keeps its parameters and optimiser state and alpha_loss
+  is 0. target_fn must see the same flag (train.make_epoch binds it).
   """
   _check_batch(batch)
   k_target, k_actor = jax.random.split(key)
@@ -207,7 +216,7 @@ def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,
       agent.critic.params)
   critic = agent.critic.apply_gradients(grads=critic_grads)
 
-  temperature = alpha(agent, config)
+  temperature = alpha(agent, config, auto_alpha)
 
   def actor_loss_fn(params):
     mean, log_std = agent.actor.apply_fn(params, batch.obs)
@@ -221,14 +230,21 @@ def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,
 
   log_alpha = agent.log_alpha
   alpha_loss = jnp.zeros((), jnp.float32)
-  if config.auto_alpha:
+  if config.auto_alpha or auto_alpha is not None:
     entropy_gap = jax.lax.stop_gradient(logp) + target_entropy(config, batch.action.shape[-1])
 
     def alpha_loss_fn(params):
       return -jnp.mean(params["log_alpha"] * entropy_gap)
 
-    alpha_loss, alpha_grads = jax.value_and_grad(alpha_loss_fn)(log_alpha.params)
-    log_alpha = log_alpha.apply_gradients(grads=alpha_grads)
+    loss, alpha_grads = jax.value_and_grad(alpha_loss_fn)(log_alpha.params)
+    stepped = log_alpha.apply_gradients(grads=alpha_grads)
+    if auto_alpha is None:
+      alpha_loss, log_alpha = loss, stepped
+    else:
+      # Per cell (vmapped): the step is computed always and kept only where alpha is learned.
+      alpha_loss = jnp.where(auto_alpha, loss, 0.0)
+      log_alpha = jax.tree.map(lambda new, old: jnp.where(auto_alpha, new, old), stepped,
+                               log_alpha)
 
   target_params = optax.incremental_update(critic.params, agent.target_critic_params, config.tau)
   new_agent = agent.replace(actor=actor, critic=critic, target_critic_params=target_params,

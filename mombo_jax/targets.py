@@ -1,13 +1,17 @@
 """Bellman targets: one short pure function per algorithm, all with the same signature
 
-    target(agent, batch, key, *, dyn, config, term_fn, beta=None) -> (y [B], aux {name: scalar})
+    target(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None, auto_alpha=None)
+      -> (y [B], aux {name: scalar})
 
-picked once, outside jit, by `get_target(config)`. beta (f32 scalar, may be traced: a grid of
-betas runs in one program) defaults to config.beta. `train.py` binds dyn/config/term_fn with
-functools.partial and hands `sac.update` a `target_fn(agent, batch, key)`.
+picked once, outside jit, by `get_target(config)`. The per-cell settings may be traced (the cells
+of one program may differ in them, train.Cell): beta (f32 scalar, default config.beta), real_rows
+(int32 scalar, the batch's leading real rows; default int(B * config.real_ratio)) and auto_alpha
+(bool scalar, default config.auto_alpha; it picks the temperature of a soft backup, sac.alpha).
+`train.py` binds dyn/config/term_fn and the cell's settings with functools.partial and hands
+`sac.update` a `target_fn(agent, batch, key)`.
 
-Batches come from `buffer.sample_mixed`, which puts the n_real = int(B * real_ratio) real rows first;
-`_real_rows` relies on that to give real rows the plain, unpenalised target where a target recomputes
+Batches come from `buffer.sample_mixed`, which puts the n_real real rows first; `_real_rows`
+relies on that to give real rows the plain, unpenalised target where a target recomputes
 model predictions (elite_spread, mixture, MOBILE). Real rows carry zero variance, so `mombo_lcb`
 needs no mask: there the penalty vanishes by itself.
 
@@ -45,9 +49,11 @@ def _finish(y, config):
   return jax.lax.stop_gradient(y)
 
 
-def _real_rows(batch_size, config):
-  """bool [B]: True for the leading real rows of a mixed batch."""
-  return jnp.arange(batch_size) < int(batch_size * config.real_ratio)
+def _real_rows(batch_size, config, real_rows=None):
+  """bool [B]: True for the leading real rows of a mixed batch (real_rows of them, may be traced;
+  default int(B * config.real_ratio))."""
+  n = int(batch_size * config.real_ratio) if real_rows is None else real_rows
+  return jnp.arange(batch_size) < n
 
 
 def _beta(beta, config):
@@ -59,28 +65,28 @@ def _continue(done, value):
   return jnp.where(done > 0, jnp.zeros_like(value), value)
 
 
-def _next_action(agent, obs, key, config, soft=True):
+def _next_action(agent, obs, key, config, soft=True, auto_alpha=None):
   """a' ~ pi(.|obs) [..., A] and the entropy bonus -alpha log pi(a'|obs) [...] of a soft backup
   (zero for the deterministic backup, or when soft=False)."""
   mean, log_std = sac._actor_apply(agent, obs, config)
   action, logp = sample_tanh_gaussian(mean, log_std, key)
   if config.deterministic_backup or not soft:
     return action, jnp.zeros_like(logp)
-  return action, -sac.alpha(agent, config) * logp
+  return action, -sac.alpha(agent, config, auto_alpha) * logp
 
 
-def _mm_min(agent, obs, obs_var, key, config):
+def _mm_min(agent, obs, obs_var, key, config, auto_alpha=None):
   """a' ~ pi(obs); (mean, var) [..., B] of the target critic with the smaller MM mean (plus the
   entropy bonus in the mean for a soft backup)."""
-  action, bonus = _next_action(agent, obs, key, config)
+  action, bonus = _next_action(agent, obs, key, config, auto_alpha=auto_alpha)
   mean, var = agent.critic.apply_fn(agent.target_critic_params, obs, action, obs_var)  # [E, ..., B]
   j = jnp.argmin(mean, axis=0)[None]
   return (jnp.take_along_axis(mean, j, axis=0)[0] + bonus, jnp.take_along_axis(var, j, axis=0)[0])
 
 
-def _plain_min(agent, obs, key, config, soft=True):
+def _plain_min(agent, obs, key, config, soft=True, auto_alpha=None):
   """a' ~ pi(obs); min over target critics of Q(obs, a') [..., B] (+ entropy bonus if soft)."""
-  action, bonus = _next_action(agent, obs, key, config, soft)
+  action, bonus = _next_action(agent, obs, key, config, soft, auto_alpha)
   return agent.critic.apply_fn(agent.target_critic_params, obs, action).min(axis=0) + bonus
 
 
@@ -93,19 +99,19 @@ def _elite_predictions(dyn, batch, config, term_fn):
   return s_mean, s_var, r_mean, r_var, done
 
 
-def _plain_target(agent, batch, key, config):
+def _plain_target(agent, batch, key, config, auto_alpha=None):
   """r + gamma (1 - d) min_j Q'(s', a'), the backup of real rows."""
-  return batch.reward + config.gamma * _continue(batch.done, _plain_min(agent, batch.next_obs, key,
-                                                                          config))
+  return batch.reward + config.gamma * _continue(
+      batch.done, _plain_min(agent, batch.next_obs, key, config, auto_alpha=auto_alpha))
 
 
-def lcb_moments(agent, batch, key, config):
+def lcb_moments(agent, batch, key, config, auto_alpha=None):
   """MOMBO lcb's (mean [B], std [B]) of a row's Bellman target, from the stored Gaussian of the
   elite that produced it: mean = r_mean + g(1-d) m*, std = sqrt(var_r + g^2 (1-d) v*), (m*, v*) the
   MM moments of the target critic with the smaller MM mean at (next_obs_mean, a' ~ pi(.|
   next_obs_mean)) with input variance next_obs_var. batch: buffer.Batch [B, ...]; key: the target's.
   """
-  m, v = _mm_min(agent, batch.next_obs_mean, batch.next_obs_var, key, config)
+  m, v = _mm_min(agent, batch.next_obs_mean, batch.next_obs_var, key, config, auto_alpha)
   std = jnp.sqrt(batch.reward_var + config.gamma**2 * _continue(batch.done, v))
   return batch.reward_mean + config.gamma * _continue(batch.done, m), std
 
@@ -119,34 +125,36 @@ def penalty_mombo_lcb(agent, batch, key, *, dyn=None, config, term_fn=None):
   return lcb_moments(agent, batch, key, config)[1]
 
 
-def mombo_lcb(agent, batch, key, *, dyn, config, term_fn, beta=None):
+def mombo_lcb(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None,
+              auto_alpha=None):
   """MOMBO (paper eq. 1 + reward variance), from the stored Gaussian of the producing elite:
 
   y = r + g(1-d) m* - beta sqrt(var_r + g^2 (1-d) v*),  (m*, v*) = MM moments of the target critic
   with the smaller mean at (mu_s', a' ~ pi(mu_s')), input variance var_s'. The Gaussian's mean is the
   elite's mean (next_obs_mean, reward_mean), not the sample the rollout continued from.
   """
-  del dyn, term_fn
-  t, std = lcb_moments(agent, batch, key, config)
+  del dyn, term_fn, real_rows          # real rows: zero variance, no penalty by themselves
+  t, std = lcb_moments(agent, batch, key, config, auto_alpha)
   y = t - _beta(beta, config) * std
   return _finish(y, config), {"penalty": _beta(beta, config) * std.mean(), "target_std": std.mean()}
 
 
-def _per_elite_mm(agent, batch, key, dyn, config, term_fn):
+def _per_elite_mm(agent, batch, key, dyn, config, term_fn, auto_alpha=None):
   """T_e = r_e + g(1-d_e) m_e and its MM variance var_r,e + g^2 (1-d_e) v_e, both [E, B]."""
   s_mean, s_var, r_mean, r_var, done = _elite_predictions(dyn, batch, config, term_fn)
   keys = jax.random.split(key, s_mean.shape[0])
-  m, v = jax.vmap(lambda s, sv, k: _mm_min(agent, s, sv, k, config))(s_mean, s_var, keys)
+  m, v = jax.vmap(lambda s, sv, k: _mm_min(agent, s, sv, k, config, auto_alpha))(s_mean, s_var,
+                                                                                 keys)
   return (r_mean + config.gamma * _continue(done, m),
           r_var + config.gamma**2 * _continue(done, v))
 
 
-def elite_spread_moments(agent, batch, key, *, dyn, config, term_fn):
+def elite_spread_moments(agent, batch, key, *, dyn, config, term_fn, auto_alpha=None):
   """MOMBO elite_spread's (mean_e T_e [B], std_e T_e [B], ddof=1 as torch) over the elites'
   recomputed predictions at (batch.obs, batch.action); key: the target's (its first split draws
   the elites' a'_e)."""
   k_model, _ = jax.random.split(key)
-  t, _ = _per_elite_mm(agent, batch, k_model, dyn, config, term_fn)
+  t, _ = _per_elite_mm(agent, batch, k_model, dyn, config, term_fn, auto_alpha)
   return t.mean(axis=0), t.std(axis=0, ddof=1)
 
 
@@ -156,21 +164,23 @@ def penalty_elite_spread(agent, batch, key, *, dyn, config, term_fn):
   return elite_spread_moments(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn)[1]
 
 
-def mombo_elite_spread(agent, batch, key, *, dyn, config, term_fn, beta=None):
+def mombo_elite_spread(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None,
+                       auto_alpha=None):
   """What the public MOMBO code does: y = mean_e T_e - beta std_e T_e (ddof=1); MM variance unused."""
   _, k_real = jax.random.split(key)
-  mean, std = elite_spread_moments(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn)
+  mean, std = elite_spread_moments(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn,
+                                   auto_alpha=auto_alpha)
   penalty = _beta(beta, config) * std
-  y = jnp.where(_real_rows(batch.reward.shape[0], config), _plain_target(agent, batch, k_real, config),
-                mean - penalty)
+  y = jnp.where(_real_rows(batch.reward.shape[0], config, real_rows),
+                _plain_target(agent, batch, k_real, config, auto_alpha), mean - penalty)
   return _finish(y, config), {"penalty": penalty.mean()}
 
 
-def mixture_moments(agent, batch, key, *, dyn, config, term_fn):
+def mixture_moments(agent, batch, key, *, dyn, config, term_fn, auto_alpha=None):
   """MOMBO mixture's (mean_e T_e [B], sqrt(mean_e MM var_e + var_e T_e) [B]) (law of total
   variance over the elites, ddof=0); key: the target's."""
   k_model, _ = jax.random.split(key)
-  t, t_var = _per_elite_mm(agent, batch, k_model, dyn, config, term_fn)
+  t, t_var = _per_elite_mm(agent, batch, k_model, dyn, config, term_fn, auto_alpha)
   return t.mean(axis=0), jnp.sqrt(t_var.mean(axis=0) + t.var(axis=0))
 
 
@@ -180,11 +190,14 @@ def penalty_mixture(agent, batch, key, *, dyn, config, term_fn):
   return mixture_moments(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn)[1]
 
 
-def mombo_mixture(agent, batch, key, *, dyn, config, term_fn, beta=None):
+def mombo_mixture(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None,
+                  auto_alpha=None):
   """Law of total variance over elites: var = mean_e(MM var_e) + var_e(T_e); y = mean - beta sqrt(var)."""
   _, k_real = jax.random.split(key)
-  mean, std = mixture_moments(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn)
-  y = jnp.where(_real_rows(batch.reward.shape[0], config), _plain_target(agent, batch, k_real, config),
+  mean, std = mixture_moments(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn,
+                              auto_alpha=auto_alpha)
+  y = jnp.where(_real_rows(batch.reward.shape[0], config, real_rows),
+                _plain_target(agent, batch, k_real, config, auto_alpha),
                 mean - _beta(beta, config) * std)
   return _finish(y, config), {"penalty": _beta(beta, config) * std.mean(), "target_std": std.mean()}
 
@@ -206,21 +219,22 @@ def penalty_mobile(agent, batch, key, *, dyn, config, term_fn=None):
   return q.mean(axis=0).std(axis=0, ddof=1)                             # [B]
 
 
-def mobile(agent, batch, key, *, dyn, config, term_fn, beta=None):
+def mobile(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None,
+           auto_alpha=None):
   """MOBILE: penalty = std over elites (ddof=1) of the mean over N next-state samples of min_j Q';
   zero for real rows; y = r - beta penalty + g(1-d) min_j Q'(s', a'), s' from the buffer."""
   _, _, k_next = jax.random.split(key, 3)
   penalty = penalty_mobile(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn)
-  penalty = jnp.where(_real_rows(batch.reward.shape[0], config), 0.0, penalty)
+  penalty = jnp.where(_real_rows(batch.reward.shape[0], config, real_rows), 0.0, penalty)
   y = batch.reward - _beta(beta, config) * penalty + config.gamma * _continue(
-      batch.done, _plain_min(agent, batch.next_obs, k_next, config))
+      batch.done, _plain_min(agent, batch.next_obs, k_next, config, auto_alpha=auto_alpha))
   return _finish(y, config), {"penalty": _beta(beta, config) * penalty.mean()}
 
 
-def mopo(agent, batch, key, *, dyn, config, term_fn, beta=None):
+def mopo(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None, auto_alpha=None):
   """MOPO: the reward was penalised at rollout time (with beta); plain SAC soft target."""
-  del dyn, term_fn, beta
-  return sac.soft_target(agent, batch, key, config)
+  del dyn, term_fn, beta, real_rows
+  return sac.soft_target(agent, batch, key, config, auto_alpha)
 
 
 def penalty_mopo(agent, batch, key, *, dyn, config, term_fn=None):

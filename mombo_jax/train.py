@@ -47,66 +47,143 @@ def init_cells(keys, config, real, dyn):
 
 
 class Cell(struct.PyTreeNode):
-  """What may differ between the cells (seeds x datasets x betas) of one compiled program; vmapped
-  with the state (leading cell axis). Every other setting is the config's, shared by all cells."""
+  """What may differ between the cells (seeds x datasets x betas x their datasets' paper settings)
+  of one compiled program; vmapped with the state (leading cell axis). Every other setting is the
+  program config's, shared by all cells."""
   dataset: jax.Array        # int32 scalar: which of the stacked datasets (buffer.stack) it trains on
   size: jax.Array           # int32 scalar: that dataset's real transitions (rows past it: padding)
   beta: jax.Array           # f32 scalar: MOMBO / MOBILE beta, MOPO lambda
+  # Its rollout length k <= the program's config.rollout_length K (the scan's static length; the
+  # ring holds K's capacity, the cell uses capacity(config, k) of it).
+  rollout_length: jax.Array  # int32 scalar
+  real_rows: jax.Array      # int32 scalar: real rows per batch, buffer.real_rows(batch, ratio)
+  auto_alpha: jax.Array     # bool scalar: learns its temperature (else config.alpha)
 
 
-def make_cells(dataset, size, beta) -> Cell:
-  """Cell with arrays [C] from per-cell sequences (or numbers, broadcast to the others' length)."""
-  n = max(np.size(dataset), np.size(size), np.size(beta))
+def make_cells(dataset, size, configs) -> Cell:
+  """Cell with arrays [C]: dataset and size per cell (sequences, or numbers broadcast), the other
+  fields from each cell's own config (`configs`: one per cell, or one Config for all): its beta,
+  rollout_length, real_rows = int(batch_size * real_ratio) and auto_alpha."""
+  n = max(np.size(dataset), np.size(size), 1 if dataclasses.is_dataclass(configs)
+          else len(configs))
+  if dataclasses.is_dataclass(configs):
+    configs = [configs] * n
   as_ = lambda x, t: np.broadcast_to(np.asarray(x, t), (n,)).copy()  # noqa: E731
+  per = lambda f: as_([f(c) for c in configs], None)                  # noqa: E731
   return Cell(dataset=as_(dataset, np.int32), size=as_(size, np.int32),
-              beta=as_(beta, np.float32))
+              beta=per(lambda c: c.beta).astype(np.float32),
+              rollout_length=per(lambda c: c.rollout_length).astype(np.int32),
+              real_rows=per(lambda c: buffer.real_rows(c.batch_size, c.real_ratio)).astype(
+                  np.int32),
+              auto_alpha=per(lambda c: c.auto_alpha).astype(bool))
+
+
+def capacity(config, rollout_length=None):
+  """Ring rows of a cell with rollout length k (default config.rollout_length): retain_epochs x
+  rollout_batch_size x k, config.synthetic_capacity at k. int, or int32 when k is traced."""
+  k = config.rollout_length if rollout_length is None else rollout_length
+  return config.buffer_retain_epochs * config.rollout_batch_size * k
+
+
+def resize_rings(state: TrainState, rows: int) -> TrainState:
+  """state [C] with its ring buffers cut or zero-padded to `rows` slots (ptr, count untouched).
+
+  A program's ring has its longest rollout's capacity; a cell with a shorter one uses only its
+  first capacity(config, k) slots (ptr, count < that), so its checkpoint holds what a plain run
+  of its group saves (cut before saving), and restores onto the program's ring (padded with the
+  zeros init_ring writes)."""
+  def one(x):
+    chex.assert_rank(x, {2, 3})                  # [C, capacity] or [C, capacity, dim]
+    have = x.shape[1]
+    if have >= rows:
+      return x[:, :rows]
+    pad = [(0, 0)] * x.ndim
+    pad[1] = (0, rows - have)
+    return np.pad(x, pad) if isinstance(x, np.ndarray) else jnp.pad(x, pad)
+  return state.replace(buffer=state.buffer.replace(data=jax.tree.map(one, state.buffer.data)))
 
 
 def single_dataset(real: buffer.Batch, config, cells: int = None):
-  """(real stacked [1, N, ...], Cell [cells]) for seeds of one dataset at config.beta: the
+  """(real stacked [1, N, ...], Cell [cells]) for seeds of one dataset at config's settings: the
   datasets and cells arguments of make_cells_epoch's function for a plain run. cells: default
   config.num_seeds."""
   n = real.reward.shape[0]
   cells = config.num_seeds if cells is None else cells
-  return jax.tree.map(lambda x: x[None], real), make_cells(np.zeros(cells), n, config.beta)
+  return jax.tree.map(lambda x: x[None], real), make_cells(np.zeros(cells), n, config)
 
 
-def make_epoch(config):
+# Settings the cells of one program may differ in beside the dataset and beta (their datasets'
+# paper settings differ in these within an env: config.TASKS), read from train.Cell when listed
+# in a program's `per_cell`. A program whose cells agree in one reads it from the config (static):
+# the same compiled epoch, bit for bit, as before cells could differ in it.
+CELL_SETTINGS = ("rollout_length", "real_ratio", "auto_alpha")
+
+
+def per_cell_settings(configs) -> tuple:
+  """The CELL_SETTINGS in which `configs` (the cells' or groups' configs) differ: the per_cell
+  argument of their program (make_cells_chunk)."""
+  return tuple(f for f in CELL_SETTINGS if len({getattr(c, f) for c in configs}) > 1)
+
+
+def _settings(per_cell) -> tuple:
+  """per_cell checked and in CELL_SETTINGS' order (a cache key)."""
+  unknown = set(per_cell) - set(CELL_SETTINGS)
+  if unknown:
+    raise ValueError(f"per_cell {sorted(unknown)}: cells may differ only in {CELL_SETTINGS}.")
+  return tuple(f for f in CELL_SETTINGS if f in per_cell)
+
+
+def make_epoch(config, per_cell=()):
   """Returns a pure epoch(state, real, key, cell=None) -> (state, metrics) of one cell (one seed).
 
-  real: the real dataset, Batch [N, ...], with cell None (then beta = config.beta); or datasets
-  stacked [D, N_max, ...] (buffer.stack) with a Cell saying which one, its size and beta. Shared by
-  all cells: vmap it with in_axes None.
+  real: the real dataset, Batch [N, ...], with cell None (then beta, rollout length, real rows
+  and auto_alpha are config's); or datasets stacked [D, N_max, ...] (buffer.stack) with a Cell
+  saying which one, its size and the cell's own settings (Cell). Shared by all cells: vmap it
+  with in_axes None. per_cell (names of CELL_SETTINGS): the settings read from the Cell, not the
+  config (default none). With "rollout_length", config.rollout_length is the longest cell's (the
+  rollout scan's length and the ring's capacity); a shorter cell's rollout writes and reports
+  what a program of its own length would (rollout.run), into the first capacity(config, k) slots
+  of its ring. "real_ratio": Cell.real_rows real rows per batch; "auto_alpha": Cell.auto_alpha.
   metrics: {name: [steps_per_epoch]} per gradient step (sac.update's, e.g. `q_mean`: the critics'
   mean Q on the step's batch, which the runner watches against the return bound), plus rollout
   statistics (scalars),
   `diverged` (bool scalar: the seed is frozen, this epoch or before) and `diverged/<quantity>` (bool
   scalars, quantity in DIVERGENCE_CHECKS: which check failed THIS epoch on a healthy seed).
   """
+  per_cell = _settings(per_cell)
   target = targets.get_target(config)
   term_fn = termination.termination_fn(config.env_name)
 
   def epoch(state: TrainState, real: buffer.Batch, key, cell: Cell = None):
     if cell is None:
       chex.assert_rank(real.obs, 2)
-      dataset, size, beta = None, real.obs.shape[0], None
+      dataset, size, beta, k, auto_alpha = None, real.obs.shape[0], None, None, None
+      n_real = buffer.real_rows(config.batch_size, config.real_ratio)
     else:
       chex.assert_rank(real.obs, 3)
+      chex.assert_rank([cell.rollout_length, cell.real_rows, cell.auto_alpha], 0)
       dataset, size, beta = cell.dataset, cell.size, cell.beta
+      # Python values where the cells agree: the static program of a plain run.
+      own = lambda f, value, static: value if f in per_cell else static  # noqa: E731
+      k = own("rollout_length", cell.rollout_length, None)
+      n_real = own("real_ratio", cell.real_rows,
+                   buffer.real_rows(config.batch_size, config.real_ratio))
+      auto_alpha = own("auto_alpha", cell.auto_alpha, None)
     k_start, k_roll, k_steps = jax.random.split(key, 3)
     agent, dyn = state.agent, state.dynamics
     start = jax.random.randint(k_start, (config.rollout_batch_size,), 0, size)
     policy_fn = functools.partial(_policy, agent, config)
     ring, roll_metrics = rollout.run(k_roll, policy_fn, dyn,
                                      buffer.take(real, start, dataset).obs, state.buffer, config,
-                                     term_fn, beta=beta)
-    target_fn = functools.partial(target, dyn=dyn, config=config, term_fn=term_fn, beta=beta)
+                                     term_fn, beta=beta, length=k,
+                                     capacity=None if k is None else capacity(config, k))
+    target_fn = functools.partial(target, dyn=dyn, config=config, term_fn=term_fn, beta=beta,
+                                  real_rows=n_real, auto_alpha=auto_alpha)
 
-    def step(agent, k):
-      k_batch, k_update = jax.random.split(k)
-      batch = buffer.sample_mixed(real, ring, k_batch, config.batch_size, config.real_ratio,
-                                  dataset, size)
-      return sac.update(agent, batch, k_update, target_fn, config)
+    def step(agent, key):
+      k_batch, k_update = jax.random.split(key)
+      batch = buffer.sample_mixed(real, ring, k_batch, config.batch_size, n_real, dataset, size)
+      return sac.update(agent, batch, k_update, target_fn, config, auto_alpha)
 
     agent, step_metrics = jax.lax.scan(step, agent,
                                        jax.random.split(k_steps, config.steps_per_epoch))
@@ -210,7 +287,7 @@ def replicate(tree):
   return _place(tree, cell_shardings()[1])
 
 
-def make_cells_epoch(config, num_cells: int):
+def make_cells_epoch(config, num_cells: int, per_cell=()):
   """jit(shard_map(vmap(epoch))) over a leading cell axis of state, key and cells; the datasets
   are shared: fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C])
     -> (state [C], metrics {name: [C, ...]} as make_epoch's, with the cell axis first).
@@ -225,10 +302,11 @@ def make_cells_epoch(config, num_cells: int):
   config (ignoring fields the epoch never reads), so runs in one process share the compiled function.
   """
   check_cell_count(num_cells)
-  return _cells_epoch(epoch_config(config))
+  per_cell = _settings(per_cell)
+  return _cells_epoch(epoch_config(config, per_cell), per_cell)
 
 
-def make_cells_chunk(config, num_cells: int, max_epochs: int):
+def make_cells_chunk(config, num_cells: int, max_epochs: int, per_cell=()):
   """jit(shard_map(fori_loop over epochs of vmap(epoch))):
   fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C], start: int32 [], n: int32 [])
     -> (state [C], metrics {name: [max_epochs, C]})
@@ -242,27 +320,31 @@ def make_cells_chunk(config, num_cells: int, max_epochs: int):
   Several epochs per device call: the host is not involved between them (no dispatch, no metrics
   transfer per epoch). Placement, num_cells and caching as make_cells_epoch's; start and n are
   replicated scalars (Python ints or int32 arrays). n beyond max_epochs runs max_epochs epochs
-  (the new state's `epoch` counts what ran), as the metrics hold no more rows.
+  (the new state's `epoch` counts what ran), as the metrics hold no more rows. per_cell: the
+  settings the cells carry themselves (make_epoch; per_cell_settings of their configs).
   """
   if max_epochs < 1:
     raise ValueError(f"max_epochs={max_epochs}: a chunk runs at least one epoch.")
   check_cell_count(num_cells)
-  return _cells_chunk(epoch_config(config), int(max_epochs))
+  per_cell = _settings(per_cell)
+  return _cells_chunk(epoch_config(config, per_cell), int(max_epochs), per_cell)
 
 
 # Fields the compiled epoch never reads (training the dynamics, evaluation, seeding, naming) and
-# beta (a per-cell array): epoch_config resets them to the defaults.
+# beta (a per-cell array): epoch_config resets them to the defaults (and epoch_config's per_cell).
 _NOT_IN_EPOCH = ("seed", "num_seeds", "eval_every", "eval_episodes", "beta", "dyn_lr",
                  "dyn_batch_size", "dyn_holdout_ratio", "dyn_max_holdout", "dyn_improvement",
                  "dyn_patience", "dyn_max_epochs", "dyn_checkpoint_every_s")
 
 
-def epoch_config(config):
-  """config with the fields the compiled epoch never reads set to fixed values: cells whose
-  configs give the same epoch_config can share one compiled program."""
+def epoch_config(config, per_cell=()):
+  """config with the fields the compiled epoch never reads set to fixed values, and those of
+  per_cell the cells carry (but rollout_length: the program's is the longest cell's) too: cells
+  whose configs give the same epoch_config can share one compiled program."""
   defaults = type(config)()
+  reset = _NOT_IN_EPOCH + tuple(f for f in _settings(per_cell) if f != "rollout_length")
   return dataclasses.replace(config, env=config.env_name + "-random",  # only the env is read
-                             **{k: getattr(defaults, k) for k in _NOT_IN_EPOCH})
+                             **{k: getattr(defaults, k) for k in reset})
 
 
 _P = jax.sharding.PartitionSpec
@@ -285,8 +367,8 @@ def _over_cells(per_device, in_specs, out_specs):
 
 
 @functools.lru_cache(maxsize=16)
-def _cells_epoch(config):
-  return _over_cells(jax.vmap(make_epoch(config), in_axes=(0, None, 0, 0)), _EPOCH_SPECS,
+def _cells_epoch(config, per_cell):
+  return _over_cells(jax.vmap(make_epoch(config, per_cell), in_axes=(0, None, 0, 0)), _EPOCH_SPECS,
                      (_P(CELL_AXIS), _P(CELL_AXIS)))
 
 
@@ -302,8 +384,8 @@ def _per_cell(metrics: dict) -> dict:
 
 # The cache key needs no cell count: the jitted function specialises on its arguments' shapes.
 @functools.lru_cache(maxsize=16)
-def _cells_chunk(config, max_epochs):
-  vepoch = jax.vmap(make_epoch(config), in_axes=(0, None, 0, 0))
+def _cells_chunk(config, max_epochs, per_cell):
+  vepoch = jax.vmap(make_epoch(config, per_cell), in_axes=(0, None, 0, 0))
   fold = jax.vmap(jax.random.fold_in, in_axes=(0, None))
 
   # jit: the eval_shape below and the loop body then share one trace of the epoch (jit's trace

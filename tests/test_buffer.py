@@ -93,20 +93,52 @@ def test_sample_only_filled_slots(jitted):
 def test_sample_mixed_ratio_and_empty_buffer():
   real = _rows(-np.arange(1, 51))       # real rows have negative ids
   buf = buffer.init_ring(64, S, A)
-  mixed = jax.jit(buffer.sample_mixed, static_argnums=(3, 4))
-  out = mixed(real, buf, jax.random.PRNGKey(1), 40, 0.25)
+  mixed = jax.jit(buffer.sample_mixed, static_argnums=3)
+  out = mixed(real, buf, jax.random.PRNGKey(1), 40, buffer.real_rows(40, 0.25))
   assert out.reward.shape == (40,)
   assert np.all(np.asarray(out.reward) < 0)       # empty ring -> all real
   buf = buffer.add(buf, _rows(np.arange(1, 11)), jnp.ones(10, bool))
-  out = mixed(real, buf, jax.random.PRNGKey(2), 40, 0.25)
+  out = mixed(real, buf, jax.random.PRNGKey(2), 40, 10)
   r = np.asarray(out.reward)
   assert np.sum(r < 0) == 10 and np.all(r[:10] < 0) and np.all((r[10:] >= 1) & (r[10:] <= 10))
-  out = mixed(real, buf, jax.random.PRNGKey(3), 40, 1.0)
+  out = mixed(real, buf, jax.random.PRNGKey(3), 40, 40)
   assert np.all(np.asarray(out.reward) < 0)
-  out = mixed(real, buf, jax.random.PRNGKey(3), 40, 0.0)
+  out = mixed(real, buf, jax.random.PRNGKey(3), 40, 0)
   assert np.all(np.asarray(out.reward) > 0)
   with pytest.raises(ValueError, match="real_ratio"):
-    buffer.sample_mixed(real, buf, jax.random.PRNGKey(0), 8, 1.5)
+    buffer.real_rows(8, 1.5)
+  assert buffer.real_rows(256, 0.05) == 12 and buffer.real_rows(256, 0.5) == 128
+
+
+def test_sample_mixed_with_a_traced_real_count_is_the_split_draw():
+  """n_real traced (cells of one program mix differently): the batch is exactly n_real real draws
+  and batch - n_real ring draws, as drawing those counts alone (partitionable threefry)."""
+  real = _rows(-np.arange(1, 51))
+  buf = buffer.add(buffer.init_ring(64, S, A), _rows(np.arange(1, 31)), jnp.ones(30, bool))
+  key = jax.random.PRNGKey(7)
+  per_cell = jax.jit(jax.vmap(buffer.sample_mixed, in_axes=(None, None, None, None, 0)),
+                     static_argnums=3)
+  counts = [0, 2, 20, 40]
+  outs = per_cell(real, buf, key, 40, jnp.asarray(counts, jnp.int32))
+  k_real, k_syn = jax.random.split(key)
+  for out, n in zip(outs.reward, counts):
+    want_real = real.reward[jax.random.randint(k_real, (n,), 0, 50)]
+    want_syn = buffer.sample(buf, k_syn, 40 - n).reward
+    np.testing.assert_array_equal(out, np.concatenate([want_real, want_syn]))
+
+
+def test_a_capacity_below_the_rings_wraps_there():
+  """buffer.add with a (traced) capacity: a smaller ring inside a larger one, the rest untouched."""
+  big = buffer.init_ring(10, S, A)
+  add = jax.jit(buffer.add)
+  small = buffer.init_ring(4, S, A)
+  for ids in (np.arange(1, 4), np.arange(4, 7), np.arange(7, 13)):
+    rows, mask = _rows(ids), jnp.asarray(ids % 5 != 0)
+    big = add(big, rows, mask, jnp.int32(4))
+    small = add(small, rows, mask)
+    np.testing.assert_array_equal(big.data.reward[:4], small.data.reward)
+    np.testing.assert_array_equal(big.data.reward[4:], 0)
+    assert int(big.ptr) == int(small.ptr) and int(big.count) == int(small.count) <= 4
 
 
 def test_vmaps_over_seeds():

@@ -55,7 +55,7 @@ def test_stack_pads_with_nan_and_sampling_stays_inside_each_dataset():
   assert stacked.obs.shape == (2, 50, 2) and sizes.tolist() == [50, 7]
   assert np.isnan(stacked.reward[1, 7:]).all() and not np.isnan(stacked.reward[1, :7]).any()
   ring = buffer.init_ring(4, 2, 1)                 # empty: every row of a batch is real
-  sample = jax.jit(lambda k, d, n: buffer.sample_mixed(stacked, ring, k, 64, 0.5, d, n))
+  sample = jax.jit(lambda k, d, n: buffer.sample_mixed(stacked, ring, k, 64, 32, d, n))
   for seed in range(20):
     rows = sample(jax.random.PRNGKey(int(rng.integers(1 << 30))), 1, 7)
     np.testing.assert_array_equal(rows.reward, 2.0)     # only dataset 1's own 7 rows
@@ -64,10 +64,18 @@ def test_stack_pads_with_nan_and_sampling_stays_inside_each_dataset():
 
 
 def test_groups_that_cannot_share_a_program_are_refused(tmp_path):
-  with pytest.raises(UserError, match="auto_alpha"):       # hopper-medium: fixed alpha 0.2
+  with pytest.raises(UserError, match="buffer_retain_epochs"):    # the mixed datasets
     groups_lib.check_groups(groups_lib.plan_groups("hopper-random", "mombo", "tiny", {},
-                                           ["hopper-random", "hopper-medium"], None,
+                                           ["hopper-random", "hopper-random-medium-1pct"], None,
                                            root=str(tmp_path)))
+  # An env's four D4RL datasets differ in settings each cell carries (train.CELL_SETTINGS):
+  # one program per algorithm.
+  for env in config_lib.ENVS:
+    for algo in config_lib.ALGOS:
+      groups_lib.check_groups(groups_lib.plan_groups(
+          f"{env}-random", algo, "paper", {},
+          [f"{env}-{q}" for q in ("random", "medium", "medium-replay", "medium-expert")], None,
+          root=str(tmp_path)))
   with pytest.raises(UserError, match="repeat"):
     _groups(tmp_path, ["hopper-random"], [1.0, 1.0])
   # Betas alone differ: one program.
@@ -118,6 +126,38 @@ def test_grid_cells_equal_single_runs_and_resume_alone(datasets, tmp_path):
                                                    jax.tree.leaves(b.critic.params)))
   for g in groups + [alone]:
     assert Workdir(g.workdir).finished()
+
+
+@pytest.mark.slow
+def test_groups_of_an_envs_datasets_settings_train_as_their_single_runs(datasets, tmp_path):
+  """Groups differing in what an env's D4RL datasets differ in (rollout length 5 vs 1, real ratio
+  0.05 vs 0.5, learned vs fixed alpha: train.CELL_SETTINGS, each cell reads its own) train in one
+  program, stopped after one of two epochs. Each workdir then resumes alone (the k=1 group's
+  checkpoint holds its own, shorter ring: what a plain run of it saves) and equals a single run.
+
+  Two groups, one differing in all three settings: one grid compile and one plain-run compile per
+  group (the first group's is test_grid_cells_equal_single_runs_and_resume_alone's)."""
+  dyn_dir = str(tmp_path / "dynamics")       # the settings leave the dynamics alike: train once
+  variants = {"paper": {}, "other": dict(rollout_length=1, real_ratio=0.5, auto_alpha=False)}
+  groups = [groups_lib.Group(config_lib.make_config("hopper-random", "mombo", "tiny",
+                                                    **dict(TINY, beta=3.0, **kw)),
+                             SHORT, str(tmp_path / "grid" / name), dyn_dir)
+            for name, kw in variants.items()]
+  groups_lib.check_groups(groups)
+  assert runner.train_grid(groups, stop_after=1) == [None] * 2
+  short = groups[1].config
+  state, _ = Workdir(groups[1].workdir).restore(Workdir(groups[1].workdir).state_template(short))
+  assert state.buffer.data.reward.shape == (1, short.synthetic_capacity)
+  assert short.synthetic_capacity < groups[0].config.synthetic_capacity
+  for g, name in zip(groups, variants):
+    assert runner.train(g.config, g.dataset, g.workdir, g.dynamics_dir) is not None  # alone
+    single = str(tmp_path / "single" / name)
+    runner.train(g.config, g.dataset, single, g.dynamics_dir)
+    # Same data, keys and settings; vmap widths differ (2 cells vs 1), so XLA may fuse differently.
+    for a, b in zip(jax.tree.leaves(_agent(g.workdir)), jax.tree.leaves(_agent(single)),
+                    strict=True):
+      np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5, err_msg=name)
+  assert float(np.asarray(_agent(groups[1].workdir).log_alpha.params["log_alpha"])[0]) == 0.0
 
 
 def test_the_log_names_the_variant_and_every_beta_of_a_grid():

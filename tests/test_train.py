@@ -208,3 +208,44 @@ def test_a_diverged_seed_stays_frozen_through_a_chunk(cfg, real, chunk_fn, chunk
                      jax.tree.map(lambda x: x[1], chunked["two"][0].agent))
   np.testing.assert_array_equal(state.epoch, [2, 2])
   assert np.all(np.isfinite(metrics["critic_loss"][:2, 1]))
+
+
+def test_cells_differing_in_their_datasets_settings_train_as_their_single_programs(cfg, real):
+  """One program over cells whose configs differ in rollout length (2 vs 1), real ratio and
+  auto_alpha (train.CELL_SETTINGS, read per cell): each cell ends where a plain program of its
+  own config ends, its ring in the first capacity(config, k) slots of the program's."""
+  import dataclasses
+  configs = [cfg, dataclasses.replace(cfg, rollout_length=1),
+             dataclasses.replace(cfg, real_ratio=0.5), dataclasses.replace(cfg, auto_alpha=False)]
+  per_cell = train_lib.per_cell_settings(configs)
+  assert per_cell == train_lib.CELL_SETTINGS
+  assert len({train_lib.epoch_config(c, per_cell) for c in configs[:1] + configs[2:]}) == 1
+  n = len(configs)
+  keys = jax.random.split(jax.random.PRNGKey(3), n)
+  one = dynamics.init_state(jax.random.PRNGKey(1), S_DIM, A_DIM, cfg)
+  dyn = lambda c: jax.tree.map(lambda x: jnp.stack([x] * c), one)  # noqa: E731
+  stacked = jax.tree.map(lambda x: x[None], real)
+  program = train_lib.make_cells_chunk(cfg, n, 2, per_cell)       # cfg: the longest rollout
+  grid, metrics = program(train_lib.init_cells(keys, cfg, real, dyn(n)), stacked, keys,
+                          train_lib.make_cells(np.zeros(n), N, configs), 0, 2)
+  grid, metrics = _host((grid, metrics))
+  for i, c in enumerate(configs):
+    alone, alone_metrics = _host(train_lib.make_cells_chunk(c, 1, 2)(
+        train_lib.init_cells(keys[i:i + 1], c, real, dyn(1)), stacked, keys[i:i + 1],
+        train_lib.make_cells(np.zeros(1), N, c), 0, 2))
+    cell = train_lib.resize_rings(jax.tree.map(lambda x, i=i: x[i:i + 1], grid),
+                                  c.synthetic_capacity)
+    assert cell.buffer.count.tolist() == alone.buffer.count.tolist()
+    assert cell.buffer.ptr.tolist() == alone.buffer.ptr.tolist()
+    np.testing.assert_array_equal(grid.buffer.data.reward[i, c.synthetic_capacity:], 0.0)
+    # Same keys and data; the vmap widths differ (4 cells vs 1), so XLA may fuse differently.
+    # (Leaves: the configs' optimiser objects differ, static fields of the trees.)
+    for a, b in zip(jax.tree.leaves(cell), jax.tree.leaves(alone), strict=True):
+      np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+    for name in ("rollout/num_added", "rollout/length", "rollout/reward", "alpha", "alpha_loss",
+                 "critic_loss"):
+      np.testing.assert_allclose(metrics[name][:, i], alone_metrics[name][:, 0], rtol=2e-4,
+                                 atol=2e-5, err_msg=f"{name} of cell {i}")
+  assert np.all(metrics["alpha"][:, 3] == np.float32(cfg.alpha))
+  assert np.all(metrics["alpha_loss"][:, 3] == 0.0)
+  assert metrics["rollout/length"][0, 1] <= 1.0 < metrics["rollout/length"][0, 0]

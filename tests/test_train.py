@@ -212,14 +212,15 @@ def test_a_diverged_seed_stays_frozen_through_a_chunk(cfg, real, chunk_fn, chunk
 
 def test_cells_differing_in_their_datasets_settings_train_as_their_single_programs(cfg, real):
   """One program over cells whose configs differ in rollout length (2 vs 1), real ratio and
-  auto_alpha (train.CELL_SETTINGS, read per cell): each cell ends where a plain program of its
-  own config ends, its ring in the first capacity(config, k) slots of the program's."""
+  auto_alpha (train.CELL_SETTINGS, read per cell; one cell differs in all three, which costs
+  three compiles instead of five): each cell ends where a plain program of its own config ends,
+  its ring in the first capacity(config, k) slots of the program's."""
   import dataclasses
-  configs = [cfg, dataclasses.replace(cfg, rollout_length=1),
-             dataclasses.replace(cfg, real_ratio=0.5), dataclasses.replace(cfg, auto_alpha=False)]
+  configs = [cfg, dataclasses.replace(cfg, rollout_length=1, real_ratio=0.5, auto_alpha=False)]
   per_cell = train_lib.per_cell_settings(configs)
   assert per_cell == train_lib.CELL_SETTINGS
-  assert len({train_lib.epoch_config(c, per_cell) for c in configs[:1] + configs[2:]}) == 1
+  assert train_lib.epoch_config(configs[1], per_cell) == train_lib.epoch_config(
+      dataclasses.replace(cfg, rollout_length=1), per_cell)
   n = len(configs)
   keys = jax.random.split(jax.random.PRNGKey(3), n)
   one = dynamics.init_state(jax.random.PRNGKey(1), S_DIM, A_DIM, cfg)
@@ -246,6 +247,6 @@ def test_cells_differing_in_their_datasets_settings_train_as_their_single_progra
                  "critic_loss"):
       np.testing.assert_allclose(metrics[name][:, i], alone_metrics[name][:, 0], rtol=2e-4,
                                  atol=2e-5, err_msg=f"{name} of cell {i}")
-  assert np.all(metrics["alpha"][:, 3] == np.float32(cfg.alpha))
-  assert np.all(metrics["alpha_loss"][:, 3] == 0.0)
+  assert np.all(metrics["alpha"][:, 1] == np.float32(cfg.alpha))
+  assert np.all(metrics["alpha_loss"][:, 1] == 0.0) and np.all(metrics["alpha_loss"][:, 0] != 0.0)
   assert metrics["rollout/length"][0, 1] <= 1.0 < metrics["rollout/length"][0, 0]

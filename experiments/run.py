@@ -86,6 +86,11 @@ def define_flags():
                     ".[tensorboard]), wandb (one W&B run per seed under <workdir>/wandb/, offline "
                     "unless WANDB_MODE or WANDB_API_KEY is set: upload with `wandb sync`; needs "
                     "pip install -e .[wandb]). E.g. --log=tensorboard,wandb.")
+  flags.DEFINE_integer("eval_workers", 0, "Processes stepping the evaluation envs (every cell's "
+                       "episodes, in one pass); 0: auto, in the training process below 8 envs, "
+                       "else one per 2 envs up to the host's cores (1 cell x 10 episodes: 5; 16 "
+                       "or 48 cells on a 16-core host: 16); 1: in the training process. Changes "
+                       "no result, only the time (benchmarks/bench_eval.txt).", lower_bound=0)
   flags.DEFINE_integer("stop_after", None, "Stop after this many epochs of this launch (e.g. to fit "
                        "a job time limit); the same command resumes.")
 
@@ -138,7 +143,7 @@ def main(argv):
                  keep=FLAGS.keep_checkpoints, stop_after=FLAGS.stop_after, download=FLAGS.download,
                  require_full=preset.require_full and not FLAGS.allow_small_dataset,
                  allow_epochs_change=FLAGS.allow_epochs_change, should_stop=stop,
-                 log_to=FLAGS.log)
+                 log_to=FLAGS.log, eval_workers=FLAGS.eval_workers)
   try:
     if grid:
       try:

@@ -3,17 +3,23 @@ PRNG keys, Python scalars, leading seed axes) as Orbax CheckpointManager steps, 
 
 Every checkpoint (a run's: `RunCheckpointer`, keep-N numbered steps; the dynamics ensembles and
 their unfinished training; the collector's SAC state) is a step folder `<dir>/<n>/` of two items:
-  state/  the tree, written by Orbax's StandardSave from host copies of its arrays (typed PRNG keys
-          Orbax stores as key data plus their impl)
+  state/  the tree, written by Orbax's StandardSave: whole arrays from host copies; arrays split
+          over devices (a launch's cell-sharded state) as they are, each process writing the
+          shards on its own devices, nothing gathered (typed PRNG keys Orbax stores as key data
+          plus their impl)
   meta/   JSON: format tag, kind, the caller's metadata and a manifest of every leaf: path, shape,
-          dtype, weakly typed or not, CRC32 of its bytes (of its key data for a typed key), key impl
+          dtype, weakly typed or not, CRC32 of its bytes (of its key data for a typed key), key
+          impl. A leaf split over devices has instead of one CRC32 a list of [block, CRC32], one
+          per distinct shard (block: [start, stop] per dim), each computed by a process holding
+          it and shared in one allgather of the CRC table (format /4; without such leaves /3)
 Orbax gives the atomic commit (a step is written to a temporary folder and renamed into place; a
 killed write leaves no step behind), keep-N and the latest step.
 
 Why the CRC32s: Orbax does not notice every corruption. A byte flipped inside a stored chunk
 restores silently as wrong numbers (tests/test_checkpoint.py shows it with Orbax alone); truncated
 or missing chunks do raise, deep inside tensorstore. Checking every leaf read against the manifest
-turns both into one `CorruptCheckpointError` naming the step and the leaf.
+(per shard where it lists shards) turns both into one `CorruptCheckpointError` naming the step,
+the leaf and the shard.
 
 Templates: a pytree like the one saved, of concrete arrays or jax.ShapeDtypeStructs (jax.eval_shape
 of the init function). It is checked against the manifest first, so every structure, shape and
@@ -21,10 +27,12 @@ dtype difference is listed before any array is read (Orbax alone would cast dtyp
 Weakly typed leaves (Python scalars) may change width, not kind: TrainState.create's step=0 is int32
 under eval_shape, int64 when saved. Orbax's StandardRestore then reads into the template's structure
 and node types (static fields such as apply_fn come from the template), every array to the host in
-its saved dtype, so that the CRC sees the saved bytes; each leaf is then placed as the template has
-it: on its sharding, on the default device for a ShapeDtypeStruct without one, numpy for numpy,
-Python scalar for Python scalar, typed key for typed key. `partial=True` reads only the leaves of a
-template that is a sub-tree of the saved one, e.g. the actor's parameters (Orbax's partial restore).
+its saved dtype (every process reads all of each leaf it restores, whoever wrote it: a checkpoint
+of 2 processes resumes in 1), so that the CRC sees the saved bytes; each leaf is then placed as
+the template has it: on its sharding, on the default device for a ShapeDtypeStruct without one,
+numpy for numpy, Python scalar for Python scalar, typed key for typed key. `partial=True` reads
+only the leaves of a template that is a sub-tree of the saved one, e.g. the actor's parameters
+(Orbax's partial restore).
 Without a template: Orbax's own form, nested dicts (custom nodes as dicts of their fields) and lists
 (tuples) of numpy arrays, Python scalars and typed key arrays.
 """
@@ -34,6 +42,7 @@ import dataclasses
 import errno
 import glob
 import json
+import math
 import os
 import shutil
 import warnings
@@ -44,7 +53,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+# What the meta item's manifest holds per leaf: /3 one CRC32 of the whole leaf; /4 (written when
+# some leaf is split over devices) also, for such leaves, a CRC32 per shard. Both are read.
 FORMAT = "mombo_jax.checkpoint/3"
+FORMAT_SHARDED = "mombo_jax.checkpoint/4"
+READ_FORMATS = (FORMAT, FORMAT_SHARDED)
 _MAX_LISTED = 10          # differences listed in an error message before "... and N more"
 _SCALARS = (bool, int, float)
 _LEAF_TYPES = (jax.Array, np.ndarray, np.generic) + _SCALARS
@@ -82,6 +95,11 @@ def _fmt(path) -> str:
   return "/".join(path) or "<root>"
 
 
+def _fmt_block(block) -> str:
+  """A shard's block as numpy would index it: "0:2, 0:100, 0:11"."""
+  return ", ".join(f"{lo}:{hi}" for lo, hi in block)
+
+
 def _is_key(x) -> bool:
   return jax.dtypes.issubdtype(getattr(x, "dtype", np.float32), jax.dtypes.prng_key)
 
@@ -112,8 +130,63 @@ def _json_default(obj):
   raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
+def _whole(x) -> bool:
+  """Whether every process holds all of leaf x: its CRC is then of the whole leaf, from a host
+  copy (numpy, Python scalars, one device or copies on every device of a single process, copies
+  on devices of every process). Else (split over devices, or on another process's device) it is
+  recorded per shard. Decided from the sharding alone, so every process decides alike."""
+  if not isinstance(x, jax.Array):
+    return True
+  if not x.sharding.is_fully_replicated:
+    return False
+  return jax.process_count() == 1 or len({d.process_index for d in x.sharding.device_set}) == \
+      jax.process_count()
+
+
+def _index(index, shape) -> tuple:
+  """((start, stop) per dim) of a shard's index (a tuple of slices)."""
+  return tuple(sl.indices(n)[:2] for sl, n in zip(index, shape))
+
+
+def _shard_crcs(x) -> list:
+  """[[[start, stop] per dim], CRC32 of that block's bytes] for each distinct block of the shards
+  of jax.Array x (by start), the CRC -1 where none of its copies is on this process's devices."""
+  blocks = sorted({_index(i, x.shape) for i in x.sharding.devices_indices_map(x.shape).values()})
+  local = {}
+  for shard in x.addressable_shards:          # one device-to-host copy per block, block by block
+    block = _index(shard.index, x.shape)
+    if block not in local:
+      local[block] = _crc(_host(shard.data))
+  return [[[list(dim) for dim in block], local.get(block, -1)] for block in blocks]
+
+
+def _combine(manifest: list, where: str):
+  """Fills in, on every process, the shard CRCs other processes computed (the -1s): one allgather
+  of the CRC table, a fixed-size integer array (the blocks follow from the shardings, which every
+  process knows alike)."""
+  owed = [shard for leaf in manifest if isinstance(leaf[4], list) for shard in leaf[4]]
+  if not owed:
+    return
+  # [2, n] uint32 (JAX's 32-bit default would wrap int64 CRCs): the CRCs, and 1 where computed.
+  table = np.asarray([[max(crc, 0) for _, crc in owed], [crc >= 0 for _, crc in owed]], np.uint32)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    tables = np.asarray(multihost_utils.process_allgather(table))          # [P, 2, n]
+    table = tables[np.argmax(tables[:, 1], axis=0), :, np.arange(table.shape[1])].T
+  if not table[1].all():
+    raise CheckpointError(f"Cannot checkpoint {where}: a shard of a leaf is on no process's "
+                          "devices (an array of another launch?).")
+  for shard, crc in zip(owed, table[0].tolist()):
+    shard[1] = crc
+
+
 def _encode(tree: Any, metadata: Optional[dict], kind: str, where: str):
-  """-> (the tree as Orbax writes it, the meta item). Fails before anything touches the disk."""
+  """-> (the tree as Orbax writes it, the meta item). Fails before anything touches the disk.
+
+  Whole leaves go to Orbax as host copies (one copy serves the CRC and the write); leaves split
+  over devices go as they are: Orbax writes each process's own shards, and the manifest lists a
+  CRC per distinct shard (each process computes those of its shards; _combine shares them). In a
+  multi-process run every process calls this together, with the same tree structure."""
   try:
     meta_json = json.loads(json.dumps(metadata or {}, default=_json_default))
   except (TypeError, ValueError) as e:
@@ -127,12 +200,29 @@ def _encode(tree: Any, metadata: Optional[dict], kind: str, where: str):
       raise CheckpointError(f"Cannot checkpoint leaf {_fmt(path)} of type {type(x).__name__} in "
                             f"{where}: only arrays and Python scalars are saved. Mark it "
                             "pytree_node=False or drop it.")
-    data, impl = _host(x), str(jax.random.key_impl(x)) if _is_key(x) else None
+    impl = str(jax.random.key_impl(x)) if _is_key(x) else None
+    if not _whole(x):
+      manifest.append([list(path), *_desc(x), _is_weak(x), _shard_crcs(x), impl])
+      return x
+    data = _host(x)
     manifest.append([list(path), *_desc(x), _is_weak(x), _crc(data), impl])
     # One host copy serves the CRC and Orbax; typed keys and Python scalars Orbax takes as they are.
     return x if _is_key(x) or isinstance(x, _SCALARS) else data
   tree = _map(leaf, tree)
-  return tree, dict(format=FORMAT, kind=kind, metadata=meta_json, leaves=manifest)
+  _combine(manifest, where)
+  sharded = any(isinstance(leaf[4], list) for leaf in manifest)
+  return tree, dict(format=FORMAT_SHARDED if sharded else FORMAT, kind=kind, metadata=meta_json,
+                    leaves=manifest)
+
+
+def _nbytes(leaf: list) -> int:
+  """Bytes a manifest entry's leaf holds in memory: shape x itemsize (typed keys: of their key
+  data; Python scalars: at their saved width)."""
+  _, shape, dtype, _, _, impl = leaf
+  if impl:
+    data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl)))
+    return math.prod(shape) * data.size * data.dtype.itemsize
+  return math.prod(shape) * np.dtype(dtype).itemsize
 
 
 def _manager(directory: str, keep: Optional[int], create: bool = True, cleanup: bool = True):
@@ -222,9 +312,9 @@ def _read_meta(mngr, step: int, kind: str) -> dict:
     raise CorruptCheckpointError(f"The {kind} checkpoint {step_dir} is corrupt: its meta item is "
                                  f"unreadable ({type(e).__name__}: {str(e)[:300]}). "
                                  + _fix(kind, step_dir)) from e
-  if found != FORMAT:  # not a CorruptCheckpointError: falling back to an older step would not help
+  if found not in READ_FORMATS:  # not a CorruptCheckpointError: an older step would not help
     raise CheckpointError(f"The {kind} checkpoint {step_dir} has the format {found!r}; this "
-                          f"version of mombo_jax reads {FORMAT} only. Delete "
+                          f"version of mombo_jax reads {' and '.join(READ_FORMATS)} only. Delete "
                           f"{os.path.dirname(step_dir)} to start that part again, or use the "
                           "mombo_jax version that wrote it.")
   return body
@@ -288,6 +378,9 @@ def _read_step(mngr, step: int, template: Any, kind: str, partial: bool = False)
       tree = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(
           template, fallback_sharding=jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))))
       tree = tree["state"]
+      if template is None:   # Orbax's own form: leaves saved split over devices come back numpy
+        tree = jax.tree.map(lambda x: x if _is_key(x) or not isinstance(x, jax.Array)
+                            else np.asarray(x), tree)
   except Exception as e:  # tensorstore raises many types; one clear message for all of them
     if isinstance(e, ValueError) and "do not match" in str(e):  # empty nodes: Orbax compares them
       raise mismatch([str(e).split("\nIf this mismatch")[0]]) from e
@@ -302,9 +395,14 @@ def _read_step(mngr, step: int, template: Any, kind: str, partial: bool = False)
   for p, x in got.items():
     shape, dtype, _, crc, impl = saved[p]
     data = _host(x) if impl else _host(x).astype(dtype, copy=False)  # Python scalars: saved width
-    if np.shape(x)[:len(shape)] != shape or _crc(data) != crc:
-      raise CorruptCheckpointError(f"The {kind} checkpoint {step_dir} is corrupt: leaf {_fmt(p)} "
-                                   "fails its CRC32 check (its stored bytes were altered). " + fix)
+    # A whole-leaf CRC, or one per shard as the writers held them: [[start, stop] per dim, CRC].
+    for block, want in ([[None, crc]] if isinstance(crc, int) else crc):
+      part = data if block is None else data[tuple(slice(lo, hi) for lo, hi in block)]
+      if np.shape(x)[:len(shape)] != shape or _crc(part) != want:
+        where = "" if block is None else f" in its shard [{_fmt_block(block)}]"
+        raise CorruptCheckpointError(
+            f"The {kind} checkpoint {step_dir} is corrupt: leaf {_fmt(p)} fails its CRC32 check"
+            f"{where} (its stored bytes were altered). " + fix)
   if template is None:
     return tree, body["metadata"]
 
@@ -416,6 +514,19 @@ class RunCheckpointer:
     build the template; None when there is no checkpoint."""
     step = self.latest_step() if step is None else int(step)
     return None if step is None else dict(_read_meta(self._mngr, step, self.kind)["metadata"])
+
+  def nbytes(self, template: Any = None, step: Optional[int] = None) -> tuple:
+    """(bytes of the leaves of `template`, a sub-tree of the saved state as restore(partial=True)
+    takes it (None: all of them); bytes of every leaf) of `step` (default: the latest), as held in
+    memory (shape x itemsize; typed keys: their key data), from its manifest alone: no array is
+    read. Tells what a partial restore reads of the whole."""
+    step = self.latest_step() if step is None else int(step)
+    if step is None:
+      raise CheckpointError(f"No {self.kind} checkpoint in {self.directory}.")
+    sizes = {tuple(leaf[0]): _nbytes(leaf)
+             for leaf in _read_meta(self._mngr, step, self.kind)["leaves"]}
+    total = sum(sizes.values())
+    return (total if template is None else sum(sizes.get(p, 0) for p in _leaves(template))), total
 
   def restore(self, template: Any = None, step: Optional[int] = None, partial: bool = False):
     """(state, metadata) of `step`, or of the newest valid step when step is None.

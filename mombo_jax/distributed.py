@@ -6,10 +6,12 @@ process computing the cells on its own devices. Cells never communicate, so the 
 no cross-process traffic; what crosses processes is gathered at the host boundaries only:
 
 - `to_host(tree)`: the full (all cells) numpy values of globally sharded arrays, on every process
-  (metrics once per epoch, actor parameters for evaluation, the state at a checkpoint);
+  (metrics once per epoch, actor parameters for evaluation);
 - `agree(flag)`: one stop decision for all (a signal may reach only some processes);
 - process 0 (`is_main`) evaluates, logs and writes the outputs; checkpoints are written through
-  Orbax's own multi-process protocol (every process calls save, the primary process writes).
+  Orbax's own multi-process protocol, not gathered: every process calls save with the global
+  arrays (train.take_cells) and writes the shards on its own devices; the per-shard CRC32s are
+  shared in one small allgather (checkpoint.py).
 
 Joining is bounded (`initialize`): each process says what it waits for, gives up after a timeout
 with one line naming the address and the processes expected, and honours SIGINT / SIGTERM while

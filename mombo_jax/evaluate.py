@@ -1,6 +1,7 @@
 """Evaluation in the real environment: the deterministic policy tanh(mean) of every seed's actor,
-all seeds x episodes environments stepped together, one jitted policy call per time step. A run
-builds its envs once (Evaluator) and reuses them for every evaluation.
+all seeds x episodes environments stepped together (over worker processes: env_pool), one jitted
+policy call per time step for all of them. A launch builds its envs once (Evaluator) and reuses
+them for every evaluation; all its cells are evaluated in one pass (group_run.evaluate_all).
 
 Returns are undiscounted sums of the environment's rewards up to termination or the time limit;
 `scores.normalized_score` turns them into D4RL-normalised scores and `aulc` averages those over a
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax import envs
+from mombo_jax import env_pool, envs
 from mombo_jax.config import Config
 from mombo_jax.critics import TanhGaussianActor, deterministic_action
 
@@ -55,65 +56,80 @@ def env_seeds(seed: int, num_seeds: int, episodes: int) -> np.ndarray:
 
 
 class Evaluator:
-  """The S x episodes evaluation envs of a run, built once and reused by every evaluation.
+  """The S x episodes evaluation envs of a run (or of a launch's cells), built once and reused by
+  every evaluation.
 
   Every evaluation resets each env with its own seed (env_seeds), which restores the whole MuJoCo
   state and the env's RNG, so a reused set gives the returns a fresh one would. Close it when done
   (or use it as a context manager).
 
   config: for the actor's shape; env_name: short env ('hopper') or dataset name ('hopper-random',
-  a Minari id); num_seeds S and episodes: the shape of every evaluation; max_episode_steps: time
-  limit override (tests), None keeps the env's own (1000 for MuJoCo).
+  a Minari id); num_seeds S (policies, e.g. every cell of a launch) and episodes: the shape of
+  every evaluation; max_episode_steps: time limit override (tests), None keeps the env's own (1000
+  for MuJoCo); workers: processes stepping the envs (env_pool.EnvPool: 1 steps them in this
+  process; 0 picks env_pool.auto_workers(S x episodes)). The returns do not depend on `workers`.
   """
 
   def __init__(self, config: Config, env_name: str, num_seeds: int, episodes: int,
-               max_episode_steps: Optional[int] = None):
-    import gymnasium as gym
-
+               max_episode_steps: Optional[int] = None, workers: int = 1):
     if episodes < 1:
       raise ValueError(f"episodes must be >= 1, got {episodes}.")
     if max_episode_steps is not None and max_episode_steps < 1:
       raise ValueError(f"max_episode_steps must be >= 1 or None, got {max_episode_steps}.")
+    if workers < 0:
+      raise ValueError(f"workers must be >= 0 (0: auto), got {workers}.")
     self.num_seeds, self.episodes = int(num_seeds), int(episodes)
+    num_envs = self.num_seeds * self.episodes
     first = envs.make_env(env_name, max_episode_steps=max_episode_steps)
     self.horizon = max_episode_steps or first.spec.max_episode_steps
     if self.horizon is None:
       first.close()
       raise ValueError(f"{env_name}: the env has no time limit; pass max_episode_steps.")
     # The rest are clones of the first from its spec (cheap even when the first came from a
-    # dataset).
-    fns = [lambda: first] + [lambda: gym.make(first.spec)] * (self.num_seeds * episodes - 1)
-    self.envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-    space = self.envs.single_action_space
+    # dataset), stepped in this process or in worker processes.
+    self.pool = env_pool.EnvPool(first, num_envs, workers or env_pool.auto_workers(num_envs))
+    space = self.pool.action_space
     self._action_shape = space.shape
     self._policy = _policy_fn(tuple(config.actor_hidden), int(np.prod(space.shape)),
                               float(config.log_std_min), float(config.log_std_max))
 
-  def run(self, actor_params: Any, seed: int) -> np.ndarray:
+  @property
+  def workers(self) -> int:
+    return self.pool.workers
+
+  def run(self, actor_params: Any, seed) -> np.ndarray:
     """Undiscounted returns [S, episodes] (float64) of the deterministic policy of every seed.
 
     actor_params: the actor's variables ({"params": ...}, as in agent.actor.params) or its bare
       params, every leaf with a leading seed axis S.
-    seed: env (s, e) is reset with env_seeds(seed, S, episodes)[s, e]; same seed, same returns.
-    Episodes end at termination or truncation; later steps of a finished env are not counted (the
-    vector env auto-resets it, and that new episode is ignored).
+    seed: an int: env (s, e) is reset with env_seeds(seed, S, episodes)[s, e]; or those reset
+      seeds themselves, int [S, episodes] (several runs evaluated together, each with its own
+      seeds: group_run.evaluate_all). Same seeds, same returns.
+    Episodes end at termination or truncation; a finished env is not stepped again.
     """
     num_seeds = _num_seeds(actor_params)
     if num_seeds != self.num_seeds:
       raise ValueError(f"This Evaluator holds envs for {self.num_seeds} seed(s); actor_params has "
                        f"{num_seeds}. Build an Evaluator per seed count.")
-    variables = actor_params if "params" in actor_params else {"params": actor_params}
     episodes, num_envs = self.episodes, self.num_seeds * self.episodes
-    obs, _ = self.envs.reset(seed=[int(s) for s in env_seeds(seed, num_seeds, episodes).ravel()])
+    if np.ndim(seed) == 0:
+      reset_seeds = env_seeds(seed, num_seeds, episodes)
+    else:
+      reset_seeds = np.asarray(seed)
+      if reset_seeds.shape != (num_seeds, episodes):
+        raise ValueError(f"reset seeds must have shape [S, episodes] = {(num_seeds, episodes)}, "
+                         f"got {reset_seeds.shape}.")
+    variables = actor_params if "params" in actor_params else {"params": actor_params}
+    space = self.pool.action_space
+    obs = self.pool.reset(reset_seeds.ravel())
     returns = np.zeros(num_envs, np.float64)
     alive = np.ones(num_envs, bool)
     for _ in range(self.horizon):
       obs_in = jnp.asarray(obs.reshape(num_seeds, episodes, -1), jnp.float32)
       action = np.asarray(self._policy(variables, obs_in)).reshape(num_envs, *self._action_shape)
-      stepped = envs.step(self.envs, action)
-      obs = stepped.next_obs
-      returns += np.where(alive, stepped.reward, 0.0)
-      alive &= ~(stepped.terminated | stepped.truncated)
+      obs, reward, terminated, truncated = self.pool.step(envs.to_env_action(action, space), alive)
+      returns += np.where(alive, reward, 0.0)
+      alive &= ~(terminated | truncated)
       if not alive.any():
         break
     out = returns.reshape(num_seeds, episodes)
@@ -121,7 +137,8 @@ class Evaluator:
     return out
 
   def close(self):
-    self.envs.close()
+    """Closes the envs (ends the worker processes). Safe to call twice."""
+    self.pool.close()
 
   def __enter__(self):
     return self
@@ -131,7 +148,7 @@ class Evaluator:
 
 
 def run(actor_params: Any, config: Config, env_name: str, episodes: int, seed: int,
-        max_episode_steps: Optional[int] = None) -> np.ndarray:
+        max_episode_steps: Optional[int] = None, workers: int = 1) -> np.ndarray:
   """Undiscounted returns [S, episodes] (float64) of the deterministic policy of every seed, in
   envs built for this call alone (a run's repeated evaluations reuse an Evaluator instead).
 
@@ -140,7 +157,7 @@ def run(actor_params: Any, config: Config, env_name: str, episodes: int, seed: i
   if episodes < 1:
     raise ValueError(f"episodes must be >= 1, got {episodes}.")
   num_seeds = _num_seeds(actor_params)
-  with Evaluator(config, env_name, num_seeds, episodes, max_episode_steps) as evaluator:
+  with Evaluator(config, env_name, num_seeds, episodes, max_episode_steps, workers) as evaluator:
     return evaluator.run(actor_params, seed)
 
 

@@ -1,7 +1,8 @@
 """One group (workdir) of a launch on the host: its record during training (GroupRun: metrics
 rows, the overestimation watch, diverged seeds, the evaluator, the loggers) and what the training
 loop (runner.loop) does with it: watch each epoch's metrics, evaluate, log progress, and finish
-(summary.json, the curve).
+(summary.json, the curve). A launch evaluates all its groups in one pass (evaluate_all: one set of
+envs for every cell, stepped over the host's cores).
 """
 from __future__ import annotations
 
@@ -76,16 +77,62 @@ def open_loggers(r: GroupRun, start: int):
     r.loggers.open(r.group.workdir, r.workdir.read_record(), r.seeds, r.rows, start, log=log)
 
 
-def evaluate(r: GroupRun, actors, last, done):
-  """Evaluates group r's actors (`actors`: every cell's actor parameters on the host) and appends
-  its metrics.csv rows (and hands them to r.loggers); last: the epoch's metrics {name: [C]}. Sets
-  r.scores [S, episodes]."""
+def evaluate(r: GroupRun, actors, last, done, workers=1):
+  """Evaluates group r's actors alone (`actors`: every cell's actor parameters on the host) and
+  appends its metrics.csv rows (and hands them to r.loggers); last: the epoch's metrics {name:
+  [C]}. Sets r.scores [S, episodes]. The training loop evaluates all groups at once
+  (evaluate_all), which gives each group these very returns."""
   import jax
-  from mombo_jax import evaluate as evaluate_lib, scores
+  from mombo_jax import evaluate as evaluate_lib
   c = r.config
   if r.evaluator is None:                  # built at the first evaluation, reused after
-    r.evaluator = evaluate_lib.Evaluator(c, c.env_name, c.num_seeds, c.eval_episodes)
-  returns = r.evaluator.run(jax.tree.map(lambda x: x[r.cells], actors), seed=10_000 * c.seed + done)
+    r.evaluator = evaluate_lib.Evaluator(c, c.env_name, c.num_seeds, c.eval_episodes,
+                                         workers=workers)
+  returns = r.evaluator.run(jax.tree.map(lambda x: x[r.cells], actors), seed=eval_seed(r, done))
+  record(r, returns, last, done)
+
+
+def evaluate_all(runs, actors, last, done, workers=0):
+  """Evaluates every group's actors in one pass and appends each group's metrics.csv rows, as
+  `evaluate` does group by group: one Evaluator (one set of envs over `workers` processes, 0:
+  env_pool.auto_workers) for all the launch's cells x episodes, built at the first evaluation and
+  shared by the groups (their r.evaluator; closing it twice is harmless), one policy call per time
+  step for every cell, each group's envs reset with the seeds of its own evaluation (eval_seed),
+  so each group's returns are those `evaluate` gives it. Groups with another eval_episodes get
+  their own Evaluator."""
+  import jax
+  import numpy as np
+  from mombo_jax import evaluate as evaluate_lib
+  by_episodes = {}                         # the launch's groups share one env (check_groups)
+  for r in runs:
+    by_episodes.setdefault(r.config.eval_episodes, []).append(r)
+  for episodes, same in by_episodes.items():
+    c, num_seeds = same[0].config, sum(r.config.num_seeds for r in same)
+    if same[0].evaluator is None:
+      evaluator = evaluate_lib.Evaluator(c, c.env_name, num_seeds, episodes, workers=workers)
+      for r in same:
+        r.evaluator = evaluator
+    cells = np.concatenate([np.arange(r.cells.start, r.cells.stop) for r in same])
+    seeds = np.concatenate([evaluate_lib.env_seeds(eval_seed(r, done), r.config.num_seeds,
+                                                   episodes) for r in same])
+    returns = same[0].evaluator.run(jax.tree.map(lambda x: x[cells], actors), seeds)
+    offset = 0
+    for r in same:
+      record(r, returns[offset:offset + r.config.num_seeds], last, done)
+      offset += r.config.num_seeds
+
+
+def eval_seed(r: GroupRun, done) -> int:
+  """The seed of group r's evaluation at epoch `done` (evaluate.env_seeds spreads it over the
+  group's seeds x episodes)."""
+  return 10_000 * r.config.seed + done
+
+
+def record(r: GroupRun, returns, last, done):
+  """Group r's evaluation at epoch `done`: returns [S, episodes] -> r.scores and its metrics.csv
+  rows (also handed to r.loggers); last: the epoch's metrics {name: [C]}."""
+  from mombo_jax import scores
+  c = r.config
   r.scores = scores.normalized_score(r.group.dataset, returns)   # [S, episodes]
   new = []
   for i, s in enumerate(r.seeds):

@@ -11,7 +11,13 @@ import sys
 from mombo_jax.errors import DatasetNotFoundError, Interrupted, UserError
 
 
-DEFAULT_COMPILATION_CACHE = os.path.join("~", ".cache", "mombo_jax", "jax")
+def default_compilation_cache(environ=os.environ) -> str:
+  """--compilation_cache's default: JAX's own JAX_COMPILATION_CACHE_DIR where set (one cache for
+  a shell's, or a test session's, launches), else ~/.cache/mombo_jax/jax."""
+  return environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join("~", ".cache", "mombo_jax", "jax")
+
+
+DEFAULT_COMPILATION_CACHE = default_compilation_cache()
 EXIT_DIVERGED = 3           # the run finished, but at least one seed diverged and was left out
 
 

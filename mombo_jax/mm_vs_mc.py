@@ -177,16 +177,18 @@ def plot_mm_vs_mc(result: dict, path: str, title: str = "", max_states: int = 3)
 
 # ------------------------------------------------------------------------ the experiment on a run
 
-def load_seed(run_dir: str, seed_index: int = 0, elite_rank: int = 0):
+def load_seed(run_dir: str, seed_index: int = 0, elite_rank: int = 0, log=print):
   """(the trained run, its dataset's Transitions) once the run is known to have seed
   `seed_index` and elite `elite_rank`; ValueError if not, FileNotFoundError (a
-  DatasetNotFoundError among them) for a missing run file or dataset."""
+  DatasetNotFoundError among them) for a missing run file or dataset. log: one line, what reading
+  the checkpoint read and the peak memory (TrainedRun.memory_line)."""
   trained = load_run(run_dir)
   if not 0 <= seed_index < len(trained.nets):
     raise ValueError(f"--seed_index={seed_index}: the run has {len(trained.nets)} seed(s).")
   elites = int(trained.nets[seed_index].dyn.elites.shape[0])
   if not 0 <= elite_rank < elites:
     raise ValueError(f"--elite_rank={elite_rank}: the model has {elites} elites.")
+  log(f"{run_dir}: {trained.memory_line()}")
   return trained, data.load_transitions(trained.dataset)
 
 

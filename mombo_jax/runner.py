@@ -45,7 +45,7 @@ class Program:
 
 def train(config, dataset, workdir, dynamics_dir=None, build_missing=False, build_steps=1_000_000,
           keep=3, stop_after=None, download=False, *, require_full=False,
-          allow_epochs_change=False, should_stop=None, log_to=("csv",)):
+          allow_epochs_change=False, should_stop=None, log_to=("csv",), eval_workers=0):
   """A whole run (all seeds); resumes from <workdir>/checkpoints when present. Returns the summary,
   or None when `stop_after` epochs of this call ended it early (as a preempted job would).
 
@@ -55,16 +55,18 @@ def train(config, dataset, workdir, dynamics_dir=None, build_missing=False, buil
   log_to: where the metrics go besides metrics.csv (always written; --log): names of
   loggers.KINDS, e.g. ("csv", "tensorboard", "wandb"), or "csv,tensorboard"; an unknown name or a
   logger whose package is missing is refused (UserError) before any work.
+  eval_workers: processes stepping the evaluation envs (0: env_pool.auto_workers; changes no
+  result).
   """
   return train_grid([Group(config, dataset, workdir, dynamics_dir)], build_missing, build_steps,
                     keep, stop_after, download, require_full=require_full,
                     allow_epochs_change=allow_epochs_change, should_stop=should_stop,
-                    log_to=log_to)[0]
+                    log_to=log_to, eval_workers=eval_workers)[0]
 
 
 def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_after=None,
                download=False, *, require_full=False, allow_epochs_change=False,
-               should_stop=None, log_to=("csv",)):
+               should_stop=None, log_to=("csv",), eval_workers=0):
   """Trains every cell (seed) of every group in one compiled program; each group's workdir gets
   what a plain run of that group alone writes, and resumes on its own. Returns the groups'
   summaries (None each when `stop_after` ended this launch early). Arguments as for `train`; the
@@ -72,6 +74,8 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
   launch's workdirs one group)."""
   from mombo_jax import distributed, loggers
   kinds = loggers.parse(log_to)  # before any work: unknown names, missing packages
+  if int(eval_workers) < 0:
+    raise UserError(f"eval_workers={eval_workers}: pass a number of processes >= 1, or 0 (auto).")
   held = []                      # the workdirs' locks (process 0's), released by the OS at death
   try:
     records = plan(groups, keep, stop_after, build_steps, allow_epochs_change, held)
@@ -84,7 +88,7 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
     for r in runs:               # opened by loop (process 0), once training is sure to start
       r.loggers = loggers.RunLoggers(kinds, group)
     try:
-      done = loop(runs, program, stop_after, should_stop)
+      done = loop(runs, program, stop_after, should_stop, eval_workers)
     finally:
       for r in runs:
         if r.evaluator is not None:
@@ -254,10 +258,11 @@ def chunk_length(epoch, end, eval_every, seconds_per_epoch=None) -> int:
   return max(1, min(n, int(CHUNK_SECONDS // max(seconds_per_epoch, 1e-9))))
 
 
-def loop(runs, program: Program, stop_after, should_stop) -> bool:
+def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> bool:
   """Trains from program.start to config.epochs (or stop_after epochs of this launch), evaluating
-  and checkpointing every eval_every epochs. Returns False when stop_after ended it early; raises
-  Interrupted when should_stop fired (after a checkpoint)."""
+  (all groups in one pass over `eval_workers` processes, group_run.evaluate_all) and checkpointing
+  every eval_every epochs. Returns False when stop_after ended it early; raises Interrupted when
+  should_stop fired (after a checkpoint)."""
   import jax
   import numpy as np
   from mombo_jax import checkpoint, distributed, train as train_lib
@@ -265,14 +270,11 @@ def loop(runs, program: Program, stop_after, should_stop) -> bool:
 
   def save(epoch):
     todo = [r for r in runs if r.ckpt.latest_step() != epoch]
-    # Several processes: the whole state gathered on every process, written by Orbax's primary
-    # process (every process calls save). One process: each group's slice stays on the device.
-    whole = (distributed.to_host(program.state) if todo and distributed.is_multiprocess()
-             else program.state)
     for r in todo:
-      # The group's cells with the group's own ring (what a plain run of it saves).
-      state = train_lib.resize_rings(jax.tree.map(lambda x, r=r: x[r.cells], whole),
-                                     r.config.synthetic_capacity)
+      # The group's cells with the group's own ring (what a plain run of it saves), each device
+      # keeping the cells it holds: every process writes its own shards (every process calls
+      # save; nothing is gathered).
+      state = train_lib.take_cells(program.state, r.cells, r.config.synthetic_capacity)
       try:
         r.ckpt.save(epoch, state,
                     {"epoch": epoch, "diverged": list(r.diverged.values()),
@@ -328,8 +330,8 @@ def loop(runs, program: Program, stop_after, should_stop) -> bool:
     eta = (config.epochs - epoch) * config.steps_per_epoch * program.num_cells / max(rate, 1e-9)
     actors = distributed.to_host(program.state.agent.actor.params)
     if distributed.is_main():                # process 0 evaluates and writes the outputs
+      group_run.evaluate_all(runs, actors, last, epoch, eval_workers)
       for r in runs:
-        group_run.evaluate(r, actors, last, epoch)
         group_run.log_progress(r, last, epoch, rate, eta, many)
     save(epoch)
     stop_requested(epoch)

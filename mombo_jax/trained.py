@@ -8,6 +8,7 @@ Shapes: B = states, S = obs dim, A = action dim, E = critics.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import List, Optional
 
 import flax.struct
@@ -68,30 +69,63 @@ class SeedNets:
 
 @dataclasses.dataclass
 class TrainedRun:
-  """A run read back: config, dataset, seeds, the checkpoint's epoch and per-seed networks."""
+  """A run read back: config, dataset, seeds, the checkpoint's epoch and per-seed networks; what
+  reading it cost: bytes_read of the checkpoint's bytes_total (in memory: shape x itemsize, from
+  its manifest; the partial restore skips the ring buffers and optimiser states) and the process's
+  peak resident memory after loading, peak_rss (bytes; 0: unknown)."""
   workdir: str
   config: config_lib.Config
   dataset: str
   seeds: List[int]
   epoch: int
   nets: List[SeedNets]
+  bytes_read: int = 0
+  bytes_total: int = 0
+  peak_rss: int = 0
+
+  def memory_line(self) -> str:
+    """"read 1.2 MiB of the checkpoint's 541.3 MiB (...); peak memory 812 MiB": what the
+    analyses print per run."""
+    mib = lambda n: f"{n / 2**20:.1f} MiB"  # noqa: E731
+    peak = f"; peak memory {self.peak_rss / 2**20:.0f} MiB" if self.peak_rss else ""
+    return (f"read {mib(self.bytes_read)} of the checkpoint's {mib(self.bytes_total)} (networks "
+            f"and dynamics; ring buffers and optimiser states skipped){peak}")
+
+
+def peak_rss() -> int:
+  """This process's peak resident memory so far, in bytes (0 where the platform does not say)."""
+  try:
+    import resource
+  except ImportError:                          # not on Windows
+    return 0
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return int(peak if sys.platform == "darwin" else peak * 1024)   # macOS: bytes; Linux: KiB
 
 
 def load_run(workdir: str, step: Optional[int] = None) -> TrainedRun:
   """A run's config and newest (or `step`'s) checkpoint. Raises ValueError with what is missing."""
   from mombo_jax.errors import UserError
   from mombo_jax.workdir import Workdir
+  from mombo_jax import checkpoint
   wd = Workdir(workdir)
   try:
     config, dataset = wd.read_config()
     t = wd.state_template(config)
     # The networks and the dynamics only: the ring buffers (~135 MB a seed at paper size) and
     # the optimiser states are never read.
-    part, meta = wd.restore({"agent": {"actor": {"params": t.agent.actor.params},
-                                       "critic": {"params": t.agent.critic.params},
-                                       "target_critic_params": t.agent.target_critic_params,
-                                       "log_alpha": {"params": t.agent.log_alpha.params}},
-                             "dynamics": t.dynamics}, step=step, partial=True)
+    sub = {"agent": {"actor": {"params": t.agent.actor.params},
+                     "critic": {"params": t.agent.critic.params},
+                     "target_critic_params": t.agent.target_critic_params,
+                     "log_alpha": {"params": t.agent.log_alpha.params}},
+           "dynamics": t.dynamics}
+    part, meta = wd.restore(sub, step=step, partial=True)
+    ckpt = wd.checkpointer(keep=None)
+    try:
+      bytes_read, bytes_total = ckpt.nbytes(sub, step=meta.get("step", step))
+    except checkpoint.CheckpointError as e:
+      raise UserError(str(e)) from None
+    finally:
+      ckpt.close()
   except UserError as e:
     raise ValueError(str(e)) from None
   agent = part["agent"]
@@ -106,4 +140,5 @@ def load_run(workdir: str, step: Optional[int] = None) -> TrainedRun:
                          dyn=pick(part["dynamics"])))
   return TrainedRun(workdir=workdir, config=config, dataset=dataset,
                     seeds=list(range(config.seed, config.seed + num)),
-                    epoch=int(meta.get("epoch", meta.get("step", -1))), nets=nets)
+                    epoch=int(meta.get("epoch", meta.get("step", -1))), nets=nets,
+                    bytes_read=bytes_read, bytes_total=bytes_total, peak_rss=peak_rss())

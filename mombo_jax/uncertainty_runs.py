@@ -41,7 +41,8 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
   accuracy_unscaled, tightness_unscaled, penalty_mean, penalty_unscaled_mean, bellman_error_mean
   (each seed's mean over its tuples and draws; experiments.uncertainty defines them). The arguments
   are experiments.uncertainty's flags of the same names; ValueError / FileNotFoundError (a dataset
-  not found) for what the user can fix. log: a progress line per seed."""
+  not found) for what the user can fix. log: a line per run (what reading its checkpoint read and
+  the peak memory, TrainedRun.memory_line) and a progress line per seed."""
   import dataclasses
 
   import jax
@@ -52,6 +53,7 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
   rows, datasets = [], {}
   for path in run_dirs:
     trained = load_run(path)
+    log(f"{path}: {trained.memory_line()}")
     config = trained.config
     if states == "dataset" and trained.dataset not in datasets:
       datasets[trained.dataset] = quantifier_quality.dataset_states(

@@ -4,6 +4,30 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+
+def _session_compilation_cache():
+  """One JAX persistent compilation cache per test session, shared by the xdist workers and the
+  entry points the tests launch (launch.DEFAULT_COMPILATION_CACHE reads the same variable): many
+  tests compile the same tiny programs, and a cache hit skips XLA (the suite's largest cost).
+  Set before jax is imported; removed when the session ends (pytest_unconfigure)."""
+  path = os.environ.get("MOMBO_JAX_TEST_CACHE")          # the controller's, inherited by workers
+  if path is None:
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+      return                                # the caller's own cache: left as it is
+    import tempfile
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    path = os.path.join(tempfile.gettempdir(), f"mombo_jax_test_jit_{uid}")
+  os.makedirs(path, exist_ok=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+  os.environ["MOMBO_JAX_TEST_CACHE"] = path
+
+
+_session_compilation_cache()
+# XLA's backend optimisations cost most of a tiny test program's compile and buy nothing at these
+# sizes: off for the session and the entry points it launches (what a test compares is compiled
+# under the same setting on both sides). JAX_DISABLE_MOST_OPTIMIZATIONS=0 turns them back on.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
 import pytest  # noqa: E402
 
 
@@ -35,3 +59,11 @@ def hopper_random_2000(minari_root):
   from mombo_jax import recipes
   recipes.build_random("hopper-random", steps=2000, seed=0, log_fn=lambda *a: None)
   return "hopper-random"
+
+
+def pytest_unconfigure(config):
+  """The session's compilation cache goes with the session (the controller removes it)."""
+  path = os.environ.get("MOMBO_JAX_TEST_CACHE")
+  if path and not hasattr(config, "workerinput"):
+    import shutil
+    shutil.rmtree(path, ignore_errors=True)

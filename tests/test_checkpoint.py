@@ -369,5 +369,37 @@ def test_other_format_is_refused_with_what_to_do(tmp_path):
       call()                                           # no fallback to step 1: not corruption
     assert not isinstance(info.value, ckpt.CorruptCheckpointError)
     assert "format 'mombo_jax.checkpoint/2'" in str(info.value)
-    assert f"reads {ckpt.FORMAT} only. Delete {tmp_path / 'run'}" in str(info.value)
+    assert f"reads {' and '.join(ckpt.READ_FORMATS)} only. Delete {tmp_path / 'run'}" in str(
+        info.value)
   assert runs.restore(step=1)[0]["x"].tolist() == [1.0, 1.0]
+
+
+def test_per_shard_crcs_are_checked_and_a_bad_shard_is_named(tmp_path):
+  """A leaf that was split over devices (a launch's cell-sharded state) is listed with a CRC32 per
+  shard, format /4 (tests/test_sharding.py writes such checkpoints over 4 devices): every process
+  reads the whole leaf back and checks each shard's block of it; one that fails is named."""
+  import zlib
+  w = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+  runs = ckpt.RunCheckpointer(tmp_path, keep=2)
+  runs.save(1, {"w": w, "b": np.ones(2, np.float32)})
+  blocks = [[[0, 2], [0, 3]], [[2, 4], [0, 3]]]          # two devices, two cells each
+
+  def as_sharded(crc_of):
+    def edit(body):
+      assert body["format"] == ckpt.FORMAT                  # one device: one CRC32 a leaf
+      body["format"] = ckpt.FORMAT_SHARDED
+      leaf = next(leaf for leaf in body["leaves"] if leaf[0] == ["w"])
+      leaf[4] = [[b, crc_of(b)] for b in blocks]
+    return edit
+  crc = lambda b: zlib.crc32(w[b[0][0]:b[0][1]].tobytes())  # noqa: E731
+  _edit_meta(runs.path(1), as_sharded(crc))
+  state, _ = runs.restore({"w": np.zeros((4, 3), np.float32), "b": np.zeros(2, np.float32)})
+  assert state["w"].tobytes() == w.tobytes()
+  assert runs.nbytes({"w": 0}) == (48, 56) and runs.nbytes() == (56, 56)  # shape x itemsize
+
+  _edit_meta(runs.path(1), lambda body: body.update(format=ckpt.FORMAT))
+  _edit_meta(runs.path(1), as_sharded(lambda b: crc(b) ^ (b[0][0] == 2)))  # the second shard
+  with pytest.raises(ckpt.CorruptCheckpointError,
+                     match=r"leaf w fails its CRC32 check in its shard \[2:4, 0:3\]"):
+    runs.restore(step=1)
+  runs.restore({"b": np.zeros(2, np.float32)}, step=1, partial=True)   # w is not read

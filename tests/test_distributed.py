@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from mombo_jax import config as config_lib, distributed, runner
+from mombo_jax import checkpoint, config as config_lib, distributed, runner
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -65,6 +65,16 @@ def test_two_processes_train_as_one_and_resume_in_one(hopper_random_2000, minari
   assert "sharded over 2 cpu device(s) of 2 processes, 1 per device" in outs[0], outs[0]
   assert "epoch 1/2" in outs[0] and "epoch 1/2" not in outs[1]     # process 0 alone speaks
   assert sorted(os.listdir(workdir / "checkpoints")) == ["1"]
+  # Written without a gather: each process wrote the shards on its device (its own OCDBT
+  # folder), and the manifest lists a CRC32 per shard, one seed each, for every leaf (all have
+  # the seed axis first); a gathered state would be host copies, one CRC32 a leaf.
+  step = workdir / "checkpoints" / "1"
+  body = json.loads((step / "meta" / "metadata").read_text())
+  assert body["format"] == checkpoint.FORMAT_SHARDED and len(body["leaves"]) > 50
+  for path, shape, _, _, crcs, _ in body["leaves"]:
+    assert [block[0] for block, _ in crcs] == [[0, 1], [1, 2]], path
+    assert all(block[1:] == [[0, n] for n in shape[1:]] for block, _ in crcs), path
+  assert {"ocdbt.process_0", "ocdbt.process_1"} <= set(os.listdir(step / "state"))
   # ... and resumed by ONE process: the checkpoint holds every seed, whoever wrote it.
   resumed = runner.train(config, "hopper-random", str(workdir), dynamics_dir=dyn)
   for key in ("final_normalized_score", "aulc"):

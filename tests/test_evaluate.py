@@ -1,11 +1,16 @@
-"""evaluate.py: shapes, determinism, a hand-stepped constant-action check, masking, aulc."""
+"""evaluate.py: shapes, determinism, a hand-stepped constant-action check, masking, aulc; env_pool's
+worker processes (same returns for any number, errors, no child left) and the evaluation of all a
+launch's groups at once (group_run.evaluate_all)."""
+import os
+import signal
+
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax import envs, evaluate
+from mombo_jax import env_pool, envs, evaluate
 from mombo_jax.config import make_config
 from mombo_jax.critics import TanhGaussianActor
 
@@ -22,6 +27,25 @@ def _random_params(config, num_seeds, obs_dim=HOPPER_OBS, action_dim=HOPPER_ACT,
                             config.log_std_max)
   keys = jax.random.split(jax.random.PRNGKey(seed), num_seeds)
   return jax.vmap(lambda k: actor.init(k, jnp.zeros((1, obs_dim))))(keys)
+
+
+def _numpy_params(config, num_seeds, seed=0, obs_dim=HOPPER_OBS, action_dim=HOPPER_ACT,
+                  actions=None):
+  """Random actor variables [S, ...] as numpy arrays (as the training loop hands them to
+  evaluation), made without compiling anything: Dense kernels [in, out] ~ N(0, 1 / in). With
+  `actions` [S, A]: tanh(mean) is actions[s] for every observation (as _constant_params)."""
+  rng = np.random.default_rng(seed)
+  ins = [obs_dim, *config.actor_hidden, config.actor_hidden[-1]]      # ..., mean and log-std heads
+  params = {}
+  for i, (n_in, n_out) in enumerate(zip(ins, [*config.actor_hidden, action_dim, action_dim])):
+    params[f"Dense_{i}"] = dict(
+        kernel=rng.normal(0.0, n_in ** -0.5, (num_seeds, n_in, n_out)).astype(np.float32),
+        bias=rng.normal(0.0, 0.1, (num_seeds, n_out)).astype(np.float32))
+  if actions is not None:
+    for layer in params.values():
+      layer["kernel"][:] = 0.0
+    params[f"Dense_{len(config.actor_hidden)}"]["bias"][:] = np.arctanh(actions)
+  return {"params": params}
 
 
 def _constant_params(config, actions, obs_dim):
@@ -78,18 +102,18 @@ def test_constant_action_matches_plain_gymnasium(config):
 
 
 def test_reused_evaluator_matches_fresh_envs(config):
-  """One env set for a sequence of evaluations (one that ends with a fallen env, whose auto-reset
-  is still pending: seed 0 falls before the horizon, see the test above) gives each evaluation
-  the returns of fresh envs."""
+  """One env set for a sequence of evaluations (one that ends with a fallen env, left as it fell:
+  seed 0 falls before the horizon, see the test above) gives each evaluation the returns of fresh
+  envs."""
   horizon = 80
   falling = _constant_params(config, [[1.0 - 1e-3, -0.9, 0.9], [0.0, 0.0, 0.0]], HOPPER_OBS)
   random = _random_params(config, num_seeds=2, seed=4)
   calls = [(falling, 3), (random, 5), (falling, 3), (random, 6)]
   with evaluate.Evaluator(config, "hopper", num_seeds=2, episodes=2,
                           max_episode_steps=horizon) as evaluator:
-    vector_env = evaluator.envs
+    pool = evaluator.pool
     reused = [evaluator.run(params, seed) for params, seed in calls]
-    assert evaluator.envs is vector_env
+    assert evaluator.pool is pool
     with pytest.raises(ValueError, match="2 seed"):
       evaluator.run(_random_params(config, num_seeds=3), 0)
   for (params, seed), got in zip(calls, reused):
@@ -128,3 +152,142 @@ def test_aulc():
   np.testing.assert_allclose(evaluate.aulc(scores[:1]), [10.0, 20.0])
   with pytest.raises(ValueError, match=r"\[T, S\]"):
     evaluate.aulc(np.ones(3))
+
+
+# ------------------------------------------------------------- env_pool: workers, all cells at once
+
+def _children() -> set:
+  """PIDs of this process's children, zombies included (Linux: /proc; else an empty set)."""
+  import glob
+  out = set()
+  for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+    with open(path) as f:
+      out.update(int(p) for p in f.read().split())
+  return out
+
+
+def _gone(pid) -> bool:
+  """No process (not even a zombie) has this PID any more."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return True
+  return False
+
+
+def test_worker_processes_give_the_same_returns_and_leave_no_child(config):
+  """W = 2 worker processes (envs interleaved over them) give W = 1's returns, for evaluations
+  in a row; the workers are their own sessions (a terminal's Ctrl-C reaches the parent only) and
+  ignore SIGINT; close() reaps them."""
+  horizon = 40
+  params = _numpy_params(config, num_seeds=3, seed=2)
+  # Cell 0 falls (terminates) at step ~10 and is stepped no more; cells 1, 2 stand to the limit.
+  falling = _numpy_params(config, 3, actions=np.array([[1.0 - 1e-3, -0.9, 0.9], [0.0] * 3,
+                                                       [0.0] * 3]))
+  seeds = np.arange(15).reshape(3, 5) * 7 + 1              # reset seeds [S, episodes]
+  calls = [(params, 3), (falling, 4), (params, seeds)]
+  with evaluate.Evaluator(config, "hopper", 3, 5, max_episode_steps=horizon) as one:
+    assert one.workers == 1 and one.pool.pids() == []
+    want = [one.run(p, s) for p, s in calls]
+  evaluator = evaluate.Evaluator(config, "hopper", 3, 5, max_episode_steps=horizon, workers=2)
+  pids = evaluator.pool.pids()
+  try:
+    assert evaluator.workers == 2 and len(pids) == 2
+    assert all(os.getsid(pid) != os.getsid(0) for pid in pids)
+    os.kill(pids[0], signal.SIGINT)
+    for (p, s), w in zip(calls, want):
+      np.testing.assert_array_equal(evaluator.run(p, s), w)
+    assert not np.array_equal(want[0], want[2])               # explicit reset seeds are used
+    with pytest.raises(ValueError, match=r"actions \[15, 3\]"):
+      evaluator.pool.step(np.zeros((15, 1), np.float32))   # Hopper takes 3 actions, not 1
+  finally:
+    evaluator.close()
+    evaluator.close()                                        # twice: harmless
+  assert all(_gone(pid) for pid in pids)
+
+
+def test_a_killed_worker_is_a_clear_error(config):
+  pool = env_pool.EnvPool(envs.make_env("hopper", max_episode_steps=5), num_envs=4, workers=3)
+  pids = pool.pids()
+  try:
+    assert len(pids) == 3
+    pool.reset(np.arange(4))
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(env_pool.WorkerError, match=rf"env worker 1 of 3 \(pid {pids[1]}\) died "
+                       r"while stepping its envs \(killed by signal 9 \(SIGKILL\)\)"):
+      pool.step(np.zeros((4, HOPPER_ACT), np.float32))
+  finally:
+    pool.close()
+  assert all(_gone(pid) for pid in pids)
+
+
+def test_a_failing_worker_is_a_clear_error():
+  """A worker's exception comes back as a WorkerError with its traceback, and the pool closes."""
+  import dataclasses
+  import types
+  env = envs.make_env("hopper", max_episode_steps=5)
+  bad = types.SimpleNamespace(observation_space=env.observation_space,
+                              action_space=env.action_space, close=env.close,
+                              spec=dataclasses.replace(env.spec, kwargs={"no_such_option": 1}))
+  before = _children()
+  with pytest.raises(env_pool.WorkerError, match=r"env worker \d of 2 \(pid \d+\) failed while "
+                     r"building its envs:\n(.|\n)*Traceback(.|\n)*no_such_option"):
+    env_pool.EnvPool(bad, num_envs=2, workers=2)
+  assert _children() <= before                              # both workers reaped
+
+
+def test_auto_workers(monkeypatch):
+  monkeypatch.setattr(env_pool, "host_cores", lambda: 16)
+  assert env_pool.auto_workers(1) == env_pool.auto_workers(env_pool.MIN_ENVS_FOR_WORKERS - 1) == 1
+  assert env_pool.auto_workers(10) == 10 // env_pool.ENVS_PER_WORKER
+  assert env_pool.auto_workers(48 * 10) == env_pool.auto_workers(16 * 10) == 16
+  assert env_pool.auto_workers(48 * 10, cores=2) == 2
+
+
+def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path, monkeypatch):
+  """group_run.evaluate_all (one Evaluator for every cell, here over 2 workers) writes each
+  group's metrics.csv rows exactly as group_run.evaluate (the group's own Evaluator) does; a group
+  with another eval_episodes gets its own Evaluator, the others share one."""
+  import dataclasses
+  import functools
+  from mombo_jax import group_run, outputs
+  from mombo_jax.groups import Group
+  from mombo_jax.workdir import Workdir
+  monkeypatch.setattr(evaluate, "Evaluator",
+                      functools.partial(evaluate.Evaluator, max_episode_steps=30))
+  configs = [dataclasses.replace(config, seed=0, num_seeds=2, eval_episodes=2),
+             dataclasses.replace(config, seed=7, num_seeds=1, eval_episodes=2, beta=2.0),
+             dataclasses.replace(config, seed=3, num_seeds=2, eval_episodes=1)]
+  actors = _numpy_params(config, num_seeds=5, seed=9)       # every cell's actor [C=5, ...]
+  last = {"q_mean": np.arange(5.0), "critic_loss": np.ones(5)}
+
+  def group_runs(name, evaluations):
+    runs, offset = [], 0
+    for i, c in enumerate(configs):
+      wd = Workdir(str(tmp_path / name / str(i)))
+      os.makedirs(wd.path)
+      seeds = np.arange(c.seed, c.seed + c.num_seeds)
+      runs.append(group_run.GroupRun(Group(c, "hopper-random", wd.path), wd,
+                                     slice(offset, offset + c.num_seeds), seeds, ckpt=None,
+                                     q=outputs.QWatch(seeds, 100.0)))
+      offset += c.num_seeds
+    try:
+      for done in (1, 2):
+        evaluations(runs, done)
+    finally:
+      for r in runs:
+        if r.evaluator is not None:
+          r.evaluator.close()
+    return runs
+
+  alone = group_runs("alone", lambda runs, done: [group_run.evaluate(r, actors, last, done)
+                                                  for r in runs])
+  together = group_runs("together", lambda runs, done: group_run.evaluate_all(
+      runs, actors, last, done, workers=2))
+  assert together[0].evaluator is together[1].evaluator is not together[2].evaluator
+  assert together[0].evaluator.workers == 2
+  for a, b in zip(alone, together):
+    assert len(a.rows) == 2 * a.config.num_seeds
+    assert a.rows == b.rows
+    assert Workdir(b.workdir.path).read_rows() == a.workdir.read_rows()
+  assert len({r["return_mean"] for r in together[0].rows + together[2].rows}) == 8

@@ -75,7 +75,8 @@ def test_mc_converges_to_the_mm_mean_like_one_over_sqrt_n(linear_setup):
 
 def test_member_q_picks_each_states_critic(tiny_run):
   workdir, state = tiny_run
-  nets = trained.load_run(workdir).nets[1]
+  run = trained.load_run(workdir)
+  nets = run.nets[1]
   obs = jnp.asarray(np.random.default_rng(0).normal(size=(4, 11)), jnp.float32)
   action = jnp.zeros((4, 3))
   both = nets.q(obs, action)                                       # [2, 4]
@@ -85,6 +86,20 @@ def test_member_q_picks_each_states_critic(tiny_run):
   # The loader hands back seed 1's target critic exactly as the run state holds it.
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b[1]), nets.target_critic,
                state.agent.target_critic_params)
+  # It read the networks and the dynamics only (a partial restore), and says how much of the
+  # checkpoint that is, and the process's peak memory.
+  size = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))  # noqa: E731
+  agent = state.agent
+  assert run.bytes_read == size((agent.actor.params, agent.critic.params,
+                                 agent.target_critic_params, agent.log_alpha.params,
+                                 state.dynamics))
+  assert run.bytes_total == size(state) > 2 * run.bytes_read      # the rings are the bulk
+  assert run.peak_rss > 2**20
+  line = run.memory_line()
+  assert line.startswith(f"read {run.bytes_read / 2**20:.1f} MiB of the checkpoint's "
+                         f"{run.bytes_total / 2**20:.1f} MiB (networks and dynamics; ring buffers "
+                         "and optimiser states skipped); peak memory "), line
+  assert line.endswith(" MiB")
 
 
 
@@ -103,6 +118,7 @@ def test_script_end_to_end(tiny_run, tmp_path):
        "--repeats=16", "--n_samples=2,100", f"--out={tmp_path}"],
       capture_output=True, text=True, timeout=300, env=dict(os.environ))
   assert out.returncode == 0, out.stdout + out.stderr
+  assert f"{workdir}: read " in out.stdout and "of the checkpoint's" in out.stdout, out.stdout
   assert (tmp_path / "mm_vs_mc.png").stat().st_size > 10_000
   with open(tmp_path / "mm_vs_mc.csv") as f:
     rows = list(csv.DictReader(f))

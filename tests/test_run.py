@@ -158,7 +158,8 @@ def test_compilation_cache_flag(tmp_path, capsys):
     path = launch.enable_compilation_cache(str(tmp_path / "cache" / "jax"))
     assert path == str(tmp_path / "cache" / "jax") and os.path.isdir(path)
     assert jax.config.jax_compilation_cache_dir == path
-    assert launch.DEFAULT_COMPILATION_CACHE.startswith("~")
+    assert launch.default_compilation_cache({}).startswith("~")
+    assert launch.default_compilation_cache({"JAX_COMPILATION_CACHE_DIR": "/c"}) == "/c"
   finally:
     jax.config.update("jax_compilation_cache_dir", old)
 

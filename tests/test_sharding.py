@@ -1,6 +1,6 @@
-"""The cell (seed) axis sharded over several devices trains as on one device, one epoch per call
-and several in one call (make_cells_chunk); a seed count that does not split over the devices is
-refused.
+"""The cell (seed) axis sharded over several devices trains as on one device (make_cells_chunk:
+several epochs in one call, then more from a restored checkpoint); a seed count that does not
+split over the devices is refused.
 
 Several CPU devices exist only when XLA_FLAGS=--xla_force_host_platform_device_count=N is set
 before jax is imported, so both sides run in fresh subprocesses (this file is their script).
@@ -12,7 +12,6 @@ import sys
 import numpy as np
 
 SEEDS, EPOCHS, S_DIM, A_DIM, N = 4, 2, 11, 3, 128
-CHUNK = 2                  # epochs of the chunk run after the EPOCHS single ones
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -25,8 +24,8 @@ def _tiny_config(num_seeds):
 
 
 def _train(out_path):
-  """Trains SEEDS seeds for EPOCHS epochs on all local devices, one call each, then CHUNK more in
-  one chunk call from the restored checkpoint; saves state and metrics leaves of both."""
+  """Trains SEEDS seeds for EPOCHS epochs on all local devices in one call, then one more from the
+  restored checkpoint; saves the state and metrics leaves of both."""
   import jax
   import jax.numpy as jnp
   from mombo_jax import buffer, dynamics
@@ -49,35 +48,80 @@ def _train(out_path):
   real, cells = train_lib.single_dataset(real, cfg)
   state, real = train_lib.shard_cells(state), train_lib.replicate(real)
   cells = train_lib.shard_cells(cells)
-  epoch_fn = train_lib.make_cells_epoch(cfg, SEEDS)
-  metrics = []
-  for epoch in range(EPOCHS):
-    epoch_keys = jax.random.split(jax.random.PRNGKey(100 + epoch), SEEDS)
-    state, m = epoch_fn(state, real, train_lib.shard_cells(epoch_keys), cells)
-    metrics.append(m)
-  # A run checkpoint restores onto the template's sharding, ready for the compiled epoch.
+  keys = train_lib.shard_cells(jax.random.split(jax.random.PRNGKey(9), SEEDS))
+  # One compiled program (a chunk of up to EPOCHS epochs, each device looping over its own
+  # cells): EPOCHS epochs in one call, then, from the restored checkpoint, one more.
+  chunk_fn = train_lib.make_cells_chunk(cfg, SEEDS, EPOCHS)
+  state, first = chunk_fn(state, real, keys, cells, 0, EPOCHS)
+  # A run checkpoint restores onto the template's sharding, ready for the compiled program.
   from mombo_jax import checkpoint
   ckpt = checkpoint.RunCheckpointer(out_path + ".ckpt")
   ckpt.save(EPOCHS, state)
+  _check_shards(ckpt, EPOCHS, state)
   restored, _ = ckpt.restore(state)
   for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state)):
     assert a.sharding == b.sharding, (a.sharding, b.sharding)
     np.testing.assert_array_equal(a, b)
-  epoch_fn(restored, real, train_lib.shard_cells(jax.random.split(jax.random.PRNGKey(9), SEEDS)),
-           cells)
-  # Epochs EPOCHS .. EPOCHS+CHUNK-1 in one call, each device looping over its own cells.
-  restored, _ = ckpt.restore(state)
-  chunk = train_lib.make_cells_chunk(cfg, SEEDS, CHUNK + 1)(
-      restored, real, train_lib.shard_cells(jax.random.split(jax.random.PRNGKey(9), SEEDS)),
-      cells, EPOCHS, CHUNK)
+  chunk = chunk_fn(restored, real, keys, cells, EPOCHS, 1)
   devices = len(jax.local_devices())
-  spread = {len(leaf.sharding.device_set) for leaf in jax.tree.leaves((state, metrics, chunk))}
+  spread = {len(leaf.sharding.device_set) for leaf in jax.tree.leaves((state, first, chunk))}
   assert spread == {devices}, spread           # every leaf lives on all devices
   assert len(state.epoch.addressable_shards) == devices
-  assert chunk[1]["diverged"].shape == (CHUNK + 1, SEEDS)
-  assert not any(np.any(np.asarray(v)[CHUNK:]) for v in chunk[1].values())   # rows past n
-  leaves = jax.tree.leaves(jax.device_get((state, metrics, chunk)))
+  assert chunk[1]["diverged"].shape == (EPOCHS, SEEDS)
+  assert not any(np.any(np.asarray(v)[1:]) for v in chunk[1].values())       # rows past n
+  leaves = jax.tree.leaves(jax.device_get((state, first, chunk)))
   np.savez(out_path, devices=devices, *[np.asarray(x) for x in leaves])
+
+
+def _check_shards(ckpt, step, state):
+  """The checkpoint of the cell-sharded state was written per shard (no gather): its manifest
+  lists a CRC32 for each device's block of cells (one device: one CRC32 a leaf), and a block whose
+  bytes disagree is named on restore. A group's cells (train.take_cells) stay where they are."""
+  import json
+  import jax
+  from mombo_jax import checkpoint
+  from mombo_jax import train as train_lib
+  devices = len(jax.devices())
+  step_dir = ckpt.path(step)
+  with open(os.path.join(step_dir, "meta", "metadata")) as f:
+    body = json.load(f)
+  per = SEEDS // devices
+  for leaf in body["leaves"]:
+    if devices == 1:
+      assert body["format"] == checkpoint.FORMAT and isinstance(leaf[4], int), leaf
+      continue
+    assert body["format"] == checkpoint.FORMAT_SHARDED
+    assert [block[0] for block, _ in leaf[4]] == [[i * per, (i + 1) * per]
+                                                  for i in range(devices)], leaf
+  if devices == 1:
+    return
+  # The restore names a shard whose CRC32 is off (its bytes "altered"); then the manifest is put
+  # back.
+  text = json.dumps(body)
+  leaf = next(leaf for leaf in body["leaves"] if leaf[0][-1] == "epoch")
+  leaf[4][-1][1] ^= 1
+  with open(os.path.join(step_dir, "meta", "metadata"), "w") as f:
+    json.dump(body, f)
+  try:
+    ckpt.restore(state, step=step)
+    raise AssertionError("the altered shard passed")
+  except checkpoint.CorruptCheckpointError as e:
+    assert f"leaf epoch fails its CRC32 check in its shard [{SEEDS - per}:{SEEDS}]" in str(e), e
+  with open(os.path.join(step_dir, "meta", "metadata"), "w") as f:
+    f.write(text)
+
+  # take_cells: a block of cells stays on the devices that hold it (each keeps its own part);
+  # parts of unequal size take one jitted slice. Values as resize_rings of the host copy.
+  host = jax.device_get(state)
+  for cells, rows, on in ((slice(1, 3), 4, 2), (slice(0, SEEDS), 2, devices)):
+    part = train_lib.take_cells(state, cells, rows)
+    want = train_lib.resize_rings(jax.tree.map(lambda x: x[cells], host), rows)
+    for a, b in zip(jax.tree.leaves(part), jax.tree.leaves(want)):
+      assert len(a.sharding.device_set) == on and np.array_equal(np.asarray(a), b)
+  x = train_lib.shard_cells(np.arange(2 * SEEDS * 3).reshape(2 * SEEDS, 3))   # 2 cells a device
+  for a, b, on in ((2, 6, 2), (3, 5, 2), (1, 4, devices)):
+    y = train_lib._take_cells(x, a, b, None)
+    assert len(y.sharding.device_set) == on and np.array_equal(np.asarray(y), np.asarray(x)[a:b])
 
 
 def _refuse():

@@ -210,11 +210,12 @@ def test_a_diverged_seed_stays_frozen_through_a_chunk(cfg, real, chunk_fn, chunk
   assert np.all(np.isfinite(metrics["critic_loss"][:2, 1]))
 
 
-def test_cells_differing_in_their_datasets_settings_train_as_their_single_programs(cfg, real):
+def test_cells_differing_in_their_datasets_settings_train_as_their_single_programs(cfg, real,
+                                                                                 chunk_fn):
   """One program over cells whose configs differ in rollout length (2 vs 1), real ratio and
-  auto_alpha (train.CELL_SETTINGS, read per cell; one cell differs in all three, which costs
-  three compiles instead of five): each cell ends where a plain program of its own config ends,
-  its ring in the first capacity(config, k) slots of the program's."""
+  auto_alpha (train.CELL_SETTINGS, read per cell; one cell differs in all three): each cell ends
+  where a plain program of its own config ends (cfg's: chunk_fn, cells 0 and 1 both of cfg), its
+  ring in the first capacity(config, k) slots of the program's."""
   import dataclasses
   configs = [cfg, dataclasses.replace(cfg, rollout_length=1, real_ratio=0.5, auto_alpha=False)]
   per_cell = train_lib.per_cell_settings(configs)
@@ -230,17 +231,21 @@ def test_cells_differing_in_their_datasets_settings_train_as_their_single_progra
   grid, metrics = program(train_lib.init_cells(keys, cfg, real, dyn(n)), stacked, keys,
                           train_lib.make_cells(np.zeros(n), N, configs), 0, 2)
   grid, metrics = _host((grid, metrics))
+  plain = {0: (chunk_fn, keys, SEEDS),
+           1: (train_lib.make_cells_chunk(configs[1], 1, 2), keys[1:], 1)}
   for i, c in enumerate(configs):
-    alone, alone_metrics = _host(train_lib.make_cells_chunk(c, 1, 2)(
-        train_lib.init_cells(keys[i:i + 1], c, real, dyn(1)), stacked, keys[i:i + 1],
-        train_lib.make_cells(np.zeros(1), N, c), 0, 2))
+    fn, k, width = plain[i]
+    alone, alone_metrics = _host(fn(train_lib.shard_cells(train_lib.init_cells(
+        k, c, real, dyn(width))), stacked, k, train_lib.make_cells(np.zeros(width), N, c), 0, 2))
+    alone = jax.tree.map(lambda x: x[:1], alone)
+    alone_metrics = {name: v[:2, :1] for name, v in alone_metrics.items()}
     cell = train_lib.resize_rings(jax.tree.map(lambda x, i=i: x[i:i + 1], grid),
                                   c.synthetic_capacity)
     assert cell.buffer.count.tolist() == alone.buffer.count.tolist()
     assert cell.buffer.ptr.tolist() == alone.buffer.ptr.tolist()
     np.testing.assert_array_equal(grid.buffer.data.reward[i, c.synthetic_capacity:], 0.0)
-    # Same keys and data; the vmap widths differ (4 cells vs 1), so XLA may fuse differently.
-    # (Leaves: the configs' optimiser objects differ, static fields of the trees.)
+    # Same keys and data; the programs differ (settings traced or static, vmap widths), so XLA
+    # may fuse differently. (Leaves: the configs' optimiser objects differ, static fields.)
     for a, b in zip(jax.tree.leaves(cell), jax.tree.leaves(alone), strict=True):
       np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
     for name in ("rollout/num_added", "rollout/length", "rollout/reward", "alpha", "alpha_loss",

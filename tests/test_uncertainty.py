@@ -266,8 +266,12 @@ def test_experiment_end_to_end(tiny_run, tmp_path, states):
     uncertainty_runs.find_run_dirs([str(tmp_path)])
   draws = 20
   # 8 tuples either way (<= 8 policy tuples pad to 8), so both modes share one compilation.
+  lines = []
   rows = uncertainty_runs.evaluate_runs([workdir], states=states, episodes=2, max_episode_steps=30,
-                                   num_states=8, draws=draws, num_policy=50, log=lambda *a: None)
+                                   num_states=8, draws=draws, num_policy=50, log=lines.append)
+  # One line per run: what its partial restore read of the checkpoint, and the peak memory.
+  assert lines[0].startswith(f"{workdir}: read ") and "MiB of the checkpoint's" in lines[0]
+  assert "ring buffers and optimiser states skipped); peak memory" in lines[0], lines
   assert [r["seed"] for r in rows] == [0, 1] and len({r["algo"] for r in rows}) == 1
   assert rows[0]["algo"].startswith("MOMBO") and {r["states"] for r in rows} == {states}
   for r in rows:

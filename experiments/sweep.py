@@ -24,7 +24,7 @@ Setup flags (--preset, --epochs, --steps_per_epoch, --beta, ...) are checked and
 cell (a given --beta also names the cells' folders, <algo>[-<target>]-beta<b>); after `--` go
 only experiments.run's flags that do not change the setup (--keep_checkpoints,
 --compilation_cache, --build_missing, --build_steps, --download, --allow_small_dataset, --log,
---allow_epochs_change: it continues finished cells to a larger --epochs). Any other word is
+--eval_workers, --allow_epochs_change: it continues finished cells to a larger --epochs). Any other word is
 refused. The cells and their launch are mombo_jax.sweep's; this program only parses the flags.
 """
 import shlex

@@ -42,16 +42,16 @@ import dataclasses
 import errno
 import glob
 import json
-import math
 import os
 import shutil
 import warnings
-import zlib
 from typing import Any, Optional
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from mombo_jax import manifest as mf
 
 # What the meta item's manifest holds per leaf: /3 one CRC32 of the whole leaf; /4 (written when
 # some leaf is split over devices) also, for such leaves, a CRC32 per shard. Both are read.
@@ -59,8 +59,6 @@ FORMAT = "mombo_jax.checkpoint/3"
 FORMAT_SHARDED = "mombo_jax.checkpoint/4"
 READ_FORMATS = (FORMAT, FORMAT_SHARDED)
 _MAX_LISTED = 10          # differences listed in an error message before "... and N more"
-_SCALARS = (bool, int, float)
-_LEAF_TYPES = (jax.Array, np.ndarray, np.generic) + _SCALARS
 
 
 class CheckpointError(RuntimeError):
@@ -79,49 +77,6 @@ class CheckpointWarning(UserWarning):
   """RunCheckpointer skipped a corrupt checkpoint."""
 
 
-def _map(fn, tree):
-  """fn(path, leaf) over the leaves; path: names as Orbax gives them (field, key, index)."""
-  name = lambda k: str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))  # noqa: E731
-  return jax.tree_util.tree_map_with_path(lambda p, x: fn(tuple(map(name, p)), x), tree)
-
-
-def _leaves(tree) -> dict:
-  out = {}
-  _map(out.__setitem__, tree)  # {path: leaf}
-  return out
-
-
-def _fmt(path) -> str:
-  return "/".join(path) or "<root>"
-
-
-def _fmt_block(block) -> str:
-  """A shard's block as numpy would index it: "0:2, 0:100, 0:11"."""
-  return ", ".join(f"{lo}:{hi}" for lo, hi in block)
-
-
-def _is_key(x) -> bool:
-  return jax.dtypes.issubdtype(getattr(x, "dtype", np.float32), jax.dtypes.prng_key)
-
-
-def _is_weak(x) -> bool:
-  return isinstance(x, _SCALARS) or bool(getattr(x, "weak_type", False))
-
-
-def _desc(x):
-  """(shape, dtype name) of a leaf or template leaf; typed keys as keys ("key<fry>")."""
-  x = np.asarray(x) if isinstance(x, _SCALARS + (np.generic,)) else x
-  return tuple(x.shape), str(x.dtype) if _is_key(x) else np.dtype(x.dtype).name
-
-
-def _host(x) -> np.ndarray:
-  return np.asarray(jax.device_get(jax.random.key_data(x) if _is_key(x) else x))
-
-
-def _crc(arr: np.ndarray) -> int:
-  return zlib.crc32(np.ascontiguousarray(arr).tobytes())
-
-
 def _json_default(obj):
   if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
     return dataclasses.asdict(obj)
@@ -130,62 +85,12 @@ def _json_default(obj):
   raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
-def _whole(x) -> bool:
-  """Whether every process holds all of leaf x: its CRC is then of the whole leaf, from a host
-  copy (numpy, Python scalars, one device or copies on every device of a single process, copies
-  on devices of every process). Else (split over devices, or on another process's device) it is
-  recorded per shard. Decided from the sharding alone, so every process decides alike."""
-  if not isinstance(x, jax.Array):
-    return True
-  if not x.sharding.is_fully_replicated:
-    return False
-  return jax.process_count() == 1 or len({d.process_index for d in x.sharding.device_set}) == \
-      jax.process_count()
-
-
-def _index(index, shape) -> tuple:
-  """((start, stop) per dim) of a shard's index (a tuple of slices)."""
-  return tuple(sl.indices(n)[:2] for sl, n in zip(index, shape))
-
-
-def _shard_crcs(x) -> list:
-  """[[[start, stop] per dim], CRC32 of that block's bytes] for each distinct block of the shards
-  of jax.Array x (by start), the CRC -1 where none of its copies is on this process's devices."""
-  blocks = sorted({_index(i, x.shape) for i in x.sharding.devices_indices_map(x.shape).values()})
-  local = {}
-  for shard in x.addressable_shards:          # one device-to-host copy per block, block by block
-    block = _index(shard.index, x.shape)
-    if block not in local:
-      local[block] = _crc(_host(shard.data))
-  return [[[list(dim) for dim in block], local.get(block, -1)] for block in blocks]
-
-
-def _combine(manifest: list, where: str):
-  """Fills in, on every process, the shard CRCs other processes computed (the -1s): one allgather
-  of the CRC table, a fixed-size integer array (the blocks follow from the shardings, which every
-  process knows alike)."""
-  owed = [shard for leaf in manifest if isinstance(leaf[4], list) for shard in leaf[4]]
-  if not owed:
-    return
-  # [2, n] uint32 (JAX's 32-bit default would wrap int64 CRCs): the CRCs, and 1 where computed.
-  table = np.asarray([[max(crc, 0) for _, crc in owed], [crc >= 0 for _, crc in owed]], np.uint32)
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-    tables = np.asarray(multihost_utils.process_allgather(table))          # [P, 2, n]
-    table = tables[np.argmax(tables[:, 1], axis=0), :, np.arange(table.shape[1])].T
-  if not table[1].all():
-    raise CheckpointError(f"Cannot checkpoint {where}: a shard of a leaf is on no process's "
-                          "devices (an array of another launch?).")
-  for shard, crc in zip(owed, table[0].tolist()):
-    shard[1] = crc
-
-
 def _encode(tree: Any, metadata: Optional[dict], kind: str, where: str):
   """-> (the tree as Orbax writes it, the meta item). Fails before anything touches the disk.
 
   Whole leaves go to Orbax as host copies (one copy serves the CRC and the write); leaves split
   over devices go as they are: Orbax writes each process's own shards, and the manifest lists a
-  CRC per distinct shard (each process computes those of its shards; _combine shares them). In a
+  CRC per distinct shard (each process computes those of its shards; manifest.combine shares them). In a
   multi-process run every process calls this together, with the same tree structure."""
   try:
     meta_json = json.loads(json.dumps(metadata or {}, default=_json_default))
@@ -196,33 +101,26 @@ def _encode(tree: Any, metadata: Optional[dict], kind: str, where: str):
   manifest = []
 
   def leaf(path, x):
-    if not isinstance(x, _LEAF_TYPES):
-      raise CheckpointError(f"Cannot checkpoint leaf {_fmt(path)} of type {type(x).__name__} in "
+    if not isinstance(x, mf.LEAF_TYPES):
+      raise CheckpointError(f"Cannot checkpoint leaf {mf.fmt(path)} of type {type(x).__name__} in "
                             f"{where}: only arrays and Python scalars are saved. Mark it "
                             "pytree_node=False or drop it.")
-    impl = str(jax.random.key_impl(x)) if _is_key(x) else None
-    if not _whole(x):
-      manifest.append([list(path), *_desc(x), _is_weak(x), _shard_crcs(x), impl])
+    impl = str(jax.random.key_impl(x)) if mf.is_key(x) else None
+    if not mf.whole(x):
+      manifest.append([list(path), *mf.describe(x), mf.is_weak(x), mf.shard_crcs(x), impl])
       return x
-    data = _host(x)
-    manifest.append([list(path), *_desc(x), _is_weak(x), _crc(data), impl])
+    data = mf.host(x)
+    manifest.append([list(path), *mf.describe(x), mf.is_weak(x), mf.crc_of(data), impl])
     # One host copy serves the CRC and Orbax; typed keys and Python scalars Orbax takes as they are.
-    return x if _is_key(x) or isinstance(x, _SCALARS) else data
-  tree = _map(leaf, tree)
-  _combine(manifest, where)
+    return x if mf.is_key(x) or isinstance(x, mf.SCALARS) else data
+  tree = mf.leaf_map(leaf, tree)
+  try:
+    mf.combine(manifest, where)
+  except ValueError as e:
+    raise CheckpointError(str(e)) from None
   sharded = any(isinstance(leaf[4], list) for leaf in manifest)
   return tree, dict(format=FORMAT_SHARDED if sharded else FORMAT, kind=kind, metadata=meta_json,
                     leaves=manifest)
-
-
-def _nbytes(leaf: list) -> int:
-  """Bytes a manifest entry's leaf holds in memory: shape x itemsize (typed keys: of their key
-  data; Python scalars: at their saved width)."""
-  _, shape, dtype, _, _, impl = leaf
-  if impl:
-    data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl)))
-    return math.prod(shape) * data.size * data.dtype.itemsize
-  return math.prod(shape) * np.dtype(dtype).itemsize
 
 
 def _manager(directory: str, keep: Optional[int], create: bool = True, cleanup: bool = True):
@@ -275,7 +173,7 @@ def _check_room(directory: str, tree: Any, kind: str, where: str):
   """Refuses a save that cannot succeed before Orbax starts writing (its failures mid-write come
   with pages of tensorstore and asyncio noise): a folder that cannot be written, or less free
   space than the state's raw size (an upper bound: the arrays are compressed)."""
-  need = sum(int(getattr(x, "nbytes", 8)) for x in jax.tree.leaves(tree) if not _is_key(x))
+  need = sum(int(getattr(x, "nbytes", 8)) for x in jax.tree.leaves(tree) if not mf.is_key(x))
   try:
     os.makedirs(directory, exist_ok=True)
     probe = os.path.join(directory, f".write-probe-{os.getpid()}")
@@ -320,26 +218,6 @@ def _read_meta(mngr, step: int, kind: str) -> dict:
   return body
 
 
-def _mismatches(saved: dict, template: dict, partial: bool) -> list:
-  kind = lambda d: d if d.startswith("key<") else np.dtype(d).kind  # noqa: E731
-  out = [f"template leaf {_fmt(p)} is not in the checkpoint" for p in template if p not in saved]
-  if not partial:
-    out += [f"checkpoint leaf {_fmt(p)} is not in the template" for p in saved if p not in template]
-  for p, x in template.items():
-    if p not in saved:
-      continue
-    if not isinstance(x, _LEAF_TYPES + (jax.ShapeDtypeStruct,)):
-      out.append(f"{_fmt(p)}: a {type(x).__name__} in the template, not an array, ShapeDtypeStruct "
-                 "or Python scalar")
-      continue
-    (shape, dtype), (s_shape, s_dtype, s_weak) = _desc(x), saved[p][:3]
-    if shape != s_shape:
-      out.append(f"{_fmt(p)}: shape {s_shape} in checkpoint, {shape} in template")
-    elif dtype != s_dtype and not ((s_weak or _is_weak(x)) and kind(dtype) == kind(s_dtype)):
-      out.append(f"{_fmt(p)}: dtype {s_dtype} in checkpoint, {dtype} in template")
-  return out
-
-
 def _read_step(mngr, step: int, template: Any, kind: str, partial: bool = False):
   """(tree, user metadata) of one step, verified; see the module docstring for templates."""
   step_dir = os.path.join(str(mngr.directory), str(step))
@@ -356,13 +234,13 @@ def _read_step(mngr, step: int, template: Any, kind: str, partial: bool = False)
         "(seeds, network sizes, env) or code version: pass another --workdir (or "
         "--dynamics_dir) for this config.")
   if template is not None:
-    leaves = _leaves(template)
-    problems = _mismatches(saved, leaves, partial)
+    leaves = mf.leaves(template)
+    problems = mf.mismatches(saved, leaves, partial)
     if problems:
       raise mismatch(problems)
     # Orbax reads every array to the host in its saved dtype (typed keys: their key data): the CRC
     # is of those bytes, and placing a leaf as the template has it is one device_put after.
-    template = _map(lambda p, x: x if isinstance(x, _SCALARS) else np.broadcast_to(
+    template = mf.leaf_map(lambda p, x: x if isinstance(x, mf.SCALARS) else np.broadcast_to(
         np.zeros((), "uint32" if saved[p][4] else saved[p][1]), saved[p][0]), template)
   elif partial:
     raise ValueError("A partial restore needs a template: the sub-tree to read.")
@@ -379,7 +257,7 @@ def _read_step(mngr, step: int, template: Any, kind: str, partial: bool = False)
           template, fallback_sharding=jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))))
       tree = tree["state"]
       if template is None:   # Orbax's own form: leaves saved split over devices come back numpy
-        tree = jax.tree.map(lambda x: x if _is_key(x) or not isinstance(x, jax.Array)
+        tree = jax.tree.map(lambda x: x if mf.is_key(x) or not isinstance(x, jax.Array)
                             else np.asarray(x), tree)
   except Exception as e:  # tensorstore raises many types; one clear message for all of them
     if isinstance(e, ValueError) and "do not match" in str(e):  # empty nodes: Orbax compares them
@@ -388,33 +266,29 @@ def _read_step(mngr, step: int, template: Any, kind: str, partial: bool = False)
         f"The {kind} checkpoint {step_dir} could not be read by Orbax ({type(e).__name__}: "
         f"{str(e)[:300]}): files are missing, truncated or altered. {fix}") from e
 
-  got = _leaves(tree)
+  got = mf.leaves(tree)
   if not partial and set(got) != set(saved):
     raise CorruptCheckpointError(f"The {kind} checkpoint {step_dir} is inconsistent: Orbax "
                                  "restored other leaves than its manifest lists. " + fix)
   for p, x in got.items():
     shape, dtype, _, crc, impl = saved[p]
-    data = _host(x) if impl else _host(x).astype(dtype, copy=False)  # Python scalars: saved width
-    # A whole-leaf CRC, or one per shard as the writers held them: [[start, stop] per dim, CRC].
-    for block, want in ([[None, crc]] if isinstance(crc, int) else crc):
-      part = data if block is None else data[tuple(slice(lo, hi) for lo, hi in block)]
-      if np.shape(x)[:len(shape)] != shape or _crc(part) != want:
-        where = "" if block is None else f" in its shard [{_fmt_block(block)}]"
-        raise CorruptCheckpointError(
-            f"The {kind} checkpoint {step_dir} is corrupt: leaf {_fmt(p)} fails its CRC32 check"
-            f"{where} (its stored bytes were altered). " + fix)
+    where = mf.failed_crc(x, shape, dtype, crc, impl)
+    if where is not None:
+      raise CorruptCheckpointError(
+          f"The {kind} checkpoint {step_dir} is corrupt: leaf {mf.fmt(p)} fails its CRC32 check"
+          f"{where} (its stored bytes were altered). " + fix)
   if template is None:
     return tree, body["metadata"]
 
   def place(path, x):
     like, impl = leaves[path], saved[path][4]
-    if isinstance(like, _SCALARS):
+    if isinstance(like, mf.SCALARS):
       return x
     x = jax.random.wrap_key_data(x, impl=impl) if impl else np.asarray(x, like.dtype)
     if isinstance(like, (np.ndarray, np.generic)):
       return x
     return jax.device_put(x, getattr(like, "sharding", None))   # None: the default device
-  return _map(place, tree), body["metadata"]
+  return mf.leaf_map(place, tree), body["metadata"]
 
 
 def save_pytree(path: str, tree: Any, metadata: Optional[dict] = None, overwrite: bool = False,
@@ -523,10 +397,10 @@ class RunCheckpointer:
     step = self.latest_step() if step is None else int(step)
     if step is None:
       raise CheckpointError(f"No {self.kind} checkpoint in {self.directory}.")
-    sizes = {tuple(leaf[0]): _nbytes(leaf)
+    sizes = {tuple(leaf[0]): mf.nbytes(leaf)
              for leaf in _read_meta(self._mngr, step, self.kind)["leaves"]}
     total = sum(sizes.values())
-    return (total if template is None else sum(sizes.get(p, 0) for p in _leaves(template))), total
+    return (total if template is None else sum(sizes.get(p, 0) for p in mf.leaves(template))), total
 
   def restore(self, template: Any = None, step: Optional[int] = None, partial: bool = False):
     """(state, metadata) of `step`, or of the newest valid step when step is None.

@@ -1,8 +1,9 @@
 """The real environments: building one (make_env), stepping it with a policy's action (step: the
 only place a [-1, 1] action is mapped to the env's bounds), and recording its episodes
-(run_episodes; recording.rollout steps many side by side). Evaluation (evaluate.Evaluator, a vector
-env), the online SAC loop and its evaluations, the dataset collector and the uncertainty
-experiment's real transitions all step through `step`.
+(run_episodes; recording.rollout steps many side by side). Evaluation (evaluate.Evaluator:
+to_env_action here, the envs stepped by env_pool.EnvPool), the online SAC loop and its
+evaluations, the dataset collector and the uncertainty experiment's real transitions step through
+`step`.
 
 Episodes are dicts of observations [T+1, S], actions [T, A], rewards [T] (float64),
 terminations [T], truncations [T] (bool), as the datasets hold them.

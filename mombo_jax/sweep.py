@@ -36,7 +36,8 @@ BUDGET_FLAGS = {"preset": "string", "target": "string", "epochs": "integer",
 # runs, not what it trains (its config.json).
 PASSTHROUGH_FLAGS = {"keep_checkpoints": "integer", "compilation_cache": "string",
                      "build_missing": "bool", "build_steps": "integer", "download": "bool",
-                     "allow_small_dataset": "bool", "allow_epochs_change": "bool", "log": "list"}
+                     "allow_small_dataset": "bool", "allow_epochs_change": "bool", "log": "list",
+                     "eval_workers": "integer"}
 # experiments.run's flags a sweep sets itself, with the sweep's flag that does it.
 _OWNED = {"env": "--envs", "dataset": "--envs", "datasets": "--envs", "algo": "--algos",
           "seeds": "--seeds", "seed": "--seed", "workdir": "--out", "dynamics_dir": "--out",

@@ -14,7 +14,6 @@ from typing import Any, Optional
 
 import chex
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from mombo_jax import env_pool, envs
@@ -120,12 +119,17 @@ class Evaluator:
         raise ValueError(f"reset seeds must have shape [S, episodes] = {(num_seeds, episodes)}, "
                          f"got {reset_seeds.shape}.")
     variables = actor_params if "params" in actor_params else {"params": actor_params}
+    # The policy runs on the host's CPU: the training loop evaluates while the accelerator trains
+    # the next epochs (runner.loop), and a policy call there would queue behind that device call.
+    # On a CPU-only machine this is the device training uses, as before.
+    cpu = jax.devices("cpu")[0]
+    variables = jax.device_put(variables, cpu)
     space = self.pool.action_space
     obs = self.pool.reset(reset_seeds.ravel())
     returns = np.zeros(num_envs, np.float64)
     alive = np.ones(num_envs, bool)
     for _ in range(self.horizon):
-      obs_in = jnp.asarray(obs.reshape(num_seeds, episodes, -1), jnp.float32)
+      obs_in = jax.device_put(np.asarray(obs.reshape(num_seeds, episodes, -1), np.float32), cpu)
       action = np.asarray(self._policy(variables, obs_in)).reshape(num_envs, *self._action_shape)
       obs, reward, terminated, truncated = self.pool.step(envs.to_env_action(action, space), alive)
       returns += np.where(alive, reward, 0.0)

@@ -1,8 +1,10 @@
 """One group (workdir) of a launch on the host: its record during training (GroupRun: metrics
 rows, the overestimation watch, diverged seeds, the evaluator, the loggers) and what the training
 loop (runner.loop) does with it: watch each epoch's metrics, evaluate, log progress, and finish
-(summary.json, the curve). A launch evaluates all its groups in one pass (evaluate_all: one set of
-envs for every cell, stepped over the host's cores).
+(summary.json, the curve). A launch evaluates all its groups in one pass (one set of envs for
+every cell, stepped over the host's cores), in a background thread while the device trains on
+(Evaluation: the thread computes returns only; the main thread records them), and writes on
+resume the rows of an evaluation a killed launch lost (recover).
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ class GroupRun:
   evaluator: Any = None
   scores: Any = None           # normalised scores [S, episodes] of the last evaluation
   loggers: Any = None          # loggers.RunLoggers: where the rows go besides metrics.csv (--log)
+  lost: Any = None             # the checkpoint's `eval` metadata when metrics.csv lacks the rows
+                               # of the epoch resumed at (runner.recover writes them)
 
   @property
   def config(self):
@@ -99,27 +103,59 @@ def evaluate_all(runs, actors, last, done, workers=0):
   shared by the groups (their r.evaluator; closing it twice is harmless), one policy call per time
   step for every cell, each group's envs reset with the seeds of its own evaluation (eval_seed),
   so each group's returns are those `evaluate` gives it. Groups with another eval_episodes get
-  their own Evaluator."""
-  import jax
-  import numpy as np
+  their own Evaluator. The training loop runs the two halves apart (build_evaluators +
+  returns_all in a thread while the device trains, then record)."""
+  build_evaluators(runs, workers)
+  for r, returns in zip(runs, returns_all(runs, actors, done)):
+    record(r, returns, last, done)
+
+
+def build_evaluators(runs, workers=0):
+  """Gives every group its Evaluator (shared by the groups of one eval_episodes), unless built.
+  In the main thread: it starts the env worker processes."""
   from mombo_jax import evaluate as evaluate_lib
   by_episodes = {}                         # the launch's groups share one env (check_groups)
   for r in runs:
     by_episodes.setdefault(r.config.eval_episodes, []).append(r)
   for episodes, same in by_episodes.items():
-    c, num_seeds = same[0].config, sum(r.config.num_seeds for r in same)
-    if same[0].evaluator is None:
+    missing = [r for r in same if r.evaluator is None]
+    if missing:
+      c, num_seeds = missing[0].config, sum(r.config.num_seeds for r in missing)
       evaluator = evaluate_lib.Evaluator(c, c.env_name, num_seeds, episodes, workers=workers)
-      for r in same:
+      for r in missing:
         r.evaluator = evaluator
+
+
+def returns_all(runs, actors, done):
+  """Every group's returns [S, episodes] at epoch `done` (a list in the order of `runs`), one
+  pass per Evaluator (build_evaluators first). Writes nothing: safe in a background thread while
+  the main thread trains."""
+  import jax
+  import numpy as np
+  from mombo_jax import evaluate as evaluate_lib
+  by_evaluator = {}
+  for r in runs:
+    by_evaluator.setdefault(id(r.evaluator), []).append(r)
+  out = {}
+  for same in by_evaluator.values():
+    episodes = same[0].config.eval_episodes
     cells = np.concatenate([np.arange(r.cells.start, r.cells.stop) for r in same])
     seeds = np.concatenate([evaluate_lib.env_seeds(eval_seed(r, done), r.config.num_seeds,
                                                    episodes) for r in same])
     returns = same[0].evaluator.run(jax.tree.map(lambda x: x[cells], actors), seeds)
     offset = 0
     for r in same:
-      record(r, returns[offset:offset + r.config.num_seeds], last, done)
+      out[id(r)] = returns[offset:offset + r.config.num_seeds]
       offset += r.config.num_seeds
+  return [out[id(r)] for r in runs]
+
+
+def snapshot(r: GroupRun) -> dict:
+  """What `record` and `log_progress` read of r's watch at an evaluation point (JSON): the rows of
+  an evaluation recorded later (it ran while the next epochs trained and were watched) say what
+  they would have said at once."""
+  return dict(diverged=sorted(int(s) for s in r.diverged), flagged=[int(s) for s in r.q.flagged()],
+              bound=float(r.q.bound))
 
 
 def eval_seed(r: GroupRun, done) -> int:
@@ -128,20 +164,23 @@ def eval_seed(r: GroupRun, done) -> int:
   return 10_000 * r.config.seed + done
 
 
-def record(r: GroupRun, returns, last, done):
+def record(r: GroupRun, returns, last, done, snap=None):
   """Group r's evaluation at epoch `done`: returns [S, episodes] -> r.scores and its metrics.csv
-  rows (also handed to r.loggers); last: the epoch's metrics {name: [C]}."""
+  rows (also handed to r.loggers); last: the epoch's metrics {name: [C]}; snap: snapshot(r) taken
+  at epoch `done` (None: r's watch now)."""
   from mombo_jax import scores
   c = r.config
+  snap = snap or snapshot(r)
+  diverged, flagged = set(snap["diverged"]), set(snap["flagged"])
   r.scores = scores.normalized_score(r.group.dataset, returns)   # [S, episodes]
   new = []
   for i, s in enumerate(r.seeds):
     cell = r.cells.start + i
     row = dict(epoch=done, step=done * c.steps_per_epoch, seed=int(s),
                return_mean=float(returns[i].mean()), normalized_score=float(r.scores[i].mean()),
-               diverged=float(int(s) in r.diverged))
+               diverged=float(int(s) in diverged))
     row.update({k: float(v[cell]) for k, v in sorted(last.items())})
-    row.update(q_bound=r.q.bound, overestimated=float(int(s) in r.q.flagged()))
+    row.update(q_bound=snap["bound"], overestimated=float(int(s) in flagged))
     new.append(row)
   r.rows += new
   r.workdir.write_rows(r.rows)
@@ -149,16 +188,18 @@ def record(r: GroupRun, returns, last, done):
     r.loggers.write(new)
 
 
-def log_progress(r: GroupRun, last, done, rate, eta, many):
+def log_progress(r: GroupRun, last, done, rate, eta, many, snap=None):
+  """The log line of group r's evaluation at epoch `done` (snap: as for `record`)."""
   c, cells = r.config, r.cells
+  snap = snap or snapshot(r)
   log(f"epoch {done}/{c.epochs}{r.where(many)}  {rate:.0f} steps/s (all "
       f"{'seeds' if not many else 'cells'})  score per seed "
       f"[{', '.join(f'{x:.1f}' for x in r.scores.mean(axis=1))}]  critic_loss "
       f"[{', '.join(f'{x:.3g}' for x in last['critic_loss'][cells])}]  q_mean "
-      f"[{', '.join(f'{x:.4g}' for x in last['q_mean'][cells])}] (bound {r.q.bound:.4g})  "
+      f"[{', '.join(f'{x:.4g}' for x in last['q_mean'][cells])}] (bound {snap['bound']:.4g})  "
       f"ETA {_fmt(eta)}"
-      + (f"  OVERESTIMATED seeds {r.q.flagged()}" if r.q.flagged() else "")
-      + (f"  diverged seeds {sorted(r.diverged)}" if r.diverged else ""))
+      + (f"  OVERESTIMATED seeds {snap['flagged']}" if snap["flagged"] else "")
+      + (f"  diverged seeds {snap['diverged']}" if snap["diverged"] else ""))
 
 
 def finish(r: GroupRun) -> dict:
@@ -186,3 +227,65 @@ def _num(x):
 def _fmt(seconds):
   seconds = int(seconds)
   return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+
+
+class Evaluation:
+  """An evaluation point's returns computed in a background thread (process 0) while the device
+  trains the next epochs; joined and recorded by the main thread, in epoch order (`finish`).
+
+  The thread only computes returns (returns_all over the launch's Evaluators): every
+  record, log line and checkpoint stays in the main thread."""
+
+  def __init__(self, runs, actors, last, done, snaps, rate=None, eta=None):
+    import threading
+    self.runs, self.last, self.done, self.snaps = runs, last, done, snaps
+    self.rate, self.eta = rate, eta
+    self.returns, self.error = None, None
+    self.thread = threading.Thread(target=self._work, args=(actors,), daemon=True,
+                                   name=f"evaluate-epoch-{done}")
+    self.thread.start()
+
+  def _work(self, actors):
+    try:
+      self.returns = returns_all(self.runs, actors, self.done)
+    except BaseException as e:  # noqa: BLE001 -- re-raised in the main thread by finish()
+      self.error = e
+
+  def join(self):
+    self.thread.join()
+
+  def finish(self, many):
+    """Waits for the returns, then writes the point's rows (and log lines) as an evaluation done
+    at once would have."""
+    self.join()
+    if self.error is not None:
+      raise self.error
+    for r, returns, snap in zip(self.runs, self.returns, self.snaps):
+      record(r, returns, self.last, self.done, snap)
+      if self.rate is not None:
+        log_progress(r, self.last, self.done, self.rate, self.eta, many, snap)
+
+
+def recover(lost, program, eval_workers=0):
+  """Writes the rows of the evaluation at program.start (program: runner.Program) that a launch killed after that
+  checkpoint lost (groups `lost`: r.lost the checkpoint's `eval` metadata), evaluating the
+  restored actors with that point's env seeds: the returns the lost evaluation had."""
+  import numpy as np
+  from mombo_jax import distributed
+  actors = distributed.to_host(program.state.agent.actor.params)
+  if not distributed.is_main():
+    for r in lost:
+      r.lost = None
+    return
+  build_evaluators(lost, eval_workers)
+  done = program.start
+  for r, returns in zip(lost, returns_all(lost, actors, done)):
+    last = {}
+    for k, v in r.lost["last"].items():      # the group's cells' values -> the launch's axis [C]
+      full = np.full(program.num_cells, np.nan)
+      full[r.cells] = v
+      last[k] = full
+    record(r, returns, last, done, r.lost)
+    log(f"Wrote the evaluation of epoch {done}{r.where(len(lost) > 1)}, which the stopped launch "
+        "had not written.")
+    r.lost = None

@@ -197,6 +197,10 @@ def prepare(groups, records, keep, should_stop, data_options):
                     "delete the lagging ones.")
   for r, meta in zip(runs, metas):
     r.rows = r.workdir.read_rows(max_epoch=starts[0])
+    lost = meta.get("eval")
+    if lost and int(lost["epoch"]) == starts[0] and not any(
+        int(row["epoch"]) == starts[0] for row in r.rows):
+      r.lost = lost              # killed between the checkpoint and the rows: loop writes them
     if distributed.is_main():
       r.workdir.write_rows(r.rows)
     bound = bounds[r.group.dataset]
@@ -262,32 +266,57 @@ def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> boo
   """Trains from program.start to config.epochs (or stop_after epochs of this launch), evaluating
   (all groups in one pass over `eval_workers` processes, group_run.evaluate_all) and checkpointing
   every eval_every epochs. Returns False when stop_after ended it early; raises Interrupted when
-  should_stop fired (after a checkpoint)."""
-  import jax
-  import numpy as np
-  from mombo_jax import checkpoint, distributed, train as train_lib
-  config, many = program.config, len(runs) > 1
+  should_stop fired (after a checkpoint).
 
-  def save(epoch):
+  The evaluation of epoch E runs in a background thread (process 0, the policy on the host CPU)
+  while the device trains E..E+eval_every; its rows are written at the next evaluation point (or
+  at a stop, or at the end) before anything later. The checkpoint of E holds what writing them
+  needs (`eval` in its metadata), so a launch killed before they were written writes them when
+  it resumes (group_run.recover)."""
+  from mombo_jax import checkpoint, distributed, train as train_lib
+  many = len(runs) > 1
+  pending = []                   # at most one group_run.Evaluation (process 0)
+
+  def flush():
+    while pending:
+      pending.pop(0).finish(many)
+
+  def save(epoch, evals=None):
     todo = [r for r in runs if r.ckpt.latest_step() != epoch]
     for r in todo:
       # The group's cells with the group's own ring (what a plain run of it saves), each device
       # keeping the cells it holds: every process writes its own shards (every process calls
       # save; nothing is gathered).
       state = train_lib.take_cells(program.state, r.cells, r.config.synthetic_capacity)
+      meta = {"epoch": epoch, "diverged": list(r.diverged.values()),
+              "q": list(r.q.records.values())}
+      if evals is not None:      # what writing this point's rows needs, should they be lost
+        meta["eval"] = evals[id(r)]
       try:
-        r.ckpt.save(epoch, state,
-                    {"epoch": epoch, "diverged": list(r.diverged.values()),
-                     "q": list(r.q.records.values())})
+        r.ckpt.save(epoch, state, meta)
       except checkpoint.CheckpointError as e:
         raise UserError(str(e)) from None
 
   def stop_requested(epoch):
     if should_stop is not None and distributed.agree(should_stop()):
+      flush()
       save(epoch)
       where = ", ".join(r.ckpt.directory for r in runs)
       raise Interrupted(getattr(should_stop, "signum", None), f"epoch {epoch} (checkpoint in {where})")
 
+  try:
+    return _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_workers)
+  finally:
+    for p in pending:            # an error: the thread ends before the Evaluators close
+      p.join()
+
+
+def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_workers):
+  """loop's body; `pending` holds the evaluation under way (loop joins it on any exit)."""
+  import jax
+  import numpy as np
+  from mombo_jax import distributed
+  config, many = program.config, len(runs) > 1
   devices = jax.devices()
   what = "Seeds" if not many else f"{program.num_cells} cells ({len(runs)} workdirs x seeds)"
   procs = (f" of {distributed.process_count()} processes" if distributed.is_multiprocess()
@@ -298,15 +327,19 @@ def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> boo
       f"schedule over {config.schedule_steps // config.steps_per_epoch} epochs, stop at "
       f"{config.epochs}.")
   end = config.epochs if stop_after is None else min(config.epochs, program.start + stop_after)
-  if program.start < end:
-    # Compiled ahead of the loop, so steps/s and the ETA measure training only.
-    t_compile = time.time()
-    chunk = compile_chunk(program)
-    log(f"Compiled the epoch in {time.time() - t_compile:.1f} s.")
+  lost = [r for r in runs if r.lost is not None]
+  if program.start < end or lost:
+    if program.start < end:
+      # Compiled ahead of the loop, so steps/s and the ETA measure training only.
+      t_compile = time.time()
+      chunk = compile_chunk(program)
+      log(f"Compiled the epoch in {time.time() - t_compile:.1f} s.")
     if distributed.is_main():      # before training: a logger that fails costs no epoch
       for r in runs:
         group_run.open_loggers(r, program.start)
   group_run.log_reference_scores(runs)
+  if lost:
+    group_run.recover(lost, program, eval_workers)
   epoch, pace, t_start = program.start, None, time.time()
   while epoch < end:
     stop_requested(epoch)
@@ -321,20 +354,26 @@ def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> boo
     for i in range(n):
       group_run.watch(runs, {k: np.asarray(v[i]) for k, v in metrics.items()}, epoch + i + 1, config, many)
     epoch += n
+    if pending and not pending[0].thread.is_alive():
+      flush()                    # done while the device trained: its rows now, not a point later
     if epoch % config.eval_every and epoch != config.epochs:
       stop_requested(epoch)
       continue
+    flush()                      # the previous point's rows first: metrics.csv in epoch order
     last = {k: np.asarray(v[n - 1]) for k, v in metrics.items() if not k.startswith("diverged")}
     rate = (epoch - program.start) * config.steps_per_epoch * program.num_cells / max(
         time.time() - t_start, 1e-9)
     eta = (config.epochs - epoch) * config.steps_per_epoch * program.num_cells / max(rate, 1e-9)
     actors = distributed.to_host(program.state.agent.actor.params)
+    snaps = [group_run.snapshot(r) for r in runs]
+    save(epoch, {id(r): dict(snap, epoch=epoch, last={k: [float(x) for x in v[r.cells]]
+                                                      for k, v in sorted(last.items())})
+                 for r, snap in zip(runs, snaps)})
     if distributed.is_main():                # process 0 evaluates and writes the outputs
-      group_run.evaluate_all(runs, actors, last, epoch, eval_workers)
-      for r in runs:
-        group_run.log_progress(r, last, epoch, rate, eta, many)
-    save(epoch)
+      group_run.build_evaluators(runs, eval_workers)
+      pending.append(group_run.Evaluation(runs, actors, last, epoch, snaps, rate, eta))
     stop_requested(epoch)
+  flush()
   if epoch < config.epochs:
     save(epoch)
     log(f"Stopping after {stop_after} epoch(s) as asked; run again to resume.")

@@ -489,3 +489,66 @@ def test_cli_refuses_an_unknown_logger_before_any_work(tmp_path):
   assert len(lines) == 1 and "unknown logger(s) tensorbord; valid: csv, tensorboard, wandb" in \
       lines[0], out.stderr
   assert not (tmp_path / "w").exists()
+
+
+def _assert_same_rows(a, b):
+  """Two metrics.csv's row lists: the same epochs, seeds and columns, the values equal (to float
+  noise)."""
+  assert [(r["epoch"], r["seed"]) for r in a] == [(r["epoch"], r["seed"]) for r in b]
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for k in x:
+      assert x[k] == pytest.approx(y[k], rel=1e-6, nan_ok=True), (x["epoch"], x["seed"], k)
+
+
+@pytest.mark.slow
+def test_a_resume_writes_the_rows_of_an_evaluation_the_killed_launch_lost(dataset, dyn_dir, tmp_path,
+                                                                          mombo_run, capsys):
+  """The evaluation of epoch E runs while the device trains on; a launch killed after E's
+  checkpoint but before E's rows reached metrics.csv resumes by evaluating the restored actors
+  with E's env seeds and writing those rows first: metrics.csv ends as an uninterrupted run's."""
+  straight, _ = mombo_run
+  config = _config("mombo", num_seeds=2)
+  assert runner.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1) is None
+  wd = Workdir(str(tmp_path))
+  assert [r["epoch"] for r in wd.read_rows()] == [1, 1]
+  wd.write_rows([])                         # the kill: checkpoint at epoch 1, no rows of it
+  capsys.readouterr()
+  assert runner.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir) is not None
+  assert "Wrote the evaluation of epoch 1" in capsys.readouterr().out
+  _assert_same_rows(wd.read_rows(), Workdir(str(straight)).read_rows())
+
+
+def test_evaluation_overlaps_the_next_device_call(dataset, dyn_dir, tmp_path, mombo_run,
+                                                  monkeypatch):
+  """The evaluation of epoch 1 (a background thread) is still running when the device call of
+  epoch 2 is dispatched: the fake returns wait for that dispatch (a sequential loop would make
+  them time out). The rows are the same as an uninterrupted run's."""
+  import threading
+  from mombo_jax import group_run
+  straight, _ = mombo_run
+  dispatched, waited = threading.Event(), {}
+  compile_chunk, returns_all = runner.compile_chunk, group_run.returns_all
+
+  def watched_compile(program):
+    chunk = compile_chunk(program)
+
+    def call(state, real, keys, cells, start, n):
+      if int(start) >= 1:
+        dispatched.set()
+      return chunk(state, real, keys, cells, start, n)
+    return call
+
+  def slow_returns(runs, actors, done):
+    if done == 1:
+      waited[done] = (dispatched.wait(timeout=4.0), threading.current_thread().name)
+    return returns_all(runs, actors, done)
+
+  monkeypatch.setattr(runner, "compile_chunk", watched_compile)
+  monkeypatch.setattr(group_run, "returns_all", slow_returns)
+  assert runner.train(_config("mombo", num_seeds=2), dataset, str(tmp_path),
+                      dynamics_dir=dyn_dir) is not None
+  ok, thread = waited[1]
+  assert ok, "the device call of epoch 2 waited for the evaluation of epoch 1"
+  assert thread != threading.main_thread().name
+  _assert_same_rows(Workdir(str(tmp_path)).read_rows(), Workdir(str(straight)).read_rows())

@@ -1,4 +1,6 @@
-"""Measurements shared by the benchmarks: this machine's matmul throughput and XLA's FLOP count."""
+"""Measurements shared by the benchmarks: this machine's matmul throughput, XLA's FLOP count of a
+compiled call, and a FLOP count from the jaxpr that multiplies loop bodies by their trip counts."""
+import math
 import os
 import time
 
@@ -35,6 +37,67 @@ def xla_flops(compiled) -> float:
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float(cost["flops"])
+
+
+# Elementwise primitives counted as one FLOP per output element (where an input is floating point),
+# as XLA's cost analysis counts them; transcendental ones included (XLA lists those apart).
+_ELEMENTWISE = frozenset("""
+  add add_any sub mul div rem neg abs sign max min pow integer_pow square sqrt rsqrt cbrt exp exp2
+  log log1p expm1 tanh logistic erf erfc erf_inv sin cos tan atan2 floor ceil round clamp select_n
+  eq ne lt le gt ge is_finite nextafter""".split())
+# Reductions: one FLOP per input element.
+_REDUCTIONS = frozenset("""reduce_sum reduce_max reduce_min reduce_prod argmax argmin cumsum cummax
+  cummin cumprod cumlogsumexp""".split())
+
+
+def _size(aval) -> int:
+  return math.prod(getattr(aval, "shape", ()))
+
+
+def _is_float(aval) -> bool:
+  dtype = getattr(aval, "dtype", None)
+  return dtype is not None and jnp.issubdtype(dtype, jnp.inexact)
+
+
+def _sub_jaxprs(params):
+  """The jaxprs nested in an equation's params (pjit, custom_jvp/vjp, shard_map, remat, ...)."""
+  for value in params.values():
+    for v in value if isinstance(value, (tuple, list)) else (value,):
+      inner = getattr(v, "jaxpr", v)
+      if hasattr(inner, "eqns"):
+        yield inner
+
+
+def _jaxpr_flops(jaxpr) -> float:
+  total = 0.0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "scan":
+      total += eqn.params["length"] * _jaxpr_flops(eqn.params["jaxpr"].jaxpr)
+    elif name == "cond":
+      total += max(_jaxpr_flops(b.jaxpr) for b in eqn.params["branches"])
+    elif name == "dot_general":
+      (contract, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      total += 2.0 * _size(eqn.outvars[0].aval) * math.prod(lhs[d] for d in contract)
+    elif name in _ELEMENTWISE:
+      if any(_is_float(v.aval) for v in eqn.invars):
+        total += _size(eqn.outvars[0].aval)
+    elif name in _REDUCTIONS:
+      if _is_float(eqn.invars[0].aval):
+        total += _size(eqn.invars[0].aval)
+    else:   # while loops (trip count unknown: the body once), calls, custom derivatives
+      total += sum(_jaxpr_flops(j) for j in _sub_jaxprs(eqn.params))
+  return total
+
+
+def jaxpr_flops(fn, *args) -> float:
+  """FLOPs of one call fn(*args), counted on its jaxpr: 2 M N K per matrix product (dot_general,
+  batch dims included), one per output element of floating-point elementwise ops, one per input
+  element of reductions; a scan's body times its length (XLA's cost analysis counts it once), a
+  cond's costliest branch, a while loop's body once. Integer work (the RNG's threefry, index
+  arithmetic), gathers, scatters and data movement count nothing. Tracing only: nothing runs."""
+  return _jaxpr_flops(jax.make_jaxpr(fn)(*args).jaxpr)
 
 
 def cpu_name() -> str:

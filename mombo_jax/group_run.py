@@ -81,28 +81,13 @@ def open_loggers(r: GroupRun, start: int):
     r.loggers.open(r.group.workdir, r.workdir.read_record(), r.seeds, r.rows, start, log=log)
 
 
-def evaluate(r: GroupRun, actors, last, done, workers=1):
-  """Evaluates group r's actors alone (`actors`: every cell's actor parameters on the host) and
-  appends its metrics.csv rows (and hands them to r.loggers); last: the epoch's metrics {name:
-  [C]}. Sets r.scores [S, episodes]. The training loop evaluates all groups at once
-  (evaluate_all), which gives each group these very returns."""
-  import jax
-  from mombo_jax import evaluate as evaluate_lib
-  c = r.config
-  if r.evaluator is None:                  # built at the first evaluation, reused after
-    r.evaluator = evaluate_lib.Evaluator(c, c.env_name, c.num_seeds, c.eval_episodes,
-                                         workers=workers)
-  returns = r.evaluator.run(jax.tree.map(lambda x: x[r.cells], actors), seed=eval_seed(r, done))
-  record(r, returns, last, done)
-
-
 def evaluate_all(runs, actors, last, done, workers=0):
-  """Evaluates every group's actors in one pass and appends each group's metrics.csv rows, as
-  `evaluate` does group by group: one Evaluator (one set of envs over `workers` processes, 0:
+  """Evaluates every group's actors in one pass and appends each group's metrics.csv rows (and
+  hands them to r.loggers; sets r.scores [S, episodes]): one Evaluator (one set of envs over `workers` processes, 0:
   env_pool.auto_workers) for all the launch's cells x episodes, built at the first evaluation and
   shared by the groups (their r.evaluator; closing it twice is harmless), one policy call per time
   step for every cell, each group's envs reset with the seeds of its own evaluation (eval_seed),
-  so each group's returns are those `evaluate` gives it. Groups with another eval_episodes get
+  so each group's returns are those an Evaluator of its own gives it. Groups with another eval_episodes get
   their own Evaluator. The training loop runs the two halves apart (build_evaluators +
   returns_all in a thread while the device trains, then record)."""
   build_evaluators(runs, workers)

@@ -280,8 +280,15 @@ def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path,
           r.evaluator.close()
     return runs
 
-  alone = group_runs("alone", lambda runs, done: [group_run.evaluate(r, actors, last, done)
-                                                  for r in runs])
+  def evaluate_alone(r, done):
+    """Group r evaluated by an Evaluator of its own (the reference)."""
+    c = r.config
+    if r.evaluator is None:
+      r.evaluator = evaluate.Evaluator(c, c.env_name, c.num_seeds, c.eval_episodes)
+    group_run.record(r, r.evaluator.run(jax.tree.map(lambda x: x[r.cells], actors),
+                                        seed=group_run.eval_seed(r, done)), last, done)
+
+  alone = group_runs("alone", lambda runs, done: [evaluate_alone(r, done) for r in runs])
   together = group_runs("together", lambda runs, done: group_run.evaluate_all(
       runs, actors, last, done, workers=2))
   assert together[0].evaluator is together[1].evaluator is not together[2].evaluator

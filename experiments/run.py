@@ -35,6 +35,12 @@ def define_flags():
                     "tuned; lcb: the paper's written eq. (1), whose penalty is much smaller at "
                     "those betas (see benchmarks/learning/README.md for its matched beta); "
                     "mixture: law of total variance over the elites.")
+  flags.DEFINE_string("reference", None, "Whose settings the per-task values follow "
+                      "(config.json's `reference`; mombo_jax/references.py). mombo: authors "
+                      "(adinlab/MOMBO configs, default). mobile: offlinerl_kit (default: OfflineRL-Kit "
+                      "run_example/run_mobile.py, whose logs are the paper's MOBILE column) or "
+                      "authors (yihaosun1124/mobile configs). mopo: offlinerl_kit (run_mopo.py, "
+                      "default). A non-default source adds -<reference> to the default workdir.")
   flags.DEFINE_enum("preset", "paper", ["paper", "quick", "tiny"], "Budget preset (config.PRESETS).")
   flags.DEFINE_integer("seeds", 1, "Number of seeds, trained together (vmapped).")
   flags.DEFINE_integer("seed", 0, "First seed.")
@@ -45,7 +51,9 @@ def define_flags():
                        "is the prefix of the paper's; --epochs under the other presets; 0: "
                        "--epochs.")
   flags.DEFINE_integer("steps_per_epoch", None, "Gradient steps per epoch.")
-  flags.DEFINE_integer("eval_every", None, "Epochs between evaluations (and checkpoints).")
+  flags.DEFINE_integer("eval_every", None, "Epochs between evaluations (and checkpoints). "
+                       "Default under --preset=paper: the reference's cadence where practical "
+                       "(MOMBO 50, MOBILE and MOPO 10; docs/protocol.md).")
   flags.DEFINE_integer("eval_episodes", None, "Evaluation episodes per seed.")
   flags.DEFINE_integer("rollout_batch_size", None, "Model rollout start states per epoch.")
   flags.DEFINE_integer("rollout_length", None, "Model rollout length k.")
@@ -104,6 +112,8 @@ def _overrides():
          if getattr(FLAGS, flag) is not None}
   if FLAGS.schedule_epochs is not None:
     out["schedule_epochs"] = FLAGS.schedule_epochs or None
+  if FLAGS.reference is not None:
+    out["reference"] = FLAGS.reference
   out.update(target=FLAGS.target, seed=FLAGS.seed, num_seeds=FLAGS.seeds)
   return out
 
@@ -156,7 +166,8 @@ def main(argv):
     else:
       dataset = FLAGS.dataset or FLAGS.env
       workdir = FLAGS.workdir or workdir_lib.run_dir("runs", dataset, FLAGS.algo, FLAGS.target,
-                                                FLAGS.seed, FLAGS.seeds)
+                                                FLAGS.seed, FLAGS.seeds,
+                                                reference=config.reference)
       groups = [groups_lib.Group(config, dataset, workdir, FLAGS.dynamics_dir)]
     launch.enable_compilation_cache(FLAGS.compilation_cache)
     summaries = runner.train_grid(groups, **options)

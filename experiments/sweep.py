@@ -20,8 +20,9 @@ diverged). A failing cell does not stop the sweep; the sweep's exit status is 1 
 failed (3 when seeds of a cell diverged, now or before, and nothing failed outright), 130 / 143
 when SIGINT / SIGTERM interrupted it (the running cell checkpoints first).
 
-Setup flags (--preset, --epochs, --steps_per_epoch, --beta, ...) are checked and passed to every
-cell (a given --beta also names the cells' folders, <algo>[-<target>]-beta<b>); after `--` go
+Setup flags (--preset, --reference, --epochs, --steps_per_epoch, --beta, ...) are checked and
+passed to every cell (a given --beta also names the cells' folders, <algo>[-<target>]-beta<b>, and
+so does a --reference that is not the algorithm's default source); after `--` go
 only experiments.run's flags that do not change the setup (--keep_checkpoints,
 --compilation_cache, --build_missing, --build_steps, --download, --allow_small_dataset, --log,
 --eval_workers, --allow_epochs_change: it continues finished cells to a larger --epochs). Any other word is

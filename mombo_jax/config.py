@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
+from mombo_jax import references
+
 ENVS = ("halfcheetah", "hopper", "walker2d")
 D4RL_QUALITIES = ("random", "medium", "medium-replay", "medium-expert", "expert")
 MIXED_PARTNERS = ("medium", "expert")
@@ -28,6 +30,10 @@ class Config:
   # The per-task betas are elite_spread's: lcb penalises less at them (hopper-medium-replay: 2.7x
   # less, matched beta ~0.45 vs 0.15; benchmarks/learning/README.md), so lcb needs its own --beta.
   target: str = "elite_spread"
+  # Whose settings the per-task values follow (mombo_jax/references.py): mombo authors; mobile
+  # offlinerl_kit (the paper's MOBILE column) or authors; mopo offlinerl_kit. make_config fills the
+  # algorithm's default; None: a Config built by hand from no reference table.
+  reference: Optional[str] = None
   seed: int = 0                       # first seed; seeds are seed .. seed + num_seeds - 1
   num_seeds: int = 1
 
@@ -138,6 +144,8 @@ def _validate(c: "Config"):
     raise ValueError(f"Unknown algo {c.algo!r}; choose one of {', '.join(ALGOS)}.")
   if c.target not in TARGETS:
     raise ValueError(f"Unknown target {c.target!r}; choose one of {', '.join(TARGETS)}.")
+  if c.reference is not None:
+    references.check(c.algo, c.reference)
   parse_name(c.env)
   for name in _POSITIVE_INTS:
     v = getattr(c, name)
@@ -205,93 +213,12 @@ def _validate(c: "Config"):
                      f"({len(c.dyn_hidden) + 1}), got {len(c.dyn_weight_decay)}.")
 
 
-# Per-algorithm, per-task settings: each algorithm runs as its own reference runs it, and no
-# algorithm inherits another's extras (SPEC.md section 4). Keys are Config fields; everything not
-# listed keeps the Config default (which matches the three references' shared defaults:
-# adinlab/MOMBO configs/gym/default.py, yihaosun1124/mobile configs/gym/default.py and OfflineRL-Kit
-# run_example/run_mopo.py's argparse defaults agree on lr, networks, gamma, tau, batch, 3000 x 1000
-# steps, 50k rollouts, 5 retained epochs, real ratio 0.05, 7/5 members/elites).
-# `beta` is MOMBO's / MOBILE's penalty_coef, MOPO's lambda ("penalty_coef" / "penalty-coef").
-# Where a reference fixes alpha (auto_alpha False) it uses its default alpha 0.2.
-
-# MOMBO: the released code, adinlab/MOMBO configs/gym/<task>.py (the file of each task named
-# beside it). These are the settings that produced the paper's Table 1 (SPEC.md section 6).
-MOMBO_TASKS = {
-    "halfcheetah-random": dict(rollout_length=5, beta=0.5),    # halfcheetah_random.py
-    "halfcheetah-medium": dict(rollout_length=5, beta=0.75),   # halfcheetah_medium.py
-    "halfcheetah-medium-replay": dict(rollout_length=5, beta=0.2),  # halfcheetah_medium_replay.py
-    "halfcheetah-medium-expert": dict(rollout_length=5, beta=1.0,   # halfcheetah_medium_expert.py
-                                      real_ratio=0.5),
-    "hopper-random": dict(rollout_length=5, beta=4.5),         # hopper_random.py
-    "hopper-medium": dict(rollout_length=5, beta=3.0,          # hopper_medium.py
-                          auto_alpha=False, alpha=0.2),
-    "hopper-medium-replay": dict(rollout_length=5, beta=0.15,  # hopper_medium_replay.py
-                                 auto_alpha=False, alpha=0.2),
-    "hopper-medium-expert": dict(rollout_length=5, beta=1.5),  # hopper_medium_expert.py
-    "walker2d-random": dict(rollout_length=5, beta=2.5),       # walker2d_random.py
-    "walker2d-medium": dict(rollout_length=5, beta=0.75,       # walker2d_medium.py
-                            dyn_max_epochs=30),
-    "walker2d-medium-replay": dict(rollout_length=1, beta=0.5),     # walker2d_medium_replay.py
-    "walker2d-medium-expert": dict(rollout_length=1, beta=1.5),     # walker2d_medium_expert.py
-}
-
-# MOBILE: the MOBILE authors' code, yihaosun1124/mobile configs/gym/<task>.py. Its extras (fixed
-# alpha on hopper-medium / -medium-replay, walker2d-medium's 30 dynamics epochs,
-# halfcheetah-medium-expert's real ratio 0.5) are MOBILE's own; MOMBO's code copied them.
-MOBILE_TASKS = {
-    "halfcheetah-random": dict(rollout_length=5, beta=0.5),    # halfcheetah_random.py
-    "halfcheetah-medium": dict(rollout_length=5, beta=0.5),    # halfcheetah_medium.py
-    "halfcheetah-medium-replay": dict(rollout_length=5, beta=0.1),  # halfcheetah_medium_replay.py
-    "halfcheetah-medium-expert": dict(rollout_length=5, beta=1.0,   # halfcheetah_medium_expert.py
-                                      real_ratio=0.5),
-    "hopper-random": dict(rollout_length=5, beta=5.0),         # hopper_random.py
-    "hopper-medium": dict(rollout_length=5, beta=1.5,          # hopper_medium.py
-                          auto_alpha=False, alpha=0.2),
-    "hopper-medium-replay": dict(rollout_length=5, beta=0.1,   # hopper_medium_replay.py
-                                 auto_alpha=False, alpha=0.2),
-    "hopper-medium-expert": dict(rollout_length=5, beta=1.5),  # hopper_medium_expert.py
-    "walker2d-random": dict(rollout_length=5, beta=2.0),       # walker2d_random.py
-    "walker2d-medium": dict(rollout_length=5, beta=0.5,        # walker2d_medium.py
-                            dyn_max_epochs=30),
-    "walker2d-medium-replay": dict(rollout_length=1, beta=0.5),     # walker2d_medium_replay.py
-    "walker2d-medium-expert": dict(rollout_length=1, beta=1.5),     # walker2d_medium_expert.py
-}
-
-# MOPO: OfflineRL-Kit, run_example/run_mopo.py ("suggested hypers" for the -v2 datasets): learned
-# alpha (--auto-alpha True) for every task, real ratio 0.05 everywhere, no dynamics epoch cap
-# (dynamics.train(..., max_epochs_since_update=5)), soft backup, no target clamp (SACPolicy).
-# OfflineRL-Kit suggests nothing for the random datasets: those come from the MOPO authors' code,
-# tianheyu927/mopo examples/config/d4rl/<env>_random.py (D4RL -v0; rollout_length, penalty_coeff).
-MOPO_TASKS = {
-    "halfcheetah-random": dict(rollout_length=5, beta=0.5),    # tianheyu927/mopo halfcheetah_random.py
-    "halfcheetah-medium": dict(rollout_length=5, beta=0.5),    # run_mopo.py
-    "halfcheetah-medium-replay": dict(rollout_length=5, beta=0.5),  # run_mopo.py
-    "halfcheetah-medium-expert": dict(rollout_length=5, beta=2.5),  # run_mopo.py
-    "hopper-random": dict(rollout_length=5, beta=1.0),         # tianheyu927/mopo hopper_random.py
-    "hopper-medium": dict(rollout_length=5, beta=5.0),         # run_mopo.py
-    "hopper-medium-replay": dict(rollout_length=5, beta=2.5),  # run_mopo.py
-    "hopper-medium-expert": dict(rollout_length=5, beta=5.0),  # run_mopo.py
-    "walker2d-random": dict(rollout_length=1, beta=1.0),       # tianheyu927/mopo walker2d_random.py
-    "walker2d-medium": dict(rollout_length=5, beta=0.5),       # run_mopo.py
-    "walker2d-medium-replay": dict(rollout_length=1, beta=2.5),     # run_mopo.py
-    "walker2d-medium-expert": dict(rollout_length=1, beta=2.5),     # run_mopo.py
-}
-
-TASKS = {"mombo": MOMBO_TASKS, "mobile": MOBILE_TASKS, "mopo": MOPO_TASKS}
-# The expert datasets are in none of the references' tables: each algorithm reuses its own
-# medium-expert settings.
-for _table in TASKS.values():
-  for _env in ENVS:
-    _table[f"{_env}-expert"] = _table[f"{_env}-medium-expert"]
-
-# Per-algorithm settings for every task (the reference's own code path).
-ALGO_SETTINGS = {
-    "mombo": {},
-    "mobile": {},
-    # MOPO is plain SAC on the penalised reward: soft backup, no target clamp (OfflineRL-Kit
-    # offlinerlkit/policy/model_free/sac.py).
-    "mopo": dict(deterministic_backup=False, clip_target_min=None),
-}
+# Per-algorithm, per-task settings: each algorithm runs as its reference runs it, from the source
+# `reference` names (mombo_jax/references.py: every table and entry citing its file). TASKS: each
+# algorithm's default source's table (the one the paper's numbers come from).
+MOMBO_TASKS = references.MOMBO_AUTHORS
+MOPO_TASKS = references.MOPO_OFFLINERL_KIT
+TASKS = {algo: references.source(algo).tasks for algo in ALGOS}
 
 # Mixed datasets (paper appendix): one setting for all.
 _MIXED = dict(rollout_length=5, critic_hidden=(256, 256, 256), actor_hidden=(1024,) * 5,
@@ -342,19 +269,22 @@ def parse_name(name: str) -> tuple:
   return env, quality
 
 
-def task_overrides(env: str, algo: str) -> dict:
-  """The reference settings of `algo` on `env` (a short name): TASKS[algo][env] (the mixed
-  datasets: the paper's one setting), then ALGO_SETTINGS[algo]."""
+def task_overrides(env: str, algo: str, reference: Optional[str] = None) -> dict:
+  """The settings of `algo` on `env` (a short name) from the source `reference` (None: the
+  algorithm's default, references.DEFAULT): the source's row for env (the mixed datasets: the
+  paper's one setting), then the source's settings for every task and its evaluation cadence."""
   parse_name(env)
-  table = TASKS[algo]
-  out = dict(table[env]) if env in table else dict(_MIXED, beta=_MIXED_BETA)
-  out.update(ALGO_SETTINGS[algo])
+  src = references.source(algo, reference)
+  out = dict(src.tasks[env]) if env in src.tasks else dict(_MIXED, beta=_MIXED_BETA)
+  out.update(src.settings, eval_every=src.eval_every)
   return out
 
 
 def make_config(env: str = "hopper-random", algo: str = "mombo", preset: str = "paper",
                 **overrides) -> Config:
-  """Config for `env` and `algo` from the paper's tables, then a preset, then explicit overrides."""
+  """Config for `env` and `algo` from the per-task table of the source overrides["reference"]
+  names (default: the algorithm's, references.DEFAULT; recorded in the Config), then a preset,
+  then explicit overrides. ValueError for a source the algorithm does not have."""
   if algo not in ALGOS:
     raise ValueError(f"Unknown algo {algo!r}; choose one of {', '.join(ALGOS)}.")
   if preset not in PRESETS:
@@ -363,8 +293,9 @@ def make_config(env: str = "hopper-random", algo: str = "mombo", preset: str = "
   unknown = sorted(set(overrides) - fields)
   if unknown:
     raise ValueError(f"Unknown config field(s) {unknown}; valid fields: {sorted(fields)}.")
-  values = dict(env=env, algo=algo)
-  values.update(task_overrides(env, algo))
+  reference = references.check(algo, overrides.pop("reference", None))
+  values = dict(env=env, algo=algo, reference=reference)
+  values.update(task_overrides(env, algo, reference))
   if preset == "paper":
     # The actor's cosine schedule spans the paper's run whatever --epochs says, so a shorter run
     # is the prefix of the paper's (3000 epochs; the mixed datasets' 2000).

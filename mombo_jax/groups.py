@@ -62,7 +62,7 @@ def plan_groups(env, algo, preset, overrides, datasets=None, betas=None, root="r
       except ValueError as e:
         raise UserError(f"{dataset}: {e}") from None
       workdir = run_dir(root, dataset, algo, config.target, config.seed, config.num_seeds,
-                        None if not betas else beta)
+                        None if not betas else beta, config.reference)
       dyn = grid_dynamics_dir(root, dataset, dynamics_dir) if betas else None
       groups.append(Group(config, dataset, workdir, dyn))
   return groups

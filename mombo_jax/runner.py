@@ -72,13 +72,15 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
   summaries (None each when `stop_after` ended this launch early). Arguments as for `train`; the
   loggers of `log_to` write each workdir's rows, one series per seed (W&B: one run per seed, the
   launch's workdirs one group)."""
-  from mombo_jax import distributed, loggers
+  from mombo_jax import distributed, loggers, references
   kinds = loggers.parse(log_to)  # before any work: unknown names, missing packages
   if int(eval_workers) < 0:
     raise UserError(f"eval_workers={eval_workers}: pass a number of processes >= 1, or 0 (auto).")
   held = []                      # the workdirs' locks (process 0's), released by the OS at death
   try:
     records = plan(groups, keep, stop_after, build_steps, allow_epochs_change, held)
+    for line in dict.fromkeys(references.describe(g.config) for g in groups):
+      log(line)                  # where the settings come from, before any long work
     if distributed.is_multiprocess():
       build_missing = False      # processes building one dataset side by side would collide
     runs, program = prepare(groups, records, keep, should_stop, dict(

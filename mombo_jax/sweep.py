@@ -27,7 +27,7 @@ from mombo_jax.launch import EXIT_DIVERGED
 
 # experiments.run's flags that a sweep sets for every cell (name -> absl type). They make the
 # cell's setup (its config.json), which the sweep checks and compares with finished cells.
-BUDGET_FLAGS = {"preset": "string", "target": "string", "epochs": "integer",
+BUDGET_FLAGS = {"preset": "string", "target": "string", "reference": "string", "epochs": "integer",
                 "steps_per_epoch": "integer", "eval_every": "integer", "eval_episodes": "integer",
                 "rollout_batch_size": "integer", "rollout_length": "integer",
                 "dynamics_max_epochs": "integer", "real_ratio": "float", "beta": "float",
@@ -130,7 +130,8 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
   config, so a typo fails here and not hours into the sweep; `extra` (the words after `--`) by
   check_passthrough. budget: experiments.run flag -> value (None = the cell's default). A given
   --beta is part of the cells' folder names (<algo>[-<target>]-beta<b>), so sweeps of several
-  betas share one --out."""
+  betas share one --out; so is a --reference other than the algorithm's default source
+  (<algo>[-<target>]-<reference>; an algorithm without that source is refused)."""
   from mombo_jax import config as config_lib, workdir as workdir_lib
   if not envs:
     raise UserError("--envs is required, e.g. --envs=hopper-random,hopper-medium-replay.")
@@ -158,7 +159,8 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
       except (ValueError, TypeError) as e:
         raise UserError(f"{env} / {algo}: {e}") from None
       target = budget.get("target", config_lib.Config.target)
-      workdir = workdir_lib.run_dir(out, env, algo, target, seed, seeds, budget.get("beta"))
+      workdir = workdir_lib.run_dir(out, env, algo, target, seed, seeds, budget.get("beta"),
+                                    config.reference)
       dynamics_dir = workdir_lib.grid_dynamics_dir(out, env)
       command = [python, "-m", "experiments.run", f"--env={env}", f"--algo={algo}",
                  f"--seeds={seeds}", f"--seed={seed}", f"--workdir={workdir}",

@@ -416,9 +416,10 @@ def make_cells_chunk(config, num_cells: int, max_epochs: int, per_cell=()):
   return _cells_chunk(epoch_config(config, per_cell), int(max_epochs), per_cell)
 
 
-# Fields the compiled epoch never reads (training the dynamics, evaluation, seeding, naming) and
-# beta (a per-cell array): epoch_config resets them to the defaults (and epoch_config's per_cell).
-_NOT_IN_EPOCH = ("seed", "num_seeds", "eval_every", "eval_episodes", "beta", "dyn_lr",
+# Fields the compiled epoch never reads (training the dynamics, evaluation, seeding, naming, the
+# settings' source) and beta (a per-cell array): epoch_config resets them to the defaults (and
+# epoch_config's per_cell).
+_NOT_IN_EPOCH = ("seed", "num_seeds", "eval_every", "eval_episodes", "reference", "beta", "dyn_lr",
                  "dyn_batch_size", "dyn_holdout_ratio", "dyn_max_holdout", "dyn_improvement",
                  "dyn_patience", "dyn_max_epochs", "dyn_checkpoint_every_s")
 

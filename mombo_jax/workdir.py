@@ -47,10 +47,14 @@ RUN_FILES = (CONFIG, METRICS, SUMMARY)
 HARMLESS = ("eval_every", "eval_episodes")
 
 
-def run_dir(root, dataset, algo, target, seed, seeds, beta=None) -> str:
-  """<root>/<dataset>/<algo>[-<target>][-beta<beta>]/s<seed>x<seeds>: a run's default workdir
-  (beta only in the name of a --betas grid's cells)."""
-  name = algo + (f"-{target}" if algo == "mombo" else "") + ("" if beta is None else f"-beta{beta:g}")
+def run_dir(root, dataset, algo, target, seed, seeds, beta=None, reference=None) -> str:
+  """<root>/<dataset>/<algo>[-<target>][-<reference>][-beta<beta>]/s<seed>x<seeds>: a run's
+  default workdir (beta only in the name of a --betas grid's cells; reference only when it is not
+  the algorithm's default source, so runs of both sources of one algorithm sit side by side)."""
+  from mombo_jax import references
+  name = algo + (f"-{target}" if algo == "mombo" else "")
+  name += "" if reference in (None, references.DEFAULT.get(algo)) else f"-{reference}"
+  name += "" if beta is None else f"-beta{beta:g}"
   return os.path.join(root, dataset.replace("/", "_"), name, f"s{seed}x{seeds}")
 
 
@@ -86,8 +90,11 @@ def config_record(config, dataset: str) -> dict:
 
 
 def config_from_record(record: dict):
-  """(Config, dataset) of a config.json record; fields the Config no longer has are ignored."""
-  from mombo_jax import config as config_lib
+  """(Config, dataset) of a config.json record; fields the Config no longer has are ignored, and
+  a record written before runs recorded their settings' source gets the source it was built from
+  (references.upgrade_record), never today's default."""
+  from mombo_jax import config as config_lib, references
+  record = references.upgrade_record(record)
   fields = {f.name for f in dataclasses.fields(config_lib.Config)}
   # JSON turned the config's tuples into lists; the frozen Config must stay hashable.
   values = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in fields}
@@ -119,11 +126,14 @@ class Workdir:
   # ------------------------------------------------------------------------------ config.json
 
   def read_record(self) -> dict:
-    """config.json as written; UserError naming the file when missing or unreadable."""
+    """config.json as written, but for a field added since, which gets the value the version that
+    wrote it meant (references.upgrade_record: the settings' source); UserError naming the file
+    when missing or unreadable."""
+    from mombo_jax import references
     path = self.file(CONFIG)
     try:
       with open(path) as f:
-        return json.load(f)
+        return references.upgrade_record(json.load(f))
     except (OSError, ValueError) as e:
       raise UserError(f"{path} is missing or unreadable ({e}); pass a run workdir written by "
                       "experiments.run.") from None
@@ -144,19 +154,29 @@ class Workdir:
                         "were trained on (config, data) cannot be told. Delete "
                         f"{self.checkpoints} to start the run afresh, or pass another --workdir.")
       return new, []
+    from mombo_jax import references
     try:
       with open(path) as f:
-        old = json.load(f)
+        written = json.load(f)
     except (OSError, ValueError) as e:
       raise UserError(f"{path} is unreadable ({e}); delete that file to start the run afresh "
                       "(its checkpoints then no longer match and must go too).") from None
+    # A record from before runs recorded their settings' source is compared as the source its
+    # table came from (a MOBILE run: its authors' table), not as today's default.
+    old = references.upgrade_record(written)
     changed = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v
                and k not in ("epochs",) + HARMLESS}
     if changed:
+      hint = (f"Pass --reference={old['reference']} to continue it with the settings it was "
+              "started with, pass" if "reference" in changed and old.get("reference") else "Pass")
       raise UserError(f"{self.path} holds a run with another config "
                       f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in sorted(changed.items()))}). "
-                      "Pass another --workdir, or delete that folder to start over.")
+                      f"{hint} another --workdir, or delete that folder to start over.")
     notes, history = [], list(old.get("epochs_changes", []))
+    if "reference" not in written and "reference" in old:
+      notes.append(f"config.json did not record its settings' source (written before "
+                   f"--reference existed): it is {old['reference']!r}, the only {old.get('algo')} "
+                   "table then; recorded now.")
     if old.get("epochs") != new["epochs"]:
       # With a fixed schedule_epochs the schedule does not move: the run stays a prefix of the
       # schedule_epochs-epoch run. Without one it spans --epochs and is re-spanned.

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from mombo_jax import config as config_lib
+from mombo_jax import config as config_lib, references
 
 
 @pytest.mark.parametrize("override, field", [
@@ -84,3 +84,112 @@ def test_schedule_spans_the_papers_run_apart_from_the_stop():
     make("hopper-random", epochs=4000)
   with pytest.raises(ValueError, match="schedule_epochs"):
     make("hopper-random", schedule_epochs=0)
+
+
+def test_mobile_defaults_to_offlinerl_kits_run_mobile():
+  """The paper's MOBILE column is OfflineRL-Kit's logs: run_example/run_mobile.py's suggested hypers
+  and argparse defaults are MOBILE's default settings."""
+  make = config_lib.make_config
+  hcme = make("halfcheetah-medium-expert", "mobile")
+  assert hcme.reference == "offlinerl_kit"
+  assert hcme.beta == 2.0 and hcme.real_ratio == 0.05 and hcme.auto_alpha is True
+  hmr = make("hopper-medium-replay", "mobile")            # alpha fixed on hopper-medium only
+  assert hmr.beta == 0.1 and hmr.auto_alpha is True
+  hm = make("hopper-medium", "mobile")
+  assert hm.beta == 1.5 and hm.auto_alpha is False and hm.alpha == 0.2
+  wmr = make("walker2d-medium-replay", "mobile")
+  assert wmr.rollout_length == 1 and wmr.beta == 0.5
+  # --dynamics-max-epochs 30 on every task, the mixed datasets included.
+  for env in ("hopper-random", "walker2d-medium", "halfcheetah-medium-expert",
+              "hopper-random-medium-1pct"):
+    assert make(env, "mobile").dyn_max_epochs == 30, env
+  assert make("hopper-random", "mobile", "quick").dyn_max_epochs == 20      # the preset's cap wins
+  for env, row in references.MOBILE_OFFLINERL_KIT.items():
+    config = make(env, "mobile")
+    assert {k: getattr(config, k) for k in row} == row, env
+
+
+def test_reference_authors_gives_the_mobile_authors_table():
+  make = lambda env: config_lib.make_config(env, "mobile", reference="authors")  # noqa: E731
+  hcme = make("halfcheetah-medium-expert")
+  assert hcme.reference == "authors" and hcme.beta == 1.0 and hcme.real_ratio == 0.5
+  assert make("hopper-medium-replay").auto_alpha is False
+  assert make("hopper-random").dyn_max_epochs is None
+  assert make("walker2d-medium").dyn_max_epochs == 30
+  for env, row in references.MOBILE_AUTHORS.items():
+    config = make(env)
+    assert {k: getattr(config, k) for k in row} == row, env
+  # Every source has every D4RL task (the expert datasets reuse medium-expert's row).
+  for algo, sources in references.SOURCES.items():
+    for name, src in sources.items():
+      assert set(src.tasks) == set(config_lib.MOMBO_TASKS), (algo, name)
+  assert config_lib.TASKS["mobile"] is references.MOBILE_OFFLINERL_KIT
+  assert {a: config_lib.make_config("hopper-random", a).reference for a in config_lib.ALGOS} == \
+      {"mombo": "authors", "mobile": "offlinerl_kit", "mopo": "offlinerl_kit"}
+
+
+def test_a_source_an_algorithm_lacks_is_refused_naming_the_valid_ones():
+  make = config_lib.make_config
+  with pytest.raises(ValueError, match=r"Unknown reference 'authors' for mopo; choose one of "
+                                       r"offlinerl_kit \(default"):
+    make("hopper-random", "mopo", reference="authors")
+  with pytest.raises(ValueError, match=r"for mobile; choose one of offlinerl_kit .*, authors "):
+    make("hopper-random", "mobile", reference="kit")
+  with pytest.raises(ValueError, match="Unknown reference 'offlinerl_kit' for mombo"):
+    make("hopper-random", "mombo", reference="offlinerl_kit")
+  with pytest.raises(ValueError, match="Unknown reference 'authors' for mopo"):
+    config_lib.Config(algo="mopo", reference="authors")
+  assert config_lib.Config().reference is None              # built by hand: no table
+
+
+def test_paper_preset_evaluates_at_each_references_cadence():
+  """adinlab/MOMBO evaluates every 50 epochs, yihaosun1124/mobile every 10; OfflineRL-Kit every
+  epoch, which this project replaces by 10 (a documented choice: docs/protocol.md)."""
+  make = config_lib.make_config
+  assert make("hopper-medium", "mombo").eval_every == 50
+  assert make("hopper-random-medium-1pct", "mombo").eval_every == 50
+  assert make("hopper-medium", "mobile", reference="authors").eval_every == 10
+  assert make("hopper-medium", "mobile").eval_every == 10
+  assert make("hopper-medium", "mopo").eval_every == 10
+  for algo, sources in references.SOURCES.items():
+    for name, src in sources.items():
+      assert make("walker2d-medium", algo, reference=name).eval_every == src.eval_every
+      assert src.eval_every == src.reference_eval_every or src.reference_eval_every == 1, name
+  assert references.SOURCES["mombo"]["authors"].reference_eval_every == 50
+  assert references.SOURCES["mobile"]["authors"].reference_eval_every == 10
+  assert references.SOURCES["mobile"]["offlinerl_kit"].reference_eval_every == 1
+  # Presets and flags still win.
+  assert make("hopper-medium", "mombo", "quick").eval_every == 5
+  assert make("hopper-medium", "mombo", eval_every=7).eval_every == 7
+
+
+def test_config_json_names_the_source_and_old_records_keep_theirs(tmp_path):
+  """config.json records `reference`; a record written before it existed is read as the table it
+  came from (MOBILE: its authors'), so a resume with today's default is refused, not silently
+  continued under another table, and the report labels the difference."""
+  from mombo_jax import results, workdir as workdir_lib
+  from mombo_jax.errors import UserError
+  make = config_lib.make_config
+  kit = make("halfcheetah-medium-expert", "mobile", "tiny")
+  authors = make("halfcheetah-medium-expert", "mobile", "tiny", reference="authors")
+  record = workdir_lib.config_record(kit, kit.env)
+  assert record["reference"] == "offlinerl_kit"
+  assert workdir_lib.config_from_record(record) == (kit, kit.env)
+  old = {k: v for k, v in workdir_lib.config_record(authors, kit.env).items() if k != "reference"}
+  assert workdir_lib.config_from_record(old)[0] == authors
+  wd = workdir_lib.Workdir(str(tmp_path / "mobile"))
+  wd.write_config(old)
+  with pytest.raises(UserError, match=r"reference: 'authors' -> 'offlinerl_kit'.*Pass "
+                                      r"--reference=authors to continue it"):
+    wd.check_config(kit, kit.env)
+  new, notes = wd.check_config(authors, kit.env)
+  assert new["reference"] == "authors" and any("'authors'" in n for n in notes)
+  assert wd.read_record()["reference"] == "authors"       # what the report reads
+  setups = [results.setup_of(wd.read_record()), results.setup_of(record)]
+  assert "reference" in results._differing(setups)
+  # An old MOMBO record is today's MOMBO table: it resumes.
+  mombo = make("hopper-random", "mombo", "tiny")
+  wd = workdir_lib.Workdir(str(tmp_path / "mombo"))
+  wd.write_config({k: v for k, v in workdir_lib.config_record(mombo, mombo.env).items()
+                   if k != "reference"})
+  assert wd.check_config(mombo, mombo.env)[0]["reference"] == "authors"

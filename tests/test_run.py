@@ -67,6 +67,7 @@ def test_end_to_end(dataset, dyn_dir, tmp_path, algo, request):
   assert "critic_loss" in rows[0] and "normalized_score" in rows[0]
   assert (tmp_path / "learning_curve.png").stat().st_size > 0
   assert json.loads((tmp_path / "summary.json").read_text())["seeds"] == [0, 1]
+  assert json.loads((tmp_path / "config.json").read_text())["reference"] == config.reference
   # Overestimation watch: the critics' mean Q against the dataset's return bound, per seed.
   header = rows[0].split(",")
   assert {"q_mean", "q_bound", "overestimated"} <= set(header)
@@ -77,6 +78,23 @@ def test_end_to_end(dataset, dyn_dir, tmp_path, algo, request):
   assert all(np.isfinite(q) and m >= q for q, m in zip(summary["q_mean_last"],
                                                           summary["q_mean_max"]))
   assert summary["overestimated"] == [m > bound for m in summary["q_mean_max"]]
+
+
+@pytest.mark.parametrize("algo, reference, code", [
+    ("mobile", None, "OfflineRL-Kit run_example/run_mobile.py"),
+    ("mobile", "authors", "yihaosun1124/mobile configs/gym"),
+    ("mombo", None, "adinlab/MOMBO configs/gym")])
+def test_the_opening_line_names_the_settings_source(minari_root, tmp_path, capsys, algo,
+                                                    reference, code):
+  """Printed before anything long (here: before the dataset, which is missing, is loaded)."""
+  config = config_lib.make_config("walker2d-medium-expert", algo, reference=reference)
+  with pytest.raises(UserError, match="not in the local Minari root"):
+    runner.train(config, "walker2d-medium-expert", str(tmp_path / "run"))
+  first = capsys.readouterr().out.splitlines()[0]
+  assert first.startswith(f"{algo.upper()} settings (--reference={config.reference}): {code}")
+  every = {"mombo": "every 50 epochs.", "mobile": "every 10 epochs"}[algo]
+  assert f"evaluation {every}" in first
+  assert ("the reference evaluates every epoch" in first) == (reference is None and algo == "mobile")
 
 
 @pytest.mark.slow
@@ -276,7 +294,7 @@ def _run_cli(args, env_extra=None, timeout=120):
 
 
 @pytest.mark.parametrize("flag", ["--epochs=-1", "--beta=nan", "--eval_every=0",
-                                  "--keep_checkpoints=0"])
+                                  "--keep_checkpoints=0", "--reference=offlinerl_kit"])
 def test_cli_refuses_bad_flags_in_one_line_before_any_work(tmp_path, flag):
   out = _run_cli([flag, "--env=hopper-random", f"--workdir={tmp_path / 'w'}"],
                  {"MINARI_DATASETS_PATH": str(tmp_path / "empty")})

@@ -52,6 +52,19 @@ def test_plan_is_dataset_major_with_shared_dynamics(tmp_path):
   assert _cells(tmp_path, target="mixture")[0].workdir.endswith(os.path.join("mombo-mixture", "s0x2"))
 
 
+def test_a_sweep_chooses_the_settings_source(tmp_path):
+  cells = _cells(tmp_path, envs=("hopper-medium",), algos=("mombo", "mobile"), reference=None)
+  assert [c.config.reference for c in cells] == ["authors", "offlinerl_kit"]
+  assert cells[1].workdir == str(tmp_path / "hopper-medium" / "mobile" / "s0x2")
+  cells = _cells(tmp_path, envs=("hopper-medium",), algos=("mombo", "mobile"), reference="authors")
+  assert [c.config.reference for c in cells] == ["authors", "authors"]
+  assert cells[1].workdir == str(tmp_path / "hopper-medium" / "mobile-authors" / "s0x2")
+  assert cells[0].workdir == str(tmp_path / "hopper-medium" / "mombo-elite_spread" / "s0x2")
+  assert "--reference=authors" in cells[1].command
+  with pytest.raises(errors.UserError, match="hopper-medium / mopo: Unknown reference 'authors'"):
+    _cells(tmp_path, envs=("hopper-medium",), algos=("mobile", "mopo"), reference="authors")
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(envs=("hopper-foo",)), "Unknown dataset name 'hopper-foo'"),
     (dict(algos=("mombo", "sac")), "Unknown algo 'sac'"),

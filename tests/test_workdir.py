@@ -44,6 +44,12 @@ def test_layout_names():
       os.path.join("runs", "mujoco_hopper_medium-v0", "mombo-lcb-beta0.5", "s3x4")
   assert workdir_lib.run_dir("r", "hopper-random", "mopo", "lcb", 0, 1) == \
       os.path.join("r", "hopper-random", "mopo", "s0x1")
+  # A source other than the algorithm's default names the folder; the default keeps the name.
+  assert workdir_lib.run_dir("r", "hopper-random", "mobile", "lcb", 0, 1, reference="authors") == \
+      os.path.join("r", "hopper-random", "mobile-authors", "s0x1")
+  assert workdir_lib.run_dir("r", "hopper-random", "mobile", "lcb", 0, 1, 2.0,
+                             "offlinerl_kit") == os.path.join("r", "hopper-random", "mobile-beta2",
+                                                              "s0x1")
   wd = Workdir("w")
   assert wd.dynamics_dir == os.path.join("w", "dynamics")
   assert Workdir("w", "shared").dynamics_dir == "shared"

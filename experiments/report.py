@@ -15,7 +15,10 @@ fields that differ, are part of the column's name: different setups are never po
   saying what it is (the paper's MOMBO is the released code's target, elite_spread);
   report.md also lists the runs, seeds and beta of every cell;
 - report.csv: every number of the tables, ours with its interval, the paper's with its table;
-- curves_<env>.png: learning curves, mean +- std over seeds.
+- curves_<env>.png: learning curves, mean +- std over seeds;
+- with the optional extra `report` (rliable): report.md's section *Across tasks (rliable)* (IQM,
+  median, mean, optimality gap with stratified-bootstrap intervals, probability of improvement)
+  and performance_profile.png (mombo_jax.aggregates); without it, one line naming the install.
 report.md links docs/protocol.md, which says what every number is; a run whose summary.json names
 another protocol is refused.
 

@@ -13,6 +13,10 @@ Protocol: every summary.json names the reporting protocol its numbers follow (ou
 docs/protocol.md), and report.md links that page. Summaries of another protocol are refused (one
 line naming them); summaries written before the field existed are read as protocol 1, whose
 definitions they follow, with a warning.
+
+Across tasks: the section *Across tasks (rliable)* of report.md and performance_profile.png
+(mombo_jax.aggregates: IQM, median, mean, optimality gap, probability of improvement, performance
+profiles with stratified-bootstrap intervals), when rliable (the extra `report`) is installed.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from mombo_jax import outputs, paper_results
+from mombo_jax import aggregates, outputs, paper_results
 from mombo_jax.errors import UserError
 from mombo_jax.results import (CI_LEVEL, ENV_ORDER, LAST_K, N_BOOTSTRAP, TYPE_ORDER, Pool, Run,
                                base_algo, beta_text, dataset_type, group_runs, label_key, ordered,
@@ -382,14 +386,17 @@ def write_report(dirs: Sequence[str], out: Optional[str] = None, log=print) -> d
     log(w)
   table = build_table(groups, paper=True)
   files = [os.path.join(out, name) for name in ("report.md", "report.tex", "report.csv")]
+  # Across-task aggregates (rliable, an optional extra): a section of its own after the tables.
+  across, figures = aggregates.report_section(groups, out, log=log, order=label_key)
   outputs.write_text(files[0], render_markdown(
       table, title=f"Results of {len(runs)} run(s)",
       what="over seeds (population std, ddof = 0; diverged seeds left out)", groups=groups,
-      preamble=[_protocol_line(out, runs)]))
+      preamble=[_protocol_line(out, runs)]) + across)
   outputs.write_text(files[1], f"% Protocol: {outputs.PROTOCOL} ({outputs.PROTOCOL_DOC}).\n"
                      + render_latex(table))
   render_csv(table, files[2])
   for env in ordered({k[0] for k in groups}, ENV_ORDER):
     files.append(os.path.join(out, f"curves_{env}.png"))
     plot_curves(groups, env, files[-1])
+  files += figures
   return dict(runs=runs, groups=groups, table=table, files=files)

@@ -181,8 +181,9 @@ def main(argv):
   for g, summary in failed:
     seeds = ", ".join(f"seed {d['seed']} (epoch {d['epoch']}, {d['quantity']})"
                       for d in summary["diverged"])
-    print(f"error: {len(summary['diverged'])} seed(s) diverged and were left out of the summary: "
-          f"{seeds}. Their last healthy checkpoints are in "
+    print(f"error: {len(summary['diverged'])} of {len(summary['seeds'])} seed(s) diverged: "
+          f"{seeds}. Frozen at their last healthy state, they are counted in the summary's means "
+          "(docs/protocol.md; `*_healthy` leaves them out). Their last healthy checkpoints are in "
           f"{workdir_lib.Workdir(g.workdir).checkpoints}; a smaller --beta often helps.",
           file=sys.stderr, flush=True)
   if failed:

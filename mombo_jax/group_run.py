@@ -60,8 +60,9 @@ def watch(runs, metrics, done, config, many):
                              if bool(metrics[f"diverged/{k}"][i])) or "unknown"
         r.diverged[int(s)] = {"seed": int(s), "epoch": done, "quantity": quantity}
         log(f"seed {s}{r.where(many)} diverged at epoch {done} ({quantity} non-finite or beyond "
-            f"+-{config.max_abs_loss:g}); it is frozen at its last healthy state and left out of "
-            "the summary. The other seeds go on.")
+            f"+-{config.max_abs_loss:g}); it is frozen at its last healthy state, whose policy "
+            "is still evaluated and counted in the summary (docs/protocol.md). The other seeds "
+            "go on.")
 
 
 def log_reference_scores(runs):
@@ -188,7 +189,8 @@ def log_progress(r: GroupRun, last, done, rate, eta, many, snap=None):
 
 
 def finish(r: GroupRun) -> dict:
-  """Group r's summary.json and learning_curve.png; returns the summary."""
+  """Group r's summary.json and learning_curve.png; returns the summary. The log line gives the
+  means over every seed, says how many diverged, and gives the healthy seeds' mean beside."""
   from mombo_jax import outputs
   c, g = r.config, r.group
   diverged = sorted(r.diverged.values(), key=lambda d: d["seed"])
@@ -196,13 +198,25 @@ def finish(r: GroupRun) -> dict:
   r.workdir.write_summary(summary)
   title = f"{c.algo} ({c.target}) on {g.dataset}" if c.algo == "mombo" else f"{c.algo} on {g.dataset}"
   r.workdir.plot(r.rows, r.seeds, title, sorted(r.diverged))
-  log(f"final normalised score {_num(summary['final_normalized_score_mean'])} "
-      f"+- {_num(summary['final_normalized_score_std'])}, AULC {_num(summary['aulc_mean'])}"
-      + (f" over the {len(r.seeds) - len(r.diverged)} healthy seed(s)" if r.diverged else "")
-      + (f"; seed(s) {r.q.flagged()} overestimated (mean Q above the return bound "
-         f"{r.q.bound:.4g})" if r.q.flagged() else "")
-      + f"; wrote {g.workdir}")
+  log(f"{finish_line(summary, r.q)}; wrote {g.workdir}")
   return summary
+
+
+def finish_line(summary: dict, q=None) -> str:
+  """The run's final log line (without the folder): the headline over every seed, how many
+  diverged (and the healthy seeds' mean beside), the overestimating seeds."""
+  n, bad = len(summary["seeds"]), len(summary["diverged"])
+  line = (f"final normalised score {_num(summary['final_normalized_score_mean'])} "
+          f"+- {_num(summary['final_normalized_score_std'])}, AULC {_num(summary['aulc_mean'])} "
+          f"over all {n} seed(s), {bad} diverged")
+  if bad:
+    line += (f" (counted at their frozen policy; over the {n - bad} healthy seed(s): "
+             f"{_num(summary.get('final_normalized_score_mean_healthy'))} "
+             f"+- {_num(summary.get('final_normalized_score_std_healthy'))})")
+  if q is not None and q.flagged():
+    line += (f"; seed(s) {q.flagged()} overestimated (mean Q above the return bound "
+             f"{q.bound:.4g})")
+  return line
 
 
 def _num(x):

@@ -1,7 +1,8 @@
 """A run's outputs, written and read in one place: metrics.csv (one row per seed per evaluation),
-summary.json (final normalised score and AULC per seed, mean and std over the healthy seeds, the
-diverged seeds, the critics' mean Q against the return bound, the reporting protocol it follows)
-and learning_curve.png. `experiments.run` writes them; reports read them back.
+summary.json (final normalised score and AULC per seed, mean and std over every seed - a diverged
+one counted at its frozen policy - and over the seeds that did not diverge, the diverged seeds, the
+critics' mean Q against the return bound, the reporting protocol it follows) and
+learning_curve.png. `experiments.run` writes them; reports read them back.
 
 Every file is written through a temporary file renamed over the target (`atomic_write`), so a
 reader never sees half a file and a failed write leaves the committed one as it was. A write the
@@ -9,8 +10,9 @@ OS refuses (read-only file system, no space left, a file where a folder should b
 `WriteError`: a UserError of one line naming the path and the cause, its temporary file removed.
 
 Protocol: `PROTOCOL` names the definitions summary.json's numbers follow (docs/protocol.md: what
-"final" is, what AULC averages, std with ddof = 0 over the healthy seeds, ...); `summarise` writes
-it into every summary, and the report refuses summaries of another version.
+"final" is, what AULC averages, std with ddof = 0 over every seed, ...); `summarise` writes it into
+every summary. The report reads READABLE_PROTOCOLS (protocol/1's per-seed numbers are protocol/2's;
+only its means left diverged seeds out, and the report recomputes them) and refuses any other.
 
 Overestimation watch: no policy's return can exceed max|r| / (1 - gamma) (r: the real dataset's
 rewards), so critics whose mean Q passes that bound have overestimated. `return_bound` computes it,
@@ -30,7 +32,13 @@ from mombo_jax.errors import UserError
 _INT_COLUMNS = ("epoch", "step", "seed")
 # The reporting protocol summary.json follows (docs/protocol.md). A change of what any number in
 # summary.json means (the final score, AULC, the std, which seeds count) is a new version.
-PROTOCOL = "mombo_jax.protocol/1"
+# 2: every seed counts (a diverged seed at its frozen policy); 1: means over the healthy seeds.
+PROTOCOL = "mombo_jax.protocol/2"
+PROTOCOL_1 = "mombo_jax.protocol/1"
+# The versions a report reads: protocol/1's per-seed scores (summary.json's lists, metrics.csv)
+# are defined as protocol/2's, diverged seeds included; only its means and stds left them out,
+# and the report computes its own from the per-seed scores.
+READABLE_PROTOCOLS = (PROTOCOL_1, PROTOCOL)
 PROTOCOL_DOC = "docs/protocol.md"
 
 # What to do about a refused write, by errno.
@@ -155,22 +163,32 @@ def score_table(rows: Sequence[dict], seeds: Sequence[int], key: str = "epoch"):
 def summarise(rows: Sequence[dict], seeds: Sequence[int], diverged: Sequence[dict] = (),
               q: Optional["QWatch"] = None) -> dict:
   """summary.json: per-seed final score (the last evaluation's) and AULC (mean normalised score
-  over all evaluations, equally weighted), and their mean / std (np.std: ddof = 0) over the seeds
-  that did not diverge (None when none is left); `protocol`: PROTOCOL; with `q` (the run's
-  QWatch) also its fields (QWatch.summary)."""
+  over all evaluations, equally weighted), and their mean / std (np.std: ddof = 0) over EVERY seed
+  (a diverged seed is frozen at its last healthy policy, and that policy's evaluations count:
+  docs/protocol.md); `*_healthy`: the same over the seeds that did not diverge (None when none is
+  left); `num_seeds`, `num_diverged`; `protocol`: PROTOCOL; with `q` (the run's QWatch) also its
+  fields (QWatch.summary). A statistic over values of which one is not finite is None (never NaN
+  in the file): the per-seed lists show which."""
   epochs, table = score_table(rows, seeds)
   final, aulc = table[-1], table.mean(axis=0)
   bad = {int(d["seed"]) for d in diverged}
-  keep = np.array([int(s) not in bad for s in seeds])
+  healthy = np.array([int(s) not in bad for s in seeds])
+  every = np.ones(len(seeds), bool)
 
-  def stat(fn, x):
-    return float(fn(x[keep])) if keep.any() else None
+  def stat(fn, x, keep):
+    x = x[keep]
+    return float(fn(x)) if x.size and np.all(np.isfinite(x)) else None
 
   return dict(protocol=PROTOCOL, seeds=[int(s) for s in seeds], epochs=epochs,
+              num_seeds=len(seeds), num_diverged=int((~healthy).sum()),
               final_normalized_score=final.tolist(), aulc=aulc.tolist(),
-              final_normalized_score_mean=stat(np.mean, final),
-              final_normalized_score_std=stat(np.std, final),
-              aulc_mean=stat(np.mean, aulc), aulc_std=stat(np.std, aulc),
+              final_normalized_score_mean=stat(np.mean, final, every),
+              final_normalized_score_std=stat(np.std, final, every),
+              aulc_mean=stat(np.mean, aulc, every), aulc_std=stat(np.std, aulc, every),
+              final_normalized_score_mean_healthy=stat(np.mean, final, healthy),
+              final_normalized_score_std_healthy=stat(np.std, final, healthy),
+              aulc_mean_healthy=stat(np.mean, aulc, healthy),
+              aulc_std_healthy=stat(np.std, aulc, healthy),
               diverged=list(diverged), **({} if q is None else q.summary(seeds)))
 
 
@@ -246,7 +264,8 @@ class QWatch:
 
 def plot_curve(rows: Sequence[dict], seeds: Sequence[int], path: str, title: str,
                diverged: Sequence[int] = ()):
-  """learning_curve.png: every seed thin (diverged ones dashed), the healthy seeds' mean thick."""
+  """learning_curve.png: every seed thin (diverged ones dashed: their frozen policy's scores),
+  the mean over every seed thick (summary.json's)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -255,10 +274,10 @@ def plot_curve(rows: Sequence[dict], seeds: Sequence[int], path: str, title: str
   fig, ax = plt.subplots(figsize=(6, 4))
   for i, s in enumerate(seeds):
     ax.plot(steps, table[:, i], lw=0.8, alpha=0.5, ls="--" if int(s) in bad else "-",
-            label=f"seed {s}" + (" (diverged)" if int(s) in bad else ""))
-  keep = [i for i, s in enumerate(seeds) if int(s) not in bad]
-  if keep:
-    ax.plot(steps, table[:, keep].mean(1), lw=2, color="k", label="mean")
+            label=f"seed {s}" + (" (diverged, frozen)" if int(s) in bad else ""))
+  if len(seeds):
+    ax.plot(steps, table.mean(1), lw=2, color="k",
+            label=f"mean of {len(seeds)}" + (f" ({len(bad)} diverged)" if bad else ""))
   ax.set(xlabel="gradient steps", ylabel="normalised score", title=title)
   ax.legend(fontsize=7)
   fig.tight_layout()

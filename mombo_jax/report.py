@@ -1,18 +1,22 @@
 """The report over many runs: `write_report(dirs, out)` finds the run workdirs under `dirs`,
-groups them (mombo_jax.results: healthy seeds of all runs of one environment, dataset, algorithm
-and setup pooled; runs of different setups are separate columns named by what differs), builds
+groups them (mombo_jax.results: every seed of all runs of one environment, dataset, algorithm and
+setup pooled, a diverged seed at its frozen policy; one seed in two folders refused; runs of
+different setups are separate columns named by what differs over the whole table), builds
 the tables (mombo_jax.tables: the paper's layout and table rule, the paper's
 published numbers beside ours) and writes them as report.md, report.tex and report.csv, with the
 learning curves as curves_<env>.png.
 
 Each cell gives the mean over seeds, the std over seeds and a 95% percentile-bootstrap interval of
 the mean over seeds; the paper's columns give its own mean and std, with footnotes saying what
-they are.
+they are. A cell with diverged seeds is marked ‡ and a cell below the paper's setup (fewer
+gradient steps, a smaller preset, a reduced dataset) §, each with a footnote under its table
+(mombo_jax.tables); beside the paper's numbers a § cell is never bold or underlined.
 
 Protocol: every summary.json names the reporting protocol its numbers follow (outputs.PROTOCOL,
-docs/protocol.md), and report.md links that page. Summaries of another protocol are refused (one
-line naming them); summaries written before the field existed are read as protocol 1, whose
-definitions they follow, with a warning.
+docs/protocol.md), and report.md links that page. Summaries of protocol/1 (whose means left
+diverged seeds out; its per-seed scores are protocol/2's) and summaries written before the field
+existed are read with a warning and a note: the report computes every number from the per-seed
+scores, over every seed. Any other protocol is refused (one line naming the runs).
 
 Across tasks: the section *Across tasks (rliable)* of report.md and performance_profile.png
 (mombo_jax.aggregates: IQM, median, mean, optimality gap, probability of improvement, performance
@@ -28,10 +32,12 @@ import numpy as np
 
 from mombo_jax import aggregates, outputs, paper_results
 from mombo_jax.errors import UserError
-from mombo_jax.results import (CI_LEVEL, ENV_ORDER, LAST_K, N_BOOTSTRAP, TYPE_ORDER, Pool, Run,
-                               base_algo, beta_text, dataset_type, group_runs, label_key, ordered,
-                               paper_dataset, read_run)
-from mombo_jax.tables import PAPER, Block, Table, build_table, summary_best
+from mombo_jax.protocols import check_protocols, protocol_doc, protocol_line  # noqa: F401
+from mombo_jax.results import (CI_LEVEL, ENV_ORDER, LAST_K, N_BOOTSTRAP, TYPE_ORDER, Pool,
+                               base_algo, beta_text, check_duplicates, dataset_type, group_runs,
+                               label_key, ordered, paper_dataset, read_run)
+from mombo_jax.tables import (BELOW_MARK, DIVERGED_MARK, PAPER, Block, Table, build_table,
+                              summary_best)
 from mombo_jax.workdir import RUN_FILES, find
 
 _LINESTYLES = {"MOPO": "--", "MOBILE": ":", "MOMBO": "-"}
@@ -82,10 +88,14 @@ def render_markdown(table: Table, title: str = "Results", what: str = "over seed
            f"Mean ± std {what}"
            + (f" [{CI_LEVEL:.0%} percentile-bootstrap interval of the mean over seeds, "
               f"{N_BOOTSTRAP:,} resamples; with one seed, the value itself]" if ci else "")
-           + ". Per row, the highest mean is **bold**; "
+           + ". Per row, the highest mean of our columns is **bold**; "
            "a mean within one std of the best score (best − mean ≤ std of the best) is "
-           "<u>underlined</u>. Average rank: mean over tasks of the rank of the mean (1 = best, "
-           "ties share their average rank).", ""]
+           "<u>underlined</u>" + (f"; the paper's columns, and cells below the paper's setup "
+                                  f"({BELOW_MARK}), take no part" if _has_paper(table) else "")
+           + ". Average rank: mean over tasks of the rank of the mean (1 = best, "
+           f"ties share their average rank). {DIVERGED_MARK}: seeds of the cell diverged (they "
+           f"count, at their frozen policy); {BELOW_MARK}: below the paper's setup; the "
+           "footnotes under each table say which.", ""]
   notes = paper_footnotes(table)
   if notes:
     lines += [n for note in notes for n in (note, "")]
@@ -107,21 +117,34 @@ def render_markdown(table: Table, title: str = "Results", what: str = "over seed
           text += f" [{b.lo[i, j]:.{b.digits}f}, {b.hi[i, j]:.{b.digits}f}]"
         if (i, j) in b.notes:
           text += " †"
+        text += "".join(f" {mark}" for mark, _ in b.marks.get((i, j), []))
         cells.append(text)
       lines.append(f"| {dtype} | {env} | " + " | ".join(cells) + " |")
       last_of_type = i + 1 == len(table.rows) or table.rows[i + 1][0] != dtype
       if last_of_type and sum(r[0] == dtype for r in table.rows) > 1:
         lines.append(_md_summary_row(f"*Average on {dtype}*", *b.type_avg[dtype], True,
-                                     b.digits, paper))
-    lines.append(_md_summary_row("**Average score**", b.avg, b.complete, True, b.digits, paper))
+                                     b.digits, b.unranked_mask()))
+    lines.append(_md_summary_row("**Average score**", b.avg, b.complete, True, b.digits,
+                                 b.unranked_mask()))
     lines.append(_md_summary_row("**Average rank**", np.where(paper, np.nan, b.avg_rank),
-                                 b.complete, False, 1, paper))
+                                 b.complete, False, 1, b.unranked_mask()))
     lines.append("")
     if not b.complete.all():
       lines += ["\\* averaged over the tasks the column has (not all of them).", ""]
+    lines += [x for note in mark_footnotes(b) for x in (note, "")]
   if groups:
     lines += _md_runs(groups)
   return "\n".join(lines)
+
+
+def _has_paper(table: Table) -> bool:
+  return any(b.paper_mask().any() for b in table.blocks)
+
+
+def mark_footnotes(b: Block) -> List[str]:
+  """The footnotes of block b's marked cells of ours (DIVERGED_MARK, BELOW_MARK), one per cell
+  and mark, in the table's order."""
+  return [f"{mark} {text}." for _, cell in sorted(b.marks.items()) for mark, text in cell]
 
 
 def _md_summary_row(label, values, complete, highest, digits=1, paper=None) -> str:
@@ -139,28 +162,38 @@ def _md_runs(groups: Dict[tuple, Pool]) -> List[str]:
   """The *Runs* section: what every cell pools."""
   lines = ["## Runs", "",
            "Each row pools runs of one setup (config.json but seeds and evaluation fields); an "
-           "algorithm run with several setups on a dataset has a column per setup, its label "
-           "naming the fields that differ. "
-           "Seeds: the healthy seeds pooled in the cell (diverged ones left out). Evaluations: "
-           f"the fewest of its runs (the window of 'last {LAST_K}' when fewer). β: config.beta "
-           "(MOMBO / MOBILE β, MOPO λ). Q > bound: the seeds whose critics' mean Q passed the "
-           f"return bound max|r| / (1 − γ) (overestimation; {MISSING}: not recorded by the run).",
+           "algorithm run with several setups has a column per setup, its label naming the "
+           "fields that differ over the whole table (`field=default`: each task's paper-preset "
+           "value). "
+           f"Seeds: every seed pooled in the cell; {DIVERGED_MARK} marks one that diverged (frozen "
+           "at its last healthy state, its policy evaluated and counted like the others). "
+           f"Evaluations: the fewest of its runs (the window of 'last {LAST_K}' when fewer). β: "
+           "config.beta (MOMBO / MOBILE β, MOPO λ). Steps: gradient steps (epochs × "
+           f"steps_per_epoch); Transitions: the dataset's ({MISSING}: not recorded); "
+           f"{BELOW_MARK}: below the paper's setup (footnotes above). Q > bound: the seeds whose "
+           "critics' mean Q passed the return bound max|r| / (1 − γ) (overestimation; "
+           f"{MISSING}: not recorded by the run).",
            "",
-           "| Dataset | Algorithm | β | Seeds | Evaluations | Last step | Q > bound | Runs |",
-           "|---|---|---:|---|---:|---:|---|---|"]
+           "| Dataset | Algorithm | β | Seeds | Evaluations | Last step | Steps | Transitions "
+           "| Q > bound | Runs |",
+           "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
   keys = sorted(groups, key=lambda k: (ENV_ORDER.index(k[0]) if k[0] in ENV_ORDER else 99,
                                        TYPE_ORDER.index(dataset_type(k[1]))
                                        if dataset_type(k[1]) in TYPE_ORDER else 99, k[1],
                                        label_key(k[2])))
   for k in keys:
     g = groups[k]
-    seeds = ", ".join(str(s) for s in g.seeds)
+    seeds = ", ".join(f"{s}{DIVERGED_MARK if s in g.diverged else ''}" for s in g.seeds)
+    diverged = f", {len(g.diverged)} diverged" if g.diverged else ""
     last_step = int(g.steps[-1]) if len(g.steps) else MISSING
     over = (MISSING if g.overestimated is None
             else ", ".join(map(str, g.overestimated)) or "none")
-    lines.append(f"| {g.dataset} | {g.algo} | {beta_text(g.beta)} | {len(g.seeds)} ({seeds}) | "
-                 f"{g.evaluations or len(g.steps)} | {last_step} | {over} | "
-                 + "<br>".join(f"`{r}`" for r in g.runs) + " |")
+    below = f" {BELOW_MARK}" if g.shortfalls else ""
+    steps = MISSING if g.gradient_steps is None else f"{g.gradient_steps:,}"
+    transitions = MISSING if g.transitions is None else f"{g.transitions:,}"
+    lines.append(f"| {g.dataset} | {g.algo} | {beta_text(g.beta)} | {len(g.seeds)} ({seeds})"
+                 f"{diverged} | {g.evaluations or len(g.steps)} | {last_step} | {steps}{below} | "
+                 f"{transitions} | {over} | " + "<br>".join(f"`{r}`" for r in g.runs) + " |")
   lines.append("")
   return lines
 
@@ -178,7 +211,11 @@ def render_latex(table: Table) -> str:
   out = [r"% Generated by experiments.report; needs \usepackage{booktabs,multirow,colortbl}.",
          r"\providecommand{\sd}[1]{{\scriptsize #1}}"]
   for b in table.blocks:
-    out += _tex_block(table, b) + [r"\par\medskip", ""]
+    out += _tex_block(table, b)
+    marks = mark_footnotes(b)
+    if marks:
+      out += [r"{\footnotesize"] + [_md_to_tex(n) + r" \par" for n in marks] + ["}"]
+    out += [r"\par\medskip", ""]
   notes = paper_footnotes(table)
   if notes:
     out += [r"{\footnotesize"] + [_md_to_tex(n) + r" \par" for n in notes] + ["}"]
@@ -195,8 +232,8 @@ def _md_to_tex(line: str) -> str:
       continue
     part = re.sub(r"\*([^*]+)\*", r"\1", part)
     part = re.sub(r'"([^"]*)"', r"``\1''", _tex_escape(part))
-    out.append(part.replace("†", r"${}^{\dagger}$").replace("±", r"$\pm$")
-               .replace(MISSING, "--"))
+    out.append(part.replace("†", r"${}^{\dagger}$").replace(DIVERGED_MARK, r"${}^{\ddagger}$")
+               .replace(BELOW_MARK, r"\S{}").replace("±", r"$\pm$").replace(MISSING, "--"))
   return "".join(out)
 
 
@@ -231,15 +268,17 @@ def _tex_block(table: Table, b: Block) -> List[str]:
           body += rf"\ \sd{{[{b.lo[i, j]:.{b.digits}f}, {b.hi[i, j]:.{b.digits}f}]}}"
         if (i, j) in b.notes:
           body += r"{}^{\dagger}"
+        body += "".join(r"{}^{\ddagger}" if mark == DIVERGED_MARK else r"{}^{\S}"
+                        for mark, _ in b.marks.get((i, j), []))
         cells.append(f"${body}$")
       out.append("  " + " & ".join(cells) + r" \\")
     if len(idx) > 1:
       out.append(_tex_summary(rf"Average on \texttt{{{_tex_escape(t)}}}",
-                              *b.type_avg[t], True, paper, b.digits))
+                              *b.type_avg[t], True, b.unranked_mask(), b.digits))
     out.append(r"  \midrule")
-  out.append(_tex_summary("Average Score", b.avg, b.complete, True, paper, b.digits))
+  out.append(_tex_summary("Average Score", b.avg, b.complete, True, b.unranked_mask(), b.digits))
   out.append(_tex_summary("Average Ranking", np.where(paper, np.nan, b.avg_rank), b.complete,
-                          False, paper))
+                          False, b.unranked_mask()))
   out += [r"\bottomrule", r"\end{tabular}"]
   return out
 
@@ -256,7 +295,9 @@ def _tex_summary(label, values, complete, highest, paper, digits=1) -> str:
 
 def render_csv(table: Table, path: str):
   """report.csv: one row per (dataset, column, metric) cell that has a number, ours and the
-  paper's: mean, std, ci_low / ci_high (ours), source ('ours' or the paper's table)."""
+  paper's: mean, std, ci_low / ci_high (ours), source ('ours' or the paper's table); ours also
+  seeds (every seed: the mean's), diverged (how many of them), mean_healthy / std_healthy (over
+  the seeds that did not diverge) and below_paper_setup (what falls short, '' when nothing)."""
   rows = []
   for b in table.blocks:
     columns = table.columns_of(b)
@@ -266,14 +307,19 @@ def render_csv(table: Table, path: str):
         if np.isnan(b.mean[i, j]):
           continue
         has_ci = b.lo is not None and not np.isnan(b.lo[i, j])
+        extra = {k: ("" if v is None else v) for k, v in b.extra.get((i, j), {}).items()}
         rows.append(dict(
             env=env, dataset=dataset, column=col, metric=b.metric or b.name,
             mean=float(b.mean[i, j]), std=float(b.std[i, j]),
             ci_low=float(b.lo[i, j]) if has_ci else "", ci_high=float(b.hi[i, j]) if has_ci else "",
             source=(paper_results.source(b.metric, paper_dataset(dataset)) if paper[j]
-                    else "ours")))
+                    else "ours"),
+            seeds=extra.get("seeds", ""), diverged=extra.get("diverged", ""),
+            mean_healthy=extra.get("mean_healthy", ""), std_healthy=extra.get("std_healthy", ""),
+            below_paper_setup=extra.get("below", "")))
   outputs.write_rows(path, rows, fields=["env", "dataset", "column", "metric", "mean", "std",
-                                         "ci_low", "ci_high", "source"])
+                                         "ci_low", "ci_high", "source", "seeds", "diverged",
+                                         "mean_healthy", "std_healthy", "below_paper_setup"])
 
 
 # ---------------------------------------------------------------------------------- figures
@@ -312,56 +358,23 @@ def plot_curves(groups: Dict[tuple, Pool], env: str, path: str):
 
 # ------------------------------------------------------------------------------------ driver
 
-def protocol_doc() -> str:
-  """The path of docs/protocol.md in this checkout (it may be absent from an installed copy)."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(outputs.__file__)))
-  return os.path.join(root, outputs.PROTOCOL_DOC)
-
-
-def check_protocols(runs: Sequence[Run]) -> List[str]:
-  """Refuses (UserError, one line) runs summarised under another protocol than outputs.PROTOCOL:
-  their numbers may mean something else, and a report never mixes them. Returns the warnings for
-  runs written before summary.json had the field (read as protocol 1, whose definitions they
-  follow)."""
-  other = [r for r in runs if r.protocol is not None and r.protocol != outputs.PROTOCOL]
-  if other:
-    shown = ", ".join(f"{r.path} ({r.protocol})" for r in other[:3])
-    more = f" and {len(other) - 3} more" if len(other) > 3 else ""
-    raise UserError(f"{len(other)} run(s) follow another reporting protocol than this report's "
-                    f"{outputs.PROTOCOL} ({outputs.PROTOCOL_DOC}): {shown}{more}. Report them "
-                    "with the mombo_jax version that wrote them, or leave their folders out.")
-  old = [r for r in runs if r.protocol is None]
-  if not old:
-    return []
-  return [f"warning: {len(old)} run(s) have no 'protocol' in summary.json (written before it was "
-          f"recorded), read as {outputs.PROTOCOL}: {', '.join(r.path for r in old[:3])}"
-          + (f" and {len(old) - 3} more" if len(old) > 3 else "")]
-
-
-def _protocol_line(out: str, runs: Sequence[Run]) -> str:
-  doc = protocol_doc()
-  link = os.path.relpath(doc, os.path.abspath(out)) if os.path.exists(doc) else outputs.PROTOCOL_DOC
-  old = sum(r.protocol is None for r in runs)
-  return (f"Protocol: [{outputs.PROTOCOL}]({link}) (what the final score, the AULC, the std and "
-          "the interval are, which seeds are left out, the environments' versions, the reference "
-          "scores; no number is picked by online evaluation)."
-          + (f" {old} run(s) predate the protocol field in summary.json and are read as "
-             f"{outputs.PROTOCOL}." if old else ""))
-
-
 def write_report(dirs: Sequence[str], out: Optional[str] = None, log=print) -> dict:
   """Finds, groups, writes report.md, report.tex, report.csv, curves_<env>.png into `out`
   (default dirs[0]), with the paper's numbers beside ours.
 
-  Warnings (skipped folders, short runs, runs without a protocol field) go to `log`. Returns
-  {"runs", "groups", "table", "files"}. Raises UserError when no run is found (naming the folders
-  searched), when a run follows another protocol (check_protocols), and outputs.WriteError when
-  `out` cannot be written (nothing half-written is left: each file goes through a rename).
+  Warnings (skipped folders, short runs, runs of protocol/1 or without a protocol field) go to
+  `log`. Returns {"runs", "groups", "table", "files"}. Raises UserError when no run is found
+  (naming the folders searched), when a run follows another protocol (check_protocols), when one
+  (setup, seed) is in two folders (results.check_duplicates), when a seed has no finite score
+  (results.read_run), and outputs.WriteError when `out` cannot be written (nothing half-written
+  is left: each file goes through a rename); every refusal comes before anything is written.
   """
   if not dirs:
     raise UserError("Pass at least one folder to search for runs.")
   out = out or dirs[0]
   paths, warnings = find(dirs)
+  # One folder reached by two spellings (runs/ and /abs/runs/) is one run.
+  paths = list({os.path.realpath(p): p for p in reversed(paths)}.values())[::-1]
   runs = []
   for p in paths:
     try:
@@ -369,8 +382,9 @@ def write_report(dirs: Sequence[str], out: Optional[str] = None, log=print) -> d
     except ValueError as e:
       warnings.append(f"warning: skipping {p}: {e}")
   notes = []
-  if runs:   # before any warning or work: another protocol, an unwritable --out are one line
-    notes = check_protocols(runs)
+  if runs:   # before any warning or work: another protocol, a seed counted twice, an unwritable
+    notes = check_protocols(runs)   # --out are one line
+    check_duplicates(runs)
     outputs.check_writable(out)
   for w in warnings:
     log(w)
@@ -390,8 +404,9 @@ def write_report(dirs: Sequence[str], out: Optional[str] = None, log=print) -> d
   across, figures = aggregates.report_section(groups, out, log=log, order=label_key)
   outputs.write_text(files[0], render_markdown(
       table, title=f"Results of {len(runs)} run(s)",
-      what="over seeds (population std, ddof = 0; diverged seeds left out)", groups=groups,
-      preamble=[_protocol_line(out, runs)]) + across)
+      what="over every seed (population std, ddof = 0; diverged seeds count at their frozen "
+           "policy)", groups=groups,
+      preamble=[protocol_line(out, runs)]) + across)
   outputs.write_text(files[1], f"% Protocol: {outputs.PROTOCOL} ({outputs.PROTOCOL_DOC}).\n"
                      + render_latex(table))
   render_csv(table, files[2])

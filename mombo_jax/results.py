@@ -1,40 +1,43 @@
 """Our runs' results, as the report reads them (the paper's are in mombo_jax.paper_results).
 
 `read_run` reads one finished run (its workdir.Workdir: config.json, metrics.csv, summary.json;
-healthy seeds only) and `group_runs` pools the seeds of all runs of one (environment, dataset,
-algorithm, setup) into a Pool (a table cell). The setup (`setup_of`) is everything in config.json
-but the seeds and the evaluation's schedule (NOT_SETUP): runs that differ in beta, the budget
-(epochs, steps_per_epoch, ...), any hyperparameter or the data's identity are never pooled.
+every seed, a diverged one at its frozen policy: docs/protocol.md) and `group_runs` pools the
+seeds of all runs of one (environment, dataset, algorithm, setup) into a Pool (a table cell),
+refusing one (setup, seed) found in two folders. The setup (`setup_of`) is everything in
+config.json but the seeds and the evaluation's schedule (NOT_SETUP): runs that differ in beta, the
+budget (epochs, steps_per_epoch, ...), any hyperparameter or the data's identity are never pooled.
 
 Metrics per seed: the final score (the last evaluation, what the paper's tables report), the mean
 of the last LAST_K evaluations (less sensitive to one noisy evaluation than the final score) and
-the AULC (mean over all evaluations). A Pool gives per metric the mean over seeds, the std over
-seeds (population std, ddof = 0, as summary.json's) and a 95% percentile-bootstrap interval of the
-mean over seeds (`bootstrap_ci`: resampling seeds, fixed RNG seed, so a report is reproducible).
+the AULC (mean over all evaluations). A Pool gives per metric the mean over every seed, the std
+over seeds (population std, ddof = 0, as summary.json's) and a 95% percentile-bootstrap interval
+of the mean over seeds (`bootstrap_ci`: resampling seeds, fixed RNG seed, so a report is
+reproducible); `stat_healthy` the mean and std over the seeds that did not diverge.
 
 Algorithm labels name everything that must not be pooled: MOMBO's Bellman target
-('MOMBO (elite_spread)'; config.target) always, and, where runs of one algorithm on one dataset
-differ in their setup, exactly the fields that differ ('MOBILE (β=1.5)', 'MOMBO (elite_spread,
-epochs=10)'). Labels, dataset types and environments sort in the paper's order (`label_key`,
-TYPE_ORDER, ENV_ORDER).
+('MOMBO (elite_spread)'; config.target) always, and, where runs of one algorithm differ in their
+setup anywhere in the table, the fields that differ, in every label of that algorithm on every
+dataset ('MOBILE (β=1.5)', 'MOMBO (elite_spread, epochs=10)'), so that one column is one setup
+over all its rows. Tasks differ by design (each has its own paper settings: config.TASKS), so a
+field counts as differing by how it stands to its task's paper-preset value
+(paper_setup.token), not by its value (mombo_jax.labels). Labels, dataset types and environments
+sort in the paper's order (`label_key`, TYPE_ORDER, ENV_ORDER).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mombo_jax import outputs
+from mombo_jax import outputs, paper_setup
 from mombo_jax.errors import UserError
+# Labels and setups live in mombo_jax.labels; these names stay importable from here.
+from mombo_jax.labels import (NOT_SETUP, _labels, _setup_key, algo_label,  # noqa: F401
+                              base_algo, field_text, label_key, setup_of, value_text)
 from mombo_jax.workdir import Workdir
 
-# Column order of the paper (baselines first); MOMBO's targets in the order of SPEC.md section 3.
-_BASE_ORDER = ("MOPO", "MOBILE", "MOMBO")
-_TARGET_ORDER = ("lcb", "elite_spread", "mixture")
 TYPE_ORDER = ("random", "medium", "medium-replay", "medium-expert", "expert")
 ENV_ORDER = ("halfcheetah", "hopper", "walker2d")
 # Evaluations averaged by the 'last' metric (fewer when a run has fewer: then all of them).
@@ -44,18 +47,11 @@ LAST_K = 10
 CI_LEVEL = 0.95
 N_BOOTSTRAP = 10_000
 BOOTSTRAP_SEED = 0
-# config.json fields that are not part of a run's setup: the seeds (pooling them is the point), the
-# evaluation's schedule and its record (eval_every, eval_episodes, eval_changes: they change how
-# often and how precisely a run is measured, not what was trained; a warning names runs evaluated
-# at different steps), how often dynamics training checkpoints, and the fields the group key
-# holds already (env, dataset, algo, target).
-NOT_SETUP = ("seed", "num_seeds", "eval_every", "eval_episodes", "eval_changes",
-             "dyn_checkpoint_every_s", "env", "dataset", "algo", "target")
 
 
 @dataclasses.dataclass
 class Run:
-  """One run workdir, healthy seeds only. final, last, aulc: [S]; steps [T]; scores [T, S]."""
+  """One run workdir, every seed. final, last, aulc: [S]; steps [T]; scores [T, S]."""
   path: str
   env: str               # halfcheetah | hopper | walker2d
   dataset: str           # short name (hopper-random) or Minari id
@@ -74,6 +70,15 @@ class Run:
   setup: Optional[dict] = None
   # summary.json's 'protocol' (outputs.PROTOCOL); None: written before the field existed.
   protocol: Optional[str] = None
+  # Seeds that diverged (frozen at their last healthy policy, still evaluated and counted), with
+  # the epoch each diverged at.
+  diverged: Dict[int, int] = dataclasses.field(default_factory=dict)
+  # What the run has less of than the paper's setup of its task (paper_setup.shortfalls).
+  shortfalls: List[str] = dataclasses.field(default_factory=list)
+  # The paper preset's config of its task (paper_setup.paper_config); None: unknown.
+  paper: Optional[dict] = None
+  gradient_steps: Optional[int] = None   # epochs x steps_per_epoch
+  transitions: Optional[int] = None      # the dataset's transitions (config.json's data record)
 
   def setup_fields(self) -> dict:
     return dict(self.setup) if self.setup is not None else {"beta": self.beta}
@@ -96,9 +101,15 @@ class Pool:
   evaluations: int = 0   # the fewest evaluations of any of its runs (the 'last' metric's window)
   overestimated: Optional[List[int]] = None   # as Run's; None unless every run recorded it
   setup: Optional[dict] = None   # the setup its runs share (setup_of)
-  # The setup fields that tell it from the other setups of its algorithm on its dataset (the ones
-  # its label names); empty when it is the only one.
+  # The setup fields that tell its algorithm's setups apart over the whole table (the ones its
+  # label names); empty when the algorithm has one setup.
   differs: List[str] = dataclasses.field(default_factory=list)
+  # {seed: epoch} of its seeds that diverged (counted at their frozen policy).
+  diverged: Dict[int, int] = dataclasses.field(default_factory=dict)
+  # What its runs have less of than the paper's setup (Run.shortfalls; its runs share a setup).
+  shortfalls: List[str] = dataclasses.field(default_factory=list)
+  gradient_steps: Optional[int] = None
+  transitions: Optional[int] = None
 
   def values(self, what: str) -> np.ndarray:
     """Per-seed values [S] of 'final', 'last' or 'aulc'."""
@@ -106,9 +117,16 @@ class Pool:
     return np.asarray([] if x is None else x, float)
 
   def stat(self, what: str) -> Tuple[Optional[float], Optional[float]]:
-    """(mean, std) over seeds of 'final', 'last' or 'aulc'; (None, None) when no healthy seed is
-    left."""
+    """(mean, std) over every seed of 'final', 'last' or 'aulc' (diverged ones included);
+    (None, None) when there is none."""
     x = self.values(what)
+    if x.size == 0:
+      return None, None
+    return float(np.mean(x)), float(np.std(x))
+
+  def stat_healthy(self, what: str) -> Tuple[Optional[float], Optional[float]]:
+    """(mean, std) over the seeds that did not diverge; (None, None) when none is left."""
+    x = self.values(what)[[s not in self.diverged for s in self.seeds]]
     if x.size == 0:
       return None, None
     return float(np.mean(x)), float(np.std(x))
@@ -136,114 +154,9 @@ def bootstrap_ci(x, level: float = CI_LEVEL, n_resamples: int = N_BOOTSTRAP,
   return float(lo), float(hi)
 
 
-def algo_label(config: dict) -> str:
-  """'MOPO', 'MOBILE', or 'MOMBO (<target>)': MOMBO's Bellman target (config.target: lcb |
-  elite_spread | mixture) changes the algorithm, so every MOMBO label names it and runs of two
-  targets are never pooled. A MOMBO config without a target is 'MOMBO (target?)' rather than a
-  guess."""
-  algo = str(config.get("algo", "?")).upper()
-  if algo == "MOMBO":
-    return f"MOMBO ({config.get('target') or 'target?'})"
-  return algo
-
-
-def _parse_label(label: str) -> Tuple[str, Optional[str], Optional[float], List[str]]:
-  """'MOMBO (elite_spread, β=3, epochs=10)' -> ('MOMBO', 'elite_spread', 3.0, ['epochs=10']);
-  'MOBILE' -> ('MOBILE', None, None, [])."""
-  m = re.fullmatch(r"(.*?)(?: \((.*)\))?", label)
-  base, inner = m.group(1), m.group(2)
-  variant, beta, extra = None, None, []
-  for part in (inner.split(", ") if inner else []):
-    if part.startswith("β="):
-      try:
-        beta = float(part[2:])
-      except ValueError:
-        extra.append(part)
-    elif "=" in part or variant is not None:
-      extra.append(part)
-    else:
-      variant = part
-  return base, variant, beta, extra
-
-
-def label_key(label: str):
-  """Sort key of column labels: the paper's order of algorithms, then target, then beta, then
-  the other setup fields a label names."""
-  base, variant, beta, extra = _parse_label(label)
-  return (_BASE_ORDER.index(base) if base in _BASE_ORDER else len(_BASE_ORDER), base,
-          _TARGET_ORDER.index(variant) if variant in _TARGET_ORDER else len(_TARGET_ORDER),
-          variant or "", -math.inf if beta is None else beta, [_natural(p) for p in extra], label)
-
-
-def _natural(text: str):
-  """'epochs=100' sorts after 'epochs=20': numbers compare as numbers."""
-  return [(0, float(t), "") if re.fullmatch(r"-?\d+(\.\d*)?(e-?\d+)?", t) else (1, 0.0, t)
-          for t in re.split(r"(-?\d+(?:\.\d*)?(?:e-?\d+)?)", text) if t]
-
-
 def ordered(values, order) -> list:
   """values sorted by their place in `order` (e.g. ENV_ORDER); the ones it lacks last, by name."""
   return sorted(values, key=lambda v: (order.index(v) if v in order else len(order), v))
-
-
-def base_algo(label: str) -> str:
-  """'MOMBO (elite_spread, β=3)' -> 'MOMBO'."""
-  return _parse_label(label)[0]
-
-
-def setup_of(config: dict) -> dict:
-  """A run's setup: its config.json without the NOT_SETUP fields (JSON values: lists for
-  tuples; 'data', the dataset's identity, included where recorded)."""
-  return {k: v for k, v in config.items() if k not in NOT_SETUP}
-
-
-def _setup_key(setup: dict) -> str:
-  """Setups alike exactly when their keys are: JSON of the canonical values (1 and 1.0 alike: a
-  flag typed as an integer changes nothing)."""
-  return json.dumps(_canonical(setup), sort_keys=True, default=str)
-
-
-def _canonical(value):
-  if isinstance(value, dict):
-    return {k: _canonical(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_canonical(v) for v in value]
-  if isinstance(value, float) and value.is_integer():
-    return int(value)
-  return value
-
-
-def value_text(name: str, value) -> str:
-  """A setup field's value as a label prints it: numbers short but exact (0.5, 1e-05), lists
-  joined by '/', the data's identity by its fingerprint, None as 'none'."""
-  if value is None:
-    return "none"
-  if isinstance(value, bool):
-    return "true" if value else "false"
-  if isinstance(value, float):
-    short = f"{value:g}"
-    return short if float(short) == value else repr(value)
-  if name == "data" and isinstance(value, dict):
-    key = next((k for k in ("fingerprint", "sha256", "hash") if k in value), None)
-    return str(value[key])[:12] if key else _short_json(value)
-  if name == "epochs_changes" and isinstance(value, list):
-    return "/".join(f"{c.get('from')}→{c.get('to')}" if isinstance(c, dict) else str(c)
-                    for c in value)
-  if isinstance(value, (list, tuple)):
-    return "/".join(value_text(name, v) for v in value)
-  if isinstance(value, dict):
-    return _short_json(value)
-  return str(value)
-
-
-def _short_json(value) -> str:
-  return json.dumps(value, sort_keys=True, separators=(",", ":")).replace(", ", ",")
-
-
-def field_text(name: str, value) -> str:
-  """'β=4.5' for beta (MOMBO / MOBILE beta, MOPO lambda), else 'name=value'."""
-  return f"{'β' if name == 'beta' else name}={value_text(name, value)}"
-
 
 
 def dataset_type(dataset: str) -> str:
@@ -269,8 +182,10 @@ def paper_dataset(dataset: str) -> Optional[str]:
 # ---------------------------------------------------------------------------------- discovery
 
 def read_run(path: str) -> Run:
-  """One workdir -> Run (healthy seeds only). Raises ValueError on unreadable or inconsistent
-  files."""
+  """One workdir -> Run (every seed). Raises ValueError on unreadable or inconsistent files, and
+  UserError (one line) for a seed without a finite score at every evaluation: under the protocol
+  every seed counts, so a run that cannot count one (a seed lost by a version that did not keep
+  evaluating a frozen policy) is not reported by leaving it out."""
   wd = Workdir(path)
   try:
     config, summary, rows = wd.read_record(), wd.read_summary(), wd.read_rows()
@@ -280,26 +195,38 @@ def read_run(path: str) -> Run:
     raise ValueError("metrics.csv holds no evaluation rows")
   env = str(config.get("env", ""))
   dataset = str(config.get("dataset") or env)
-  bad = {int(d["seed"]) for d in summary.get("diverged", [])}
-  all_seeds = [int(s) for s in summary["seeds"]]
-  keep = [i for i, s in enumerate(all_seeds) if s not in bad]
-  seeds = [all_seeds[i] for i in keep]
+  diverged = {int(d["seed"]): int(d.get("epoch", -1)) for d in summary.get("diverged", [])}
+  seeds = [int(s) for s in summary["seeds"]]
   try:
     steps, table = outputs.score_table(rows, seeds, key="step")
   except KeyError as e:
     raise ValueError(f"metrics.csv lacks the evaluation {e} of a seed in summary.json") from None
   scores = table.reshape(len(steps), len(seeds))
+  final = np.asarray(summary["final_normalized_score"], float)
+  aulc = np.asarray(summary["aulc"], float)
+  if final.shape != (len(seeds),) or aulc.shape != (len(seeds),):
+    raise ValueError("summary.json's per-seed lists do not match its seeds")
+  lost = [s for i, s in enumerate(seeds) if not (np.all(np.isfinite(scores[:, i]))
+                                                  and np.isfinite(final[i] + aulc[i]))]
+  if lost:
+    raise UserError(f"{path}: seed(s) {', '.join(map(str, lost))} have no finite score at every "
+                    "evaluation in metrics.csv / summary.json, and every seed counts "
+                    f"({outputs.PROTOCOL_DOC}): train the run again with this version (a diverged "
+                    "seed is evaluated at its frozen policy), or leave its folder out.")
   beta = config.get("beta")
   flags = summary.get("overestimated")
-  over = ([all_seeds[i] for i in keep if flags[i]]
-          if isinstance(flags, list) and len(flags) == len(all_seeds) else None)
+  over = ([s for s, f in zip(seeds, flags) if f]
+          if isinstance(flags, list) and len(flags) == len(seeds) else None)
   protocol = summary.get("protocol")
   return Run(path=path, env=env.partition("-")[0], dataset=dataset, algo=algo_label(config),
-             seeds=seeds, final=np.asarray(summary["final_normalized_score"], float)[keep],
-             aulc=np.asarray(summary["aulc"], float)[keep], steps=np.asarray(steps),
+             seeds=seeds, final=final, aulc=aulc, steps=np.asarray(steps),
              scores=scores, last=scores[-LAST_K:].mean(axis=0),
              beta=None if beta is None else float(beta), overestimated=over,
-             setup=setup_of(config), protocol=None if protocol is None else str(protocol))
+             setup=setup_of(config), protocol=None if protocol is None else str(protocol),
+             diverged=diverged, shortfalls=paper_setup.shortfalls(config),
+             paper=paper_setup.paper_config(config),
+             gradient_steps=paper_setup.gradient_steps(config),
+             transitions=paper_setup.transitions(config))
 
 
 def beta_text(beta: Optional[float]) -> str:
@@ -307,33 +234,33 @@ def beta_text(beta: Optional[float]) -> str:
   return "?" if beta is None else f"{beta:g}"
 
 
+def check_duplicates(runs: Sequence[Run]):
+  """Refuses (UserError, one line naming the two folders and the fix) one seed of one algorithm,
+  dataset and setup found in two run folders: pooled, it would count twice (and two identical
+  runs would show a std of 0)."""
+  seen: Dict[tuple, str] = {}
+  for r in runs:
+    key = (r.env, r.dataset, r.algo, _setup_key(r.setup_fields()))
+    for s in r.seeds:
+      other = seen.setdefault(key + (s,), r.path)
+      if other != r.path:
+        raise UserError(f"Seed {s} of {r.algo} on {r.dataset} (one setup) is in two run folders, "
+                        f"{other} and {r.path}, and a seed counts once: leave one of them out of "
+                        "the folders searched, or train one with another --seed.")
+
+
 def group_runs(runs: Sequence[Run]) -> Tuple[Dict[tuple, Pool], List[str]]:
   """{(env, dataset, label): Pool} pooling the seeds of the runs of one algorithm on one dataset
   with one setup (Run.setup_fields: config.json but the seeds and evaluation fields); curves are
-  kept at the evaluation steps all of them share. Runs of one algorithm on one dataset whose
-  setups differ are separate groups, each label naming the fields that differ ('MOBILE (β=1.5)',
-  'MOMBO (elite_spread, epochs=10)'): pooling them would average two different experiments.
-  Returns (groups, warnings)."""
+  kept at the evaluation steps all of them share. Runs of one algorithm whose setups differ are
+  separate groups, each label naming the fields that differ over the whole table (`_labels`):
+  pooling them would average two different experiments. One (setup, seed) in two folders is
+  refused (check_duplicates). Returns (groups, warnings)."""
+  check_duplicates(runs)
   by_key: Dict[tuple, List[Run]] = {}
   for r in runs:
     by_key.setdefault((r.env, r.dataset, r.algo, _setup_key(r.setup_fields())), []).append(r)
-  setups: Dict[tuple, Dict[str, dict]] = {}
-  for (env, dataset, algo, skey), members in by_key.items():
-    setups.setdefault((env, dataset, algo), {})[skey] = members[0].setup_fields()
-  labels: Dict[tuple, Tuple[str, List[str]]] = {}
-  for (env, dataset, algo), found in setups.items():
-    names = _differing(list(found.values()))
-    base, variant, _, _ = _parse_label(algo)
-    made = {}
-    for skey, setup in sorted(found.items()):
-      parts = [field_text(n, setup[n]) if n in setup else f"{n}=?" for n in names]
-      made[skey] = ([variant] if variant else []) + parts
-    texts = [", ".join(p) for p in made.values()]
-    for i, (skey, parts) in enumerate(made.items()):
-      if texts.count(", ".join(parts)) > 1:   # printed alike (not for plain values): keep apart
-        parts = parts + [f"#{i + 1}"]
-      labels[(env, dataset, algo, skey)] = (
-          f"{base} ({', '.join(parts)})" if parts else algo, names)
+  labels = _labels({k: m[0] for k, m in by_key.items()})
   groups, warnings = {}, []
   for (env, dataset, algo, skey), members in by_key.items():
     label, names = labels[(env, dataset, algo, skey)]
@@ -345,13 +272,6 @@ def group_runs(runs: Sequence[Run]) -> Tuple[Dict[tuple, Pool], List[str]]:
     if any(len(r.steps) != len(steps) for r in members):
       warnings.append(f"warning: {label} on {dataset}: runs evaluated at different steps; the "
                       f"curve keeps the {len(steps)} steps they share")
-    seen: Dict[int, str] = {}
-    for r in members:
-      for s in r.seeds:
-        if s in seen:
-          warnings.append(f"warning: {label} on {dataset}: seed {s} appears in {seen[s]} and "
-                          f"{r.path}; both are counted")
-        seen[s] = r.path
     evaluations = min(len(r.steps) for r in members)
     if evaluations < LAST_K:
       warnings.append(f"warning: {label} on {dataset}: a run has only {evaluations} evaluations; "
@@ -363,6 +283,10 @@ def group_runs(runs: Sequence[Run]) -> Tuple[Dict[tuple, Pool], List[str]]:
         warnings.append(f"warning: {label} on {dataset}: in {r.path}, the critics' mean Q of "
                         f"seed(s) {', '.join(map(str, r.overestimated))} passed the return bound "
                         "(overestimation); their scores are in the table")
+      if r.diverged:
+        warnings.append(f"warning: {label} on {dataset}: in {r.path}, seed(s) "
+                        f"{', '.join(map(str, sorted(r.diverged)))} diverged; counted at their "
+                        "frozen policy, as every seed is")
     cols = [r.scores[np.isin(r.steps, steps)] for r in members]
     groups[key] = Pool(env=env, dataset=dataset, algo=label, runs=[r.path for r in members],
                         seeds=[s for r in members for s in r.seeds],
@@ -372,16 +296,11 @@ def group_runs(runs: Sequence[Run]) -> Tuple[Dict[tuple, Pool], List[str]]:
                         last=np.concatenate([r.scores[-LAST_K:].mean(axis=0) if r.last is None
                                              else r.last for r in members]),
                         beta=beta, evaluations=evaluations, overestimated=over,
-                        setup=members[0].setup_fields(), differs=list(names))
+                        setup=members[0].setup_fields(), differs=list(names),
+                        diverged={s: e for r in members for s, e in r.diverged.items()},
+                        shortfalls=list(members[0].shortfalls),
+                        gradient_steps=members[0].gradient_steps,
+                        transitions=members[0].transitions)
   return groups, warnings
 
 
-def _differing(setups: Sequence[dict]) -> List[str]:
-  """The fields whose values are not the same in all `setups` (a field missing from some counts
-  as differing), beta first, then by name."""
-  if len(setups) < 2:
-    return []
-  names = sorted({k for s in setups for k in s})
-  out = [n for n in names
-         if len({_setup_key({"v": s[n]}) if n in s else None for s in setups}) > 1]
-  return sorted(out, key=lambda n: (n != "beta", n))

@@ -7,7 +7,11 @@ renders them.
 Table rule (paper, Table 1 caption, checked against its numbers): in every row the highest mean of
 our columns is bold; another mean is underlined when it lies within one standard deviation *of the
 best score* (best mean - mean <= std of the best; e.g. hopper-random's 25.4 +- 10.2 is not
-underlined against 31.7 +- 0.1). The paper's columns are references and take no part in it.
+underlined against 31.7 +- 0.1). The paper's columns are references and take no part in it; nor,
+in a table beside the paper's numbers, does a cell of ours below the paper's setup (fewer gradient
+steps, a smaller preset, a reduced dataset: Pool.shortfalls), marked BELOW_MARK with a footnote.
+A cell with diverged seeds (counted at their frozen policy) is marked DIVERGED_MARK, its footnote
+giving how many and the mean over the others.
 Averages are plain means over tasks; the average rank is the mean over tasks of each algorithm's
 rank of the mean (1 = best, ties share the average of their ranks).
 """
@@ -23,6 +27,9 @@ from mombo_jax.results import (ENV_ORDER, LAST_K, TYPE_ORDER, Pool, base_algo, d
                                label_key, ordered, paper_dataset)
 
 PAPER = "paper"
+# Marks of our cells (the paper's cells carry † for the paper's own footnotes).
+DIVERGED_MARK = "‡"
+BELOW_MARK = "§"
 
 
 def mark_row(means, stds) -> Tuple[np.ndarray, np.ndarray]:
@@ -77,7 +84,10 @@ class Block:
   known, and in the paper's columns); bold / underline [R, K] (our columns only); per-type and
   overall averages [K] with complete [K] (bool: the column has every row the average covers; only
   complete columns compete for bold there); average ranks [K] (NaN for the paper's columns);
-  notes {(i, j): footnote} of the paper's cells that carry one."""
+  notes {(i, j): footnote} of the paper's cells that carry one; marks {(i, j): [(mark,
+  footnote)]} of our cells (DIVERGED_MARK, BELOW_MARK); unranked [K]: the columns that take no
+  bold in the summary rows (the paper's, and beside them a column of ours with a marked
+  BELOW_MARK cell); extra: report.csv's further columns of our cells."""
   name: str
   mean: np.ndarray
   std: np.ndarray
@@ -94,10 +104,18 @@ class Block:
   lo: Optional[np.ndarray] = None
   hi: Optional[np.ndarray] = None
   notes: Dict[Tuple[int, int], str] = dataclasses.field(default_factory=dict)
+  marks: Dict[Tuple[int, int], List[Tuple[str, str]]] = dataclasses.field(default_factory=dict)
+  unranked: Optional[np.ndarray] = None
+  # {(i, j): {seeds, diverged, mean_healthy, std_healthy, below}} of our cells built from Pools.
+  extra: Dict[Tuple[int, int], dict] = dataclasses.field(default_factory=dict)
 
   def paper_mask(self) -> np.ndarray:
     """bool [K]: the paper's columns (none for a Block built without them)."""
     return np.zeros(self.mean.shape[1], bool) if self.paper is None else self.paper
+
+  def unranked_mask(self) -> np.ndarray:
+    """bool [K]: the columns no summary row sets in bold (`unranked`; the paper's by default)."""
+    return self.paper_mask() if self.unranked is None else self.unranked
 
   def has_ci(self) -> bool:
     """Whether some cell has a bootstrap interval (the legend then explains it)."""
@@ -161,7 +179,8 @@ def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
     is_paper = np.array([bool(b) for b in bases], bool)
     mean = np.full((len(rows), len(columns)), np.nan)
     std, lo, hi = (np.full_like(mean, np.nan) for _ in range(3))
-    notes = {}
+    notes, marks, extra = {}, {}, {}
+    below = np.zeros(mean.shape, bool)
     for i, (_, env, dataset) in enumerate(rows):
       for j, (label, base) in enumerate(zip(columns, bases)):
         if base:
@@ -184,10 +203,20 @@ def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
           low, high = g.ci(what)
           if low is not None:
             lo[i, j], hi[i, j] = low, high
+        marks[(i, j)] = cell_marks(g, what, label, dataset, digits)
+        if hasattr(g, "stat_healthy"):
+          mh, sh = g.stat_healthy(what)
+          extra[(i, j)] = dict(seeds=len(g.seeds), diverged=len(g.diverged), mean_healthy=mh,
+                               std_healthy=sh, below="; ".join(g.shortfalls))
+        below[i, j] = bool(getattr(g, "shortfalls", None))
+    marks = {k: v for k, v in marks.items() if v}
     ours = np.where(is_paper[None, :], np.nan, mean)
-    marks = [mark_row(ours[i], std[i]) for i in range(len(rows))]
-    bold = np.array([b for b, _ in marks], bool).reshape(mean.shape)
-    under = np.array([u for _, u in marks], bool).reshape(mean.shape)
+    # Beside the paper's numbers, a cell below the paper's setup competes for nothing.
+    ranked = np.where(below, np.nan, ours) if paper else ours
+    rule = [mark_row(ranked[i], std[i]) for i in range(len(rows))]
+    bold = np.array([b for b, _ in rule], bool).reshape(mean.shape)
+    under = np.array([u for _, u in rule], bool).reshape(mean.shape)
+    unranked = is_paper | (below.any(axis=0) if paper else False)
     # The paper's averages cover only the tasks where we ran its algorithm, so that they can be
     # read against ours; the paper's other numbers are in the rows, not in the average.
     averaged = mean.copy()
@@ -200,8 +229,29 @@ def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
     blocks.append(Block(name=name, mean=mean, std=std, bold=bold, under=under, type_avg=type_avg,
                         avg=avg, complete=complete, avg_rank=average_ranks(ours), digits=digits,
                         metric=what, columns=columns, paper=is_paper, lo=lo, hi=hi,
-                        notes=notes))
+                        notes=notes, marks=marks, unranked=unranked, extra=extra))
   return Table(rows=rows, algos=algos, blocks=blocks)
+
+
+def cell_marks(g, what: str, label: str, dataset: str, digits: int = 1) -> List[Tuple[str, str]]:
+  """[(mark, footnote)] of our cell `g` (a Pool; a group without `diverged` / `shortfalls` has
+  none): DIVERGED_MARK with how many seeds diverged, when, and the mean +- std of `what` over
+  the others; BELOW_MARK with what its runs have less of than the paper's setup."""
+  out = []
+  diverged = getattr(g, "diverged", None) or {}
+  if diverged:
+    n = len(getattr(g, "seeds", ())) or len(diverged)
+    when = ", ".join(f"seed {s} at epoch {e}" for s, e in sorted(diverged.items()))
+    m, s = g.stat_healthy(what) if hasattr(g, "stat_healthy") else (None, None)
+    rest = (f"over the {n - len(diverged)} others {m:.{digits}f} ± {s:.{digits}f}"
+            if m is not None else "no other seed")
+    out.append((DIVERGED_MARK, f"{label} on {dataset}: {len(diverged)} of {n} seeds diverged "
+                f"({when}) and count at their frozen policy; {rest}"))
+  short = getattr(g, "shortfalls", None)
+  if short:
+    out.append((BELOW_MARK, f"{label} on {dataset}: below the paper's setup: "
+                + "; ".join(short)))
+  return out
 
 
 def _average(mean) -> Tuple[np.ndarray, np.ndarray]:

@@ -104,17 +104,24 @@ def test_paper_results_agree_with_this_files_transcription(cells, metric):
 
 # ---------------------------------------------------------------------- synthetic run folders
 
-def _write_run(path, env, algo, seeds, scores, target="lcb", diverged=(), **overrides):
+def _write_run(path, env, algo, seeds, scores, target="lcb", diverged=(), preset="paper",
+               data=None, **overrides):
   """A run workdir exactly as experiments.run leaves it: config.json (the config's fields plus
-  the dataset), metrics.csv (one row per seed per evaluation) and summary.json, through the
-  writers in mombo_jax.outputs. scores [T, S]."""
+  the dataset, and `data`, the dataset's record, when given), metrics.csv (one row per seed per
+  evaluation) and summary.json, through the writers in mombo_jax.outputs. scores [T, S]: T
+  evaluations spread over the preset's epochs (the paper's full budget by default: the report
+  marks a run below it)."""
   os.makedirs(path, exist_ok=True)
-  config = config_lib.make_config(env, algo, preset="tiny", target=target, seed=seeds[0],
-                                  num_seeds=len(seeds), epochs=len(scores), eval_every=1,
-                                  **overrides)
-  outputs.write_json(os.path.join(path, "config.json"),
-                     dict(dataclasses.asdict(config), dataset=env))
-  rows = [dict(epoch=t + 1, step=(t + 1) * config.steps_per_epoch, seed=int(s),
+  epochs = overrides.pop("epochs", config_lib.make_config(env, algo, preset).epochs)
+  every = overrides.pop("eval_every", max(1, epochs // len(scores)))
+  config = config_lib.make_config(env, algo, preset=preset, target=target, seed=seeds[0],
+                                  num_seeds=len(seeds), epochs=every * len(scores),
+                                  eval_every=every, **overrides)
+  record = dict(dataclasses.asdict(config), dataset=env)
+  if data is not None:
+    record["data"] = data
+  outputs.write_json(os.path.join(path, "config.json"), record)
+  rows = [dict(epoch=(t + 1) * every, step=(t + 1) * every * config.steps_per_epoch, seed=int(s),
                return_mean=float(10 * scores[t][i]), normalized_score=float(scores[t][i]),
                diverged=float(int(s) in diverged), critic_loss=1.0)
           for t in range(len(scores)) for i, s in enumerate(seeds)]
@@ -128,7 +135,7 @@ def runs(tmp_path_factory):
   """Two hopper tasks x three algorithms (MOMBO with the lcb target, + a MOMBO elite_spread column
   on one task), one group split over two launches, one diverged seed, one unfinished run folder
   and one walker2d run; 12 evaluations each (more than LAST_K). Returns (root, {(dataset, label):
-  healthy per-seed scores [T, S]}, the unfinished folder)."""
+  per-seed scores [T, S], every seed}, the unfinished folder)."""
   root = tmp_path_factory.mktemp("runs")
   rng = np.random.default_rng(0)
   truth = {}
@@ -136,9 +143,8 @@ def runs(tmp_path_factory):
   def add(sub, env, algo, seeds, label, target="lcb", diverged=(), level=50.0):
     scores = level + rng.normal(0, 5, (12, len(seeds))) + np.arange(12)[:, None]
     _write_run(str(root / sub), env, algo, seeds, scores, target, diverged)
-    keep = [i for i, s in enumerate(seeds) if s not in diverged]
     old = truth.get((env, label))
-    truth[(env, label)] = scores[:, keep] if old is None else np.hstack([old, scores[:, keep]])
+    truth[(env, label)] = scores if old is None else np.hstack([old, scores])
 
   add("hopper-random/mombo/s0x2", "hopper-random", "mombo", [0, 1], "MOMBO (lcb)", level=60)
   add("hopper-random/mombo/s2x2", "hopper-random", "mombo", [2, 3], "MOMBO (lcb)", level=60)
@@ -273,13 +279,16 @@ def test_report_numbers_match_a_direct_computation(runs, tmp_path):
   # The footnote says which MOMBO the paper's is.
   assert "MOMBO (paper)* is the paper's MOMBO" in text and "`elite_spread`" in text
   assert "† MOMBO on hopper-random: high std from one failed repetition" in text
-  # The pooled MOMBO (lcb) hopper-random group holds seeds 0-3 of two launches; MOBILE lost seed 1.
+  # The pooled MOMBO (lcb) hopper-random group holds seeds 0-3 of two launches; MOBILE's seed 1
+  # diverged and counts (at its frozen policy), marked.
   groups = result["groups"]
   assert sorted(groups[("hopper", "hopper-random", "MOMBO (lcb)")].seeds) == [0, 1, 2, 3]
-  assert groups[("hopper", "hopper-random", "MOBILE")].seeds == [0, 2]
+  assert groups[("hopper", "hopper-random", "MOBILE")].seeds == [0, 1, 2]
+  assert groups[("hopper", "hopper-random", "MOBILE")].diverged == {1: 1}
   beta = groups[("hopper", "hopper-random", "MOMBO (lcb)")].beta
   assert f"| hopper-random | MOMBO (lcb) | {beta:g} | 4 (0, 1, 2, 3) | 12 |" in text.split(
       "## Runs")[1]
+  assert "| hopper-random | MOBILE | 5 | 3 (0, 1‡, 2), 1 diverged | 12 |" in text
   for env in ("hopper", "walker2d"):
     assert (tmp_path / f"curves_{env}.png").stat().st_size > 10_000
   tex = (tmp_path / "report.tex").read_text()
@@ -392,13 +401,15 @@ def test_targets_and_betas_are_never_pooled():
           _run("hopper-random", "MOMBO (elite_spread)", [2, 3], 32.0, beta=4.5),
           _run("hopper-random", "MOBILE", [0, 1], 40.0, beta=5.0),
           _run("hopper-random", "MOBILE", [0, 1], 50.0, beta=1.5),
-          # Another dataset with its own beta: per-task betas differ by design, no beta label.
+          # Another dataset: MOBILE's betas differ in the table, so its label names its beta too
+          # (one column is one setup in every row; these Runs carry no paper setup to compare
+          # with, so the value itself is named).
           _run("hopper-medium", "MOBILE", [0, 1], 60.0, beta=1.5)]
   groups, warnings = results.group_runs(runs)
   assert sorted(groups) == sorted(
       [("hopper", "hopper-random", a) for a in ("MOMBO (lcb)", "MOMBO (elite_spread)",
                                                 "MOBILE (β=5)", "MOBILE (β=1.5)")]
-      + [("hopper", "hopper-medium", "MOBILE")])
+      + [("hopper", "hopper-medium", "MOBILE (β=1.5)")])
   es = groups[("hopper", "hopper-random", "MOMBO (elite_spread)")]
   assert es.seeds == [0, 1, 2, 3] and es.beta == 4.5       # same target and beta: pooled
   assert groups[("hopper", "hopper-random", "MOBILE (β=1.5)")].stat("final")[0] == \
@@ -486,16 +497,18 @@ def test_overestimated_seeds_are_listed(tmp_path):
   _write_run(str(flagged), "hopper-random", "mopo", [0, 1, 2], np.full((3, 3), 10.0),
              diverged=(2,))
   summary = json.loads((flagged / "summary.json").read_text())
-  summary["overestimated"] = [False, True, True]   # seed 2 diverged: left out with its scores
+  summary["overestimated"] = [False, True, True]   # seed 2 diverged: it counts all the same
   outputs.write_json(str(flagged / "summary.json"), summary)
   _write_run(str(plain), "hopper-medium", "mopo", [0], np.full((3, 1), 10.0))
   logged = []
   report.write_report([str(tmp_path)], str(tmp_path / "out"), log=logged.append)
-  assert results.read_run(str(flagged)).overestimated == [1]
+  assert results.read_run(str(flagged)).overestimated == [1, 2]
   text = (tmp_path / "out" / "report.md").read_text().split("## Runs")[1]
-  assert re.search(r"\| hopper-random \| MOPO \| [\d.]+ \| 2 \(0, 1\) \| 3 \| \d+ \| 1 \|", text)
-  assert re.search(r"\| hopper-medium \| MOPO \| [\d.]+ \| 1 \(0\) \| 3 \| \d+ \| – \|", text)
-  assert any("seed(s) 1 passed the return bound" in w and str(flagged) in w for w in logged)
+  assert re.search(r"\| hopper-random \| MOPO \| [\d.]+ \| 3 \(0, 1, 2‡\), 1 diverged \| 3 \| "
+                   r"\d+ \| [\d,]+ \| – \| 1, 2 \|", text)
+  assert re.search(r"\| hopper-medium \| MOPO \| [\d.]+ \| 1 \(0\) \| 3 \| \d+ \| [\d,]+ \| – \| "
+                   r"– \|", text)
+  assert any("seed(s) 1, 2 passed the return bound" in w and str(flagged) in w for w in logged)
 
 
 # ------------------------------------------------------------- setups, protocol, faults (#18, #20)
@@ -532,8 +545,8 @@ def test_runs_of_different_setups_are_never_pooled(tmp_path):
   labels = sorted(groups, key=lambda k: results.label_key(k[2]))
   # Sorted by beta, then by the other fields, numbers as numbers (7 before 20).
   assert [k[2] for k in labels] == ["MOMBO (lcb, β=0.5, steps_per_epoch=7)",
-                                    "MOMBO (lcb, β=0.5, steps_per_epoch=20)",
-                                    "MOMBO (lcb, β=4.5, steps_per_epoch=20)"]
+                                    "MOMBO (lcb, β=0.5, steps_per_epoch=1000)",
+                                    "MOMBO (lcb, β=4.5, steps_per_epoch=1000)"]
   pooled = groups[labels[1]]
   assert sorted(pooled.seeds) == [0, 1, 2, 3] and pooled.stat("final")[0] == 11.0
   assert pooled.differs == ["beta", "steps_per_epoch"]
@@ -550,7 +563,7 @@ def test_runs_of_different_setups_are_never_pooled(tmp_path):
 
 def test_the_protocol_is_written_checked_and_linked(tmp_path):
   rows = [dict(epoch=1, step=5, seed=0, normalized_score=1.0)]
-  assert outputs.summarise(rows, [0])["protocol"] == outputs.PROTOCOL == "mombo_jax.protocol/1"
+  assert outputs.summarise(rows, [0])["protocol"] == outputs.PROTOCOL == "mombo_jax.protocol/2"
   runs = tmp_path / "runs"
   _write_run(str(runs / "new"), "hopper-random", "mopo", [0], np.full((2, 1), 5.0))
   _write_run(str(runs / "old"), "hopper-medium", "mopo", [0], np.full((2, 1), 5.0))
@@ -559,21 +572,24 @@ def test_the_protocol_is_written_checked_and_linked(tmp_path):
   outputs.write_json(str(runs / "old" / "summary.json"), summary)
   logged = []
   report.write_report([str(runs)], str(tmp_path / "out"), log=logged.append)
-  # A summary without the field: read as protocol 1, with a warning naming it and a note.
-  assert any("no 'protocol'" in w and str(runs / "old") in w for w in logged), logged
+  # A summary without the field: its numbers recomputed from its per-seed scores, with a warning
+  # naming it and a note.
+  assert any("before the protocol was recorded" in w and str(runs / "old") in w
+             for w in logged), logged
   text = (tmp_path / "out" / "report.md").read_text()
-  link = re.search(r"Protocol: \[mombo_jax\.protocol/1\]\(([^)]+)\)", text).group(1)
+  link = re.search(r"Protocol: \[mombo_jax\.protocol/2\]\(([^)]+)\)", text).group(1)
   assert os.path.samefile(tmp_path / "out" / link, report.protocol_doc())
-  assert "1 run(s) predate the protocol field" in text
+  assert "1 run(s) were summarised under mombo_jax.protocol/1 or predate the protocol field" \
+      in text
   assert "protocol.md" in (tmp_path / "out" / "report.tex").read_text().splitlines()[0]
   doc = open(report.protocol_doc()).read()
   assert outputs.PROTOCOL in doc and "ddof = 0" in doc and "v5" in doc
   # Another protocol: refused in one line naming the run and the fix; nothing is written.
-  summary["protocol"] = "mombo_jax.protocol/2"
+  summary["protocol"] = "mombo_jax.protocol/9"
   outputs.write_json(str(runs / "old" / "summary.json"), summary)
   with pytest.raises(UserError) as e:
     report.write_report([str(runs)], str(tmp_path / "out2"), log=lambda *_: None)
-  assert f"{runs / 'old'} (mombo_jax.protocol/2)" in str(e.value)
+  assert f"{runs / 'old'} (mombo_jax.protocol/9)" in str(e.value)
   assert "leave their folders out" in str(e.value) and "\n" not in str(e.value)
   assert not (tmp_path / "out2").exists()
 

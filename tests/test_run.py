@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax import (buffer, config as config_lib, data, dynamics, launch, provenance, runner,
-                       sac)
+from mombo_jax import (buffer, config as config_lib, data, dynamics, launch, outputs, provenance,
+                       runner, sac)
 from mombo_jax import train as train_lib
 from mombo_jax.errors import UserError
 from mombo_jax.workdir import Workdir
@@ -380,8 +380,20 @@ def test_a_diverging_seed_is_frozen_and_the_others_finish_unchanged(dataset, dyn
   # Seed 1 trained exactly as in the run where nothing diverged (same compiled program).
   assert summary["final_normalized_score"][1] == straight["final_normalized_score"][1]
   assert summary["aulc"][1] == straight["aulc"][1]
-  assert summary["final_normalized_score_mean"] == summary["final_normalized_score"][1]
-  assert summary["final_normalized_score_std"] == 0.0
+  # Every seed counts: seed 0, frozen at its last healthy state, is still evaluated at every
+  # evaluation (finite scores, its rows flagged) and is in the headline; the healthy seed's
+  # figure is beside it.
+  rows = outputs.read_rows(str(tmp_path / "metrics.csv"))
+  frozen = [r for r in rows if r["seed"] == 0]
+  assert [r["epoch"] for r in frozen] == summary["epochs"]
+  assert all(np.isfinite(r["normalized_score"]) for r in frozen)
+  assert [r["diverged"] for r in frozen if r["epoch"] >= 2] == [1.0] * len(
+      [e for e in summary["epochs"] if e >= 2])
+  assert summary["final_normalized_score_mean"] == pytest.approx(
+      np.mean(summary["final_normalized_score"]))
+  assert (summary["num_seeds"], summary["num_diverged"]) == (2, 1)
+  assert summary["final_normalized_score_mean_healthy"] == summary["final_normalized_score"][1]
+  assert summary["final_normalized_score_std_healthy"] == 0.0
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a[1], b[1]),
                _final_params(str(straight_dir)).agent, _final_params(str(tmp_path)).agent)
   assert json.loads((tmp_path / "summary.json").read_text())["diverged"][0]["seed"] == 0

@@ -242,3 +242,19 @@ def test_runs_of_two_budgets_on_two_tasks_are_two_columns(tmp_path):
   (h,), (w,) = ([k[2] for k in result["groups"] if k[1] == d]
                 for d in ("hopper-random", "walker2d-random"))
   assert h != w and "epochs=20" in h and "epochs=3000" in w
+
+
+def test_runs_of_two_settings_sources_are_told_apart_by_the_source_alone(tmp_path):
+  """MOBILE from OfflineRL-Kit's and from its authors' tables (--reference): the per-task values
+  each source sets (beta, dynamics epochs, ...) are their task's settings, so the labels name the
+  source alone, and the other task's OfflineRL-Kit run shares its column."""
+  runs = tmp_path / "runs"
+  _write_run(str(runs / "kit"), "halfcheetah-medium-expert", "mobile", [0], np.full((3, 1), 9.0))
+  _write_run(str(runs / "authors"), "halfcheetah-medium-expert", "mobile", [0],
+             np.full((3, 1), 8.0), reference="authors")
+  _write_run(str(runs / "w"), "walker2d-random", "mobile", [0], np.full((3, 1), 5.0))
+  result, _ = _report(tmp_path, runs)
+  assert sorted(k[2] for k in result["groups"]) == [
+      "MOBILE (reference=authors)", "MOBILE (reference=offlinerl_kit)",
+      "MOBILE (reference=offlinerl_kit)"]
+  assert all(not g.shortfalls for g in result["groups"].values())

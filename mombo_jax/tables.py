@@ -246,7 +246,7 @@ def cell_marks(g, what: str, label: str, dataset: str, digits: int = 1) -> List[
     rest = (f"over the {n - len(diverged)} others {m:.{digits}f} ± {s:.{digits}f}"
             if m is not None else "no other seed")
     out.append((DIVERGED_MARK, f"{label} on {dataset}: {len(diverged)} of {n} seeds diverged "
-                f"({when}) and count at their frozen policy; {rest}"))
+                f"({when}), counted at their frozen policy; {rest}"))
   short = getattr(g, "shortfalls", None)
   if short:
     out.append((BELOW_MARK, f"{label} on {dataset}: below the paper's setup: "

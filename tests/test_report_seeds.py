@@ -3,6 +3,7 @@ line, the report; protocol/1 runs read over every seed), one seed never counts t
 the paper's setup are marked and never bold beside the paper's numbers, and column labels come
 from what differs over the whole table. Run folders are written in the real on-disk format by
 tests/test_report.py's `_write_run`; nothing trains."""
+import csv
 import dataclasses
 import json
 import os
@@ -90,11 +91,10 @@ def test_the_report_counts_a_diverged_seed_and_marks_its_cell(tmp_path):
   mean, std, *_ = _number(_cell(text, "hopper-random", "MOPO"))
   assert (mean, std) == (30.0, pytest.approx(21.6, abs=0.05))
   assert _cell(text, "hopper-random", "MOPO").endswith(" ‡")
-  assert ("‡ MOPO on hopper-random: 1 of 3 seeds diverged (seed 1 at epoch 1) and count at their "
+  assert ("‡ MOPO on hopper-random: 1 of 3 seeds diverged (seed 1 at epoch 1), counted at their "
           "frozen policy; over the 2 others 45.0 ± 5.0.") in text
   assert "| 3 (0, 1‡, 2), 1 diverged |" in text.split("## Runs")[1]
   with open(tmp_path / "out" / "report.csv") as f:
-    import csv
     row = next(r for r in csv.DictReader(f) if r["column"] == "MOPO" and r["metric"] == "final")
   assert (row["seeds"], row["diverged"], float(row["mean_healthy"])) == ("3", "1", 45.0)
 

@@ -309,8 +309,9 @@ def real_transitions(nets: SeedNets, env_name, episodes: int, seed: int,
   """--states=policy (the paper's): runs the deterministic policy (evaluation mode) for `episodes`
   episodes in the real env (episode i reset with seed * 1000 + i) and keeps the selected_steps of
   each. env_name: what envs.make_env takes; the run's dataset (its envs.eval_env_spec: the env
-  its evaluation used, e.g. D4RL's walker model for an imported D4RL walker dataset). Returns numpy obs [B, S], action [B, A] (the policy's, in [-1, 1]), reward [B],
-  next_obs [B, S], done [B] (terminated; truncation still bootstraps) and episode [B]."""
+  its evaluation used, e.g. D4RL's walker model for an imported D4RL walker dataset). Returns
+  numpy obs [B, S], action [B, A] (the policy's, in [-1, 1]), reward [B], next_obs [B, S],
+  done [B] (terminated; truncation still bootstraps) and episode [B]."""
   policy = jax.jit(SeedNets.policy_mode)
   recorded = envs.run_episodes(
       lambda: envs.make_env(env_name, max_episode_steps=max_episode_steps),

@@ -298,6 +298,25 @@ def test_eq1_u_is_the_mm_std_of_the_min_target_critic(tiny_run):
   assert not np.allclose(np.asarray(u_spread), np.asarray(u_eq1))
 
 
+def test_policy_states_are_recorded_in_the_runs_dataset_env(tiny_run, monkeypatch):
+  """--states=policy steps the env of the run's dataset (envs.eval_env_spec: D4RL's walker model
+  for an imported D4RL walker, tests/test_eval_env.py), not the bare env name."""
+  workdir, _ = tiny_run
+  seen = []
+
+  class Stop(Exception):
+    pass
+
+  def fake(nets, env_name, *args, **kwargs):
+    seen.append(env_name)
+    raise Stop
+
+  monkeypatch.setattr(quantifier_quality, "real_transitions", fake)
+  with pytest.raises(Stop):
+    uncertainty_runs.evaluate_runs([workdir], states="policy", log=lambda *_: None)
+  assert seen == [trained.load_run(workdir).dataset] == ["hopper-random"]
+
+
 def test_dataset_states_are_one_fixed_draw():
   from mombo_jax import data
   n = 50

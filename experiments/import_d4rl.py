@@ -10,10 +10,12 @@ every row that has a next state (see mombo_jax/d4rl.py, which also says where D4
 qlearning_dataset differs). Before writing, a sample of rows is replayed from the file's
 infos/qpos, infos/qvel in the named env, and a file of another env is refused, naming the env it
 replays as (--nocheck_physics skips this; a file without infos/qpos is imported with a line saying
-it could not be checked). The dataset's metadata holds D4RL's reference returns, the gymnasium v5
-evaluation env, the file's `metadata/*` values and its provenance (with the timeout mode and the
-physics check, both shown on its card). The last line printed is the Minari id written. The import
-is mombo_jax.d4rl's (import_file); this program only parses the flags.
+it could not be checked). The dataset's metadata holds D4RL's reference returns, the evaluation
+env (gymnasium v5 in the model the file's data was made in: for walker2d the v2 model, right-foot
+friction 0.9; evaluation, Table 2 and rendering build it), the file's `metadata/*` values and its
+provenance (with the timeout mode and the physics check, both shown on its card). The last line
+printed is the Minari id written. The import is mombo_jax.d4rl's (import_file); this program only
+parses the flags.
 """
 import sys
 

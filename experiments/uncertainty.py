@@ -1,6 +1,7 @@
 r"""The paper's uncertainty-quantifier experiment (Table 2; appendix "Uncertainty quantifier
-experiment", label appsec:tightness, of mombo-neurips2024; SPEC.md section 9): how often, and how
-tightly, each algorithm's own penalty U(s, a) bounds the error of a single-sample Bellman backup.
+experiment" of mombo-neurips2024; docs/protocol.md, "Table 2 (uncertainty quantifiers): the
+reading"): how often, and how tightly, each algorithm's own penalty U(s, a) bounds the error of a
+single-sample Bellman backup.
 
   python -m experiments.uncertainty --runs=runs/hopper-medium          # every run under it
   python -m experiments.uncertainty --runs=runs/a/s0x4,runs/b/s0x4 --states=dataset --out=report/
@@ -34,9 +35,24 @@ It is reported as training subtracts it (accuracy, tightness, penalty_mean) and 
 (accuracy_unscaled, tightness_unscaled, penalty_unscaled_mean), since the paper's definitions of U
 carry no coefficient.
 
+The paper leaves two points open; the reading above (the model's reward in B^ Q, each algorithm's
+U as its training subtracts it: MOMBO's released code's elite spread for the paper's MOMBO) is
+the one chosen, and both alternatives are measured on the same draws, in their own columns:
+  real_reward  B^ Q = r + gamma (1-d^) min_j Q'_j(s^', a^') with the tuple's REAL reward r (the
+               same s^', a^', d^), against the algorithm's own U: accuracy_real_reward,
+               tightness_real_reward, their _unscaled_ twins, bellman_error_real_reward_mean;
+  eq1          (MOMBO runs; NaN for the others) U = sqrt(var_r^ + gamma^2 (1-d^) v*), eq. (1)'s
+               gamma sigma_MM of the target critic with the smaller MM mean at the drawing
+               elite's next-state Gaussian, plus that elite's reward variance as MOMBO lcb's
+               target writes it (for a lcb run, its own U), against the model-reward B^ Q:
+               accuracy_eq1, tightness_eq1 (times the run's beta), accuracy_unscaled_eq1,
+               tightness_unscaled_eq1, penalty_eq1_mean, penalty_unscaled_eq1_mean.
+
 States (--states):
   policy   the paper's: each seed's own --episodes evaluation episodes of its deterministic policy
-           in the real environment, every --every-th transition and the last of each;
+           in the real environment (the run's evaluation env: an imported D4RL walker dataset's is
+           D4RL's walker model, mombo_jax.envs.eval_env_spec), every --every-th transition and the
+           last of each;
   dataset  the same --num_states transitions of the dataset the run trained on for every algorithm
            and seed (drawn with --seed), so no policy-quality confound.
 
@@ -44,10 +60,11 @@ Writes (into --out, default the first --runs folder) uncertainty.csv and uncerta
 --states=policy, uncertainty_dataset.csv / .md for --states=dataset: one CSV row per run and seed
 (columns run, env, dataset, algo, target, states, seed, epoch, beta, transitions, draws,
 num_policy, accuracy, tightness, accuracy_unscaled, tightness_unscaled, penalty_mean,
-penalty_unscaled_mean, bellman_error_mean); the markdown gives mean +- std over seeds per dataset
-and algorithm (the paper's bold / underline rule), the paper's own Table 2 numbers in their own
-columns beside the as-trained accuracy and tightness (a note says what they compare with), and
-the mean U and Bellman error.
+penalty_unscaled_mean, bellman_error_mean, then the alternatives' columns above); the markdown
+gives mean +- std over seeds per dataset and algorithm (the paper's bold / underline rule), the
+paper's own Table 2 numbers in their own columns beside the as-trained accuracy and tightness of
+the chosen reading and of each alternative (a note says what they compare with), and the mean U
+and Bellman error.
 
 The experiment's runs and outputs are mombo_jax.uncertainty_runs's, the per-tuple backups and
 scores mombo_jax.quantifier_quality's; this program only parses the flags.

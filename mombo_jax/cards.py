@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from mombo_jax import d4rl, minari_io, names, provenance, scores
+from mombo_jax import d4rl, envs, minari_io, names, provenance, scores
 
 
 def episode_stats(name: str, episodes: Optional[Sequence[dict]] = None) -> dict:
@@ -59,7 +59,8 @@ def card_text(name: str, stats: Optional[dict] = None) -> str:
            f"Generated from the data by `python -m experiments.describe "
            f"--dataset={stats['dataset_id']} --out=<this folder>`: regenerate it, do not edit it.",
            "",
-           f"- environment: {stats['env']} (evaluated in gymnasium's v5 env)",
+           f"- environment: {stats['env']} (evaluated in "
+           f"{envs.eval_env_spec(stats['dataset_id'])['physics']})",
            f"- transitions: {int(lengths.sum())}",
            f"- episodes: {len(lengths)}",
            f"- recipe: {prov.get('recipe', 'not recorded')}"

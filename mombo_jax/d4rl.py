@@ -27,8 +27,10 @@ files), the episode is cut there (truncated), so that every transition keeps its
 `d4rl_physics.replay_check` tells whether a file holds the named env's physics.
 
 `import_file` (experiments.import_d4rl is its CLI) reads a file, checks it and writes it as a real
-Minari dataset with D4RL's reference returns, the evaluation env, the file's `metadata/*` values
-and its provenance (which records the timeout mode and the physics check).
+Minari dataset with D4RL's reference returns, the evaluation env (envs.d4rl_env_spec: the model
+the file's data was made in, recorded under envs.EVAL_ENV_KEY; evaluation, Table 2 and rendering
+build it through envs.eval_env_spec), the file's `metadata/*` values and its provenance (which
+records the timeout mode and the physics check).
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from mombo_jax import config as config_lib
-from mombo_jax import minari_io, names
+from mombo_jax import envs, minari_io, names
 from mombo_jax.d4rl_physics import OBS_TOLERANCE, replay_check, same_shaped_envs
 from mombo_jax.envs import ACTION_DIM, OBS_DIM
 from mombo_jax.errors import UserError
@@ -278,7 +280,8 @@ def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_non
         dataset_id, episodes, f"D4RL's {name}-v2 file ({os.path.basename(path)}), imported with "
         f"experiments/import_d4rl.py (--timeouts={timeouts}).", "D4RL", overwrite=overwrite,
         provenance=provenance, ref_scores=D4RL_REF_SCORES[env], env_name=env,
-        extra_metadata={"d4rl_metadata": file_meta} if file_meta else None)
+        extra_metadata={"d4rl_metadata": file_meta} if file_meta else None,
+        eval_env=envs.d4rl_env_spec(env))
   except UserError:
     raise                      # refused before writing anything (e.g. created meanwhile)
   except BaseException:

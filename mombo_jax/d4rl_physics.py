@@ -9,12 +9,11 @@ imported as walker2d).
 """
 from __future__ import annotations
 
-import os
 from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 
-from mombo_jax.envs import ACTION_DIM, GYM_IDS, OBS_DIM
+from mombo_jax.envs import ACTION_DIM, GYM_IDS, OBS_DIM, d4rl_env_spec, make_env
 
 REPLAY_ROWS = 32         # rows replayed per check (spread evenly over the file)
 MIN_REPLAY_ROWS = 8      # fewer replayable rows than this: not checked
@@ -44,13 +43,9 @@ class PhysicsCheck(NamedTuple):
 
 def replay_env(env: str):
   """The unwrapped gymnasium v5 MuJoCo env of `env` with the model D4RL's v2 data was made in
-  (walker2d: gymnasium's walker2d.xml, the v2-v4 model, not v5's walker2d_v5.xml)."""
-  import gymnasium as gym
-  kwargs = {}
-  if env == "walker2d":
-    kwargs["xml_file"] = os.path.join(os.path.dirname(gym.__file__), "envs", "mujoco", "assets",
-                                      "walker2d.xml")
-  return gym.make(GYM_IDS[env], disable_env_checker=True, **kwargs).unwrapped
+  (envs.d4rl_env_spec; walker2d: gymnasium's walker2d.xml, the v2-v4 model, not v5's
+  walker2d_v5.xml), the env an import then records for evaluation."""
+  return make_env(d4rl_env_spec(env), disable_env_checker=True).unwrapped
 
 
 def replay_check(arrays: Dict[str, np.ndarray], env: str, keep: Optional[np.ndarray] = None,

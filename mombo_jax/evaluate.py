@@ -62,14 +62,15 @@ class Evaluator:
   state and the env's RNG, so a reused set gives the returns a fresh one would. Close it when done
   (or use it as a context manager).
 
-  config: for the actor's shape; env_name: short env ('hopper') or dataset name ('hopper-random',
-  a Minari id); num_seeds S (policies, e.g. every cell of a launch) and episodes: the shape of
-  every evaluation; max_episode_steps: time limit override (tests), None keeps the env's own (1000
-  for MuJoCo); workers: processes stepping the envs (env_pool.EnvPool: 1 steps them in this
-  process; 0 picks env_pool.auto_workers(S x episodes)). The returns do not depend on `workers`.
+  config: for the actor's shape; env_name: short env ('hopper'), dataset name ('hopper-random',
+  a Minari id: its envs.eval_env_spec) or an envs.eval_env_spec dict; num_seeds S (policies, e.g.
+  every cell of a launch) and episodes: the shape of every evaluation; max_episode_steps: time
+  limit override (tests), None keeps the env's own (1000 for MuJoCo); workers: processes stepping
+  the envs (env_pool.EnvPool: 1 steps them in this process; 0 picks
+  env_pool.auto_workers(S x episodes)). The returns do not depend on `workers`.
   """
 
-  def __init__(self, config: Config, env_name: str, num_seeds: int, episodes: int,
+  def __init__(self, config: Config, env_name, num_seeds: int, episodes: int,
                max_episode_steps: Optional[int] = None, workers: int = 1):
     if episodes < 1:
       raise ValueError(f"episodes must be >= 1, got {episodes}.")
@@ -85,7 +86,8 @@ class Evaluator:
       first.close()
       raise ValueError(f"{env_name}: the env has no time limit; pass max_episode_steps.")
     # The rest are clones of the first from its spec (cheap even when the first came from a
-    # dataset), stepped in this process or in worker processes.
+    # dataset), stepped in this process or in worker processes; the spec's kwargs carry the
+    # model file (an imported D4RL walker's xml_file), so every clone has the first's physics.
     self.pool = env_pool.EnvPool(first, num_envs, workers or env_pool.auto_workers(num_envs))
     space = self.pool.action_space
     self._action_shape = space.shape
@@ -151,7 +153,7 @@ class Evaluator:
     self.close()
 
 
-def run(actor_params: Any, config: Config, env_name: str, episodes: int, seed: int,
+def run(actor_params: Any, config: Config, env_name, episodes: int, seed: int,
         max_episode_steps: Optional[int] = None, workers: int = 1) -> np.ndarray:
   """Undiscounted returns [S, episodes] (float64) of the deterministic policy of every seed, in
   envs built for this call alone (a run's repeated evaluations reuse an Evaluator instead).

@@ -88,28 +88,32 @@ def evaluate_all(runs, actors, last, done, workers=0):
   env_pool.auto_workers) for all the launch's cells x episodes, built at the first evaluation and
   shared by the groups (their r.evaluator; closing it twice is harmless), one policy call per time
   step for every cell, each group's envs reset with the seeds of its own evaluation (eval_seed),
-  so each group's returns are those an Evaluator of its own gives it. Groups with another eval_episodes get
-  their own Evaluator. The training loop runs the two halves apart (build_evaluators +
-  returns_all in a thread while the device trains, then record)."""
+  so each group's returns are those an Evaluator of its own gives it. Groups with another
+  eval_episodes or another eval env (envs.eval_env_spec of their dataset) get their own Evaluator.
+  The training loop runs the two halves apart (build_evaluators + returns_all in a thread while
+  the device trains, then record)."""
   build_evaluators(runs, workers)
   for r, returns in zip(runs, returns_all(runs, actors, done)):
     record(r, returns, last, done)
 
 
 def build_evaluators(runs, workers=0):
-  """Gives every group its Evaluator (shared by the groups of one eval_episodes), unless built.
-  In the main thread: it starts the env worker processes."""
+  """Gives every group its Evaluator (shared by the groups of one eval_episodes and one eval env:
+  envs.eval_env_spec of the group's dataset, so that an imported D4RL walker is evaluated in
+  D4RL's model), unless built. In the main thread: it starts the env worker processes."""
+  import json
+  from mombo_jax import envs
   from mombo_jax import evaluate as evaluate_lib
-  by_episodes = {}                         # the launch's groups share one env (check_groups)
+  by_env = {}                              # the launch's groups share one env name (check_groups)
   for r in runs:
-    by_episodes.setdefault(r.config.eval_episodes, []).append(r)
-  for episodes, same in by_episodes.items():
-    missing = [r for r in same if r.evaluator is None]
-    if missing:
-      c, num_seeds = missing[0].config, sum(r.config.num_seeds for r in missing)
-      evaluator = evaluate_lib.Evaluator(c, c.env_name, num_seeds, episodes, workers=workers)
-      for r in missing:
-        r.evaluator = evaluator
+    if r.evaluator is None:
+      spec = json.dumps(envs.eval_env_spec(r.group.dataset), sort_keys=True)
+      by_env.setdefault((r.config.eval_episodes, spec), []).append(r)
+  for (episodes, spec), missing in by_env.items():
+    c, num_seeds = missing[0].config, sum(r.config.num_seeds for r in missing)
+    evaluator = evaluate_lib.Evaluator(c, json.loads(spec), num_seeds, episodes, workers=workers)
+    for r in missing:
+      r.evaluator = evaluator
 
 
 def returns_all(runs, actors, done):

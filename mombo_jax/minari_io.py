@@ -135,13 +135,15 @@ def load_dataset(name: str, download: bool = False):
 def write_dataset(name: str, episodes: Sequence[dict], description: str, algorithm: str,
                   max_episode_steps: Optional[int] = None, overwrite: bool = False, *,
                   provenance: Optional[dict] = None, ref_scores: Optional[tuple] = None,
-                  env_name: Optional[str] = None, extra_metadata: Optional[dict] = None):
+                  env_name: Optional[str] = None, extra_metadata: Optional[dict] = None,
+                  eval_env: Optional[dict] = None):
   """Write episodes as a Minari dataset: `name` is a short name (-> names.minari_id) or a full
   Minari id (used as it is; its env from `env_name`, else from the id). Metadata: the env and its
-  gymnasium v5 eval env, reference returns (`ref_scores` (min, max), default D4RL's for the env),
-  `provenance` (see recipes.provenance_for) under PROVENANCE_KEY, and `extra_metadata`
-  (JSON-encoded values). episodes: dicts of observations [T+1, S], actions [T, A], rewards,
-  terminations, truncations [T]."""
+  eval env (gymnasium v5; `eval_env`, an envs.eval_env_spec dict, makes both and is recorded under
+  envs.EVAL_ENV_KEY: an import's D4RL physics), reference returns (`ref_scores` (min, max),
+  default D4RL's for the env), `provenance` (see recipes.provenance_for) under PROVENANCE_KEY, and
+  `extra_metadata` (JSON-encoded values). episodes: dicts of observations [T+1, S], actions
+  [T, A], rewards, terminations, truncations [T]."""
   import minari
   from minari.data_collector import EpisodeBuffer
   # These read datasets through this module, so they are imported here, not at the top.
@@ -154,8 +156,8 @@ def write_dataset(name: str, episodes: Sequence[dict], description: str, algorit
       raise UserError(f"Dataset {dataset_id} already exists at {path}; pass --overwrite to "
                       "rebuild it.")
     shutil.rmtree(path)
-  env = envs.make_env(env_id, max_episode_steps=max_episode_steps)
-  eval_env = envs.make_env(env_id)
+  env = envs.make_env(eval_env or env_id, max_episode_steps=max_episode_steps)
+  spec, eval_env = eval_env, envs.make_env(eval_env or env_id)
   low, high = ref_scores or scores.D4RL_REF_SCORES[names.env_name(env_id)]
   buffers = [EpisodeBuffer(id=i, observations=ep["observations"], actions=ep["actions"],
                            rewards=ep["rewards"], terminations=ep["terminations"],
@@ -168,6 +170,8 @@ def write_dataset(name: str, episodes: Sequence[dict], description: str, algorit
           author=AUTHOR, code_permalink="experiments/collect.py", ref_min_score=low,
           ref_max_score=high, description=description)
     extra = {k: json.dumps(v) for k, v in (extra_metadata or {}).items()}
+    if spec is not None:
+      extra[envs.EVAL_ENV_KEY] = json.dumps(spec)
     if provenance is not None:
       extra[PROVENANCE_KEY] = json.dumps(provenance)
     if extra:

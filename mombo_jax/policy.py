@@ -94,7 +94,9 @@ class Policy:
   env_name ('hopper'), dataset (trained on), obs_dim, action_dim; hidden_dims, log_std_min,
   log_std_max: the actor network (critics.TanhGaussianActor); action_low / action_high [A] and
   action_dtype: the env's action space; seed, epoch: which seed of the run and the checkpoint's
-  epoch; config: the run's config.json record (dict); source: where it was loaded from.
+  epoch; config: the run's config.json record (dict); source: where it was loaded from; eval_env:
+  the env its run was evaluated in (envs.eval_env_spec of the dataset, plain data; None: a file
+  saved before it was recorded, whose dataset tells), what rendering builds.
   """
   params: Any
   env_name: str
@@ -111,6 +113,7 @@ class Policy:
   epoch: int
   config: dict
   source: str = ""
+  eval_env: Optional[dict] = None
 
   def __post_init__(self):
     import jax
@@ -159,7 +162,8 @@ class Policy:
                 action_high=[float(x) for x in self.action_high],
                 action_dtype=str(np.dtype(self.action_dtype)), seed=int(self.seed),
                 epoch=int(self.epoch), config=json.dumps(self.config),
-                params_crc32=_crc(self.params), mombo_jax_version=__version__)
+                params_crc32=_crc(self.params), mombo_jax_version=__version__,
+                **({} if self.eval_env is None else {"eval_env": json.dumps(self.eval_env)}))
 
   def save(self, path: str) -> str:
     """Writes the policy to `path` (flax msgpack, atomically: a temporary file renamed into
@@ -268,7 +272,8 @@ def _from_workdir(path: str, seed: Optional[int], step: Optional[int],
                 obs_dim=envs.OBS_DIM[config.env_name], action_dim=envs.ACTION_DIM[config.env_name],
                 hidden_dims=tuple(config.actor_hidden), log_std_min=float(config.log_std_min),
                 log_std_max=float(config.log_std_max), action_low=low, action_high=high,
-                action_dtype=dtype, seed=seed, epoch=epoch, config=record, source=path)
+                action_dtype=dtype, seed=seed, epoch=epoch, config=record, source=path,
+                eval_env=envs.eval_env_spec(dataset))
 
 
 _META_TYPES = dict(env_name=str, dataset=str, obs_dim=int, action_dim=int, hidden_dims=list,
@@ -326,13 +331,18 @@ def _from_file(path: str, seed: Optional[int]) -> Policy:
                     f"seed {seed} from its run.")
   try:
     config = json.loads(meta["config"])
-  except ValueError:
-    raise UserError(f"{path} is a damaged policy file (its config record is not JSON); "
-                    f"{_EXPORT_HINT}") from None
+    eval_env = json.loads(meta["eval_env"]) if "eval_env" in meta else None
+  except (TypeError, ValueError):
+    raise UserError(f"{path} is a damaged policy file (its config or eval_env record is not "
+                    f"JSON); {_EXPORT_HINT}") from None
+  if eval_env is not None and not (isinstance(eval_env, dict)
+                                   and isinstance(eval_env.get("id"), str)):
+    raise UserError(f"{path} is a damaged policy file (its eval_env record is not an env spec); "
+                    f"{_EXPORT_HINT}")
   return Policy(params=params, env_name=meta["env_name"], dataset=meta["dataset"],
                 obs_dim=meta["obs_dim"], action_dim=meta["action_dim"], hidden_dims=hidden,
                 log_std_min=float(meta["log_std_min"]), log_std_max=float(meta["log_std_max"]),
                 action_low=np.asarray(meta["action_low"], np.float64),
                 action_high=np.asarray(meta["action_high"], np.float64),
                 action_dtype=meta["action_dtype"], seed=meta["seed"], epoch=meta["epoch"],
-                config=config, source=path)
+                config=config, source=path, eval_env=eval_env)

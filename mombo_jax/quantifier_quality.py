@@ -1,6 +1,7 @@
-"""The paper's Table 2 on trained runs (appendix "Uncertainty quantifier experiment", SPEC.md
-section 9; experiments.uncertainty): how often, and how tightly, each algorithm's own uncertainty
-quantifier U bounds the error of a single-sample Bellman backup.
+"""The paper's Table 2 on trained runs (appendix "Uncertainty quantifier experiment";
+docs/protocol.md, "Table 2 (uncertainty quantifiers): the reading"; experiments.uncertainty): how
+often, and how tightly, each algorithm's own uncertainty quantifier U bounds the error of a
+single-sample Bellman backup.
 
 For a tuple (s, a, r, s'_real, d) and M draws of the learned model:
   B Q(s, a)       = r + g (1-d) mean_{i <= num_policy} min_j Q'(s'_real, a'_i), a'_i ~ pi(s'_real)
@@ -14,12 +15,22 @@ lcb the Gaussian of the elite that drew s^'). Both backups are deterministic (no
 Only B Q is an expectation: averaging B^ Q over draws too would remove the single-sample error U
 is meant to bound.
 
+The two readings the paper leaves open are measured beside it, on the same draws (the same s^',
+a^' and d^):
+  real_reward  B^ Q with the tuple's real reward: r + g (1-d^) min_j Q'(s^', a^') (the paper's
+               B^ Q(s, a, s') = r(s, a) + g Q(s', pi(s')) writes the reward function, not a
+               model's), scored against the algorithm's own U;
+  eq1          MOMBO's U as eq. (1) writes it, g sigma_MM, with the reward-variance term of the
+               target that implements it (targets.penalty_mombo_lcb): sqrt(var_r^ + g^2 (1-d^) v*)
+               from the Gaussian of the elite that drew s^' (MOMBO runs only; for a lcb run it is
+               its own U), scored against the model-reward B^ Q.
+
 Shapes: B = tuples, S = obs dim, A = action dim, M = model draws, P = policy samples.
 """
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import chex
 import jax
@@ -64,19 +75,40 @@ def exact_bellman(policy_fn: Callable, q_fn: Callable, reward, next_obs, done, k
   return out
 
 
-def sample_bellman(policy_fn: Callable, q_fn: Callable, draw_fn: Callable, obs, action, key, *,
-                   gamma: float):
-  """One draw: (B^ Q(s, a, s^') [B], U [B] unscaled) with (s^', r^, d^, U) = draw_fn(obs, action,
-  k) one model draw per row and r^ + g (1 - d^) q(s^', a^'), a^' ~ pi(s^') one sample.
+class Draw(NamedTuple):
+  """What draw_fn returns: one model draw per row. next_obs [B, S] (s^'), reward [B] (r^), done
+  [B] (d^), u [B] (the algorithm's own U, unscaled), u_eq1 [B] or None (MOMBO's U as eq. (1), the
+  `eq1` reading; None: not computed). A plain 4-tuple is read as u_eq1=None."""
+  next_obs: Any
+  reward: Any
+  done: Any
+  u: Any
+  u_eq1: Any = None
 
-  draw_fn(obs [B, S], action [B, A], key) -> (next_obs [B, S], reward [B], done [B], u [B]).
+
+def sample_bellman(policy_fn: Callable, q_fn: Callable, draw_fn: Callable, obs, action, key, *,
+                   gamma: float, reward=None) -> dict:
+  """One draw: {"sample": B^ Q(s, a, s^') [B], "u": U [B] unscaled} with draw_fn(obs, action, k)
+  one model draw per row (Draw: s^', r^, d^, U) and B^ Q = r^ + g (1 - d^) q(s^', a^'), a^' ~
+  pi(s^') one sample; plus "sample_real_reward" = reward + g (1 - d^) q(s^', a^') (the same
+  q) when the real `reward` [B] is given, and "u_eq1" [B] when the draw has it.
+
+  draw_fn(obs [B, S], action [B, A], key) -> Draw or (next_obs [B, S], reward [B], done [B],
+  u [B]).
   """
   k_draw, k_pi = jax.random.split(key)
-  next_obs, reward, done, u = draw_fn(obs, action, k_draw)
-  chex.assert_equal_shape([next_obs, obs])
-  chex.assert_shape([reward, done, u], obs.shape[:1])
-  out = reward + gamma * _continue(done, q_fn(next_obs, policy_fn(next_obs, k_pi)))
-  return out, u
+  draw = Draw(*draw_fn(obs, action, k_draw))
+  chex.assert_equal_shape([draw.next_obs, obs])
+  chex.assert_shape([draw.reward, draw.done, draw.u], obs.shape[:1])
+  value = gamma * _continue(draw.done, q_fn(draw.next_obs, policy_fn(draw.next_obs, k_pi)))
+  out = dict(sample=draw.reward + value, u=draw.u)
+  if reward is not None:
+    chex.assert_equal_shape([reward, draw.reward])
+    out["sample_real_reward"] = reward + value
+  if draw.u_eq1 is not None:
+    chex.assert_equal_shape([draw.u_eq1, draw.u])
+    out["u_eq1"] = draw.u_eq1
+  return out
 
 
 def bellman_gaps(policy_fn: Callable, q_fn: Callable, draw_fn: Callable, obs, action, reward,
@@ -86,7 +118,8 @@ def bellman_gaps(policy_fn: Callable, q_fn: Callable, draw_fn: Callable, obs, ac
   done [B]) of the real environment, from plain callables (closed-form pieces in tests; a trained
   run's networks in `uncertainty_quality`): see exact_bellman, sample_bellman.
 
-  Returns {"exact": B Q [B], "sample": B^ Q [M, B], "u": U [M, B] (unscaled)}, M = num_draws
+  Returns {"exact": B Q [B], "sample": B^ Q [M, B], "u": U [M, B] (unscaled), "sample_real_reward":
+  B^ Q with the real reward [M, B], and "u_eq1": [M, B] where draw_fn gives it}, M = num_draws
   independent draws (sequential: memory of one draw).
   """
   chex.assert_rank([obs, action, next_obs, reward, done], [2, 2, 2, 1, 1])
@@ -94,11 +127,12 @@ def bellman_gaps(policy_fn: Callable, q_fn: Callable, draw_fn: Callable, obs, ac
   k_exact, k_draws = jax.random.split(key)
   exact = exact_bellman(policy_fn, q_fn, reward, next_obs, done, k_exact, gamma=gamma,
                         num_policy=num_policy)
-  sample, u = jax.lax.map(
-      lambda k: sample_bellman(policy_fn, q_fn, draw_fn, obs, action, k, gamma=gamma),
+  draws = jax.lax.map(
+      lambda k: sample_bellman(policy_fn, q_fn, draw_fn, obs, action, k, gamma=gamma,
+                               reward=reward),
       jax.random.split(k_draws, num_draws))
-  chex.assert_shape([sample, u], (num_draws, obs.shape[0]))
-  return dict(exact=exact, sample=sample, u=u)
+  chex.assert_shape(list(draws.values()), (num_draws, obs.shape[0]))
+  return dict(exact=exact, **draws)
 
 
 def quantifier_scores(exact, sample, u, scale: float) -> dict:
@@ -122,6 +156,24 @@ def quantifier_scores(exact, sample, u, scale: float) -> dict:
   return out
 
 
+# The readings measured beside the chosen one (module docstring): name -> (B^ Q key, U key) of
+# bellman_gaps' result.
+READINGS = {"real_reward": ("sample_real_reward", "u"), "eq1": ("sample", "u_eq1")}
+
+
+def reading_scores(gaps: dict, scale: float) -> dict:
+  """quantifier_scores of every READINGS entry gaps holds (exact [B] and [M, B] arrays, as
+  bellman_gaps returns them), each key suffixed with the reading: accuracy_real_reward [B],
+  tightness_unscaled_eq1 [B], penalty_eq1_mean, bellman_error_real_reward_mean, ..."""
+  out = {}
+  for name, (sample, u) in READINGS.items():
+    if sample in gaps and u in gaps:
+      scores = quantifier_scores(gaps["exact"], gaps[sample], gaps[u], scale)
+      out.update({(f"{k[:-5]}_{name}_mean" if k.endswith("_mean") else f"{k}_{name}"): v
+                  for k, v in scores.items()})
+  return out
+
+
 def bellman_metrics(u, exact, sample) -> dict:
   """Per-transition accuracy 1(U >= |B Q - B^ Q|) and tightness U - |B Q - B^ Q| (paper appendix)
   for U, B^ Q [B] (or [M, B]: averaged over the M draws) and B Q [B]; returns {"accuracy": [B],
@@ -139,14 +191,15 @@ def model_done(config, term_fn: Callable, obs, action, next_obs):
   return done.astype(jnp.float32)
 
 
-def model_draw(nets: SeedNets, obs, action, key):
+def model_draw(nets: SeedNets, obs, action, key, eq1: bool = False):
   """One draw of the run's learned model per row, as a rollout writes it, and that row's penalty.
 
   obs [B, S], action [B, A]. (s^', r^) from a uniformly random elite per row (dynamics.step, the
   rollouts' own step); d^ = model_done. Returns (row, u): row a buffer.Batch [B, ...] carrying the
   producing elite's Gaussian (what a rollout row stores; reward = r^ unpenalised, also for MOPO:
   B^ uses the model's estimate of r and MOPO's penalty is its U), u [B] the UNSCALED penalty of the
-  row, `penalty(nets, row, key)`.
+  row, `penalty(nets, row, key)`. eq1=True: (row, u, u_eq1), u_eq1 [B] = penalty_eq1 of the row
+  with u's key (so a lcb run's u_eq1 is its u).
   """
   config = nets.config
   term_fn = termination.termination_fn(config.env_name)
@@ -157,6 +210,8 @@ def model_draw(nets: SeedNets, obs, action, key):
                      obs_var=jnp.zeros_like(obs), next_obs_mean=out.next_obs_mean,
                      next_obs_var=out.next_obs_var, reward_mean=out.reward_mean,
                      reward_var=out.reward_var)
+  if eq1:
+    return row, penalty(nets, row, k_u), penalty_eq1(nets, row, k_u)
   return row, penalty(nets, row, k_u)
 
 
@@ -178,12 +233,25 @@ def penalty(nets: SeedNets, rows, key, scaled: bool = False):
   return config.beta * u if scaled else u
 
 
+def penalty_eq1(nets: SeedNets, rows, key):
+  """MOMBO's U as eq. (1) [B], unscaled, on model rows (buffer.Batch [B, ...] carrying the Gaussian
+  of the elite that drew each row): eq. (1)'s g sigma_MM(s', pi(s')) with the reward variance the
+  target adds, sqrt(var_r + g^2 (1-d) v*), v* the MM variance of the target critic with the smaller
+  MM mean at (next_obs_mean, a' ~ pi(next_obs_mean)) with input variance next_obs_var: the very
+  function MOMBO lcb's target calls (targets.penalty_mombo_lcb), whatever the run's target."""
+  return targets.penalty_mombo_lcb(nets.agent(), rows, key, config=nets.config)
+
+
 def seed_functions(nets: SeedNets):
   """(policy_fn, q_fn, draw_fn) of one trained seed for bellman_gaps: a' ~ pi, min over the target
-  critics of Q' (plain, zero input variance), and model_draw's (s^', r^, d^, u)."""
+  critics of Q' (plain, zero input variance), and model_draw's Draw (s^', r^, d^, u, and for a
+  MOMBO run u_eq1)."""
   def draw_fn(obs, action, key):
+    if nets.config.algo == "mombo":
+      row, u, u_eq1 = model_draw(nets, obs, action, key, eq1=True)
+      return Draw(row.next_obs, row.reward, row.done, u, u_eq1)
     row, u = model_draw(nets, obs, action, key)
-    return row.next_obs, row.reward, row.done, u
+    return Draw(row.next_obs, row.reward, row.done, u)
 
   return (lambda obs, key: nets.policy(obs, key)[0],
           lambda obs, action: nets.q(obs, action).min(axis=0), draw_fn)
@@ -207,7 +275,9 @@ def uncertainty_quality(nets: SeedNets, batch: dict, key, num_draws: int = 100,
                         num_policy: int = 1000, chunk: int = 256) -> dict:
   """quantifier_scores of one seed on tuples batch = {obs [B, S], action [B, A], reward [B],
   next_obs [B, S], done [B]} (real_transitions' or dataset_states' dict), with U scaled by the
-  run's beta; plus exact [B], sample [M, B], u [M, B] (unscaled).
+  run's beta, and reading_scores (the readings beside it, keys suffixed _real_reward / _eq1; _eq1
+  for MOMBO runs only); plus exact [B], sample [M, B], u [M, B] (unscaled), sample_real_reward
+  [M, B] and (MOMBO) u_eq1 [M, B].
 
   Tuples go through in jitted chunks of `chunk` rows (the last one padded with copies of its first
   row, dropped after): memory is num_policy x chunk critic rows for B Q, and few compilations.
@@ -227,20 +297,21 @@ def uncertainty_quality(nets: SeedNets, batch: dict, key, num_draws: int = 100,
                      jax.random.fold_in(key, i), num_draws, num_policy)
     keep = min(size, n - lo)
     parts.append(jax.tree.map(lambda x, keep=keep: np.asarray(x)[..., :keep], res))
-  exact = np.concatenate([p["exact"] for p in parts])
-  sample = np.concatenate([p["sample"] for p in parts], axis=-1)
-  u = np.concatenate([p["u"] for p in parts], axis=-1)
-  out = quantifier_scores(exact, sample, u, float(nets.config.beta))
-  out.update(exact=exact, sample=sample, u=u)
+  gaps = {k: np.concatenate([p[k] for p in parts], axis=-1) for k in parts[0]}
+  out = quantifier_scores(gaps["exact"], gaps["sample"], gaps["u"], float(nets.config.beta))
+  out.update(reading_scores(gaps, float(nets.config.beta)))
+  out.update(gaps)
   return out
 
 
-def real_transitions(nets: SeedNets, env_name: str, episodes: int, seed: int,
+def real_transitions(nets: SeedNets, env_name, episodes: int, seed: int,
                      every: int = 10, max_episode_steps: Optional[int] = None) -> dict:
   """--states=policy (the paper's): runs the deterministic policy (evaluation mode) for `episodes`
   episodes in the real env (episode i reset with seed * 1000 + i) and keeps the selected_steps of
-  each. Returns numpy obs [B, S], action [B, A] (the policy's, in [-1, 1]), reward [B],
-  next_obs [B, S], done [B] (terminated; truncation still bootstraps) and episode [B]."""
+  each. env_name: what envs.make_env takes; the run's dataset (its envs.eval_env_spec: the env
+  its evaluation used, e.g. D4RL's walker model for an imported D4RL walker dataset). Returns
+  numpy obs [B, S], action [B, A] (the policy's, in [-1, 1]), reward [B], next_obs [B, S],
+  done [B] (terminated; truncation still bootstraps) and episode [B]."""
   policy = jax.jit(SeedNets.policy_mode)
   recorded = envs.run_episodes(
       lambda: envs.make_env(env_name, max_episode_steps=max_episode_steps),

@@ -206,9 +206,10 @@ def _quiet():
     sys.unraisablehook = hook
 
 
-def make_render_env(env_name: str, width: int, height: int):
-  """The env of `env_name` (as evaluation makes it) rendering rgb_array frames [height, width, 3];
-  UserError (one line: packages, MUJOCO_GL) when no headless renderer works."""
+def make_render_env(env_name, width: int, height: int):
+  """The env of `env_name` (what envs.make_env takes: an env or dataset name, an eval_env_spec
+  dict; as evaluation makes it) rendering rgb_array frames [height, width, 3]; UserError (one
+  line: packages, MUJOCO_GL) when no headless renderer works."""
   from mombo_jax import envs
   backend = choose_backend()
   env = envs.make_env(env_name, render_mode="rgb_array", width=int(width), height=int(height))
@@ -245,7 +246,8 @@ def render(policy, out: str, episodes: int = 1, env_seed: int = 0, width: int = 
   if max_steps is not None and max_steps < 1:
     raise UserError(f"max_steps must be >= 1 (or unset: the env's time limit), got {max_steps}.")
   check_out(out)
-  env = make_render_env(policy.env_name, width, height)
+  # The physics the policy's run was evaluated in (an imported D4RL walker: D4RL's model).
+  env = make_render_env(policy.eval_env or policy.dataset, width, height)
   dt = float(env.unwrapped.dt)
   every = max(1, int(round(1.0 / (dt * FPS))))
   fps = 1.0 / (dt * every)

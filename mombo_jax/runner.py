@@ -131,7 +131,8 @@ def prepare(groups, records, keep, should_stop, data_options):
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from mombo_jax import buffer, checkpoint, distributed, outputs, provenance, train as train_lib
+  from mombo_jax import (buffer, checkpoint, distributed, envs, outputs, provenance,
+                         train as train_lib)
   from mombo_jax.workdir import cell_keys
 
   names = list(dict.fromkeys(g.dataset for g in groups))      # distinct datasets, in order
@@ -140,8 +141,10 @@ def prepare(groups, records, keep, should_stop, data_options):
     config = next(g.config for g in groups if g.dataset == name)
     transitions[name] = load_dataset(name, config, **data_options)
     t = transitions[name]
+    # Which physics the policies meet (docs/protocol.md, "Environments"): D4RL's walker model for
+    # an imported D4RL walker dataset, else the v5 env.
     log(f"{name}: {len(t.rewards)} transitions, obs dim {t.observations.shape[1]}, action dim "
-        f"{t.actions.shape[1]}.")
+        f"{t.actions.shape[1]}; evaluated in {envs.eval_env_spec(name)['physics']}.")
   for g, (record, notes) in zip(groups, records):
     wd = Workdir(g.workdir, g.dynamics_dir)
     record, more = wd.check_data(record, provenance.dataset_identity(g.dataset,

@@ -75,8 +75,11 @@ def test_export_round_trip(tiny_run, policy, tmp_path):
   loaded = policy_lib.load_policy(path)
   jax.tree.map(np.testing.assert_array_equal, loaded.params, policy.params)
   for field in ("env_name", "dataset", "obs_dim", "action_dim", "hidden_dims", "seed", "epoch",
-                "config", "log_std_min", "log_std_max", "action_dtype"):
+                "config", "log_std_min", "log_std_max", "action_dtype", "eval_env"):
     assert getattr(loaded, field) == getattr(exported, field), field
+  # The env its run was evaluated in travels with it (rendering builds it; tests/test_eval_env.py).
+  from mombo_jax import envs
+  assert loaded.eval_env == envs.standard_env_spec("hopper") == envs.eval_env_spec(DATASET)
   np.testing.assert_array_equal(loaded.action_low, policy.action_low)
   obs = np.random.default_rng(2).normal(size=(7, 11))
   np.testing.assert_array_equal(loaded(obs), policy(obs))

@@ -161,6 +161,9 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
   assert out.index("Compiled the epoch in") < out.index("epoch 1/3")
   assert out.count(" steps/s ") == 3
   assert re.search(r"Seeds sharded over 1 \w+ device\(s\), 1 per device", out), out
+  # The dataset's opening line says which physics its policies are evaluated in.
+  assert re.search(r"hopper-random: \d+ transitions, obs dim 11, action dim 3; evaluated in "
+                   r"Hopper-v5 in its v5 model \(hopper.xml\)\.", out), out
 
 
 def test_compilation_cache_flag(tmp_path, capsys):

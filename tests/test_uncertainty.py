@@ -1,8 +1,9 @@
 """The uncertainty-quantifier experiment (mombo_jax.uncertainty_runs, quantifier_quality;
-the paper's Table 2, SPEC.md section 9): the scores on known Bellman errors, the definition against
-a closed form (linear critic, Gaussian policy and model), U against what the run's own target
-subtracts, and the experiment end to end on a run folder in both --states modes, with the paper's
-numbers beside ours."""
+the paper's Table 2, docs/protocol.md "Table 2 (uncertainty quantifiers): the reading"): the scores
+on known Bellman errors, the definition against a closed form (linear critic, Gaussian policy and
+model), U against what the run's own target subtracts, the two alternative readings (the real
+reward in B^ Q; MOMBO's U as eq. (1)) against hand computations, and the experiment end to end on a
+run folder in both --states modes, with the paper's numbers beside ours."""
 import dataclasses
 import os
 import subprocess
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from mombo_jax import (dynamics, quantifier_quality, targets, termination, trained,
+from mombo_jax import (buffer, dynamics, quantifier_quality, targets, termination, trained,
                        uncertainty_runs)
 from tests.conftest_runs import tiny_run  # noqa: F401  (session fixture)
 
@@ -196,6 +197,126 @@ def test_u_is_what_the_runs_target_subtracts(tiny_run):
     np.testing.assert_allclose(diff[n_real:], u[n_real:], rtol=1e-4, atol=1e-5, err_msg=mode)
 
 
+def test_the_alternative_readings_on_a_hand_computed_case():
+  """Deterministic pieces (policy a = K.s, linear q, a model that always draws (mu, mu_r, d^)):
+  B^ Q with the real reward is r + g (1-d^) q(mu, K.mu) and B^ Q with the model's r^ the same with
+  mu_r, for every draw; the draw's u_eq1 passes through, and each reading's scores are
+  quantifier_scores of its own (B^ Q, U)."""
+  B, M, g, beta = 4, 3, 0.9, 2.0
+  w, K = np.array([1.0, -2.0], np.float32), np.array([0.5, -0.3], np.float32)
+  obs = np.array([[0.1, 0.2], [1.0, -1.0], [0.5, 0.5], [-0.3, 0.0]], np.float32)
+  action = np.zeros((B, 1), np.float32)
+  reward = np.array([1.0, -0.5, 2.0, 0.0], np.float32)           # the tuples' real rewards
+  next_obs = obs + 0.1
+  done = np.zeros(B, np.float32)
+  mu = obs * 0.5
+  mu_r = np.array([0.3, 0.3, -1.0, 4.0], np.float32)             # the model's rewards
+  done_hat = np.array([0.0, 1.0, 0.0, 0.0], np.float32)          # row 1: the model terminates
+  u = np.array([0.5, 0.5, 0.5, 0.5], np.float32)
+  u_eq1 = np.array([0.0, 1.0, 2.0, 3.0], np.float32)
+
+  policy_fn = lambda o, key: (o @ K)[..., None]                  # noqa: E731
+  q_fn = lambda o, a: o @ w + a[..., 0]                          # noqa: E731
+
+  def draw_fn(o, a, key):
+    return quantifier_quality.Draw(jnp.asarray(mu), jnp.asarray(mu_r), jnp.asarray(done_hat),
+                                   jnp.asarray(u), jnp.asarray(u_eq1))
+
+  gaps = quantifier_quality.bellman_gaps(policy_fn, q_fn, draw_fn, obs, action, reward, next_obs,
+                                         done, jax.random.PRNGKey(0), gamma=g, num_draws=M,
+                                         num_policy=5)
+  q_hat = (1 - done_hat) * (mu @ w + mu @ K)
+  np.testing.assert_allclose(gaps["sample_real_reward"], np.broadcast_to(reward + g * q_hat,
+                                                                         (M, B)), rtol=1e-6)
+  np.testing.assert_allclose(gaps["sample"], np.broadcast_to(mu_r + g * q_hat, (M, B)), rtol=1e-6)
+  np.testing.assert_array_equal(gaps["u_eq1"], np.broadcast_to(u_eq1, (M, B)))
+  np.testing.assert_allclose(gaps["exact"], reward + g * (next_obs @ w + next_obs @ K), rtol=1e-6)
+  got = quantifier_quality.reading_scores({k: np.asarray(v) for k, v in gaps.items()}, beta)
+  for reading, (sample, bound) in (("real_reward", ("sample_real_reward", "u")),
+                                   ("eq1", ("sample", "u_eq1"))):
+    want = quantifier_quality.quantifier_scores(gaps["exact"], gaps[sample], gaps[bound], beta)
+    for k in ("accuracy", "tightness", "accuracy_unscaled", "tightness_unscaled"):
+      np.testing.assert_allclose(got[f"{k}_{reading}"], want[k], err_msg=(reading, k))
+      assert got[f"{k}_{reading}_mean"] == pytest.approx(want[f"{k}_mean"]), (reading, k)
+  err_real = np.abs(np.asarray(gaps["exact"]) - (reward + g * q_hat))
+  assert got["bellman_error_real_reward_mean"] == pytest.approx(err_real.mean(), rel=1e-6)
+  assert got["penalty_eq1_mean"] == pytest.approx(beta * u_eq1.mean())
+  # A 4-tuple draw (no u_eq1) scores the real-reward reading only.
+  plain = quantifier_quality.bellman_gaps(
+      policy_fn, q_fn, lambda o, a, k: draw_fn(o, a, k)[:4], obs, action, reward, next_obs, done,
+      jax.random.PRNGKey(0), gamma=g, num_draws=M, num_policy=5)
+  assert "u_eq1" not in plain and "sample_real_reward" in plain
+  assert not any(k.endswith("_eq1") for k in quantifier_quality.reading_scores(
+      {k: np.asarray(v) for k, v in plain.items()}, beta))
+
+
+def test_eq1_u_is_the_mm_std_of_the_min_target_critic(tiny_run):
+  """MOMBO's U as eq. (1) on a model row, sqrt(var_r + g^2 (1-d) v*), recomputed by hand from the
+  run's target critics (v* the MM variance of the critic with the smaller MM mean at (mu_s',
+  a' ~ pi(mu_s')) with input variance var_s'); 0 for a zero-variance model; for a lcb run it is
+  the run's own U, for the released code's elite_spread another number."""
+  workdir, _ = tiny_run
+  nets = trained.load_run(workdir).nets[0]
+  g = nets.config.gamma
+  rng = np.random.default_rng(4)
+  B = 6
+  obs = jnp.asarray(rng.normal(scale=0.1, size=(B, 11)) + np.r_[1.25, np.zeros(10)], jnp.float32)
+  action = jnp.asarray(rng.uniform(-1, 1, size=(B, 3)), jnp.float32)
+  mean = obs + 0.01
+  var = jnp.asarray(rng.uniform(0.01, 0.2, size=(B, 11)), jnp.float32)
+  reward_var = jnp.asarray(rng.uniform(0.0, 0.5, size=B), jnp.float32)
+  done = jnp.asarray([0, 0, 0, 0, 1, 0], jnp.float32)
+
+  def rows(var, reward_var):
+    zeros = jnp.zeros_like(obs)
+    return buffer.Batch(obs=obs, action=action, reward=jnp.zeros(B), next_obs=mean, done=done,
+                        obs_var=zeros, next_obs_mean=mean, next_obs_var=var,
+                        reward_mean=jnp.zeros(B), reward_var=reward_var)
+
+  lcb = nets.replace(config=dataclasses.replace(nets.config, target="lcb"))
+
+  @jax.jit
+  def run(nets, lcb, key):
+    a, _ = nets.policy(mean, key)                 # the a' the target draws with the same key
+    m, v = nets.q(mean, a, obs_var=var)           # [E, B] MM moments of the target critics
+    own = quantifier_quality.model_draw(lcb, obs, action, key, eq1=True)
+    spread = quantifier_quality.model_draw(nets, obs, action, key, eq1=True)
+    return (quantifier_quality.penalty_eq1(nets, rows(var, reward_var), key),
+            quantifier_quality.penalty_eq1(nets, rows(jnp.zeros_like(var), jnp.zeros(B)), key),
+            m, v, own, spread)
+
+  got, zero, m, v, own, spread = run(nets, lcb, jax.random.PRNGKey(7))
+  v_star = np.take_along_axis(np.asarray(v), np.argmin(np.asarray(m), 0)[None], 0)[0]
+  want = np.sqrt(np.asarray(reward_var) + g**2 * (1 - np.asarray(done)) * v_star)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
+  assert float(np.asarray(got)[4]) == pytest.approx(float(np.sqrt(reward_var[4])), rel=1e-6)
+  np.testing.assert_array_equal(np.asarray(zero), np.zeros(B, np.float32))   # no variance: 0
+  _, u_lcb, u_eq1 = own
+  np.testing.assert_array_equal(np.asarray(u_lcb), np.asarray(u_eq1))
+  _, u_spread, u_eq1_spread = spread
+  np.testing.assert_array_equal(np.asarray(u_eq1_spread), np.asarray(u_eq1))  # same row, key
+  assert not np.allclose(np.asarray(u_spread), np.asarray(u_eq1))
+
+
+def test_policy_states_are_recorded_in_the_runs_dataset_env(tiny_run, monkeypatch):
+  """--states=policy steps the env of the run's dataset (envs.eval_env_spec: D4RL's walker model
+  for an imported D4RL walker, tests/test_eval_env.py), not the bare env name."""
+  workdir, _ = tiny_run
+  seen = []
+
+  class Stop(Exception):
+    pass
+
+  def fake(nets, env_name, *args, **kwargs):
+    seen.append(env_name)
+    raise Stop
+
+  monkeypatch.setattr(quantifier_quality, "real_transitions", fake)
+  with pytest.raises(Stop):
+    uncertainty_runs.evaluate_runs([workdir], states="policy", log=lambda *_: None)
+  assert seen == [trained.load_run(workdir).dataset] == ["hopper-random"]
+
+
 def test_dataset_states_are_one_fixed_draw():
   from mombo_jax import data
   n = 50
@@ -247,13 +368,77 @@ def test_table_has_the_papers_numbers_beside_the_as_trained_blocks():
   assert "Table 1 for D4RL" not in text          # report.py's note on the score tables is replaced
 
 
+def test_table_has_the_readings_blocks_and_columns(tmp_path):
+  """The alternatives' columns (uncertainty_runs.READING_COLUMNS) go to the CSV after the chosen
+  reading's; uncertainty.md gets their blocks, the paper's Table 2 numbers beside the as-trained
+  ones only; MOMBO's U as eq. (1) is MOMBO's (–, never a number, for MOBILE); no background
+  document is cited."""
+  import csv
+  from mombo_jax import paper_results
+  base = dict(run="r", env="hopper", dataset="hopper-random", target="", states="policy", epoch=1,
+              beta=2.0, transitions=10, draws=5, num_policy=7, accuracy=0.5, tightness=-1.0,
+              accuracy_unscaled=0.05, tightness_unscaled=-2.0, penalty_mean=2.0,
+              penalty_unscaled_mean=1.0, bellman_error_mean=3.0)
+  readings = dict(accuracy_real_reward=0.7, tightness_real_reward=0.25,
+                  accuracy_unscaled_real_reward=0.125, tightness_unscaled_real_reward=-0.75,
+                  bellman_error_real_reward_mean=1.75, accuracy_eq1=0.375, tightness_eq1=-1.5,
+                  accuracy_unscaled_eq1=0.0625, tightness_unscaled_eq1=-2.25,
+                  penalty_eq1_mean=1.5, penalty_unscaled_eq1_mean=0.75)
+  assert set(readings) == set(uncertainty_runs.READING_COLUMNS)
+  rows = []
+  for algo in ("MOBILE", "MOMBO (elite_spread)"):
+    for seed in (0, 1):
+      extra = dict(readings)
+      if algo == "MOBILE":
+        extra.update({k: float("nan") for k in readings if "eq1" in k})
+      rows.append(dict(base, algo=algo, seed=seed, **extra))
+  csv_path, md_path = uncertainty_runs.write_outputs(rows, str(tmp_path), "policy")
+  with open(csv_path) as f:
+    header = next(csv.reader(f))
+  assert header[-len(readings):] == list(uncertainty_runs.READING_COLUMNS)
+  assert header.index("bellman_error_mean") < header.index("accuracy_real_reward")
+  with open(md_path) as f:
+    text = f.read()
+  assert "SPEC" not in text and "shared/" not in text
+  assert 'docs/protocol.md, "Table 2 (uncertainty quantifiers): the reading"' in text
+  blocks = _blocks(text)
+  for title, metric, column, paper in uncertainty_runs.READING_BLOCKS:
+    lines = [line for line in blocks[title].splitlines() if line.startswith(("| Dataset type",
+                                                                             "| random"))]
+    header, row = lines
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    if paper:
+      assert header.endswith("| MOBILE | MOBILE (paper) | MOMBO (elite_spread) | MOMBO (paper) |")
+      mean, std = paper_results.uncertainty("hopper-random", "MOMBO", metric)
+      assert cells[5] == f"{mean:.3f} ± {std:.3f}", title
+      ours = cells[4]
+    else:
+      assert "(paper)" not in header, title
+      ours = cells[3]
+    assert ours.strip("*<u/>").startswith(f"{readings[column]:.3f} ± 0.000"), (title, ours)
+    if "eq1" in column:
+      assert cells[2] == "–", title               # MOBILE has no eq. (1) U
+    else:
+      assert cells[2].strip("*<u/>").startswith(f"{readings[column]:.3f}"), title
+  mean_rows = [line for line in blocks["Mean U and Bellman error"].splitlines()
+               if line.startswith("| hopper-random")]
+  assert mean_rows[0].startswith("| hopper-random | MOBILE |") and mean_rows[0].count("| – ") == 2
+  assert "| 1.5 ± 0 | 0.75 ± 0 | 1.75 ± 0 |" in mean_rows[1]
+  # Rows without the columns (a CSV of an older version) get no readings' blocks.
+  plain = [{k: v for k, v in r.items() if k not in readings} for r in rows]
+  assert "real reward" not in "".join(_blocks(uncertainty_runs.table_markdown(plain)))
+
+
 def test_help_describes_the_definition():
   out = subprocess.run([sys.executable, "-m", "experiments.uncertainty", "--help"],
                        capture_output=True, text=True, timeout=120)
   text = out.stdout + out.stderr
-  for needle in ("Uncertainty quantifier", "SPEC.md section 9", "B^ Q", "--states", "--draws",
-                 "--num_policy", "--num_states", "unscaled"):
+  for needle in ("Uncertainty quantifier", "docs/protocol.md", "B^ Q", "--states", "--draws",
+                 "--num_policy", "--num_states", "unscaled", "real_reward", "eq1",
+                 "accuracy_real_reward", "penalty_eq1_mean"):
     assert needle in text, needle
+  # The project's own docs are cited, never its background inputs.
+  assert "SPEC" not in text and "shared/" not in text
 
 
 @pytest.mark.slow
@@ -289,6 +474,20 @@ def test_experiment_end_to_end(tiny_run, tmp_path, states):
         r["penalty_unscaled_mean"] - r["bellman_error_mean"], rel=1e-5, abs=1e-6)
     assert r["penalty_mean"] == pytest.approx(r["beta"] * r["penalty_unscaled_mean"], rel=1e-5)
     assert r["penalty_mean"] > 0 and np.isfinite(r["bellman_error_mean"])
+    # The alternative readings, on the same draws: the real reward in B^ Q (U unchanged), and
+    # MOMBO's U as eq. (1) (B^ Q unchanged).
+    assert list(r)[-len(uncertainty_runs.READING_COLUMNS):] == list(
+        uncertainty_runs.READING_COLUMNS)
+    assert r["tightness_real_reward"] == pytest.approx(
+        r["penalty_mean"] - r["bellman_error_real_reward_mean"], rel=1e-5, abs=1e-6)
+    assert r["tightness_eq1"] == pytest.approx(
+        r["penalty_eq1_mean"] - r["bellman_error_mean"], rel=1e-5, abs=1e-6)
+    assert r["tightness_unscaled_eq1"] == pytest.approx(
+        r["penalty_unscaled_eq1_mean"] - r["bellman_error_mean"], rel=1e-5, abs=1e-6)
+    assert r["penalty_eq1_mean"] == pytest.approx(r["beta"] * r["penalty_unscaled_eq1_mean"],
+                                                  rel=1e-5)
+    assert r["penalty_unscaled_eq1_mean"] > 0 and np.isfinite(r["bellman_error_real_reward_mean"])
+    assert r["penalty_unscaled_eq1_mean"] != pytest.approx(r["penalty_unscaled_mean"])
   text = uncertainty_runs.table_markdown(rows)
   acc = np.array([r["accuracy"] for r in rows])
   assert f"{acc.mean():.3f} ± {acc.std():.3f}" in text

@@ -65,8 +65,10 @@ def paper_footnotes(table: Table) -> List[str]:
       f"MOMBO ({paper_results.PAPER_MOMBO_TARGET}) column. MOMBO (lcb) is the paper's written "
       "equation, MOMBO (mixture) this package's extension; the paper reports neither.",
       "The paper trained on D4RL's v2 files (a dataset named `d4rl/<env>/<quality>-v2` is those "
-      "files, imported by experiments.import_d4rl) and evaluated in gym's v2 MuJoCo envs; a short "
-      "name is a dataset rebuilt here with D4RL's recipe, evaluated in gymnasium v5. Expect "
+      "files, imported by experiments.import_d4rl) and evaluated in gym's v2 MuJoCo envs; this "
+      "package evaluates every dataset in gymnasium v5, an imported walker2d dataset in D4RL's v2 "
+      "walker model (right-foot friction 0.9); a short name is a dataset rebuilt here with D4RL's "
+      "recipe, evaluated in v5's own model. Expect "
       "agreement in level, not to the decimal, and only for runs of the paper's budget (report.md, "
       "*Runs*: last step)."]
   for b in table.blocks:

@@ -63,8 +63,9 @@ def define_flags():
   flags.DEFINE_string("workdir", None, "Output folder; default runs/<dataset>/<algo>[-target]/"
                       "s<seed>x<seeds>. With --datasets / --betas: the root under which each "
                       "cell gets <dataset>/<algo>[-target][-beta<b>]/s<seed>x<seeds> (default runs).")
-  flags.DEFINE_string("dynamics_dir", None, "Where the dynamics ensembles are saved / reused; "
-                      "default <workdir>/dynamics.")
+  flags.DEFINE_string("dynamics_dir", None, "Where the dynamics ensembles are saved / reused, "
+                      "in seed<s>x<S>-<tag> (<tag>: the dynamics settings; only a run of the same "
+                      "data, seeds and settings reuses them); default <workdir>/dynamics.")
   flags.DEFINE_bool("build_missing", None, "Build a missing dataset locally with the collector "
                     "(any short name: random, SAC-based, mixed); default: random datasets only, with "
                     "--preset=quick/tiny.")

@@ -6,9 +6,15 @@ r"""Run a grid of `experiments.run` launches into one folder, resumably.
 
 Cells are (dataset, algorithm); each cell is ONE `python -m experiments.run` launch that trains all
 --seeds seeds together (vmapped), in `<out>/<dataset>/<algo>[-<target>]/s<seed>x<seeds>`. The
-algorithms of one dataset share one set of dynamics ensembles, `<out>/<dataset>/dynamics` (the
-ensembles depend on the dataset, the seeds and the dynamics settings only, never on the algorithm),
-so the first cell of a dataset trains them and the others reuse them.
+algorithms of one dataset share one set of dynamics ensembles where their dynamics settings agree
+(the ensembles depend on the dataset, the seeds and the dynamics settings only, never on the
+algorithm; the paper's protocol: one pretrained ensemble per task for every algorithm): the first
+such cell trains them in `<out>/<dataset>/dynamics/seed<seed>x<seeds>-<tag>` (<tag>: the settings)
+and the others reuse them. An algorithm whose reference table sets other dynamics settings for the
+dataset (e.g. another epoch cap) trains its own beside them. Before anything runs (and with
+--dry_run) the sweep prints, per dataset, which cells share an ensemble, the dynamics settings each
+ensemble follows and where each value comes from (flag, preset, the algorithm's table in
+config.TASKS, or the Config default).
 
 Resumable: a cell whose summary.json exists is finished and skipped; any other cell is launched
 again and resumes from its own checkpoints. Run the same command again after an interruption.
@@ -34,8 +40,8 @@ import sys
 from absl import app, flags
 
 from mombo_jax.errors import UserError, stray_words
-from mombo_jax.sweep import (BUDGET_FLAGS, Launcher, check_cells, exit_code, plan, run_sweep,
-                             summary)
+from mombo_jax.sweep import (BUDGET_FLAGS, Launcher, check_cells, dynamics_plan, exit_code, plan,
+                             run_sweep, summary)
 
 FLAGS = flags.FLAGS
 
@@ -62,6 +68,10 @@ def main(argv):
   try:
     cells = plan(FLAGS.envs, FLAGS.algos, FLAGS.seeds, FLAGS.seed, FLAGS.out,
                  {k: getattr(FLAGS, k) for k in BUDGET_FLAGS}, extra)
+    budget = {k: getattr(FLAGS, k) for k in BUDGET_FLAGS}
+    # Comment lines: a dry run's output stays a list of shell commands.
+    for line in dynamics_plan(cells, budget):
+      print("# " + line, flush=True)
     if FLAGS.dry_run:
       check_cells(cells)
       for cell in cells:

@@ -3,9 +3,11 @@ r"""Train the dynamics ensembles of several seeds in one launch (vmapped) and sa
   python -m experiments.train_dynamics --env=hopper-medium --seeds=4
   python -m experiments.train_dynamics --dataset=mujoco/hopper/medium-v0 --max_epochs=30
 
-The result lands in <workdir>/seed<seed>x<seeds> (default workdir runs/dynamics/<dataset>), the
-layout `experiments.run --dynamics_dir=<workdir>` reuses; seed i's key is the one run.py derives
-(fold_in(PRNGKey(seed + i), 0)), so both entry points train identical models.
+The result lands in <workdir>/seed<seed>x<seeds>-<tag> (default workdir runs/dynamics/<dataset>;
+<tag> names the dynamics settings: saved_dynamics.settings_tag), the layout
+`experiments.run --dynamics_dir=<workdir>` reuses when its dynamics settings are the same (its
+--algo's table for the dataset, its --preset and --dynamics_max_epochs); seed i's key is the one
+run.py derives (fold_in(PRNGKey(seed + i), 0)), so both entry points train identical models.
 """
 import sys
 
@@ -22,6 +24,9 @@ def define_flags():
                       "walker2d-medium caps dynamics training at 30 epochs).")
   flags.DEFINE_string("dataset", None,
                       "Dataset to train on (short name or Minari id); default --env.")
+  flags.DEFINE_enum("algo", "mombo", ["mombo", "mobile", "mopo"], "Whose dynamics settings for "
+                    "--env (config.TASKS: the references differ, e.g. in walker2d-medium's epoch "
+                    "cap); runs of every algorithm with the same settings reuse the ensembles.")
   flags.DEFINE_integer("seeds", 4, "Number of seeds, trained together (vmapped).")
   flags.DEFINE_integer("seed", 0, "First seed.")
   flags.DEFINE_integer("max_epochs", None, "Cap on training epochs (default: the config's, "
@@ -44,7 +49,7 @@ def main(argv):
     launch.train_dynamics(env=FLAGS.env, dataset=FLAGS.dataset, seeds=FLAGS.seeds, seed=FLAGS.seed,
                    max_epochs=FLAGS.max_epochs, preset=FLAGS.preset, workdir=FLAGS.workdir,
                    overwrite=FLAGS.overwrite, log_fn=lambda s: print(s, flush=True),
-                   should_stop=stop)
+                   should_stop=stop, algo=FLAGS.algo)
   except UserError as e:
     sys.exit(f"error: {e}")
   except Interrupted as e:

@@ -224,11 +224,14 @@ def dynamics_task(env, dataset):
 
 
 def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, preset="paper",
-                   workdir=None, overwrite=False, log_fn=print, should_stop=None):
+                   workdir=None, overwrite=False, log_fn=print, should_stop=None, algo="mombo"):
   """experiments.train_dynamics: loads the dataset, trains `seeds` ensembles in one vmapped run
   (workdir.get_dynamics: the key scheme and the saved layout experiments.run reuses) and saves
-  them; returns the saved path. UserError for what the user can fix."""
-  from mombo_jax import config as config_lib, data, workdir as workdir_lib
+  them; returns the saved path. The dynamics settings are `algo`'s for `env` under `preset`
+  (config.make_config; the references' tables differ, e.g. in walker2d-medium's epoch cap), so
+  the ensembles are reused by runs of the algorithms whose settings agree. UserError for what the
+  user can fix."""
+  from mombo_jax import config as config_lib, data, saved_dynamics, workdir as workdir_lib
 
   try:
     env, dataset, note = dynamics_task(env, dataset)
@@ -244,10 +247,11 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
       raise UserError(f"--max_epochs must be >= 1, got {max_epochs}.")
     overrides["dyn_max_epochs"] = max_epochs
   try:
-    config = config_lib.make_config(env, "mombo", preset, **overrides)
+    config = config_lib.make_config(env, algo, preset, **overrides)
   except ValueError as e:
     raise UserError(str(e)) from None
   workdir = workdir or workdir_lib.default_dynamics_root(dataset)
+  workdir_lib.check_legacy_dynamics(workdir, config)
   path = workdir_lib.dynamics_path(workdir, config)
   if os.path.exists(path) and not overwrite:
     raise UserError(f"{path} already exists; pass --overwrite to replace it, or another --workdir.")
@@ -260,6 +264,7 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
            f"{transitions.observations.shape[1]}, action dim {transitions.actions.shape[1]}.")
     workdir_lib.get_dynamics(config, transitions, dataset, workdir, should_stop=should_stop,
                              overwrite=overwrite, log=log_fn)
-  log_fn(f"Saved to {path} (reuse with: python -m experiments.run --env={env} --seed={seed} "
-         f"--seeds={seeds} --dynamics_dir={workdir}).")
+  log_fn(f"Saved to {path} (dynamics settings: {saved_dynamics.describe_settings(config)}; "
+         f"reused by runs with the same, e.g. python -m experiments.run --env={env} --algo={algo} "
+         f"--preset={preset} --seed={seed} --seeds={seeds} --dynamics_dir={workdir}).")
   return path

@@ -19,7 +19,7 @@ from mombo_jax import group_run
 from mombo_jax.errors import Interrupted, UserError
 from mombo_jax.launch import load_dataset, log, validate
 from mombo_jax.groups import Group, check_groups, describe_algorithm
-from mombo_jax.workdir import Workdir
+from mombo_jax.workdir import Workdir, check_legacy_dynamics
 
 # Longest a device call may run (epochs are batched up to the next evaluation, but no more than
 # this): SIGTERM / SIGINT are honoured between calls, and schedulers' grace periods are ~30 s.
@@ -120,8 +120,14 @@ def plan(groups, keep, stop_after, build_steps, allow_epochs_change, held):
       held.append(Workdir(g.workdir).lock().acquire())
       for path in Workdir(g.workdir).remove_stale_tmp():
         log(f"note: removed {path}, an unfinished checkpoint a stopped launch left.")
-  return [Workdir(g.workdir, g.dynamics_dir).check_config(g.config, g.dataset, allow_epochs_change)
-          for g in groups]
+  records = [Workdir(g.workdir, g.dynamics_dir).check_config(g.config, g.dataset,
+                                                             allow_epochs_change)
+             for g in groups]
+  for g in groups:
+    wd = Workdir(g.workdir, g.dynamics_dir)
+    if not wd.checkpointer_steps():      # a resume takes its ensembles from its checkpoint
+      check_legacy_dynamics(wd.dynamics_dir, g.config)
+  return records
 
 
 def prepare(groups, records, keep, should_stop, data_options):
@@ -164,15 +170,22 @@ def prepare(groups, records, keep, should_stop, data_options):
   for g in groups:
     c, wd = g.config, Workdir(g.workdir, g.dynamics_dir)
     dyn_k, init_k, epoch_k = cell_keys(c)
-    dyns.append(wd.dynamics(c, transitions[g.dataset], g.dataset, should_stop, log=log))
+    ckpt = wd.checkpointer(keep)
+    if ckpt.latest_step() is not None:
+      # The run's TrainState holds its dynamics: the restore below brings them back, so the saved
+      # ensembles are not needed (nor checked: they may have gone, or predate reuse keys that
+      # record the training settings). Only their shapes are built here.
+      dyns.append(_dynamics_placeholder(dyn_k, transitions[g.dataset], c))
+      log(f"Resuming {g.workdir}: its dynamics ensembles come from its checkpoint.")
+    else:
+      dyns.append(wd.dynamics(c, transitions[g.dataset], g.dataset, should_stop, log=log))
     init_keys.append(init_k)
     epoch_keys.append(epoch_k)
     cell_dataset += [names.index(g.dataset)] * c.num_seeds
     cell_configs += [c] * c.num_seeds
     offset = len(cell_configs) - c.num_seeds
     runs.append(group_run.GroupRun(group=g, workdir=wd, cells=slice(offset, offset + c.num_seeds),
-                         seeds=np.arange(c.seed, c.seed + c.num_seeds),
-                         ckpt=wd.checkpointer(keep)))
+                         seeds=np.arange(c.seed, c.seed + c.num_seeds), ckpt=ckpt))
   # One init for all cells (one set of network and optimiser objects, so the groups' states
   # concatenate); each group's checkpoint then restores onto its slice.
   config = program_config(groups)  # the settings all cells share; C = len(cell_configs)
@@ -222,6 +235,15 @@ def prepare(groups, records, keep, should_stop, data_options):
                     start=starts[0],
                     per_cell=train_lib.per_cell_settings([g.config for g in groups]))
   return runs, program
+
+
+def _dynamics_placeholder(keys, transitions, config):
+  """Untrained ensembles [S] of config's shapes (dynamics.init_state per key, keys [S, 2]): the
+  stand-in a resumed group's checkpoint restore overwrites."""
+  import jax
+  from mombo_jax import dynamics
+  obs_dim, act_dim = transitions.observations.shape[1], transitions.actions.shape[1]
+  return jax.jit(jax.vmap(lambda k: dynamics.init_state(k, obs_dim, act_dim, config)))(keys)
 
 
 def program_config(groups):

@@ -2,7 +2,8 @@
 
 This module owns the sweep's cells and their launch: `plan` turns datasets x algorithms into Cells
 (one `python -m experiments.run` command each, all seeds of a cell in one launch, the algorithms of
-a dataset sharing `<out>/<dataset>/dynamics`), `check_cells` refuses cells whose folder holds a
+a dataset sharing an ensemble in `<out>/<dataset>/dynamics` where their dynamics settings agree;
+`dynamics_plan` says which share and why), `check_cells` refuses cells whose folder holds a
 run of another setup than asked (naming the fields), `Launcher` runs a cell as a child process
 and forwards SIGINT / SIGTERM to it, and `run_sweep` launches the unfinished cells in order and
 keeps the record `<out>/sweep.json` (each cell's status and its history over every sweep that
@@ -77,6 +78,13 @@ class Cell:
     from mombo_jax.workdir import Workdir
     return Workdir(self.workdir).finished()
 
+  @property
+  def dynamics_path(self) -> Optional[str]:
+    """The folder of the cell's ensembles (workdir.dynamics_path: its dynamics settings name it);
+    cells of one dataset with equal settings share it. None without a config."""
+    from mombo_jax.workdir import dynamics_path
+    return None if self.config is None else dynamics_path(self.dynamics_dir, self.config)
+
 
 def check_passthrough(extra: Sequence[str]) -> Dict[str, Any]:
   """{flag: value} of the words after `--`, each a --flag of PASSTHROUGH_FLAGS with a value of its
@@ -125,8 +133,9 @@ def check_passthrough(extra: Sequence[str]) -> Dict[str, Any]:
 
 def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: str,
          budget: dict, extra: Sequence[str] = (), python: str = sys.executable) -> List[Cell]:
-  """The cells in launch order (dataset-major: a dataset's dynamics are trained by its first
-  cell and reused by the rest). Every name and budget is checked first by building each cell's
+  """The cells in launch order (dataset-major: a dataset's ensemble is trained by the first cell
+  that needs it and reused by the later cells whose dynamics settings agree; cells of other
+  settings train their own beside it, Cell.dynamics_path, dynamics_plan). Every name and budget is checked first by building each cell's
   config, so a typo fails here and not hours into the sweep; `extra` (the words after `--`) by
   check_passthrough. budget: experiments.run flag -> value (None = the cell's default). A given
   --beta is part of the cells' folder names (<algo>[-<target>]-beta<b>), so sweeps of several
@@ -170,6 +179,18 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
       cells.append(Cell(env, algo, workdir, dynamics_dir, tuple(command), config,
                         bool(passed.get("allow_epochs_change"))))
   return cells
+
+
+def dynamics_plan(cells: Sequence[Cell], budget: dict) -> List[str]:
+  """Lines saying, per dataset, which cells share a dynamics ensemble and why (the settings each
+  ensemble follows, with their sources: --dynamics_max_epochs, the preset, the algorithm's table
+  in config.TASKS, the Config default): dynamics_store.sharing_plan of the planned cells."""
+  from mombo_jax import dynamics_store
+  flags = ({"dyn_max_epochs": "--dynamics_max_epochs"}
+           if budget.get("dynamics_max_epochs") is not None else {})
+  return dynamics_store.sharing_plan(
+      [(c.env, c.algo, c.config, c.dynamics_dir) for c in cells if c.config is not None],
+      budget.get("preset") or "paper", flags)
 
 
 def setup_mismatch(cell: Cell) -> Dict[str, tuple]:

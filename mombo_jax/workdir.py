@@ -1,6 +1,7 @@
 """A run on disk, owned in one place: the layout of a run's folder, its config.json (write, read,
-compare), its checkpoints (restored against a typed template), its outputs, and the dynamics
-ensembles it trains or reuses. No other module spells a path inside a run.
+compare), its checkpoints (restored against a typed template), its outputs, and where the dynamics
+ensembles it trains or reuses live (the ensembles' own folder scheme and get-or-train:
+mombo_jax.dynamics_store, re-exported here). No other module spells a path inside a run.
 
     <workdir>/
       .lock                the OS lock of the launch writing here (locks.FolderLock: the holder's PID, host, start)
@@ -8,7 +9,8 @@ ensembles it trains or reuses. No other module spells a path inside a run.
                            transitions and fingerprint; a resume on other data is refused),
                            "epochs_changes" (--allow_epochs_change), "eval_changes"
       checkpoints/<step>/  Orbax steps of the TrainState, leading cell axis [S] (checkpoint.py)
-      dynamics/seed<s>x<S>/  the S dynamics ensembles (unless --dynamics_dir puts them elsewhere)
+      dynamics/seed<s>x<S>-<tag>/  the S dynamics ensembles; <tag> names their training settings
+                           (saved_dynamics.settings_tag; unless --dynamics_dir puts them elsewhere)
       metrics.csv          one row per seed per evaluation        (outputs.py formats the files)
       summary.json         final scores, AULC, diverged / overestimated seeds, protocol
       learning_curve.png
@@ -27,10 +29,12 @@ import glob
 import json
 import os
 import shutil
-import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
-from mombo_jax.errors import Interrupted, UserError
+# The ensembles' folder scheme and get-or-train, part of a run's layout (re-exported).
+from mombo_jax.dynamics_store import (  # noqa: F401
+    check_legacy_dynamics, dynamics_lock, dynamics_path, get_dynamics, legacy_dynamics_path)
+from mombo_jax.errors import UserError
 
 CONFIG = "config.json"
 METRICS = "metrics.csv"
@@ -67,11 +71,6 @@ def grid_dynamics_dir(root: str, dataset: str, dynamics_dir: Optional[str] = Non
 def default_dynamics_root(dataset: str, root: str = "runs") -> str:
   """experiments.train_dynamics' default folder of saved ensembles: runs/dynamics/<dataset>."""
   return os.path.join(root, DYNAMICS, dataset.replace("/", "_"))
-
-
-def dynamics_path(dynamics_dir: str, config) -> str:
-  """<dynamics_dir>/seed<seed>x<num_seeds>: the ensembles of config's seeds."""
-  return os.path.join(dynamics_dir, f"seed{config.seed}x{config.num_seeds}")
 
 
 def cell_keys(config):
@@ -361,85 +360,3 @@ def find(dirs: Sequence[str], need: Sequence[str] = RUN_FILES) -> Tuple[List[str
       else:
         found.append(os.path.normpath(root))
   return sorted(set(found)), warnings
-
-
-# ----------------------------------------------------------------------------------- dynamics
-
-def get_dynamics(config, transitions, dataset, dynamics_dir, *, should_stop=None,
-                 overwrite: bool = False, log: Callable = print):
-  """config's seeds' dynamics ensembles [S] in <dynamics_dir>/seed<s>x<S>: reused when saved
-  there for this very setup (saved_dynamics.reuse_key), else trained with cell_keys' dynamics keys
-  (resumably: <path>.partial holds an unfinished training) and saved.
-
-  overwrite: train again and replace a saved ensemble instead of reusing it (or refusing one of
-  another setup).
-  should_stop: a StopFlag; when it fires, training checkpoints and Interrupted is raised.
-  """
-  path = dynamics_path(dynamics_dir, config)
-  # Reading: shared with other readers; training and writing: this process alone.
-  lock = dynamics_lock(dynamics_dir, config, shared=os.path.exists(path) and not overwrite)
-  lock.acquire()
-  ok = False
-  try:
-    dyn = _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop, overwrite, log)
-    ok = True
-    return dyn
-  finally:
-    lock.release(cleanup=not ok)
-
-
-def dynamics_lock(dynamics_dir: str, config, shared: bool = False):
-  """locks.FolderLock of config's ensembles in dynamics_dir (<dir>/seed<s>x<S>.lock; acquire()
-  it): exclusive while they are trained or written, shared while read."""
-  from mombo_jax import locks
-  return locks.FolderLock(dynamics_dir, os.path.basename(dynamics_path(dynamics_dir, config)) + LOCK,
-                          shared=shared, what="dynamics ensemble", fix=(
-                              "wait until it has trained them (then they are reused), or pass "
-                              "another --dynamics_dir"))
-
-
-def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop, overwrite, log):
-  import numpy as np
-  from mombo_jax import checkpoint, distributed, dynamics_training, provenance, saved_dynamics
-  key = saved_dynamics.reuse_key(config, transitions, provenance.dataset_identity(dataset, transitions))
-  if os.path.exists(path) and not overwrite:
-    try:
-      dyn, meta = saved_dynamics.load(path)
-    except checkpoint.CheckpointError as e:
-      raise UserError(f"{e}") from None
-    differs = saved_dynamics.reuse_mismatch(meta, key)
-    if differs:
-      raise UserError(f"The dynamics ensembles in {path} were trained for another setup "
-                      f"({saved_dynamics.format_mismatch(differs)}). "
-                      f"Pass another --dynamics_dir, or delete {path} to retrain them.")
-    log(f"Reusing the dynamics ensembles in {path}.")
-    return dyn
-  if distributed.is_multiprocess():
-    # Every process would train (and write) the same ensembles: train them once, apart.
-    raise UserError(f"No dynamics ensembles in {path}, and a multi-process run does not train "
-                    "them. Train them first in one process: python -m experiments.train_dynamics "
-                    f"--dataset={dataset} --env={config.env} --seed={config.seed} "
-                    f"--seeds={config.num_seeds} --workdir={dynamics_dir} (same --preset and "
-                    "dynamics flags), then launch again with --dynamics_dir.")
-  log(f"Training {config.num_seeds} dynamics ensemble(s) of {config.dyn_members} members "
-      f"({'x'.join(map(str, config.dyn_hidden))}, {config.dyn_elites} elites each; max epochs "
-      f"{config.dyn_max_epochs or 'none: early stopping'}) on {len(transitions.rewards)} "
-      "transitions.")
-  t0 = time.time()
-  partial = path + ".partial"
-  try:
-    dyn = dynamics_training.train_seeds(cell_keys(config)[0], transitions, config, log_fn=log,
-                                        checkpoint_dir=partial, should_stop=should_stop,
-                                        reuse_key=key)
-  except dynamics_training.Interrupted as e:
-    raise Interrupted(getattr(should_stop, "signum", None),
-                      f"dynamics epoch {e.epoch} (saved in {partial})") from None
-  except checkpoint.CheckpointError as e:
-    raise UserError(str(e)) from None
-  except ValueError as e:
-    raise UserError(f"Dynamics training on {dataset}: {e}") from None
-  log(f"Dynamics trained in {time.time() - t0:.0f} s; elites per seed: "
-      f"{np.asarray(dyn.elites).tolist()}.")
-  saved_dynamics.save(path, dyn, config, overwrite=overwrite, reuse_key=key)
-  shutil.rmtree(partial, ignore_errors=True)
-  return dyn

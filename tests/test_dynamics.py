@@ -2,6 +2,7 @@
 training (dynamics_training); predict / step (dynamics); termination functions against gymnasium
 (termination); save / load and the reuse key (saved_dynamics)."""
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ import pytest
 
 from mombo_jax import config as config_lib
 from mombo_jax import dynamics, dynamics_training, saved_dynamics, termination
+from mombo_jax import workdir as workdir_lib
 from mombo_jax.data import Transitions
 
 # Tiny ensemble: 3 members, 2 elites, 2 x 32 hidden.
@@ -337,17 +339,18 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
   lines = []
   path = launch.train_dynamics(env="hopper-medium", seeds=2, seed=3, max_epochs=2, preset="tiny",
                                workdir=str(tmp_path), log_fn=lines.append)
-  assert asked == ["hopper-medium"] and path == str(tmp_path / "seed3x2")
+  run_config = config_lib.make_config("hopper-medium", "mombo", "tiny", seed=3, num_seeds=2)
+  assert asked == ["hopper-medium"]
+  assert path == workdir_lib.dynamics_path(str(tmp_path), run_config)    # where the run looks
   assert sum("dynamics epoch" in line for line in lines) == 2
   dyn, meta = saved_dynamics.load(path)
   assert meta["num_seeds"] == 2 and meta["obs_dim"] == s and meta["action_dim"] == a
   assert dyn.elites.shape == (2, 2) and dyn.input_mean.shape == (2, s + a)
   # Saved with the reuse key experiments.run checks before reusing them (same preset and seeds).
-  run_config = config_lib.make_config("hopper-medium", "mombo", "tiny", seed=3, num_seeds=2)
   expected = saved_dynamics.reuse_key(run_config, fake,
                                       provenance.dataset_identity("hopper-medium", fake))
   assert saved_dynamics.reuse_mismatch(meta, expected) == {}
-  assert not (tmp_path / "seed3x2.partial").exists()
+  assert not os.path.exists(path + ".partial")
   with pytest.raises(UserError, match="already exists"):
     launch.train_dynamics(env="hopper-medium", seeds=2, seed=3, preset="tiny",
                           workdir=str(tmp_path), log_fn=lines.append)
@@ -394,7 +397,7 @@ def test_saved_identity_is_checked(fitted, tmp_path):
   saved_dynamics.save(str(tmp_path / "d"), dyn, cfg, reuse_key=ident)
   _, meta = saved_dynamics.load(str(tmp_path / "d"))
   assert saved_dynamics.reuse_mismatch(meta, ident) == {}
-  seven = saved_dynamics.reuse_key(_config(dyn_members=7, dyn_elites=5), data,
+  seven = saved_dynamics.reuse_key(dataclasses.replace(cfg, dyn_members=7, dyn_elites=5), data,
                                    {"dataset": "test/hetero-v0", "fingerprint": "abc"})
   assert saved_dynamics.reuse_mismatch(meta, seven) == {"dyn_members": (3, 7), "dyn_elites": (2, 5)}
   assert "fingerprint" in saved_dynamics.reuse_mismatch(meta, dict(ident, fingerprint="zzz"))

@@ -16,6 +16,7 @@ import pytest
 from mombo_jax import (buffer, config as config_lib, data, dynamics, launch, outputs, provenance,
                        runner, sac)
 from mombo_jax import train as train_lib
+from mombo_jax import workdir as workdir_lib
 from mombo_jax.errors import UserError
 from mombo_jax.workdir import Workdir
 
@@ -347,11 +348,16 @@ def test_epochs_change_needs_consent_and_is_recorded(tmp_path):
 
 
 def test_dynamics_of_another_setup_are_refused(dataset, dyn_dir, tmp_path, mombo_run):
-  """mombo_run saved 3-member ensembles for seeds 0-1 in dyn_dir; a 4-member config must be refused
-  with what differs, before anything reaches JAX."""
+  """mombo_run saved ensembles for seeds 0-1 in dyn_dir. The same settings on other data (the
+  dataset rebuilt: fewer transitions, another fingerprint) are refused naming what differs; other
+  dynamics settings live in another folder and train their own (tests/test_dynamics_reuse.py)."""
+  config = _config("mombo", num_seeds=2)
+  full = data.load_transitions(DATASET)
+  fewer = type(full)(*(np.asarray(x)[:1500] for x in full))
+  with pytest.raises(UserError, match="another setup.*num_transitions: saved 2000, now 1500"):
+    workdir_lib.get_dynamics(config, fewer, DATASET, dyn_dir, log=lambda _: None)
   other = _config("mombo", num_seeds=2, dyn_members=4)
-  with pytest.raises(UserError, match="another setup.*dyn_members: saved 3, now 4"):
-    runner.train(other, dataset, str(tmp_path), dynamics_dir=dyn_dir)
+  assert workdir_lib.dynamics_path(dyn_dir, other) != workdir_lib.dynamics_path(dyn_dir, config)
 
 
 # ----------------------------------------------------------------------------------- divergence
@@ -439,12 +445,14 @@ def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, m
   code, out = _interrupt_at(args, env, "dynamics epoch 1:", _signal.SIGTERM)
   assert code == 143, out
   assert "Traceback" not in out and "Resume with:" in out and "dynamics epoch" in out
-  assert os.path.isdir(tmp_path / "cli" / "dynamics" / "seed0x1.partial")
+  partial = workdir_lib.dynamics_path(str(tmp_path / "cli" / "dynamics"), config_lib.make_config(
+      DATASET, "mombo", preset="tiny", dyn_max_epochs=4)) + ".partial"
+  assert os.path.isdir(partial)
   # Mid-training (Ctrl-C): the epoch finishes and is checkpointed.
   code, out = _interrupt_at(args, env, "epoch 1/3", _signal.SIGINT)
   assert code == 130, out
   assert "resumed unfinished training" in out and "Traceback" not in out
-  assert not os.path.exists(tmp_path / "cli" / "dynamics" / "seed0x1.partial")
+  assert not os.path.exists(partial)
   done = _run_cli(args, env, timeout=300)
   assert done.returncode == 0, done.stdout + done.stderr
   assert "Resumed from" in done.stdout

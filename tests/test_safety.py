@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from mombo_jax import config as config_lib, launch, locks, runner
+from mombo_jax import config as config_lib, launch, locks, runner, workdir as workdir_lib
 from mombo_jax.errors import UserError
 from mombo_jax.workdir import Workdir
 
@@ -81,7 +81,8 @@ def test_a_second_launch_on_a_held_workdir_is_refused_at_once_naming_the_holder(
 def test_train_dynamics_respects_a_held_ensemble(tmp_path):
   """A dynamics ensemble being trained by one launch is not trained (or read) by a second."""
   dyn = tmp_path / "dyn"
-  holder = _hold(dyn, "seed0x1.lock")
+  config = config_lib.make_config("hopper-random", "mombo", "tiny")    # train_dynamics' config
+  holder = _hold(dyn, os.path.basename(workdir_lib.dynamics_path(str(dyn), config)) + ".lock")
   try:
     out = subprocess.run([sys.executable, "-m", "experiments.train_dynamics",
                           "--env=hopper-random", "--seeds=1", "--preset=tiny", f"--workdir={dyn}"],

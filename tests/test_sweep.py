@@ -65,6 +65,57 @@ def test_a_sweep_chooses_the_settings_source(tmp_path):
     _cells(tmp_path, envs=("hopper-medium",), algos=("mobile", "mopo"), reference="authors")
 
 
+@pytest.mark.parametrize("preset", ["paper", "quick"])
+def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_path, preset):
+  """walker2d-medium over the three algorithms (issue #26): the references' tables may set other
+  dynamics settings for it (e.g. an epoch cap), so which cells share is computed from the cells'
+  configs, not assumed. Cells with equal settings share one folder, others do not; the plan
+  names each ensemble's cells, the settings that keep them apart and each value's source."""
+  from mombo_jax import config as config_lib, saved_dynamics
+  env, algos = "walker2d-medium", ("mombo", "mobile", "mopo")
+  cells = sweep.plan([env], list(algos), seeds=3, seed=0, out=str(tmp_path),
+                     budget={"preset": preset})
+  settings = {c.algo: saved_dynamics.training_settings(c.config) for c in cells}
+  paths = {c.algo: c.dynamics_path for c in cells}
+  for a in algos:
+    for b in algos:
+      assert (paths[a] == paths[b]) == (settings[a] == settings[b]), (a, b)
+  assert all(p.startswith(cells[0].dynamics_dir + os.sep) for p in paths.values())
+  lines = sweep.dynamics_plan(cells, {"preset": preset})
+  text = "\n".join(lines)
+  groups = {}
+  for a in algos:
+    groups.setdefault(paths[a], []).append(a)
+  assert lines[0].startswith(f"dynamics of {env}: {len(groups)} ensemble(s) for 3 cell(s)")
+  for path, users in groups.items():
+    assert (f"shared by {', '.join(users)}: {path}" if len(users) > 1
+            else f"{users[0]} alone: {path}") in [line.strip() for line in lines]
+  apart = [f for f in saved_dynamics.TRAINING_FIELDS if len({repr(s[f]) for s in settings.values()}) > 1]
+  assert bool(apart) == (len(groups) > 1)
+  if apart:
+    assert f"apart because these settings differ: {', '.join(apart)}" in lines[0]
+  default = config_lib.Config()
+  for c in cells:                                  # every value set by the algorithm's table
+    table = config_lib.task_overrides(env, c.algo)
+    for f in saved_dynamics.TRAINING_FIELDS:
+      if f in table and getattr(c.config, f) != getattr(default, f) and \
+          f not in config_lib.PRESETS[preset].overrides:
+        assert f"config.TASKS[{c.algo!r}][{env!r}]" in text, (c.algo, f)
+  if preset == "quick":                            # the preset's cap overrides every table's
+    assert {c.config.dyn_max_epochs for c in cells} == {20}
+    assert "dyn_max_epochs=20: preset quick" in text
+
+
+def test_the_sweep_prints_its_dynamics_plan(tmp_path):
+  out = subprocess.run([sys.executable, "-m", "experiments.sweep", "--envs=walker2d-medium",
+                        "--algos=mombo,mobile,mopo", "--seeds=2", f"--out={tmp_path}",
+                        "--dry_run"], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.splitlines()
+  assert lines[0].startswith("# dynamics of walker2d-medium: ")
+  assert all(line.startswith("#") or line.startswith(sys.executable) for line in lines)
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(envs=("hopper-foo",)), "Unknown dataset name 'hopper-foo'"),
     (dict(algos=("mombo", "sac")), "Unknown algo 'sac'"),

@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from mombo_jax import config as config_lib, train as train_lib, workdir as workdir_lib
+from mombo_jax import (config as config_lib, saved_dynamics, train as train_lib,
+                       workdir as workdir_lib)
 from mombo_jax.errors import UserError
 from mombo_jax.workdir import Workdir
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401
@@ -54,7 +55,10 @@ def test_layout_names():
   assert wd.dynamics_dir == os.path.join("w", "dynamics")
   assert Workdir("w", "shared").dynamics_dir == "shared"
   config = config_lib.make_config(DATASET, "mombo", "tiny", seed=2, num_seeds=3)
-  assert workdir_lib.dynamics_path("d", config) == os.path.join("d", "seed2x3")
+  # The ensembles' folder names the seeds and the training settings (saved_dynamics.settings_tag).
+  assert workdir_lib.dynamics_path("d", config) == os.path.join("d", "seed2x3-cap2-") + \
+      saved_dynamics.settings_tag(config).split("-")[1]
+  assert workdir_lib.legacy_dynamics_path("d", config) == os.path.join("d", "seed2x3")
 
 
 def test_cell_keys_are_per_seed():

@@ -1,0 +1,207 @@
+"""Issue #26 item 2: a saved dynamics ensemble is reused only by a run that would have trained the
+same one. The reuse key and the folder name hold every training setting
+(saved_dynamics.TRAINING_FIELDS); a run of other settings trains its own beside a saved ensemble
+(a paper-preset run next to a quick-preset ensemble); an unfinished training of other settings is
+refused; a save from before the key held the settings is refused naming the fix; a resumed run
+takes its ensembles from its own checkpoint. No test trains a real ensemble beyond two tiny epochs:
+saved ensembles are untrained ones of the right shapes, and training is stubbed where only whether
+it happens matters."""
+import dataclasses
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from mombo_jax import (checkpoint, config as config_lib, dynamics, dynamics_training, provenance,
+                       saved_dynamics, workdir as workdir_lib)
+from mombo_jax.config import Config
+from mombo_jax.data import Transitions
+from mombo_jax.errors import UserError
+from tests.conftest_runs import DATASET, tiny_run  # noqa: F401
+
+# One valid other value per training setting, for the tiny preset's config.
+FLIPS = dict(dyn_members=4, dyn_elites=1, dyn_hidden=(16, 16),
+             dyn_weight_decay=(1e-5, 1e-5, 1e-5), dyn_lr=3e-4, dyn_batch_size=128,
+             dyn_holdout_ratio=0.1, dyn_max_holdout=500, dyn_improvement=0.02, dyn_patience=7,
+             dyn_max_epochs=None, dyn_max_logvar_init=1.0, dyn_min_logvar_init=-5.0,
+             dyn_logvar_coef=0.02)
+
+
+def _tiny(**kw):
+  return config_lib.make_config("hopper-random", "mopo", "tiny", **kw)
+
+
+def _transitions(n=300, seed=0):
+  """n random hopper-shaped transitions (obs 11, action 3), in memory."""
+  rng = np.random.default_rng(seed)
+  obs = rng.normal(size=(n, 11)).astype(np.float32)
+  return Transitions(obs, rng.uniform(-1, 1, (n, 3)).astype(np.float32),
+                     rng.normal(size=n).astype(np.float32), obs + 0.1, np.zeros(n, np.float32))
+
+
+def _untrained(config, obs_dim=11, act_dim=3):
+  """An untrained DynamicsState [S] of config's shapes (what a saved ensemble holds)."""
+  keys = workdir_lib.cell_keys(config)[0]
+  return jax.vmap(lambda k: dynamics.init_state(k, obs_dim, act_dim, config))(keys)
+
+
+def _key(config, transitions, dataset="hopper-random"):
+  return saved_dynamics.reuse_key(config, transitions,
+                                  provenance.dataset_identity(dataset, transitions))
+
+
+def test_every_dynamics_field_is_listed_once():
+  """Every dyn_* Config field either changes the trained ensemble (TRAINING_FIELDS: reuse key and
+  folder) or is named as not doing so; FLIPS covers every training field."""
+  dyn = {f for f in Config.__dataclass_fields__ if f.startswith("dyn_")}
+  training, harmless = set(saved_dynamics.TRAINING_FIELDS), set(saved_dynamics.NOT_TRAINING_FIELDS)
+  assert training | harmless == dyn and not training & harmless
+  assert set(FLIPS) == training
+
+
+@pytest.mark.parametrize("field", sorted(FLIPS))
+def test_each_training_setting_changes_the_key_and_the_folder(field):
+  base = _tiny()
+  other = dataclasses.replace(base, **{field: FLIPS[field]})
+  data = _transitions(20)
+  meta = {saved_dynamics.REUSE_KEY_FIELD: _key(base, data)}
+  assert saved_dynamics.reuse_mismatch(meta, _key(base, data)) == {}
+  differs = saved_dynamics.reuse_mismatch(meta, _key(other, data))
+  assert set(differs) == {field}, differs
+  assert field in saved_dynamics.format_mismatch(differs)
+  assert workdir_lib.dynamics_path("d", other) != workdir_lib.dynamics_path("d", base)
+
+
+def test_what_does_not_change_the_ensemble_changes_neither():
+  base = _tiny()
+  data = _transitions(20)
+  same = [dataclasses.replace(base, dyn_checkpoint_every_s=1.0),        # how often it is saved
+          dataclasses.replace(base, beta=9.0, epochs=7, algo="mombo")]  # not dynamics settings
+  for config in same:
+    assert _key(config, data) == _key(base, data)
+    assert workdir_lib.dynamics_path("d", config) == workdir_lib.dynamics_path("d", base)
+  ints, floats = _tiny(dyn_lr=1, dyn_improvement=0), _tiny(dyn_lr=1.0, dyn_improvement=0.0)
+  assert _key(ints, data) == _key(floats, data)
+  assert workdir_lib.dynamics_path("d", ints) == workdir_lib.dynamics_path("d", floats)
+  name = os.path.basename(workdir_lib.dynamics_path("d", _tiny(seed=2, num_seeds=3)))
+  assert name.startswith("seed2x3-cap2-") and len(name) == len("seed2x3-cap2-") + 8
+  assert "-nocap-" in workdir_lib.dynamics_path("d", _tiny(dyn_max_epochs=None))
+
+
+def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypatch):
+  """The quick preset caps dynamics training at 20 epochs; a paper-preset run of the same task,
+  seeds and data must not reuse that ensemble: it trains its own in another folder (named by its
+  settings) and says why in a note; the quick ensemble stays as it was."""
+  data = _transitions()
+  quick = config_lib.make_config("hopper-random", "mombo", "quick")
+  paper = config_lib.make_config("hopper-random", "mombo", "paper")
+  assert quick.dyn_max_epochs != paper.dyn_max_epochs
+  dyn_dir = str(tmp_path / "dynamics")
+  quick_path = workdir_lib.dynamics_path(dyn_dir, quick)
+  saved_dynamics.save(quick_path, _untrained(quick), quick, reuse_key=_key(quick, data))
+  trained = []
+
+  def train_seeds(keys, transitions, config, **kw):
+    trained.append(config)
+    return _untrained(config)
+
+  monkeypatch.setattr(dynamics_training, "train_seeds", train_seeds)
+  lines = []
+  workdir_lib.get_dynamics(paper, data, "hopper-random", dyn_dir, log=lines.append)
+  assert [c.dyn_max_epochs for c in trained] == [paper.dyn_max_epochs]
+  paper_path = workdir_lib.dynamics_path(dyn_dir, paper)
+  assert paper_path != quick_path and os.path.isdir(paper_path)
+  note = next(line for line in lines if line.startswith("note:"))
+  assert quick_path in note and "dyn_max_epochs: saved 20, now None" in note
+  _, meta = saved_dynamics.load(quick_path)                      # untouched
+  assert saved_dynamics.reuse_mismatch(meta, _key(quick, data)) == {}
+  # Each is reused by a run of its own settings; nothing is trained again.
+  for config in (quick, paper):
+    lines.clear()
+    workdir_lib.get_dynamics(config, data, "hopper-random", dyn_dir, log=lines.append)
+    assert lines == [f"Reusing the dynamics ensembles in "
+                     f"{workdir_lib.dynamics_path(dyn_dir, config)}."]
+  assert len(trained) == 1
+
+
+def test_a_legacy_save_is_refused_naming_the_fix(tmp_path, monkeypatch):
+  """An ensemble saved where (and as) earlier versions saved it, its reuse key without the
+  training settings, is not reused: one line naming it and the fix (delete it)."""
+  data = _transitions()
+  config = _tiny()
+  dyn_dir = str(tmp_path / "dynamics")
+  legacy = workdir_lib.legacy_dynamics_path(dyn_dir, config)
+  old_key = {k: v for k, v in _key(config, data).items()
+             if k not in saved_dynamics.training_settings(config)
+             or k in ("dyn_members", "dyn_elites", "dyn_hidden")}
+  saved_dynamics.save(legacy, _untrained(config), config, reuse_key=old_key)
+  _, meta = saved_dynamics.load(legacy)
+  assert saved_dynamics.is_legacy(meta)
+  monkeypatch.setattr(dynamics_training, "train_seeds", None)   # never reached
+  with pytest.raises(UserError) as e:
+    workdir_lib.get_dynamics(config, data, "hopper-random", dyn_dir, log=lambda _: None)
+  line = str(e.value)
+  assert "\n" not in line and legacy in line and "delete them" in line
+  assert "did not record their training settings" in line and "not reused" in line
+  assert workdir_lib.dynamics_path(dyn_dir, config) in line
+  with pytest.raises(UserError, match="delete them"):
+    workdir_lib.check_legacy_dynamics(dyn_dir, config)
+  shutil.rmtree(legacy)
+  os.makedirs(legacy + ".partial")                               # an unfinished legacy training
+  with pytest.raises(UserError, match=r"seed0x1\.partial.*delete them"):
+    workdir_lib.check_legacy_dynamics(dyn_dir, config)
+
+
+def test_an_unfinished_training_of_other_settings_is_refused(tmp_path):
+  """<path>.partial resumes only under the settings it was started with: the same checkpoint
+  folder under another learning rate (same shapes, so its state would restore) is refused naming
+  the field."""
+  data = _transitions(200)
+  config = _tiny(dyn_max_epochs=4, dyn_checkpoint_every_s=0.0)
+  keys = workdir_lib.cell_keys(config)[0]
+  ckpt = str(tmp_path / "partial")
+  with pytest.raises(dynamics_training.Interrupted):
+    dynamics_training.train_seeds(keys, data, config, log_fn=lambda _: None,
+                                  checkpoint_dir=ckpt, should_stop=lambda: True,
+                                  reuse_key=_key(config, data))
+  other = dataclasses.replace(config, dyn_lr=config.dyn_lr / 2)
+  with pytest.raises(checkpoint.CheckpointError, match="another setup.*dyn_lr"):
+    dynamics_training.train_seeds(keys, data, other, log_fn=lambda _: None, checkpoint_dir=ckpt,
+                                  reuse_key=_key(other, data))
+
+
+def test_a_resume_takes_its_dynamics_from_its_checkpoint(tiny_run, tmp_path, monkeypatch):  # noqa: F811
+  """A run with checkpoints needs no saved ensemble (its TrainState holds the dynamics): resuming
+  neither trains nor reads one, and a legacy save in its dynamics folder does not stop it."""
+  from mombo_jax import runner
+  from mombo_jax.groups import Group
+  workdir, state = tiny_run
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  config, dataset = workdir_lib.Workdir(run).read_config()
+  dyn_dir = str(tmp_path / "dynamics")
+  legacy = os.path.join(dyn_dir, f"seed{config.seed}x{config.num_seeds}")
+  os.makedirs(legacy)                                   # a legacy save's folder, never opened
+  monkeypatch.setattr(workdir_lib, "get_dynamics", None)
+  monkeypatch.setattr(dynamics_training, "train_seeds", None)
+  lines = []
+  monkeypatch.setattr(runner, "log", lines.append)
+  groups = [Group(config, dataset, run, dyn_dir)]
+  held = []
+  try:
+    records = runner.plan(groups, 3, None, None, False, held)
+    runs, program = runner.prepare(groups, records, 3, None, dict(
+        build_missing=False, build_steps=1, download=False, require_full=False,
+        should_stop=None))
+  finally:
+    for lock in held:
+      lock.release()
+  for r in runs:
+    r.ckpt.close()
+  assert any("dynamics ensembles come from its checkpoint" in line for line in lines)
+  assert any(line.startswith("Resumed from") for line in lines)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(program.state.dynamics),
+               jax.device_get(state.dynamics))
+  assert os.listdir(legacy) == []

@@ -10,11 +10,11 @@ algorithms of one dataset share one set of dynamics ensembles where their dynami
 (the ensembles depend on the dataset, the seeds and the dynamics settings only, never on the
 algorithm; the paper's protocol: one pretrained ensemble per task for every algorithm): the first
 such cell trains them in `<out>/<dataset>/dynamics/seed<seed>x<seeds>-<tag>` (<tag>: the settings)
-and the others reuse them. An algorithm whose reference table sets other dynamics settings for the
+and the others reuse them. An algorithm whose reference source sets other dynamics settings for the
 dataset (e.g. another epoch cap) trains its own beside them. Before anything runs (and with
 --dry_run) the sweep prints, per dataset, which cells share an ensemble, the dynamics settings each
-ensemble follows and where each value comes from (flag, preset, the algorithm's table in
-config.TASKS, or the Config default).
+ensemble follows and where each value comes from (flag, preset, the algorithm's reference source
+in mombo_jax/references.py, or the Config default).
 
 Resumable: a cell whose summary.json exists is finished and skipped; any other cell is launched
 again and resumes from its own checkpoints. Run the same command again after an interruption.

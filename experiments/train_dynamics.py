@@ -6,7 +6,7 @@ r"""Train the dynamics ensembles of several seeds in one launch (vmapped) and sa
 The result lands in <workdir>/seed<seed>x<seeds>-<tag> (default workdir runs/dynamics/<dataset>;
 <tag> names the dynamics settings: saved_dynamics.settings_tag), the layout
 `experiments.run --dynamics_dir=<workdir>` reuses when its dynamics settings are the same (its
---algo's table for the dataset, its --preset and --dynamics_max_epochs); seed i's key is the one
+--algo's and --reference's settings for the dataset, its --preset and --dynamics_max_epochs); seed i's key is the one
 run.py derives (fold_in(PRNGKey(seed + i), 0)), so both entry points train identical models.
 """
 import sys
@@ -25,8 +25,11 @@ def define_flags():
   flags.DEFINE_string("dataset", None,
                       "Dataset to train on (short name or Minari id); default --env.")
   flags.DEFINE_enum("algo", "mombo", ["mombo", "mobile", "mopo"], "Whose dynamics settings for "
-                    "--env (config.TASKS: the references differ, e.g. in walker2d-medium's epoch "
-                    "cap); runs of every algorithm with the same settings reuse the ensembles.")
+                    "--env (mombo_jax/references.py: the references differ, e.g. in "
+                    "walker2d-medium's epoch cap); runs of every algorithm with the same settings "
+                    "reuse the ensembles.")
+  flags.DEFINE_string("reference", None, "The source of --algo's settings (as experiments.run's "
+                      "--reference); default: the algorithm's.")
   flags.DEFINE_integer("seeds", 4, "Number of seeds, trained together (vmapped).")
   flags.DEFINE_integer("seed", 0, "First seed.")
   flags.DEFINE_integer("max_epochs", None, "Cap on training epochs (default: the config's, "
@@ -49,7 +52,7 @@ def main(argv):
     launch.train_dynamics(env=FLAGS.env, dataset=FLAGS.dataset, seeds=FLAGS.seeds, seed=FLAGS.seed,
                    max_epochs=FLAGS.max_epochs, preset=FLAGS.preset, workdir=FLAGS.workdir,
                    overwrite=FLAGS.overwrite, log_fn=lambda s: print(s, flush=True),
-                   should_stop=stop, algo=FLAGS.algo)
+                   should_stop=stop, algo=FLAGS.algo, reference=FLAGS.reference)
   except UserError as e:
     sys.exit(f"error: {e}")
   except Interrupted as e:

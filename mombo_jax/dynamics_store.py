@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from mombo_jax.errors import Interrupted, UserError
 
@@ -121,7 +121,8 @@ def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop,
     raise UserError(f"No dynamics ensembles in {path}, and a multi-process run does not train "
                     "them. Train them first in one process: python -m experiments.train_dynamics "
                     f"--dataset={dataset} --env={config.env} --algo={config.algo} "
-                    f"--seed={config.seed} "
+                    + (f"--reference={config.reference} " if config.reference else "")
+                    + f"--seed={config.seed} "
                     f"--seeds={config.num_seeds} --workdir={dynamics_dir} (same --preset and "
                     "dynamics flags), then launch again with --dynamics_dir.")
   for other, differs in _other_settings(dynamics_dir, config, path, key):
@@ -175,24 +176,27 @@ def _other_settings(dynamics_dir, config, path, key):
 
 # ------------------------------------------------------------------------------ what is shared
 
-def settings_sources(env: str, algo: str, preset: str = "paper", flags: Sequence[str] = ()) \
-    -> Dict[str, str]:
-  """{training field: where make_config(env, algo, preset, ...) takes its value}, in make_config's
-  order of precedence: a flag (`flags`: the fields the caller's flags set), the preset
-  (config.PRESETS), the algorithm's reference table (config.TASKS[algo][env], each row citing its
-  file), else the Config default (the references' shared dynamics settings)."""
-  from mombo_jax import config as config_lib, saved_dynamics
-  table = config_lib.task_overrides(env, algo)
+def settings_sources(env: str, algo: str, preset: str = "paper", flags: Sequence[str] = (),
+                     reference: Optional[str] = None) -> Dict[str, str]:
+  """{training field: where make_config(env, algo, preset, reference=reference, ...) takes its
+  value}, in make_config's order of precedence: a flag (`flags`: the fields the caller's flags
+  set), the preset (config.PRESETS), the algorithm's reference source (references.source: its row
+  for env, or its settings for every task; each citing its file), else the Config default (the
+  references' shared dynamics settings)."""
+  from mombo_jax import config as config_lib, references, saved_dynamics
+  src, ref = references.source(algo, reference), references.check(algo, reference)
   out = {}
   for name in saved_dynamics.TRAINING_FIELDS:
     if name in flags:
       out[name] = "flag"
     elif name in config_lib.PRESETS[preset].overrides:
       out[name] = f"preset {preset}"
-    elif name in table:
-      out[name] = f"config.TASKS[{algo!r}][{env!r}]"
+    elif name in src.tasks.get(env, {}):
+      out[name] = f"{src.code}, its {env} row [--reference={ref}]"
+    elif name in src.settings:
+      out[name] = f"{src.code}, every task [--reference={ref}]"
     else:
-      out[name] = f"Config default (config.TASKS[{algo!r}][{env!r}] does not set it)"
+      out[name] = f"Config default, not set by --reference={ref}"
   return out
 
 
@@ -229,7 +233,7 @@ def sharing_plan(cells: Sequence[tuple], preset: str = "paper", flags: Dict[str,
       for name in shown:
         by_source = {}
         for c in users:
-          src = settings_sources(env, c[1], preset, list(flags))[name]
+          src = settings_sources(env, c[1], preset, list(flags), c[2].reference)[name]
           by_source.setdefault(f"flag {flags[name]}" if src == "flag" else src, []).append(c[1])
         where = "; ".join(src if len(by_source) == 1 else f"{src} ({', '.join(a)})"
                           for src, a in by_source.items())

@@ -224,13 +224,14 @@ def dynamics_task(env, dataset):
 
 
 def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, preset="paper",
-                   workdir=None, overwrite=False, log_fn=print, should_stop=None, algo="mombo"):
+                   workdir=None, overwrite=False, log_fn=print, should_stop=None, algo="mombo",
+                   reference=None):
   """experiments.train_dynamics: loads the dataset, trains `seeds` ensembles in one vmapped run
   (workdir.get_dynamics: the key scheme and the saved layout experiments.run reuses) and saves
-  them; returns the saved path. The dynamics settings are `algo`'s for `env` under `preset`
-  (config.make_config; the references' tables differ, e.g. in walker2d-medium's epoch cap), so
-  the ensembles are reused by runs of the algorithms whose settings agree. UserError for what the
-  user can fix."""
+  them; returns the saved path. The dynamics settings are `algo`'s for `env` under `preset` from
+  the source `reference` (config.make_config; None: the algorithm's default; the references
+  differ, e.g. in walker2d-medium's epoch cap), so the ensembles are reused by runs of the
+  algorithms whose settings agree. UserError for what the user can fix."""
   from mombo_jax import config as config_lib, data, saved_dynamics, workdir as workdir_lib
 
   try:
@@ -241,7 +242,7 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
     log_fn(note)
   if seeds < 1:
     raise UserError(f"--seeds must be >= 1, got {seeds}.")
-  overrides = dict(seed=seed, num_seeds=seeds)
+  overrides = dict(seed=seed, num_seeds=seeds, reference=reference)
   if max_epochs is not None:
     if max_epochs < 1:
       raise UserError(f"--max_epochs must be >= 1, got {max_epochs}.")
@@ -266,5 +267,6 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
                              overwrite=overwrite, log=log_fn)
   log_fn(f"Saved to {path} (dynamics settings: {saved_dynamics.describe_settings(config)}; "
          f"reused by runs with the same, e.g. python -m experiments.run --env={env} --algo={algo} "
-         f"--preset={preset} --seed={seed} --seeds={seeds} --dynamics_dir={workdir}).")
+         f"--reference={config.reference} --preset={preset} --seed={seed} --seeds={seeds} "
+         f"--dynamics_dir={workdir}).")
   return path

@@ -183,8 +183,9 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
 
 def dynamics_plan(cells: Sequence[Cell], budget: dict) -> List[str]:
   """Lines saying, per dataset, which cells share a dynamics ensemble and why (the settings each
-  ensemble follows, with their sources: --dynamics_max_epochs, the preset, the algorithm's table
-  in config.TASKS, the Config default): dynamics_store.sharing_plan of the planned cells."""
+  ensemble follows, with their sources: --dynamics_max_epochs, the preset, the algorithm's
+  reference source in mombo_jax/references.py, the Config default): dynamics_store.sharing_plan of
+  the planned cells."""
   from mombo_jax import dynamics_store
   flags = ({"dyn_max_epochs": "--dynamics_max_epochs"}
            if budget.get("dynamics_max_epochs") is not None else {})

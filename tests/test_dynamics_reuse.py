@@ -78,7 +78,7 @@ def test_what_does_not_change_the_ensemble_changes_neither():
   base = _tiny()
   data = _transitions(20)
   same = [dataclasses.replace(base, dyn_checkpoint_every_s=1.0),        # how often it is saved
-          dataclasses.replace(base, beta=9.0, epochs=7, algo="mombo")]  # not dynamics settings
+          dataclasses.replace(base, beta=9.0, epochs=7, algo="mombo", reference="authors")]
   for config in same:
     assert _key(config, data) == _key(base, data)
     assert workdir_lib.dynamics_path("d", config) == workdir_lib.dynamics_path("d", base)
@@ -172,7 +172,8 @@ def test_an_unfinished_training_of_other_settings_is_refused(tmp_path):
                                   reuse_key=_key(other, data))
 
 
-def test_a_resume_takes_its_dynamics_from_its_checkpoint(tiny_run, tmp_path, monkeypatch):  # noqa: F811
+def test_a_resume_takes_its_dynamics_from_its_checkpoint(tiny_run, tmp_path,  # noqa: F811
+                                                        monkeypatch):
   """A run with checkpoints needs no saved ensemble (its TrainState holds the dynamics): resuming
   neither trains nor reads one, and a legacy save in its dynamics folder does not stop it."""
   from mombo_jax import runner

@@ -67,11 +67,11 @@ def test_a_sweep_chooses_the_settings_source(tmp_path):
 
 @pytest.mark.parametrize("preset", ["paper", "quick"])
 def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_path, preset):
-  """walker2d-medium over the three algorithms (issue #26): the references' tables may set other
+  """walker2d-medium over the three algorithms (issue #26): the references' sources may set other
   dynamics settings for it (e.g. an epoch cap), so which cells share is computed from the cells'
   configs, not assumed. Cells with equal settings share one folder, others do not; the plan
   names each ensemble's cells, the settings that keep them apart and each value's source."""
-  from mombo_jax import config as config_lib, saved_dynamics
+  from mombo_jax import config as config_lib, references, saved_dynamics
   env, algos = "walker2d-medium", ("mombo", "mobile", "mopo")
   cells = sweep.plan([env], list(algos), seeds=3, seed=0, out=str(tmp_path),
                      budget={"preset": preset})
@@ -90,17 +90,19 @@ def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_
   for path, users in groups.items():
     assert (f"shared by {', '.join(users)}: {path}" if len(users) > 1
             else f"{users[0]} alone: {path}") in [line.strip() for line in lines]
-  apart = [f for f in saved_dynamics.TRAINING_FIELDS if len({repr(s[f]) for s in settings.values()}) > 1]
+  apart = [f for f in saved_dynamics.TRAINING_FIELDS
+           if len({repr(s[f]) for s in settings.values()}) > 1]
   assert bool(apart) == (len(groups) > 1)
   if apart:
     assert f"apart because these settings differ: {', '.join(apart)}" in lines[0]
   default = config_lib.Config()
-  for c in cells:                                  # every value set by the algorithm's table
-    table = config_lib.task_overrides(env, c.algo)
+  for c in cells:                                  # every value set by the algorithm's source
+    table = config_lib.task_overrides(env, c.algo, c.config.reference)
     for f in saved_dynamics.TRAINING_FIELDS:
       if f in table and getattr(c.config, f) != getattr(default, f) and \
           f not in config_lib.PRESETS[preset].overrides:
-        assert f"config.TASKS[{c.algo!r}][{env!r}]" in text, (c.algo, f)
+        code = references.source(c.algo, c.config.reference).code
+        assert f"{f}={getattr(c.config, f)!r}: " in text and code in text, (c.algo, f)
   if preset == "quick":                            # the preset's cap overrides every table's
     assert {c.config.dyn_max_epochs for c in cells} == {20}
     assert "dyn_max_epochs=20: preset quick" in text

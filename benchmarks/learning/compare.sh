@@ -38,7 +38,9 @@ dyn=$ROOT/$DATASET/dynamics
 stamp() { echo "[$(date +%H:%M:%S)] $*"; }
 
 stamp "dynamics: $SEEDS ensemble(s) -> $dyn"
-if [ ! -d "$dyn/seed0x$SEEDS" ]; then
+# Saved ensembles are named by their training settings (seed0x<S>-<tag>): train once here; a run
+# whose algorithm's dynamics settings differ trains its own beside it (docs/protocol.md).
+if ! compgen -G "$dyn/seed0x$SEEDS-*" > /dev/null; then
   $PY -m experiments.train_dynamics --env="$DATASET" --seeds="$SEEDS" --workdir="$dyn" \
       --preset="$PRESET" ${DYN_MAX_EPOCHS:+--max_epochs=$DYN_MAX_EPOCHS}
 fi
@@ -62,7 +64,8 @@ for spec in $ALGOS; do
   wd=$ROOT/$DATASET/$label/s0x$SEEDS
   mkdir -p "$wd"
   cmd=($PY -m experiments.run --env="$DATASET" --algo="$algo" --seeds="$SEEDS" --epochs="$EPOCHS" --preset="$PRESET"
-       --eval_every="$EVAL_EVERY" --workdir="$wd" --dynamics_dir="$dyn" "${extra[@]}")
+       --eval_every="$EVAL_EVERY" --workdir="$wd" --dynamics_dir="$dyn"
+       ${DYN_MAX_EPOCHS:+--dynamics_max_epochs=$DYN_MAX_EPOCHS} "${extra[@]}")
   stamp "${cmd[*]}"
   if [ "$PARALLEL" = 1 ]; then
     "${cmd[@]}" > "$wd/launch.log" 2>&1 &

@@ -10,10 +10,15 @@ every row that has a next state (see mombo_jax/d4rl.py, which also says where D4
 qlearning_dataset differs). Before writing, a sample of rows is replayed from the file's
 infos/qpos, infos/qvel in the named env, and a file of another env is refused, naming the env it
 replays as (--nocheck_physics skips this; a file without infos/qpos is imported with a line saying
-it could not be checked). The dataset's metadata holds D4RL's reference returns, the evaluation
+it could not be checked). The episodes' mean return is compared with D4RL's published statistics
+for --env's name (mombo_jax/d4rl_stats.py), and a file far from them (e.g. a random-policy file
+imported as hopper-medium) is imported with a one-line warning naming both numbers
+(--nocheck_quality silences it). The dataset's metadata holds D4RL's reference returns, the evaluation
 env (gymnasium v5 in the model the file's data was made in: for walker2d the v2 model, right-foot
 friction 0.9; evaluation, Table 2 and rendering build it), the file's `metadata/*` values and its
-provenance (with the timeout mode and the physics check, both shown on its card). The last line
+provenance (every option that shaped the data: the id, the timeout mode, --drop_nonfinite and
+the rows it dropped; the physics and quality checks; all shown on its card, whose rebuild command
+makes the same dataset again). The last line
 printed is the Minari id written. The import is mombo_jax.d4rl's (import_file); this program only
 parses the flags.
 """
@@ -40,6 +45,10 @@ def define_flags():
   flags.DEFINE_bool("check_physics", True,
                     "Replay a sample of rows from infos/qpos, infos/qvel in the named env and "
                     "refuse a file of another env (--nocheck_physics skips it).")
+  flags.DEFINE_bool("check_quality", True,
+                    "Compare the episodes' mean return with D4RL's published statistics for "
+                    "--env's name and warn (one line, with the numbers) when they are far apart "
+                    "(--nocheck_quality silences it).")
 
 
 def main(argv):
@@ -53,7 +62,8 @@ def main(argv):
   try:
     dataset_id = import_file(FLAGS.file, FLAGS.env, FLAGS.dataset_id, FLAGS.overwrite,
                              FLAGS.drop_nonfinite, timeouts=FLAGS.timeouts,
-                             check_physics=FLAGS.check_physics)
+                             check_physics=FLAGS.check_physics,
+                             check_quality=FLAGS.check_quality)
   except UserError as e:
     sys.exit(f"error: {e}")
   print(f"Train on it with: python -m experiments.run --env={FLAGS.env} --dataset={dataset_id}")

@@ -81,7 +81,7 @@ def card_text(name: str, stats: Optional[dict] = None) -> str:
   if published:
     rows, mean, std = published
     lines += [f"Compared with D4RL's published `{short}-v2` (rows in complete episodes and episode "
-              "return; source in mombo_jax/d4rl.py):", "",
+              "return; source in mombo_jax/d4rl_stats.py):", "",
               "| | transitions | mean return | std return |", "|---|---|---|---|",
               f"| D4RL v2 | {rows} | {_fmt(mean)} | {_fmt(std)} |",
               f"| this dataset | {int(lengths.sum())} | {raw['mean']:.1f} | {raw['std']:.1f} |"]
@@ -93,8 +93,9 @@ def card_text(name: str, stats: Optional[dict] = None) -> str:
 
 def _provenance_lines(prov: dict) -> list:
   """Card lines for the saved actors a dataset was recorded from and the SAC run's medium point
-  (mombo_jax.recipes), and for an import of D4RL's file its timeout mode and physics check
-  (mombo_jax.d4rl), where its provenance records them."""
+  (mombo_jax.recipes), and for an import of D4RL's file its timeout mode, physics check, the
+  non-finite rows it dropped and its quality check (mombo_jax.d4rl), where its provenance records
+  them."""
   lines = []
   if prov.get("recipe") == "d4rl-import":
     mode = prov.get("timeouts")
@@ -104,6 +105,11 @@ def _provenance_lines(prov: dict) -> list:
         "keep": "every row with a next state kept, timed-out ones too (--timeouts=keep)",
     }.get(mode, "timeout mode not recorded (imported before --timeouts: rows kept)"))
     lines.append(f"- physics check: {prov.get('physics_check') or 'not recorded'}")
+    if prov.get("nonfinite_rows_dropped"):
+      lines.append(f"- non-finite rows: {prov['nonfinite_rows_dropped']} row(s) holding NaN/inf "
+                   "dropped (--drop_nonfinite)")
+    if prov.get("quality_check"):
+      lines.append(f"- quality check: {prov['quality_check']}")
   actors = prov.get("actors")
   if isinstance(actors, dict):
     for quality, actor in actors.items():

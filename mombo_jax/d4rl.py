@@ -30,18 +30,20 @@ files), the episode is cut there (truncated), so that every transition keeps its
 Minari dataset with D4RL's reference returns, the evaluation env (envs.d4rl_env_spec: the model
 the file's data was made in, recorded under envs.EVAL_ENV_KEY; evaluation, Table 2 and rendering
 build it through envs.eval_env_spec), the file's `metadata/*` values and its provenance (which
-records the timeout mode and the physics check).
+records every option that shaped the data: the id, the timeout mode, the non-finite rows dropped;
+the physics check; the quality check, d4rl_stats; and the command that rebuilds it).
 """
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 from typing import Dict, List, Optional
 
 import numpy as np
 
 from mombo_jax import config as config_lib
-from mombo_jax import envs, minari_io, names
+from mombo_jax import d4rl_stats, envs, minari_io, names
 from mombo_jax.d4rl_physics import OBS_TOLERANCE, replay_check, same_shaped_envs
 from mombo_jax.envs import ACTION_DIM, OBS_DIM
 from mombo_jax.errors import UserError
@@ -183,25 +185,9 @@ def to_episodes(arrays: Dict[str, np.ndarray], keep: Optional[np.ndarray] = None
   return episodes
 
 
-# Published statistics of D4RL's v2 MuJoCo files: (rows in complete episodes, mean and std of the
-# episode return). Source: the recorded output of the Decision Transformer repository's
-# gym/data/download_d4rl_datasets.py (github.com/kzl/decision-transformer), which splits each v2
-# file at terminals and timeouts exactly as to_episodes does. random sets are 1M rows (D4RL paper,
-# Fu et al. 2020); their return statistics are not in that output.
-PUBLISHED = {
-    "halfcheetah-medium": (1_000_000, 4770.33, 355.75),
-    "halfcheetah-medium-replay": (202_000, 3093.29, 1680.69),
-    "halfcheetah-expert": (1_000_000, 10656.43, 441.68),
-    "hopper-medium": (999_906, 1422.06, 378.95),
-    "hopper-medium-replay": (402_000, 467.30, 511.03),
-    "hopper-expert": (999_494, 3511.36, 328.59),
-    "walker2d-medium": (999_995, 2852.09, 1095.44),
-    "walker2d-medium-replay": (302_000, 682.70, 895.96),
-    "walker2d-expert": (999_214, 4920.51, 136.39),
-    "halfcheetah-random": (1_000_000, None, None),
-    "hopper-random": (1_000_000, None, None),
-    "walker2d-random": (1_000_000, None, None),
-}
+# D4RL's published statistics per file (rows, mean and std of the episode return) live in
+# d4rl_stats, with their source and the quality check of an import.
+PUBLISHED = d4rl_stats.PUBLISHED
 # The download URL of each v2 file, from d4rl/infos.py (the files are public; no machine of this
 # project can fetch them).
 D4RL_URL = "http://rail.eecs.berkeley.edu/datasets/offline_rl/gym_mujoco_v2/{env}_{quality}-v2.hdf5"
@@ -222,14 +208,20 @@ def default_id(name: str) -> str:
 
 
 def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_nonfinite=False,
-                log_fn=print, *, timeouts: str = "drop", check_physics: bool = True) -> str:
+                log_fn=print, *, timeouts: str = "drop", check_physics: bool = True,
+                check_quality: bool = True) -> str:
   """Reads D4RL's file at `path` for the short name `name` and writes it as the Minari dataset
   `dataset_id` (default_id(name) when None); returns the id. UserError for a bad name, id or
   `timeouts`, a missing or unreadable file, an existing dataset (without overwrite), a file not in
   D4RL's layout, rows holding NaN/inf (without drop_nonfinite, which drops them), or (with
   `check_physics`) a file whose stored states do not replay as `name`'s env (replay_check; the
   line names the env they do replay as, if any). timeouts: "drop" (the paper's loader's rows) or
-  "keep" (to_episodes). log_fn: progress lines. A failed write leaves no dataset behind."""
+  "keep" (to_episodes). check_quality: compare the episodes' mean return with what D4RL publishes
+  for `name` (d4rl_stats.quality_check) and log a one-line warning when they are far apart.
+  log_fn: progress lines. A failed write leaves no dataset behind.
+
+  The provenance records every option that shaped the data (the id, the timeout mode, the
+  non-finite rows dropped, the checks) and the command that rebuilds the same dataset."""
   try:
     env, _ = config_lib.parse_name(name)
   except ValueError as e:
@@ -269,12 +261,20 @@ def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_non
          f"--timeouts={timeouts}).")
   file_meta = {k.split("/", 1)[1]: _jsonable(v) for k, v in arrays.items()
                if k.startswith("metadata/")}
+  quality_note = _quality(episodes, path, name, log_fn) if check_quality \
+      else "not checked (--nocheck_quality)"
+  # Every option that changed what is written, so that the command rebuilds this very dataset.
+  options = [f"--file={os.path.abspath(path)}", f"--env={name}"]
+  options += [f"--dataset_id={dataset_id}"] if dataset_id != default_id(name) else []
+  options += [f"--timeouts={timeouts}"] + (["--drop_nonfinite"] if drop_nonfinite else [])
+  options += ([] if check_physics else ["--nocheck_physics"])
+  options += ([] if check_quality else ["--nocheck_quality"]) + ["--overwrite"]
   provenance = {"recipe": "d4rl-import", "steps": int(steps), "recipe_steps": None,
-                "command": f"python -m experiments.import_d4rl --file={os.path.abspath(path)} "
-                           f"--env={name} --timeouts={timeouts} --overwrite"
-                           + ("" if check_physics else " --nocheck_physics"),
+                "command": "python -m experiments.import_d4rl " + shlex.join(options),
                 "source_file": os.path.abspath(path), "timeouts": timeouts,
-                "physics_check": physics_note}
+                "drop_nonfinite": bool(drop_nonfinite),
+                "nonfinite_rows_dropped": int(bad.sum()),
+                "physics_check": physics_note, "quality_check": quality_note}
   try:
     return minari_io.write_dataset(
         dataset_id, episodes, f"D4RL's {name}-v2 file ({os.path.basename(path)}), imported with "
@@ -315,6 +315,20 @@ def _physics(arrays, path, name, env, keep, log_fn) -> str:
     found = f"no other env has {OBS_DIM[env]}/{ACTION_DIM[env]} dims"
   raise UserError(f"{path} is not {name}'s data: expected {env}'s physics, but {result.note}; "
                   f"{found}. Pass --nocheck_physics to import it anyway.")
+
+
+def _quality(episodes, path, name, log_fn) -> str:
+  """d4rl_stats.quality_check of an import: the note for the provenance; a one-line warning when
+  the episodes' mean return is far from what D4RL publishes for `name`."""
+  ok, text = d4rl_stats.quality_check(name, [float(np.sum(ep["rewards"])) for ep in episodes])
+  if ok is None:
+    return f"not possible: {text}"
+  if ok:
+    log_fn(f"Quality check: {text}.")
+    return f"passed: {text}"
+  log_fn(f"warning: {path} does not look like D4RL's {name}: {text}. Is --env right? (Pass "
+         "--nocheck_quality to silence this.)")
+  return f"far from D4RL's: {text}"
 
 
 def _jsonable(value):

@@ -46,6 +46,11 @@ RIGHT_FOOT_FRICTION = {"walker2d.xml": 0.9, "walker2d_v5.xml": 1.9}
 # dict (written by d4rl.import_file through minari_io.write_dataset).
 EVAL_ENV_KEY = "mombo_eval_env"
 _warned = set()          # datasets whose missing EVAL_ENV_KEY was warned about (once each)
+# MuJoCo's compiler warns that gymnasium's half_cheetah.xml uses the deprecated `settotalmass`
+# attribute each time a HalfCheetah model is built: printed raw to stderr with a blank line, and
+# appended to a MUJOCO_LOG.TXT in the working directory, before anything the program says (e.g.
+# import_d4rl's one-line refusal). Nothing a user can act on: quiet_mujoco drops it.
+_MUJOCO_NOISE = ("compiler attribute 'settotalmass' is deprecated",)
 
 
 def _spec(env: str, model: str, origin: str) -> dict:
@@ -143,12 +148,27 @@ def right_foot_friction(env) -> float:
   return float(model.geom_friction[geom, 0])
 
 
+def quiet_mujoco():
+  """Routes MuJoCo's warnings through Python's warnings (each message shown once, no
+  MUJOCO_LOG.TXT), less the _MUJOCO_NOISE ones; leaves a handler the caller installed alone.
+  make_env calls it: every env of this package is built after it."""
+  import mujoco
+  if mujoco.get_mju_user_warning() is None:
+    mujoco.set_mju_user_warning(_mujoco_warning)
+
+
+def _mujoco_warning(message: str):
+  if not any(noise in message for noise in _MUJOCO_NOISE):
+    warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=2)
+
+
 def make_env(name: Union[str, dict], **kwargs):
   """The gymnasium env of an env name or short name (v5), of a dataset id (its eval_env_spec), or
   of an eval_env_spec dict. kwargs go to gym.make (max_episode_steps=None keeps the env's own time
   limit). UserError when a spec's recorded right-foot friction is not the built model's (a
   gymnasium whose model files changed)."""
   import gymnasium as gym
+  quiet_mujoco()
   if isinstance(name, dict):
     spec = name
   elif names.is_dataset_id(name):

@@ -2,6 +2,8 @@
 (--timeouts=drop) or every row's (keep); the physics check against files simulated in the real envs;
 damaged files and failed writes."""
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -9,8 +11,8 @@ import h5py
 import numpy as np
 import pytest
 
-from mombo_jax import (cards, d4rl, d4rl_physics, data, envs, errors, minari_io, names,
-                       provenance, scores)
+from mombo_jax import (cards, d4rl, d4rl_physics, d4rl_stats, data, envs, errors, minari_io,
+                       names, provenance, scores)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 S, A = 11, 3
@@ -362,3 +364,98 @@ def test_card_lines_of_an_import():
   assert cards._provenance_lines({"recipe": "d4rl-import"}) == [
       "- D4RL rows: timeout mode not recorded (imported before --timeouts: rows kept)",
       "- physics check: not recorded"]
+
+
+# ------------------------------------------------ what an import records, and what it warns of
+
+def test_the_cards_rebuild_command_reproduces_a_drop_nonfinite_import(minari_root, tmp_path):
+  """--drop_nonfinite (and a --dataset_id of one's own) is recorded in the provenance and on the
+  card, and the card's rebuild command, run as it stands, writes the same data again."""
+  arrays = _arrays()
+  arrays["rewards"][4] = np.nan
+  arrays["observations"][8, 3] = np.inf
+  path = _write(tmp_path / "with nan.hdf5", arrays)          # a path the command must quote
+  dataset_id = "test-d4rl/hopper/rebuild-v2"
+  d4rl.import_file(path, "hopper-medium", dataset_id, drop_nonfinite=True, log_fn=lambda *_: None)
+  before = provenance.fingerprint(data.load_transitions(dataset_id, cache=False))
+  prov = provenance.provenance(dataset_id)
+  assert prov["drop_nonfinite"] is True and prov["nonfinite_rows_dropped"] == 2
+  with open(os.path.join(minari_io.datasets_root(), dataset_id, "dataset_card.md")) as f:
+    card = f.read()
+  assert "- non-finite rows: 2 row(s) holding NaN/inf dropped (--drop_nonfinite)" in card
+  argv = shlex.split(re.search(r"^- rebuild: `(.*)`$", card, re.M).group(1))
+  assert argv[:3] == ["python", "-m", "experiments.import_d4rl"], argv
+  assert "--drop_nonfinite" in argv and f"--dataset_id={dataset_id}" in argv
+  out = subprocess.run([sys.executable] + argv[1:], cwd=REPO, capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip().splitlines()[-1] == dataset_id
+  assert provenance.fingerprint(data.load_transitions(dataset_id, cache=False)) == before
+
+
+def test_a_file_far_from_its_names_statistics_gets_a_warning(minari_root, tmp_path, simulated):
+  """A uniform-random policy's hopper file imported as hopper-medium: one warning line with both
+  numbers (recorded in the provenance and on the card); named hopper-random it passes;
+  check_quality=False silences it."""
+  path = _write_d4rl(tmp_path / "random.hdf5", simulated["hopper"])
+  lines = []
+  d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/q-medium-v2", log_fn=lines.append)
+  warned = [line for line in lines if line.startswith("warning:")]
+  assert len(warned) == 1 and "\n" not in warned[0], lines
+  assert re.search(rf"^warning: {re.escape(path)} does not look like D4RL's hopper-medium: mean "
+                   r"episode return \d+\.\d \(normalised \d\.\d\) over \d+ episodes; D4RL's "
+                   r"published hopper-medium-v2 has 1422\.1: normalised 44\.3 \(accepted 33\.2 "
+                   r"to 55\.4\)\. Is --env right\? \(Pass --nocheck_quality", warned[0]), warned[0]
+  note = provenance.provenance("test-d4rl/hopper/q-medium-v2")["quality_check"]
+  assert note.startswith("far from D4RL's: mean episode return")
+  assert f"- quality check: {note}" in cards.card_text("test-d4rl/hopper/q-medium-v2")
+  lines = []
+  d4rl.import_file(path, "hopper-random", "test-d4rl/hopper/q-random-v2", log_fn=lines.append)
+  assert not any(line.startswith("warning:") for line in lines), lines
+  assert any(line.startswith("Quality check: mean episode return") for line in lines), lines
+  lines = []
+  d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/q-quiet-v2", log_fn=lines.append,
+                   check_quality=False)
+  assert not any(line.startswith("warning:") for line in lines), lines
+  prov = provenance.provenance("test-d4rl/hopper/q-quiet-v2")
+  assert prov["quality_check"] == "not checked (--nocheck_quality)"
+  assert "--nocheck_quality" in shlex.split(prov["command"])
+
+
+def test_quality_expectations():
+  """Published means pass near themselves; other qualities are far; medium-expert spans medium
+  to expert; random expects D4RL's random reference return; a mixed name has no statistics."""
+  check = lambda name, returns: d4rl_stats.quality_check(name, returns)[0]  # noqa: E731
+  assert check("hopper-medium", [1300.0, 1500.0]) is True
+  assert check("hopper-expert", [1422.0]) is False              # a medium file named expert
+  assert check("hopper-medium-replay", [18.5]) is False         # a random one named medium-replay
+  assert check("hopper-medium", [467.3]) is False               # medium-replay named medium
+  assert check("hopper-medium-expert", [2500.0]) is True
+  assert check("hopper-medium-expert", [467.3]) is False
+  assert check("walker2d-random", [1.6]) is True and check("walker2d-random", [2852.0]) is False
+  assert check("halfcheetah-random", [-280.0]) is True
+  assert check("hopper-random-medium-50pct", [0.0]) is None
+  assert d4rl.PUBLISHED is d4rl_stats.PUBLISHED
+
+
+def test_cli_refusal_is_one_line_without_mujoco_noise(tmp_path, simulated):
+  """MuJoCo's deprecation warning of gymnasium's half_cheetah.xml (`settotalmass`, built while
+  the physics check tries the other env of these dims) no longer precedes the one-line refusal,
+  nor leaves a MUJOCO_LOG.TXT behind; --nocheck_quality silences the quality warning."""
+  cheetah = _write_d4rl(tmp_path / "halfcheetah_medium-v2.hdf5", simulated["halfcheetah"])
+  env = dict(os.environ, MINARI_DATASETS_PATH=str(tmp_path / "root"), HF_HUB_OFFLINE="1",
+             PYTHONPATH=REPO)
+  cwd = tmp_path / "cwd"
+  cwd.mkdir()
+  out = subprocess.run([sys.executable, "-m", "experiments.import_d4rl", f"--file={cheetah}",
+                        "--env=walker2d-medium"], cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=120)
+  assert out.returncode == 1 and out.stdout == "", out.stdout
+  assert out.stderr.startswith(f"error: {cheetah} is not walker2d-medium's data"), out.stderr
+  assert len(out.stderr.splitlines()) == 1, out.stderr
+  assert os.listdir(cwd) == []
+  hopper = _write_d4rl(tmp_path / "hopper_random.hdf5", simulated["hopper"])
+  out = subprocess.run([sys.executable, "-m", "experiments.import_d4rl", f"--file={hopper}",
+                        "--env=hopper-medium", "--nocheck_quality"], cwd=cwd, env=env,
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0 and "warning" not in out.stdout + out.stderr, out.stdout + out.stderr

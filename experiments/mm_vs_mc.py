@@ -7,8 +7,12 @@ Figure 1 and its appendix experiment).
 States come from the run's dataset, actions from its policy, the next-state Gaussian from its best
 elite, the critics are its target critics. Writes mm_vs_mc.png, mm_vs_mc.csv (per state and
 estimator: mean / std of the estimates over repeats, error vs MM, seconds per call) and
-mm_vs_mc_estimates.csv (every estimate) into --out (default: the run folder). The experiment is
-mombo_jax.mm_vs_mc's; this program only parses the flags.
+mm_vs_mc_estimates.csv (every estimate) into --out (default: the run folder); the figure's title
+and the first line printed name the run (its algorithm as the reports label it, MOMBO with its
+target; dataset, seed, epoch), the second defines the "spread" the lines after it report (the std
+of a state's repeated MC estimates, averaged over the states). A run whose dataset was rebuilt or
+replaced since it trained is refused, naming the change (as training refuses it). The experiment
+is mombo_jax.mm_vs_mc's; this program only parses the flags.
 """
 import sys
 

@@ -66,6 +66,10 @@ paper's own Table 2 numbers in their own columns beside the as-trained accuracy 
 the chosen reading and of each alternative (a note says what they compare with), and the mean U
 and Bellman error.
 
+A run whose dataset was rebuilt or replaced since it trained (config.json records the identity of
+its data) is refused in one line naming the change, as training refuses to resume it; with
+--states=policy a dataset that is not local is not needed.
+
 The experiment's runs and outputs are mombo_jax.uncertainty_runs's, the per-tuple backups and
 scores mombo_jax.quantifier_quality's; this program only parses the flags.
 """

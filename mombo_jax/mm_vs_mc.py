@@ -7,6 +7,7 @@ Shapes: B = states, S = obs dim, A = action dim, E = critics, N = Monte Carlo sa
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Callable, Sequence
@@ -15,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax import data, dynamics, outputs
-from mombo_jax.trained import SeedNets, load_run
+from mombo_jax import dynamics, labels, outputs
+from mombo_jax.trained import SeedNets, load_data, load_run
 
 
 def elite_gaussian(nets: SeedNets, obs, action, elite_rank: int = 0):
@@ -154,10 +155,11 @@ def plot_mm_vs_mc(result: dict, path: str, title: str = "", max_states: int = 3)
   ax = axes[len(states)]
   for b in states:
     spread = [result["estimates"][n][:, b].std() for n in ns]
-    line, = ax.loglog(ns, spread, "o-", label=f"state {b}: MC spread")
+    line, = ax.loglog(ns, spread, "o-", label=f"state {b}: MC spread (std over repeats)")
     ax.loglog(ns, np.sqrt(result["mm_var"][b] / np.asarray(ns, float)), "--",
               color=line.get_color(), lw=1, label="MM sqrt(v / N)")
-  ax.set(xlabel="N", ylabel="std of the estimates over repeats", title="MC error vs N")
+  ax.set(xlabel="N", ylabel="spread: std of the MC estimates over repeats",
+         title="MC error vs N")
   ax.legend(fontsize=6)
   ax = axes[-1]
   labels = ["MM"] + [str(n) for n in ns]
@@ -179,8 +181,9 @@ def plot_mm_vs_mc(result: dict, path: str, title: str = "", max_states: int = 3)
 
 def load_seed(run_dir: str, seed_index: int = 0, elite_rank: int = 0, log=print):
   """(the trained run, its dataset's Transitions) once the run is known to have seed
-  `seed_index` and elite `elite_rank`; ValueError if not, FileNotFoundError (a
-  DatasetNotFoundError among them) for a missing run file or dataset. log: one line, what reading
+  `seed_index` and elite `elite_rank`; ValueError if not or if the dataset was rebuilt or replaced
+  since the run trained on it (trained.check_data), FileNotFoundError (a DatasetNotFoundError
+  among them) for a missing run file or dataset. log: one line, what reading
   the checkpoint read and the peak memory (TrainedRun.memory_line)."""
   trained = load_run(run_dir)
   if not 0 <= seed_index < len(trained.nets):
@@ -188,8 +191,9 @@ def load_seed(run_dir: str, seed_index: int = 0, elite_rank: int = 0, log=print)
   elites = int(trained.nets[seed_index].dyn.elites.shape[0])
   if not 0 <= elite_rank < elites:
     raise ValueError(f"--elite_rank={elite_rank}: the model has {elites} elites.")
+  transitions = load_data(trained)
   log(f"{run_dir}: {trained.memory_line()}")
-  return trained, data.load_transitions(trained.dataset)
+  return trained, transitions
 
 
 def run_experiment(trained, transitions, out: str, ns: Sequence[int], num_states: int = 4,
@@ -197,7 +201,9 @@ def run_experiment(trained, transitions, out: str, ns: Sequence[int], num_states
                    seed: int = 0) -> dict:
   """mm_vs_mc on `num_states` distinct dataset states (observations [num_states, S], drawn with
   `seed`) of seed `seed_index` of a loaded run; writes mm_vs_mc.csv (summary rows),
-  mm_vs_mc_estimates.csv (every estimate) and mm_vs_mc.png into `out`. Returns mm_vs_mc's dict."""
+  mm_vs_mc_estimates.csv (every estimate) and mm_vs_mc.png into `out`. Returns mm_vs_mc's dict,
+  plus "title" (the run: its algorithm label with MOMBO's target, dataset, seed, epoch) and
+  "repeats"."""
   rng = np.random.default_rng(seed)
   idx = rng.choice(len(transitions.observations), num_states, replace=False)
   obs = np.asarray(transitions.observations[idx], np.float32)
@@ -207,17 +213,25 @@ def run_experiment(trained, transitions, out: str, ns: Sequence[int], num_states
   summary, raw = mm_vs_mc_rows(result)
   outputs.write_rows(os.path.join(out, "mm_vs_mc.csv"), summary)
   outputs.write_rows(os.path.join(out, "mm_vs_mc_estimates.csv"), raw)
-  title = (f"{trained.config.algo} on {trained.dataset}, seed {trained.seeds[seed_index]}, "
-           f"epoch {trained.epoch}")
-  plot_mm_vs_mc(result, os.path.join(out, "mm_vs_mc.png"), title)
+  # The algorithm as every report labels it: MOMBO's target is part of it (labels.algo_label).
+  result["title"] = (f"{labels.algo_label(dataclasses.asdict(trained.config))} on "
+                     f"{trained.dataset}, seed {trained.seeds[seed_index]}, epoch {trained.epoch}")
+  result["repeats"] = int(repeats)
+  plot_mm_vs_mc(result, os.path.join(out, "mm_vs_mc.png"), result["title"])
   return result
 
 
 def summary_lines(result: dict, out: str) -> list:
-  """What experiments.mm_vs_mc prints: per N the mean over states of the estimates' spread and of
-  |mean - MM|, the seconds per call against MM's; then MM's cost and the files written."""
+  """What experiments.mm_vs_mc prints: what was estimated (the run's algorithm with MOMBO's
+  target, dataset, seed, epoch: run_experiment's title) and what "spread" means; per N the mean
+  over states of the estimates' spread and of |mean - MM|, the seconds per call against MM's;
+  then MM's cost and the files written."""
   mm_ms = result["seconds"]["MM"] * 1e3
-  lines = []
+  repeats = result.get("repeats") or next(iter(result["estimates"].values())).shape[0]
+  lines = [f"MM vs MC estimates of E[Q(s', a')]: {result['title']}."] if result.get("title") else []
+  lines.append(f"spread = std of a state's {repeats} repeated MC estimates (each the mean of N "
+               "samples), averaged over the states; |mean - MM| = distance of their mean from "
+               "the MM estimate.")
   for n in sorted(result["estimates"]):
     est = result["estimates"][n]                       # [R, B]
     err = np.abs(est.mean(axis=0) - result["mm_mean"]).mean()

@@ -61,6 +61,15 @@ def dataset_identity(name: str, transitions: "Transitions") -> dict:
           "fingerprint": fingerprint(transitions)}
 
 
+def identity_changes(recorded: dict, identity: dict) -> str:
+  """What differs between the data identity a run recorded (config.json's "data") and
+  dataset_identity of the data now, as "fingerprint: 'a' -> 'b', ..."; "" when nothing does.
+  Training (workdir.Workdir.check_data) and the analyses of a trained run (trained.check_data)
+  refuse data that differs, naming this."""
+  return ", ".join(f"{k}: {recorded.get(k)!r} -> {identity[k]!r}" for k in identity
+                   if recorded.get(k) != identity[k])
+
+
 def fingerprint(transitions: "Transitions", samples: int = 4096) -> str:
   """A cheap, process-independent fingerprint of a dataset's arrays: CRC32 over the shapes and a
   fixed strided subsample (<= `samples` rows) of every field. Tells datasets apart (another env,

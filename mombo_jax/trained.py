@@ -1,6 +1,7 @@
 """A trained run read back for analysis (experiments.mm_vs_mc, experiments.uncertainty): its
 config.json and newest checkpoint, through workdir.Workdir (restored against the typed TrainState
-template). The networks are rebuilt from the config (sac.make_actor / sac.make_critic) and the
+template), and its dataset, checked to be the data it trained on (load_data / check_data, as
+training checks a resumed run). The networks are rebuilt from the config (sac.make_actor / sac.make_critic) and the
 dynamics ensemble is the one stored in the run's state.
 
 Shapes: B = states, S = obs dim, A = action dim, E = critics.
@@ -82,6 +83,7 @@ class TrainedRun:
   bytes_read: int = 0
   bytes_total: int = 0
   peak_rss: int = 0
+  data: Optional[dict] = None     # config.json's "data": the identity of the data it trained on
 
   def memory_line(self) -> str:
     """"read 1.2 MiB of the checkpoint's 541.3 MiB (...); peak memory 812 MiB": what the
@@ -109,6 +111,7 @@ def load_run(workdir: str, step: Optional[int] = None) -> TrainedRun:
   from mombo_jax import checkpoint
   wd = Workdir(workdir)
   try:
+    record = wd.read_record()
     config, dataset = wd.read_config()
     t = wd.state_template(config)
     # The networks and the dynamics only: the ring buffers (~135 MB a seed at paper size) and
@@ -141,4 +144,40 @@ def load_run(workdir: str, step: Optional[int] = None) -> TrainedRun:
   return TrainedRun(workdir=workdir, config=config, dataset=dataset,
                     seeds=list(range(config.seed, config.seed + num)),
                     epoch=int(meta.get("epoch", meta.get("step", -1))), nets=nets,
-                    bytes_read=bytes_read, bytes_total=bytes_total, peak_rss=peak_rss())
+                    bytes_read=bytes_read, bytes_total=bytes_total, peak_rss=peak_rss(),
+                    data=record.get("data"))
+
+
+def check_data(trained: TrainedRun, transitions) -> None:
+  """Refuses to analyse a run with data other than it trained on, as training refuses to resume
+  it (workdir.Workdir.check_data): ValueError in one line naming what changed (the dataset's
+  fingerprint, size or id: provenance.identity_changes) when `transitions` (data.Transitions of
+  trained.dataset as it is now) are not the data config.json records. Nothing to check for
+  transitions None (the dataset is not local) or a run written before runs recorded their data."""
+  if trained.data is None or transitions is None:
+    return
+  from mombo_jax import provenance
+  changes = provenance.identity_changes(
+      trained.data, provenance.dataset_identity(trained.dataset, transitions))
+  if changes:
+    raise ValueError(
+        f"{trained.workdir} was trained on other data than {trained.dataset} holds now "
+        f"({changes}): the dataset was rebuilt or replaced since, and analysing the run on it "
+        "would mix the run with data it never saw. Put back the data it was trained on, or "
+        "analyse a run trained on the new data.")
+
+
+def load_data(trained: TrainedRun, required: bool = True):
+  """data.Transitions of the run's dataset, checked to be the data it trained on (check_data).
+  required=False: None when the dataset is not local (an analysis that reads only its name);
+  otherwise a missing dataset raises errors.DatasetNotFoundError (a FileNotFoundError)."""
+  from mombo_jax import data
+  from mombo_jax.errors import DatasetNotFoundError
+  try:
+    transitions = data.load_transitions(trained.dataset)
+  except DatasetNotFoundError:
+    if required:
+      raise
+    return None
+  check_data(trained, transitions)
+  return transitions

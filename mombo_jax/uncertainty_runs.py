@@ -59,23 +59,29 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
   then the READING_COLUMNS (each seed's mean over its tuples and draws; experiments.uncertainty
   defines them; the eq1 ones NaN for a run that is not MOMBO's). The arguments
   are experiments.uncertainty's flags of the same names; ValueError / FileNotFoundError (a dataset
-  not found) for what the user can fix. log: a line per run (what reading its checkpoint read and
+  not found) for what the user can fix, among them a run whose dataset was rebuilt or replaced
+  since it trained (trained.check_data). log: a line per run (what reading its checkpoint read and
   the peak memory, TrainedRun.memory_line) and a progress line per seed."""
   import dataclasses
 
   import jax
-  from mombo_jax import data, quantifier_quality, results
-  from mombo_jax.trained import load_run
+  from mombo_jax import quantifier_quality, results, trained as trained_lib
   if states not in STATES:
     raise ValueError(f"--states={states}: choose one of {', '.join(STATES)}.")
-  rows, datasets = [], {}
+  rows, datasets, loaded = [], {}, {}
   for path in run_dirs:
-    trained = load_run(path)
+    trained = trained_lib.load_run(path)
+    # Every run is checked against its dataset as it is now (a rebuilt one is refused, as
+    # training refuses it); --states=policy reads only the dataset's name and env, so a dataset
+    # that is not local is not needed there.
+    if trained.dataset not in loaded:
+      loaded[trained.dataset] = trained_lib.load_data(trained, required=states == "dataset")
+    trained_lib.check_data(trained, loaded[trained.dataset])
     log(f"{path}: {trained.memory_line()}")
     config = trained.config
     if states == "dataset" and trained.dataset not in datasets:
       datasets[trained.dataset] = quantifier_quality.dataset_states(
-          data.load_transitions(trained.dataset), num_states, seed)
+          loaded[trained.dataset], num_states, seed)
     for i, nets in enumerate(trained.nets):
       # The real env of the run's dataset (envs.eval_env_spec): its evaluation's physics.
       batch = (datasets[trained.dataset] if states == "dataset" else

@@ -2,7 +2,8 @@
 
 Import the fixture into a test module (`from tests.conftest_runs import tiny_run  # noqa: F401`).
 
-The folder is what experiments.run leaves on disk (config.json through workdir.Workdir, a
+The folder is what experiments.run leaves on disk (config.json through workdir.Workdir, with the
+identity of its data, a
 checkpoint of the whole TrainState saved through its RunCheckpointer as runner.train saves it),
 but its state is the freshly initialised one (train_lib.init_cells with untrained dynamics), not a
 trained one: a real tiny `runner.train` costs ~85 s of compilation on the 2-core test machine, and the
@@ -21,14 +22,17 @@ TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, ev
 def tiny_run(hopper_random_2000, tmp_path_factory):
   """(workdir, TrainState [2 seeds]) of a 2-seed MOMBO run folder on hopper-random."""
   import jax
-  from mombo_jax import buffer, config as config_lib, data, dynamics
+  from mombo_jax import buffer, config as config_lib, data, dynamics, provenance
   from mombo_jax import train as train_lib
   from mombo_jax.workdir import Workdir
   workdir = str(tmp_path_factory.mktemp("tiny_mombo_run"))
   wd = Workdir(workdir)
   config = config_lib.make_config(DATASET, "mombo", preset="tiny", **TINY)
-  wd.write_config(wd.check_config(config, DATASET)[0])
   transitions = data.load_transitions(DATASET)
+  # config.json records the identity of the data, as experiments.run writes it (runner.prepare).
+  record = wd.check_data(wd.check_config(config, DATASET)[0],
+                         provenance.dataset_identity(DATASET, transitions))[0]
+  wd.write_config(record)
   real = buffer.from_transitions(transitions)
   keys = jax.random.split(jax.random.PRNGKey(0), config.num_seeds)
   obs_dim, action_dim = real.obs.shape[1], real.action.shape[1]

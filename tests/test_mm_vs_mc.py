@@ -110,6 +110,34 @@ def test_load_seed_refuses_a_seed_or_elite_the_run_lacks(tiny_run):
   with pytest.raises(ValueError, match="--elite_rank=-1: the model has"):
     mm_vs_mc.load_seed(workdir, elite_rank=-1)
 
+def test_the_figure_and_console_name_the_target_and_define_spread(tiny_run, tmp_path,
+                                                                  monkeypatch):
+  """The figure's title and the first console line name the algorithm as the reports do (MOMBO
+  with its target), and "spread" is defined where it is shown (estimates faked: no compilation)."""
+  import matplotlib.pyplot as plt
+  workdir, _ = tiny_run
+  run = trained.load_run(workdir)
+  rng = np.random.default_rng(0)
+  fake = dict(mm_mean=np.array([1.0, 2.0]), mm_var=np.array([0.1, 0.2]), member=np.array([0, 1]),
+              estimates={2: rng.normal(size=(4, 2)), 10: rng.normal(size=(4, 2))},
+              seconds={"MM": 1e-3, 2: 2e-3, 10: 3e-3}, num_states=2)
+  monkeypatch.setattr(mm_vs_mc, "mm_vs_mc", lambda *a, **k: dict(fake))
+  figures = []
+  monkeypatch.setattr(plt, "close", figures.append)
+  result = mm_vs_mc.run_experiment(run, trained.load_data(run), str(tmp_path), [2, 10],
+                                   num_states=2, repeats=4)
+  title = f"MOMBO ({run.config.target}) on hopper-random, seed 0, epoch 2"
+  assert run.config.target and result["title"] == title
+  (fig,) = figures
+  assert fig._suptitle.get_text() == title
+  assert any(ax.get_ylabel() == "spread: std of the MC estimates over repeats" for ax in fig.axes)
+  lines = mm_vs_mc.summary_lines(result, str(tmp_path))
+  assert lines[0] == f"MM vs MC estimates of E[Q(s', a')]: {title}."
+  assert lines[1].startswith("spread = std of a state's 4 repeated MC estimates (each the mean of "
+                             "N samples), averaged over the states"), lines[1]
+  assert lines[2].startswith("N=     2: spread of estimates ")
+
+
 @pytest.mark.slow
 def test_script_end_to_end(tiny_run, tmp_path):
   workdir, _ = tiny_run

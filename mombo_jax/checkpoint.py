@@ -45,7 +45,7 @@ import json
 import os
 import shutil
 import warnings
-from typing import Any, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import jax
 import numpy as np
@@ -121,6 +121,42 @@ def _encode(tree: Any, metadata: Optional[dict], kind: str, where: str):
   sharded = any(isinstance(leaf[4], list) for leaf in manifest)
   return tree, dict(format=FORMAT_SHARDED if sharded else FORMAT, kind=kind, metadata=meta_json,
                     leaves=manifest)
+
+
+# Files every step Orbax commits holds (written in its temporary folder before the rename that
+# commits it): the step's metadata and each item's own. A step folder missing one is what a stopped
+# launch left of deleting an old step (Orbax deletes a step's files one by one, then the folder):
+# Orbax would list it as a step and warn about it at every turn ("Metadata file does not exist").
+_COMMITTED_FILES = ("_CHECKPOINT_METADATA", os.path.join("state", "_METADATA"),
+                    os.path.join("meta", "metadata"))
+
+
+def leftovers(directory: str) -> List[Tuple[str, str]]:
+  """(path, what it is) of what a stopped writer left in a checkpoint folder: unfinished saves
+  (<step>.orbax-checkpoint-tmp*) and half-deleted steps (a <step> folder missing a file every
+  committed step holds). Reads nothing but the folder listing."""
+  if not os.path.isdir(directory):
+    return []
+  found = [(path, "an unfinished checkpoint a stopped launch left") for path in
+           sorted(glob.glob(os.path.join(directory, "*.orbax-checkpoint-tmp*")))]
+  for name in sorted((d for d in os.listdir(directory) if d.isdigit()), key=int):
+    path = os.path.join(directory, name)
+    missing = [f for f in _COMMITTED_FILES if not os.path.exists(os.path.join(path, f))]
+    if os.path.isdir(path) and missing:
+      found.append((path, f"checkpoint step {name} a stopped launch left half-deleted (no "
+                          f"{', '.join(missing)})"))
+  return found
+
+
+def remove_leftovers(directory: str) -> List[str]:
+  """Removes `leftovers(directory)` and returns one line per removal ("removed <path>, <what>").
+  Only the writer may call it (holding the lock of the folder's run): a reader would delete a
+  save or a delete in progress."""
+  lines = []
+  for path, what in leftovers(directory):
+    shutil.rmtree(path, ignore_errors=True)
+    lines.append(f"removed {path}, {what}")
+  return lines
 
 
 def _manager(directory: str, keep: Optional[int], create: bool = True, cleanup: bool = True):
@@ -343,17 +379,25 @@ class RunCheckpointer:
   the one just written; steps after it, left by a timeline that was abandoned when an older step was
   restored, are removed first). restore(template) loads the newest valid one, skipping corrupt ones
   with a CheckpointWarning. The restored metadata carries "step", the step actually restored.
-  `kind` names the checkpoints in messages ("run", "dynamics training", "collector").
+  `kind` names the checkpoints in messages ("run", "dynamics training", "collector"). A writer
+  (keep not None; the one process holding the folder's lock) first removes what a stopped writer
+  left (remove_leftovers: unfinished saves, half-deleted steps), saying so in one `log` line each.
   """
 
-  def __init__(self, directory: str, keep: Optional[int] = 3, kind: str = "run"):
+  def __init__(self, directory: str, keep: Optional[int] = 3, kind: str = "run",
+               log: Optional[Callable[[str], Any]] = print):
     if keep is not None and keep < 1:
       raise ValueError(f"keep must be >= 1 or None (keep all), got {keep}.")
     self.directory = os.path.abspath(os.fspath(directory))
     self.keep, self.kind = keep, kind
     if os.path.exists(self.directory) and not os.path.isdir(self.directory):
       raise CheckpointError(f"{self.directory} is a file, not a checkpoint folder.")
-    # keep=None is a reader (keeps everything, writes nothing): it leaves unfinished saves alone.
+    # keep=None is a reader (keeps everything, writes nothing): it leaves unfinished saves and
+    # half-deleted steps alone. A writer removes them before Orbax sees them (one note each).
+    if keep is not None and jax.process_index() == 0:
+      for line in remove_leftovers(self.directory):
+        if log is not None:
+          log(f"note: {line}.")
     self._mngr = _manager(self.directory, keep, cleanup=keep is not None)
 
   def path(self, step: int) -> str:

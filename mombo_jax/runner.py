@@ -118,8 +118,8 @@ def plan(groups, keep, stop_after, build_steps, allow_epochs_change, held):
   if distributed.is_main():
     for g in groups:
       held.append(Workdir(g.workdir).lock().acquire())
-      for path in Workdir(g.workdir).remove_stale_tmp():
-        log(f"note: removed {path}, an unfinished checkpoint a stopped launch left.")
+      for line in Workdir(g.workdir).remove_leftovers():
+        log(f"note: {line}.")
   records = [Workdir(g.workdir, g.dynamics_dir).check_config(g.config, g.dataset,
                                                              allow_epochs_change)
              for g in groups]

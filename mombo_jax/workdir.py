@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import glob
 import json
 import os
 import shutil
@@ -217,12 +216,12 @@ class Workdir:
       resumed = bool(self.checkpointer_steps())
       return record, ([f"config.json of {self.path} did not record its data yet (written before "
                        "data fingerprints): recording it now."] if resumed else [])
-    differs = [k for k in identity if old.get(k) != identity[k]]
-    if differs:
+    from mombo_jax import provenance
+    changes = provenance.identity_changes(old, identity)
+    if changes:
       raise UserError(
-          f"{self.path} was trained on other data than {record.get('dataset')} holds now ("
-          + ", ".join(f"{k}: {old.get(k)!r} -> {identity[k]!r}" for k in differs)
-          + "): the dataset was rebuilt or replaced. Pass another --workdir, or delete "
+          f"{self.path} was trained on other data than {record.get('dataset')} holds now "
+          f"({changes}): the dataset was rebuilt or replaced. Pass another --workdir, or delete "
           f"{self.path} to train on the new data from the start.")
     return record, []
 
@@ -247,13 +246,13 @@ class Workdir:
         "wait for it to finish or stop it (it checkpoints, and the same command resumes it), or "
         "pass another --workdir"))
 
-  def remove_stale_tmp(self) -> List[str]:
-    """Removes the unfinished checkpoint folders a killed or failed save left (Orbax's
-    *.orbax-checkpoint-tmp*); call only while holding the lock. Returns the removed paths."""
-    stale = sorted(glob.glob(os.path.join(self.checkpoints, "*.orbax-checkpoint-tmp*")))
-    for path in stale:
-      shutil.rmtree(path, ignore_errors=True)
-    return stale
+  def remove_leftovers(self) -> List[str]:
+    """Removes what a killed or failed launch left under checkpoints/ before Orbax sees it: the
+    unfinished checkpoint folders of a save (Orbax's *.orbax-checkpoint-tmp*) and the step folders
+    of a delete of an old step cut off (checkpoint.leftovers); call only while holding the lock.
+    Returns one line per removal ("removed <path>, <what it was>")."""
+    from mombo_jax import checkpoint
+    return checkpoint.remove_leftovers(self.checkpoints)
 
   # ------------------------------------------------------------------------------ checkpoints
 

@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from mombo_jax import config as config_lib, launch, locks, runner, workdir as workdir_lib
+from mombo_jax import (checkpoint, config as config_lib, launch, locks, runner,
+                       workdir as workdir_lib)
 from mombo_jax.errors import UserError
 from mombo_jax.workdir import Workdir
 
@@ -164,6 +165,46 @@ def test_a_refused_grid_leaves_no_folder_and_stale_saves_are_removed(hopper_rand
                                               "fingerprint": "0"}})
     runner.train(_config(), DATASET, wd.path)
   assert not os.path.exists(tmp)
+
+
+def test_a_half_deleted_step_is_removed_in_one_line_before_orbax_sees_it(tmp_path, capsys,
+                                                                          caplog):
+  """A launch killed while Orbax deleted an old step left that step half-deleted: the next
+  launch (the lock holder) removes it before Orbax lists it, in one note line, and reading the
+  run afterwards logs none of Orbax's "Metadata file does not exist" warnings."""
+  import shutil
+  import numpy as np
+  wd = Workdir(str(tmp_path / "run"))
+  ckpt = wd.checkpointer()
+  state = {"w": np.arange(4, dtype=np.float32)}
+  for step in (10, 20, 30):
+    ckpt.save(step, state, {"epoch": step})
+  ckpt.close()
+  step20 = os.path.join(wd.checkpoints, "20")
+  os.remove(os.path.join(step20, "_CHECKPOINT_METADATA"))   # deleted file by file, cut off
+  shutil.rmtree(os.path.join(step20, "state"))
+  wd.write_config({"dataset": "x"})
+  capsys.readouterr()
+  with pytest.raises(UserError, match="another config"):    # refused after the clean-up
+    runner.train(_config(), DATASET, wd.path)
+  notes = [line for line in capsys.readouterr().out.splitlines() if step20 in line]
+  assert notes == [f"note: removed {step20}, checkpoint step 20 a stopped launch left "
+                   "half-deleted (no _CHECKPOINT_METADATA, state/_METADATA)."], notes
+  assert not os.path.exists(step20)
+  caplog.clear()
+  reader = wd.checkpointer(keep=None)
+  restored, meta = reader.restore(state)
+  assert reader.steps() == [10, 30] and meta["step"] == 30
+  reader.close()
+  assert not [r for r in caplog.records if "Metadata file does not exist" in r.getMessage()]
+  # Unfinished saves and intact steps are told apart from it; a writer says what it removed.
+  os.makedirs(os.path.join(wd.checkpoints, "40.orbax-checkpoint-tmp-7"))
+  lines = []
+  writer = checkpoint.RunCheckpointer(wd.checkpoints, log=lines.append)
+  writer.close()
+  assert lines == [f"note: removed {wd.checkpoints}/40.orbax-checkpoint-tmp-7, an unfinished "
+                   "checkpoint a stopped launch left."]
+  assert sorted(os.listdir(wd.checkpoints)) == ["10", "30"]
 
 
 def test_empty_lists_are_refused_in_one_line(tmp_path):

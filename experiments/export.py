@@ -38,7 +38,7 @@ def main(argv):
     policy = policy_lib.export_policy(FLAGS.run, FLAGS.seed, FLAGS.out, step=FLAGS.step,
                                       allow_diverged=FLAGS.allow_diverged)
   except UserError as e:
-    sys.exit(f"error: {e}")
+    sys.exit(f"error: {policy_lib.as_flags(str(e))}")   # the API's seed= in the CLI's words
   print(f"wrote {FLAGS.out}: {policy!r}")
 
 

@@ -55,7 +55,7 @@ def main(argv):
                   width=FLAGS.width, height=FLAGS.height, max_steps=FLAGS.max_steps,
                   overlay=FLAGS.overlay)
   except UserError as e:
-    sys.exit(f"error: {e}")
+    sys.exit(f"error: {policy_lib.as_flags(str(e))}")   # the API's seed= in the CLI's words
   print(f"wrote {FLAGS.out}")
 
 

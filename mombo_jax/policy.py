@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import zlib
 from typing import Any, Optional
 
@@ -214,6 +215,14 @@ def load_policy(source: str, seed: Optional[int] = None, *, step: Optional[int] 
                   f"file ({_EXPORT_HINT}).")
 
 
+def as_flags(message: str) -> str:
+  """A load_policy / export_policy error in the words of the command line (experiments.export,
+  experiments.render): the API's keyword arguments seed=, step=, allow_diverged=True become
+  --seed=, --step=, --allow_diverged."""
+  message = re.sub(r"(?<![\w-])(seed|step)=", r"--\1=", message)
+  return re.sub(r"(?<![\w-])allow_diverged=True", "--allow_diverged", message)
+
+
 def export_policy(workdir: str, seed: Optional[int], out: str, *, step: Optional[int] = None,
                   allow_diverged: bool = False) -> Policy:
   """Loads seed `seed` of the run in `workdir` (see load_policy) and saves it to `out`."""
@@ -245,7 +254,8 @@ def _from_workdir(path: str, seed: Optional[int], step: Optional[int],
   seed = first if seed is None else int(seed)
   if not first <= seed <= last:
     raise UserError(f"{path} holds seeds {first}..{last}; seed {seed} is not one of them. Pass "
-                    f"--seed={first}" + (f" .. {last}." if last > first else "."))
+                    + (f"one of seed={first} .. seed={last}." if last > first else
+                       f"seed={first}."))
   if step is not None:
     ckpt = wd.checkpointer(keep=None) if os.path.isdir(wd.checkpoints) else None
     steps = ckpt.steps() if ckpt else []
@@ -263,8 +273,7 @@ def _from_workdir(path: str, seed: Optional[int], step: Optional[int],
     d = diverged[seed]
     raise UserError(f"Seed {seed} of {path} diverged at epoch {d.get('epoch')} "
                     f"({d.get('quantity')}); its actor is frozen at its last healthy state. Pick "
-                    "another seed, or pass allow_diverged=True (--allow_diverged) to load it "
-                    "anyway.")
+                    "another seed, or pass allow_diverged=True to load it anyway.")
   import jax
   params = _to_numpy(jax.tree.map(lambda x: x[seed - first], part["agent"]["actor"]["params"]))
   low, high, dtype = _action_space(config.env_name)

@@ -159,14 +159,18 @@ class _Mp4:
 
 
 def check_out(path: str) -> Optional[str]:
-  """Refuses a video path that cannot be written (suffix, folder, no ffmpeg for .mp4) before
-  anything renders; returns the ffmpeg program for .mp4, None for .gif."""
+  """Refuses a video path that cannot be written (suffix, a folder that cannot be made, no ffmpeg
+  for .mp4) before anything renders, and creates its folder (as experiments.export creates its
+  file's); returns the ffmpeg program for .mp4, None for .gif."""
   suffix = os.path.splitext(path)[1].lower()
   if suffix not in FORMATS:
     raise UserError(f"{path}: videos are written as {' or '.join(FORMATS)}; name the file so.")
   folder = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(folder):
-    raise UserError(f"{folder} does not exist; create it or pass another --out.")
+  try:
+    os.makedirs(folder, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"Cannot create the folder {folder} of {path} ({e.strerror or e}); pass "
+                    "another --out.") from None
   if suffix == ".gif":
     return None
   program = _ffmpeg()

@@ -93,9 +93,12 @@ def test_export_round_trip(tiny_run, policy, tmp_path):
 def test_bad_seeds_steps_and_diverged_seeds_are_refused(tiny_run, tmp_path):
   workdir, state = tiny_run
   for seed in (2, -1):
-    with pytest.raises(UserError, match=r"holds seeds 0\.\.1; seed .* --seed=0 \.\. 1") as e:
+    # The API speaks Python (seed=), the command lines their flags (policy.as_flags).
+    with pytest.raises(UserError, match=r"holds seeds 0\.\.1; seed .* is not one of them\. Pass "
+                       r"one of seed=0 \.\. seed=1\.$") as e:
       policy_lib.load_policy(workdir, seed=seed)
-    assert _one_line(e)
+    assert _one_line(e) and "--" not in str(e.value)
+    assert policy_lib.as_flags(str(e.value)).endswith("Pass one of --seed=0 .. --seed=1.")
   with pytest.raises(UserError, match=r"no checkpoint step 7 \(it has \[2\]\)"):
     policy_lib.load_policy(workdir, step=7)
   with pytest.raises(UserError, match="does not exist"):
@@ -108,9 +111,11 @@ def test_bad_seeds_steps_and_diverged_seeds_are_refused(tiny_run, tmp_path):
   ckpt = wd.checkpointer()
   ckpt.save(2, state, {"epoch": 2, "diverged": [{"seed": 1, "epoch": 1, "quantity": "q"}]})
   ckpt.close()
-  with pytest.raises(UserError, match="Seed 1 .* diverged at epoch 1 .*allow_diverged") as e:
+  with pytest.raises(UserError, match="Seed 1 .* diverged at epoch 1 .*pass allow_diverged=True "
+                     "to load it") as e:
     policy_lib.load_policy(wd.path, seed=1)
-  assert _one_line(e)
+  assert _one_line(e) and "--" not in str(e.value)
+  assert "pass --allow_diverged to load it" in policy_lib.as_flags(str(e.value))
   assert policy_lib.load_policy(wd.path, seed=1, allow_diverged=True).seed == 1
   assert policy_lib.load_policy(wd.path, seed=0).seed == 0
 
@@ -243,6 +248,8 @@ def test_export_and_render_entry_points(tiny_run, policy, tmp_path):
   np.testing.assert_array_equal(policy_lib.load_policy(str(out))(obs), policy(obs))
   assert "unexpected argument(s) stray" in _error_line(
       _cli("experiments.export", [f"--run={workdir}", "stray"]))
+  assert _error_line(_cli("experiments.export", [f"--run={workdir}", "--seed=5"])).endswith(
+      "seed 5 is not one of them. Pass one of --seed=0 .. --seed=1.")
   gif = tmp_path / "s1.gif"
   # A renderer that cannot load (PyOpenGL bound to another platform): one line, no traceback.
   assert "renderer failed (MUJOCO_GL=osmesa: ImportError" in _error_line(_cli(
@@ -260,3 +267,16 @@ def test_render_entry_point(tiny_run, renderer, tmp_path):
   assert gif.stat().st_size > 0 and "normalised score" in done.stdout
   assert "--flag=false" in _error_line(
       _cli("experiments.render", [f"--run={workdir}", f"--out={gif}", "--overlay", "false"]))
+
+
+def test_render_creates_the_folder_of_its_out(tmp_path):
+  """--out into a folder that does not exist: created (as experiments.export creates its file's),
+  before anything renders; a folder that cannot be made is one line."""
+  gif = tmp_path / "videos" / "hopper" / "s1.gif"
+  assert render.check_out(str(gif)) is None
+  assert gif.parent.is_dir() and not gif.exists()
+  (tmp_path / "file").write_text("")
+  with pytest.raises(UserError, match=r"Cannot create the folder .*file/sub of .*; pass another "
+                     r"--out\.") as e:
+    render.check_out(str(tmp_path / "file" / "sub" / "x.gif"))
+  assert _one_line(e)

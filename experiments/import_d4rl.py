@@ -13,13 +13,13 @@ replays as (--nocheck_physics skips this; a file without infos/qpos is imported 
 it could not be checked). The episodes' mean return is compared with D4RL's published statistics
 for --env's name (mombo_jax/d4rl_stats.py), and a file far from them (e.g. a random-policy file
 imported as hopper-medium) is imported with a one-line warning naming both numbers
-(--nocheck_quality silences it). The dataset's metadata holds D4RL's reference returns, the evaluation
-env (gymnasium v5 in the model the file's data was made in: for walker2d the v2 model, right-foot
-friction 0.9; evaluation, Table 2 and rendering build it), the file's `metadata/*` values and its
-provenance (every option that shaped the data: the id, the timeout mode, --drop_nonfinite and
-the rows it dropped; the physics and quality checks; all shown on its card, whose rebuild command
-makes the same dataset again). The last line
-printed is the Minari id written. The import is mombo_jax.d4rl's (import_file); this program only
+(--nocheck_quality silences it). The dataset's metadata holds D4RL's reference returns, the
+evaluation env (gymnasium v5 in the model the file's data was made in: for walker2d the v2 model,
+right-foot friction 0.9; evaluation, Table 2 and rendering build it), the file's `metadata/*`
+values and its provenance (every option that shaped the data: the id, the timeout mode,
+--drop_nonfinite and the rows it dropped; the physics and quality checks; all shown on its card,
+whose rebuild command makes the same dataset again). The last line printed is the Minari id
+written. The import is mombo_jax.d4rl's (import_file); this program only
 parses the flags.
 """
 import sys

@@ -70,9 +70,10 @@ class Config:
   rollout_batch_size: int = 50_000
   rollout_length: int = 5
   buffer_retain_epochs: int = 5
-  # Rollout rule beside the gymnasium-faithful termination functions: a synthetic branch whose next
-  # state has any |x| >= this ends there (terminal row), as in the references' termination code for
-  # all three envs. Real envs never get there; a runaway learned model does.
+  # Model rule beside the gymnasium-faithful termination functions (termination.model_done): a
+  # model next state with any |x| >= this is terminal, in rollouts (the branch ends with a terminal
+  # row) and in MOMBO's per-elite targets, as in the references' termination code for all three
+  # envs (adinlab/MOMBO utils/termination_fns.py). Real envs never get there; a runaway model does.
   rollout_obs_limit: Optional[float] = 100.0
   beta: float = 1.0                   # MOMBO beta / MOBILE beta / MOPO lambda, per algo
   mobile_num_samples: int = 10

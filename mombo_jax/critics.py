@@ -1,7 +1,8 @@
 """Networks: a critic whose one set of parameters runs plain or moment-matching, the critic
 ensemble (nn.vmap over a leading member axis) and the tanh-Gaussian actor.
 
-Knows moments, nothing of RL losses.
+Every layer starts as torch.nn.Linear does (kernel and bias U(+-1/sqrt(fan_in)), inits.py), as the
+references' actor and critics do. Knows moments, nothing of RL losses.
 """
 from typing import Optional, Sequence
 
@@ -10,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from mombo_jax import inits
 from mombo_jax.moments import mm_linear, mm_relu
 
 
@@ -20,14 +22,17 @@ class MMDense(nn.Module):
   __call__(x [..., I], var [..., K]) -> (mean [..., F], var [..., F]), K <= I: var holds the
   variances of the first K inputs and the other I - K inputs are exact (zero variance), so their
   kernel rows stay out of the variance matmul (the critic's actions).
+
+  Initial values: torch.nn.Linear's (adinlab/MOMBO models/nets.py MMDetLayer wraps an nn.Linear;
+  inits.torch_linear_kernel / torch_linear_bias).
   """
   features: int
-  kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
+  kernel_init: nn.initializers.Initializer = inits.torch_linear_kernel
 
   @nn.compact
   def __call__(self, x, var=None):
     kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
-    bias = self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
+    bias = self.param("bias", inits.torch_linear_bias(x.shape[-1]), (self.features,), jnp.float32)
     if var is None:
       return x @ kernel + bias, None
     chex.assert_equal_shape_prefix([x, var], x.ndim - 1)
@@ -94,10 +99,19 @@ class CriticEnsemble(nn.Module):
     return ensemble(self.hidden_dims, name="members")(tile(obs), tile(action), tile(obs_var))
 
 
+def _torch_dense(features: int, x):
+  """nn.Dense(features)(x) [..., F] initialised as torch.nn.Linear(x.shape[-1], features); called
+  inside a compact module, so Flax names it Dense_<i> there as before (saved actors load)."""
+  return nn.Dense(features, kernel_init=inits.torch_linear_kernel,
+                  bias_init=inits.torch_linear_bias(x.shape[-1]))(x)
+
+
 class TanhGaussianActor(nn.Module):
   """pi(a | s): ReLU MLP -> (mean [..., A], log_std [..., A]) of the pre-tanh Gaussian.
 
-  log_std is clamped to [log_std_min, log_std_max].
+  log_std is clamped to [log_std_min, log_std_max]. Layers (Flax names Dense_0, ... in call order:
+  hidden, mean head, log-std head) start as torch.nn.Linear does: adinlab/MOMBO models/nets.py MLP
+  and models/dist.py TanhDiagGaussian (mu and sigma are nn.Linear, conditioned_sigma=True).
   """
   hidden_dims: Sequence[int]
   action_dim: int
@@ -108,9 +122,9 @@ class TanhGaussianActor(nn.Module):
   def __call__(self, obs):
     x = obs
     for width in self.hidden_dims:
-      x = nn.relu(nn.Dense(width)(x))
-    mean = nn.Dense(self.action_dim)(x)
-    log_std = jnp.clip(nn.Dense(self.action_dim)(x), self.log_std_min, self.log_std_max)
+      x = nn.relu(_torch_dense(width, x))
+    mean = _torch_dense(self.action_dim, x)
+    log_std = jnp.clip(_torch_dense(self.action_dim, x), self.log_std_min, self.log_std_max)
     return mean, log_std
 
 

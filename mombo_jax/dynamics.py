@@ -11,7 +11,6 @@ loading and the reuse key in saved_dynamics.py.
 """
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import chex
@@ -20,29 +19,30 @@ import flax.struct as struct
 import jax
 import jax.numpy as jnp
 
+from mombo_jax import inits
+
 
 # ----------------------------------------------------------------------------------------------
 # Model
 
-def _trunc_normal_fan_in(key, shape, dtype=jnp.float32):
-  """Truncated normal (at +-2 std) with std 1 / (2 sqrt(fan_in)), as in MBPO.
-
-  shape [fan_in, fan_out].
-  """
-  std = 1.0 / (2.0 * math.sqrt(shape[0]))
-  return nn.initializers.truncated_normal(stddev=std)(key, shape, dtype)
+def _ensemble_dense(features: int, name: str) -> nn.Dense:
+  return nn.Dense(features, kernel_init=inits.ensemble_linear_kernel,
+                  bias_init=inits.ensemble_linear_bias, name=name)
 
 
 class _Member(nn.Module):
-  """One member: SiLU MLP [..., D] -> (mean [..., O], raw log-variance [..., O])."""
+  """One member: SiLU MLP [..., D] -> (mean [..., O], raw log-variance [..., O]).
+
+  Layers start as the reference's EnsembleLinear (inits.ensemble_linear_kernel / _bias).
+  """
   hidden_dims: Sequence[int]
   out_dim: int
 
   @nn.compact
   def __call__(self, x):
     for i, width in enumerate(self.hidden_dims):
-      x = nn.silu(nn.Dense(width, kernel_init=_trunc_normal_fan_in, name=f"layer_{i}")(x))
-    x = nn.Dense(2 * self.out_dim, kernel_init=_trunc_normal_fan_in, name="out")(x)
+      x = nn.silu(_ensemble_dense(width, f"layer_{i}")(x))
+    x = _ensemble_dense(2 * self.out_dim, "out")(x)
     return x[..., :self.out_dim], x[..., self.out_dim:]
 
 
@@ -50,7 +50,8 @@ class EnsembleDynamics(nn.Module):
   """All members at once. __call__(x [M, B, D] standardised) -> (mean [M, B, O], logvar [M, B, O]).
 
   O = obs_dim + 1: (delta_obs, reward). The log-variance is soft-clamped between learned bounds
-  max_logvar / min_logvar [O] shared by all members.
+  max_logvar / min_logvar [O] shared by all members, initialised to max_logvar_init / min_logvar_init
+  (0.5 / -10 by default: adinlab/MOMBO models/dynamics_model.py).
   """
   hidden_dims: Sequence[int]
   out_dim: int

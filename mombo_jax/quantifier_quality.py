@@ -185,9 +185,7 @@ def bellman_metrics(u, exact, sample) -> dict:
 def model_done(config, term_fn: Callable, obs, action, next_obs):
   """d^ [B] float32 of a model draw as rollout.run marks it: the termination function, or a runaway
   state (any |x| >= config.rollout_obs_limit, which ends a rollout branch as terminal)."""
-  done = term_fn(obs, action, next_obs)
-  if config.rollout_obs_limit is not None:
-    done = done | jnp.any(jnp.abs(next_obs) >= config.rollout_obs_limit, axis=-1)
+  done = termination.model_done(term_fn, obs, action, next_obs, config.rollout_obs_limit)
   return done.astype(jnp.float32)
 
 

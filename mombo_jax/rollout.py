@@ -6,7 +6,8 @@ masked out, so the ring only ever holds real model transitions).
 
 Two rollout rules beside the gymnasium-faithful termination functions (termination.termination_fn):
 - runaway: a next state with any |x| >= config.rollout_obs_limit (100, as the references'
-  termination code for all three envs) is written as a terminal row and ends its branch;
+  termination code for all three envs; termination.model_done, which MOMBO's per-elite targets
+  share) is written as a terminal row and ends its branch;
 - non-finite: a model output (next state, reward, or their variances) that is NaN/inf ends its
   branch and is NOT written, so the ring never holds a row whose target could turn NaN.
 """
@@ -18,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from mombo_jax import buffer as buffer_lib
-from mombo_jax import dynamics
+from mombo_jax import dynamics, termination
 
 
 def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
@@ -68,9 +69,7 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
       reward_mean = reward_mean - beta * out.mopo_penalty
     finite = _all_finite(out.next_obs, out.next_obs_mean, out.next_obs_var, reward, reward_mean,
                          out.reward_var)
-    done = term_fn(obs, action, out.next_obs)
-    if config.rollout_obs_limit is not None:
-      done = done | jnp.any(jnp.abs(out.next_obs) >= config.rollout_obs_limit, axis=-1)
+    done = termination.model_done(term_fn, obs, action, out.next_obs, config.rollout_obs_limit)
     rows = buffer_lib.Batch(
         obs=obs, action=action, reward=reward, next_obs=out.next_obs,
         done=done.astype(jnp.float32), obs_var=obs_var, next_obs_mean=out.next_obs_mean,

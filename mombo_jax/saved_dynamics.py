@@ -50,7 +50,7 @@ NOT_TRAINING_FIELDS = ("dyn_checkpoint_every_s",)
 # dynamics_training.py trains another ensemble from the same settings, data and keys
 # (initialisation, loss, split, elites): ensembles of the earlier code are then no longer reused.
 # Its presence in a saved key also marks a save that records the training settings.
-TRAINING_CODE = 1
+TRAINING_CODE = 2             # 2: the references' initialisation (inits.py)
 TRAINING_CODE_FIELD = "dyn_training_code"
 
 _META_FIELDS = ("dyn_members", "dyn_elites", "dyn_hidden", "dyn_weight_decay",

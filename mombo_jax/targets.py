@@ -38,7 +38,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from mombo_jax import dynamics, sac
+from mombo_jax import dynamics, sac, termination
 from mombo_jax.critics import sample_tanh_gaussian
 
 
@@ -91,12 +91,20 @@ def _plain_min(agent, obs, key, config, soft=True, auto_alpha=None):
 
 
 def _elite_predictions(dyn, batch, config, term_fn):
-  """Per-elite model predictions at (s, a): next-state mean/var [E, B, S], reward mean/var, done [E, B]."""
+  """Per-elite model predictions at (s, a): next-state mean/var [E, B, S], reward mean/var [E, B],
+  done [E, B] float32.
+
+  done: each elite's next-state mean judged as a rollout judges a draw (termination.model_done:
+  term_fn or any |x| >= config.rollout_obs_limit), as adinlab/MOMBO's per-elite targets do
+  (dynamics/ensemble_dynamics.py torch_step: terminal_fn on the elites' means, whose
+  utils/termination_fns.py includes the |x| < 100 bound).
+  """
   # Only the elites' networks run (E of M members).
   s_mean, s_var, r_mean, r_var = dynamics.predict(dyn, batch.obs, batch.action, config,
                                                   members=dyn.elites)
-  done = jax.vmap(lambda nxt: term_fn(batch.obs, batch.action, nxt))(s_mean).astype(jnp.float32)
-  return s_mean, s_var, r_mean, r_var, done
+  done = jax.vmap(lambda nxt: termination.model_done(
+      term_fn, batch.obs, batch.action, nxt, config.rollout_obs_limit))(s_mean)
+  return s_mean, s_var, r_mean, r_var, done.astype(jnp.float32)
 
 
 def _plain_target(agent, batch, key, config, auto_alpha=None):

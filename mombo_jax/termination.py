@@ -5,10 +5,14 @@ gymnasium v5 layout (exclude_current_positions_from_observation=True): obs[0] = 
 z = qpos[1], obs[1] = torso angle = qpos[2]. gymnasium 1.4.0's checks are strict (open intervals)
 although its docs say "closed interval"; we follow the code. tests/test_dynamics.py checks every
 function against gymnasium's own `terminated`.
+
+`model_done` adds the references' runaway bound (any |x| >= Config.rollout_obs_limit = 100 is
+terminal) to a function's verdict on a learned model's next state; rollouts and MOMBO's per-elite
+targets both use it (one rule, one place).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import jax.numpy as jnp
 
@@ -65,3 +69,22 @@ def termination_fn(env_name: str) -> Callable:
     raise ValueError(f"No termination function for {env_name!r}; known: "
                      f"{', '.join(sorted(_TERMINATION))}.")
   return _TERMINATION[env]
+
+
+def model_done(term_fn: Callable, obs, action, next_obs, obs_limit: Optional[float]):
+  """bool [B]: whether a learned model's next state ends the episode.
+
+  term_fn(obs [B, S], action [B, A], next_obs [B, S]) -> bool [B] (termination_fn), or a runaway
+  state: any |next_obs| >= obs_limit (Config.rollout_obs_limit; None: no bound). The bound is the
+  references' (adinlab/MOMBO utils/termination_fns.py, as OfflineRL-Kit
+  offlinerlkit/utils/termination_fns.py: halfcheetah and walker2d require every coordinate in
+  (-100, 100); hopper writes `np.abs(next_obs[:, 1:] < 100)`, a one-sided check on obs[1:] as
+  parenthesised; here it is two-sided on every coordinate for all three envs). adinlab/MOMBO
+  applies it in its rollouts (dynamics/ensemble_dynamics.py `step`) and in its per-elite targets
+  (`torch_step`, on each elite's next-state mean; policies/mombo.py get_q_target_for_fake). Real
+  envs never get there; a runaway learned model does.
+  """
+  done = term_fn(obs, action, next_obs)
+  if obs_limit is not None:
+    done = done | jnp.any(jnp.abs(next_obs) >= obs_limit, axis=-1)
+  return done

@@ -139,6 +139,10 @@ def _np_elites(dyn, batch, cfg, term_fn):
   e = np.asarray(dyn.elites)
   s_mean, s_var, r_mean, r_var = s_mean[e], s_var[e], r_mean[e], r_var[e]
   done = np.stack([np.asarray(term_fn(batch.obs, batch.action, jnp.asarray(s))) for s in s_mean])
+  # The references' runaway bound on each elite's next-state mean (adinlab/MOMBO
+  # utils/termination_fns.py, used by its per-elite targets).
+  if cfg.rollout_obs_limit is not None:
+    done = done | np.any(np.abs(s_mean) >= cfg.rollout_obs_limit, axis=-1)
   return s_mean, s_var, r_mean, r_var, done.astype(np.float64)
 
 
@@ -179,6 +183,46 @@ def test_mombo_elite_modes(cfg, agent, batch, dyn, mode):
   n_real = int(B * cfg.real_ratio)
   expected = np.concatenate([_np_plain(agent, batch, k_real, cfg)[:n_real], model_y[n_real:]])
   np.testing.assert_allclose(np.asarray(y), expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("mode", ["elite_spread", "mixture"])
+def test_runaway_elite_prediction_is_terminal_in_the_targets(cfg, agent, batch, dyn, mode):
+  """An elite whose next-state mean has some |x| >= config.rollout_obs_limit (100) bootstraps
+  nothing in MOMBO's per-elite targets, as a rollout ends such a branch; halfcheetah's termination
+  function alone never ends a finite state, so the bound is what decides here."""
+  term_fn = termination.termination_fn("halfcheetah")
+  obs = np.asarray(batch.obs).copy()
+  runaway = np.arange(8, B, 2)                         # model rows only (the first 4 are real)
+  obs[runaway, 0] = 1e3                                # next-state mean ~ obs + a small delta
+  far = batch.replace(obs=jnp.asarray(obs))
+  s_mean, _, r_mean, r_var, done = _np_elites(dyn, far, cfg, term_fn)
+  assert np.all(np.abs(s_mean[:, runaway, 0]) >= 100), "the premise: every elite runs away there"
+  assert np.all(done[:, runaway] == 1) and not np.any(done[:, np.setdiff1d(np.arange(B), runaway)])
+  mode_cfg = dataclasses.replace(cfg, target=mode)
+  key = jax.random.PRNGKey(6)
+  y = np.asarray(targets.get_target(mode_cfg)(agent, far, key, dyn=dyn, config=mode_cfg,
+                                              term_fn=term_fn)[0])
+  k_model, k_real = jax.random.split(key)
+  t, tv = _np_per_elite(agent, far, k_model, dyn, cfg, term_fn)
+  if mode == "elite_spread":
+    model_y = t.mean(0) - cfg.beta * t.std(0, ddof=1)
+  else:
+    model_y = t.mean(0) - cfg.beta * np.sqrt(tv.mean(0) + t.var(0))
+  n_real = int(B * cfg.real_ratio)
+  expected = np.concatenate([_np_plain(agent, far, k_real, cfg)[:n_real], model_y[n_real:]])
+  np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
+  # There the target is the elites' rewards alone: no next value, no next-value variance.
+  r, rv = r_mean[:, runaway].astype(np.float64), r_var[:, runaway].astype(np.float64)
+  alone = (r.mean(0) - cfg.beta * r.std(0, ddof=1) if mode == "elite_spread" else
+           r.mean(0) - cfg.beta * np.sqrt(rv.mean(0) + r.var(0)))
+  np.testing.assert_allclose(y[runaway], alone, rtol=RTOL, atol=ATOL)
+  # Without the bound those rows bootstrap (the check has teeth).
+  loose = dataclasses.replace(mode_cfg, rollout_obs_limit=None)
+  y_loose = np.asarray(targets.get_target(loose)(agent, far, key, dyn=dyn, config=loose,
+                                                 term_fn=term_fn)[0])
+  assert np.all(np.abs(y_loose[runaway] - y[runaway]) > 1e-4)
+  np.testing.assert_allclose(np.delete(y_loose, runaway), np.delete(y, runaway), rtol=1e-6,
+                             atol=1e-6)
 
 
 def test_mobile(cfg, agent, batch, dyn):

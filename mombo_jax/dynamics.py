@@ -50,8 +50,8 @@ class EnsembleDynamics(nn.Module):
   """All members at once. __call__(x [M, B, D] standardised) -> (mean [M, B, O], logvar [M, B, O]).
 
   O = obs_dim + 1: (delta_obs, reward). The log-variance is soft-clamped between learned bounds
-  max_logvar / min_logvar [O] shared by all members, initialised to max_logvar_init / min_logvar_init
-  (0.5 / -10 by default: adinlab/MOMBO models/dynamics_model.py).
+  max_logvar / min_logvar [O] shared by all members, initialised to max_logvar_init /
+  min_logvar_init (0.5 / -10 by default: adinlab/MOMBO models/dynamics_model.py).
   """
   hidden_dims: Sequence[int]
   out_dim: int

@@ -13,8 +13,9 @@ Flax's `nn.Dense` defaults (lecun_normal kernel, zero bias) are not what the ref
   `offlinerlkit/nets/ensemble_linear.py`): kernel `torch.nn.init.trunc_normal_(std=1 / (2
   sqrt(fan_in)))` with its default bounds a=-2, b=2, which are ABSOLUTE values, not multiples of
   std: a N(0, std^2) cut to [-2, 2] (at fan_in 14, hopper's input, that is +-15 std: in effect an
-  untruncated normal, unlike Flax's `truncated_normal`, which cuts at +-2 std); bias zeros (torch.zeros,
-  never re-initialised). The learned log-variance bounds start at max 0.5 and min -10
+  untruncated normal, unlike Flax's `truncated_normal`, which cuts at +-2 std and so draws 0.88x
+  the std it is given); bias zeros
+  (torch.zeros, never re-initialised). The learned log-variance bounds start at max 0.5 and min -10
   (adinlab/MOMBO `models/dynamics_model.py`; Config.dyn_max_logvar_init / dyn_min_logvar_init).
 
 Kernels are Flax's [fan_in, fan_out] (PyTorch's weight is [out, in]; fan_in is `in` in both).
@@ -46,7 +47,7 @@ def torch_linear_bound(fan_in: int) -> float:
 
 
 def torch_linear_kernel(key, shape, dtype=jnp.float32):
-  """torch.nn.Linear's default kernel: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), shape [fan_in, fan_out]."""
+  """torch.nn.Linear's default kernel [fan_in, fan_out]: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
   bound = torch_linear_bound(_fan_in(shape))
   return jax.random.uniform(key, shape, dtype, -bound, bound)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import chex
 import jax.numpy as jnp
 
 HOPPER_HEALTHY_STATE = 100.0          # |obs[1:]| < 100 (gymnasium: state_vector()[2:])
@@ -84,6 +85,7 @@ def model_done(term_fn: Callable, obs, action, next_obs, obs_limit: Optional[flo
   (`torch_step`, on each elite's next-state mean; policies/mombo.py get_q_target_for_fake). Real
   envs never get there; a runaway learned model does.
   """
+  chex.assert_equal_shape([obs, next_obs])
   done = term_fn(obs, action, next_obs)
   if obs_limit is not None:
     done = done | jnp.any(jnp.abs(next_obs) >= obs_limit, axis=-1)

@@ -1,4 +1,4 @@
-r"""Build D4RL-recipe datasets as local Minari datasets (SPEC.md section 7).
+r"""Build D4RL-recipe datasets as local Minari datasets (docs/spec.md section 7).
 
   python -m experiments.collect --env=hopper-random                 # 1M uniform-random steps
   python -m experiments.collect \

@@ -42,7 +42,7 @@ def from_transitions(transitions) -> Batch:
 
 
 # ----------------------------------------------------------------------------------------------
-# Synthetic ring buffer (SPEC.md section 6): fixed capacity, a write pointer and a valid count.
+# Synthetic ring buffer (docs/spec.md section 6): fixed capacity, a write pointer and a valid count.
 # Slots are filled contiguously from 0, so the filled slots are always [0, count): sampling draws
 # from there only and never returns an unwritten (all-zero) row.
 

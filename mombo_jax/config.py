@@ -1,4 +1,5 @@
-"""One frozen, hashable config per run, filled from the paper's per-task tables (SPEC.md section 6).
+"""One frozen, hashable config per run, filled from each algorithm's reference tables
+(mombo_jax/references.py; docs/spec.md sections 4 and 6).
 
 `make_config(env, algo, **overrides)` is the only way runs get their hyperparameters; absl flags in
 `experiments/` only pass overrides. Magic numbers live here and nowhere else.
@@ -37,7 +38,7 @@ class Config:
   seed: int = 0                       # first seed; seeds are seed .. seed + num_seeds - 1
   num_seeds: int = 1
 
-  # SAC (SPEC.md section 6).
+  # SAC (docs/spec.md section 6).
   gamma: float = 0.99
   tau: float = 0.005
   batch_size: int = 256
@@ -83,7 +84,7 @@ class Config:
   # a finite but exploding run (e.g. beta=1e18 gives critic losses ~1e37) must not run on silently.
   max_abs_loss: float = 1e12
 
-  # Dynamics ensemble (SPEC.md section 5).
+  # Dynamics ensemble (docs/spec.md section 5).
   dyn_members: int = 7
   dyn_elites: int = 5
   dyn_hidden: Tuple[int, ...] = (200, 200, 200, 200)

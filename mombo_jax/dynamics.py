@@ -1,4 +1,4 @@
-"""The Gaussian dynamics ensemble (SPEC.md section 5): the model, its predictions and one model
+"""The Gaussian dynamics ensemble (docs/spec.md section 5): the model, its predictions and one model
 step, which is what rollouts and the Bellman targets use.
 
 One Flax module holds all members (nn.vmap, a leading member axis M on every member parameter);

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mombo_jax import paper_setup
 
-# Column order of the paper (baselines first); MOMBO's targets in the order of SPEC.md section 3.
+# The paper's column order (baselines first); MOMBO's targets in docs/spec.md section 3's order.
 _BASE_ORDER = ("MOPO", "MOBILE", "MOMBO")
 _TARGET_ORDER = ("lcb", "elite_spread", "mixture")
 

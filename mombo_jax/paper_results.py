@@ -1,8 +1,8 @@
 """The paper's published numbers, to print beside ours (mombo_jax.report) and to compare with.
 
 Source: A. Akgül, M. Haußmann, M. Kandemir, "Deterministic Uncertainty Propagation for Improved
-Model-Based Offline Reinforcement Learning", NeurIPS 2024 (LaTeX source:
-paper/mombo-neurips2024.tex). Every number below is the paper's, copied from its tables (checked
+Model-Based Offline Reinforcement Learning", NeurIPS 2024 (its LaTeX source is
+mombo-neurips2024.tex). Every number below is the paper's, copied from its tables (checked
 against the .tex by tests/test_paper_results.py), not one of ours:
 
 - D4RL: Table 1, \label{table:results_d4rl}, "Performance evaluation on the D4RL dataset":
@@ -17,7 +17,7 @@ against the .tex by tests/test_paper_results.py), not one of ours:
   over four seeds.
 
 The paper's MOMBO is the released code (adinlab/MOMBO), whose Bellman target is the one this
-package calls `elite_spread` (SPEC.md section 3): PAPER_MOMBO_TARGET. The paper's datasets are
+package calls `elite_spread` (docs/spec.md section 3): PAPER_MOMBO_TARGET. The paper's datasets are
 D4RL's own (v2) and Hong et al.'s; datasets rebuilt here with D4RL's recipe
 (experiments.collect) are not the same data, so agreement is expected in level, not to the decimal.
 

@@ -1,4 +1,4 @@
-"""D4RL-recipe datasets built here, written as real Minari datasets (SPEC.md section 7).
+"""D4RL-recipe datasets built here, written as real Minari datasets (docs/spec.md section 7).
 
 Recipes (D4RL, Fu et al. 2020):
 - random: `steps` steps of a uniform random policy.

@@ -1,4 +1,5 @@
-"""k-step model rollouts with the current policy into the synthetic ring buffer (SPEC.md section 6).
+"""k-step model rollouts with the current policy into the synthetic ring buffer (docs/spec.md
+section 6).
 
 Pure and jittable; vmap it over seeds. The k steps run in a lax.scan; every step's rows are stacked
 and written with one masked `buffer.add` at the end (rows of branches that already terminated are

@@ -1,4 +1,4 @@
-"""Soft actor-critic as pure functions over one pytree agent state (SPEC.md section 6).
+"""Soft actor-critic as pure functions over one pytree agent state (docs/spec.md section 6).
 
 The Bellman target is an argument (`target_fn(agent, batch, key) -> (y [B], aux)`), so this module
 does not know which algorithm runs: MOMBO, MOBILE and MOPO differ only in their target functions

@@ -1,5 +1,5 @@
 """D4RL-normalised scores: 100 * (R - R_random) / (R_expert - R_random), with the reference returns
-of the dataset's own metadata, else D4RL's for its environment (SPEC.md section 6).
+of the dataset's own metadata, else D4RL's for its environment (docs/spec.md section 6).
 """
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 from mombo_jax import minari_io, names
 from mombo_jax.config import ENVS
 
-# D4RL reference returns (random, expert), SPEC.md section 6; used when a dataset has none.
+# D4RL's reference returns (random, expert), D4RL d4rl/infos.py (docs/spec.md section 6); used
+# when a dataset has none.
 D4RL_REF_SCORES = {
     "halfcheetah": (-280.178953, 12135.0),
     "hopper": (-20.272305, 3234.3),
@@ -22,7 +23,7 @@ def ref_scores(name: str) -> Tuple[float, float, str]:
   """(R_random, R_expert, source) for a short name, env name or dataset id.
 
   The dataset's own ref_min_score/ref_max_score when it is local and has them; else the D4RL
-  reference returns of its environment (SPEC.md section 6). `source` says which.
+  reference returns of its environment (docs/spec.md section 6). `source` says which.
   """
   if name not in ENVS:
     dataset_id = names.resolve(name)

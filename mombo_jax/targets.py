@@ -30,7 +30,7 @@ and called with the key a target got, it returns exactly the per-row U that targ
 targets call the same code (`lcb_moments`, `elite_spread_moments`, `mixture_moments`,
 `penalty_mobile`). MOPO's U is dynamics.step's mopo_penalty, which rollout.py subtracts from the
 model reward; `penalty_mopo` reads it from the same function. `get_penalty(config)` picks the one
-of a config; mombo_jax.quantifier_quality (the paper's Table 2, SPEC.md section 9) uses nothing
+of a config; mombo_jax.quantifier_quality (the paper's Table 2, docs/spec.md section 9) uses nothing
 else.
 """
 import functools

@@ -9,7 +9,8 @@ import pytest
 
 from mombo_jax import paper_results as pr
 
-# Where the paper's LaTeX source may be (SPEC.md: paper/mombo-neurips2024.tex beside it).
+# Where a copy of the paper's LaTeX source may be: a test oracle only (paper_results' numbers
+# are typed from the paper's tables, not read from it); the test skips when there is none.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 TEX_CANDIDATES = [os.environ.get("MOMBO_PAPER_TEX", ""),
                   os.path.join(_HERE, "..", "..", "shared", "paper", "mombo-neurips2024.tex"),

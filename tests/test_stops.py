@@ -203,15 +203,15 @@ def test_a_stopped_recording_writes_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_mid_sac_chunk_stops_within_seconds_and_resumes_bit_for_bit(tmp_path):
-  """experiments.collect, SIGTERM amid a chunk of ~2000 gradient steps (seconds of device work in
+  """experiments.collect, SIGTERM amid a chunk of ~1500 gradient steps (seconds of device work in
   one call before this change; SIGTERM then killed the process and lost the steps since the last
   checkpoint): exit 143 within seconds, a checkpoint amid the chunk, and the same command builds
   the dataset an uninterrupted build writes, bit for bit."""
-  args = ["--env=hopper-medium-replay", "--steps=50", "--sac_steps=2100", "--start_steps=100",
-          "--eval_every=2100", "--eval_episodes=1", "--medium_fraction=-1",
-          "--medium_consecutive=1", "--checkpoint_every=100000", "--log_every=2099",
+  args = ["--env=hopper-medium-replay", "--steps=50", "--sac_steps=1600", "--start_steps=100",
+          "--eval_every=1600", "--eval_episodes=1", "--medium_fraction=-1",
+          "--medium_consecutive=1", "--checkpoint_every=100000", "--log_every=1599",
           "--hidden=128,128", "--batch_size=128", "--num_envs=2", "--max_episode_steps=40",
-          "--train_every=2100"]
+          "--train_every=1600"]
 
   def launch(name):
     env = dict(os.environ, MINARI_DATASETS_PATH=str(tmp_path / name), HF_HUB_OFFLINE="1",
@@ -224,15 +224,15 @@ def test_sigterm_mid_sac_chunk_stops_within_seconds_and_resumes_bit_for_bit(tmp_
   out = straight.communicate(timeout=300)[0]
   assert straight.returncode == 0, out
   proc = launch("stopped")
-  # Step 2099's line comes just before the chunk of step 2100; the signal 0.5 s later lands inside.
-  latency, out = _watch(proc, ("SAC step 2099/",), 120, signal.SIGTERM, delay_s=0.5)
+  # Step 1599's line comes just before the chunk of step 1600; the signal 0.5 s later lands inside.
+  latency, out = _watch(proc, ("SAC step 1599/",), 120, signal.SIGTERM, delay_s=0.5)
   assert latency is not None, f"still running {LATENCY_BOUND_S} s after SIGTERM:\n{out}"
   print(f"collector: SIGTERM -> exit in {latency:.1f} s")
   assert proc.returncode == 143 and "Traceback" not in out, out
   assert "gradient steps due there" in out and "resumes exactly" in out, out
   again = launch("stopped")
   out = again.communicate(timeout=300)[0]
-  assert again.returncode == 0 and "resumed the SAC run at step 2100" in out, out
+  assert again.returncode == 0 and "resumed the SAC run at step 1600" in out, out
   from mombo_jax import data
   read = {}
   for name in ("straight", "stopped"):
@@ -240,7 +240,7 @@ def test_sigterm_mid_sac_chunk_stops_within_seconds_and_resumes_bit_for_bit(tmp_
       read[name] = data.load_transitions("hopper-medium-replay")
     path = tmp_path / (name + "_work") / "hopper" / "actors" / "expert.msgpack"
     read[name + "_actor"] = path.read_bytes()
-  assert len(read["stopped"].rewards) == 2100
+  assert len(read["stopped"].rewards) == 1600
   _equal(read["straight"], read["stopped"])
   assert read["straight_actor"] == read["stopped_actor"]
 

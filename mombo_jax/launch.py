@@ -37,6 +37,7 @@ class StopFlag:
 
   def __init__(self):
     self.signum = None
+    self._from_parent = False         # the flag was set by the parent's stop request (SIGUSR1)
 
   def __call__(self) -> bool:
     return self.signum is not None
@@ -60,8 +61,6 @@ class StopFlag:
       print(f"\n{name} received: stopping within seconds, after saving a checkpoint "
             f"(send it again to abort at once).", file=sys.stderr, flush=True)
     self.signum, self._from_parent = signum, False
-
-  _from_parent = False
 
   def _passed_on(self, signum, frame):
     del signum, frame

@@ -127,8 +127,11 @@ def test_sigterm_mid_dynamics_epoch_stops_within_seconds(tmp_path):
   assert proc.returncode == 143, out
   assert "minibatches an epoch" in out and "dynamics epoch 1:" not in out, out
   assert "Traceback" not in out and "the same command resumes" in out, out
+  import glob
   from mombo_jax import checkpoint
-  partial = checkpoint.RunCheckpointer(str(tmp_path / "dyn" / "seed0x4.partial"))
+  found = glob.glob(str(tmp_path / "dyn" / "seed0x4*.partial"))   # <path>.partial (workdir)
+  assert len(found) == 1, found
+  partial = checkpoint.RunCheckpointer(found[0])
   assert partial.latest_step() == 0          # the state before the stopped epoch
   partial.close()
 

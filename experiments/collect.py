@@ -11,9 +11,12 @@ in mombo_jax/saved_actors.py. Datasets are written under MINARI_DATASETS_PATH as
 `mombo/<env>/<quality>-v0`; an existing one is never overwritten (it is skipped, with a message)
 unless --overwrite.
 
-The SAC run lives in --workdir/<env>/sac: Orbax checkpoints (agent, replay buffer, medium snapshot)
-every --checkpoint_every steps and at the medium point, so an interrupted run resumes where it
-stopped (the interrupted episode is cut: marked truncated). Running again with a larger
+The SAC run lives in --workdir/<env>/sac: Orbax checkpoints (agent, replay buffer, medium snapshot,
+and the loop's host state: the env mid-episode, the RNGs) every --checkpoint_every steps, at the
+medium point and when stopped (Ctrl-C / SIGTERM: within seconds, amid a chunk of gradient steps or
+an evaluation too), so an interrupted run resumes where it stopped, bit for bit as it would have
+gone on (a checkpoint from before that state was kept cuts the interrupted episode: marked
+truncated). A stopped recording is recorded again from its start. Running again with a larger
 --sac_steps continues a finished run. Its medium point is the first evaluation (--eval_episodes
 deterministic episodes every --eval_every steps) that ends --medium_consecutive (default 2)
 evaluations in a row at or above --medium_fraction x D4RL's expert return: one lucky evaluation
@@ -49,7 +52,7 @@ import sys
 
 from absl import app, flags, logging
 
-from mombo_jax.errors import UserError
+from mombo_jax.errors import Interrupted, UserError
 from mombo_jax.recipes import Builder, Options
 
 FLAGS = flags.FLAGS
@@ -111,22 +114,33 @@ def main(argv):
   if not FLAGS.env:
     raise app.UsageError("--env is required, e.g. --env=hopper-random. Valid names: "
                          f"{', '.join(config_lib.valid_names())}")
+  from mombo_jax import launch, stops
+  # SIGINT / SIGTERM (and SIGUSR1: a launch that builds data through this process passes its
+  # stop on) stop within seconds: the SAC run checkpoints where it is (the same command then
+  # resumes it bit for bit), a recording is dropped (recorded again: the same episodes).
+  stop = launch.StopFlag()
+  stop.install()
   try:
     for name in FLAGS.env:
       config_lib.parse_name(name)  # every name is checked before anything runs
     if FLAGS.medium_consecutive < 1:   # refused before any env or SAC work
       raise UserError(f"--medium_consecutive must be >= 1, got {FLAGS.medium_consecutive}.")
     opts = options_from_flags()
-    builder = Builder(opts)
+    builder = Builder(opts, should_stop=stop)
     for name in FLAGS.env:
       builder.check(name)  # --from_actors / --actors_only: refusals before anything runs
     from mombo_jax import minari_io
     print(f"Minari root: {minari_io.datasets_root()}", flush=True)
     for name in FLAGS.env:
+      stops.check(stop, f"before building {name}")
       builder.build(name)
   except (UserError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
+  except Interrupted as e:
+    print(f"Stopped at {e.where}. Run the same command again: finished datasets are kept and the "
+          "SAC run resumes exactly where it stopped.", file=sys.stderr, flush=True)
+    sys.exit(128 + (stop.signum or 2))
   except KeyboardInterrupt:
     print("\nInterrupted. Run the same command again: finished datasets are kept and the SAC run "
           "resumes from its last checkpoint (every --checkpoint_every steps).", file=sys.stderr)

@@ -4,16 +4,20 @@ bootstrap, the compiled epoch, early stopping, elites, and resumable partial tra
 
 Training follows the MBPO/OfflineRL-Kit recipe: holdout split, per-member bootstrap, per-member
 snapshots on > 1 % holdout improvement, patience-based early stopping, elites = best holdout MSE.
-Everything of one epoch (shuffling, all minibatch steps via lax.scan, holdout evaluation, snapshot
-and stopping bookkeeping) is a single jit-compiled call; the Python loop between epochs only logs
-and checks whether every seed has stopped. Stopped seeds are frozen with a select (no lax.cond on
-per-seed state: under vmap it would run both branches anyway).
+An epoch is three compiled pieces: its minibatch order (_plan), its minibatch steps (_steps, a
+fori_loop with traced bounds, run in device calls of about stops.CHUNK_SECONDS each) and its end
+(_end: holdout evaluation, snapshot and stopping bookkeeping). The Python loop polls should_stop
+between the calls, so a stop takes about that long, not an epoch; how the steps are split
+into calls changes no bit of the result. A stop mid-epoch checkpoints the state before the epoch
+(the partial epoch is dropped and trained again on resume, from the same order: exact). The loop
+between epochs logs and checks whether every seed has stopped. Stopped seeds are frozen with a
+select (no lax.cond on per-seed state: under vmap it would run both branches anyway).
 """
 from __future__ import annotations
 
 import functools
 import time
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import chex
 import flax.struct as struct
@@ -22,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mombo_jax import checkpoint, saved_dynamics
+from mombo_jax import checkpoint, saved_dynamics, stops
 from mombo_jax.dynamics import DynamicsState, apply, make_module
 
 # Holdout loss of a member before its first epoch: any finite loss is a > 1 % improvement on it.
@@ -117,8 +121,49 @@ def holdout_mse(config, params, st: _SeedTrain, inputs, targets):
   return jnp.mean(jnp.square(mean - targets[st.holdout]), axis=(1, 2))
 
 
-def _epoch(config, st: _SeedTrain, inputs, targets, max_epochs):
-  """One epoch of one seed: all minibatches (lax.scan), holdout evaluation, snapshot, stopping.
+def _num_batches(n_train: int, config) -> int:
+  return -(-n_train // config.dyn_batch_size)
+
+
+def _plan(config, st: _SeedTrain):
+  """The order of one epoch's minibatches: int32 [n_batches, M, bs], each member visiting its own
+  bootstrap sample in a fresh order (from st.key); the last batch is zero-padded (_steps gives
+  the padding weight 0)."""
+  members, n_train = st.boot.shape
+  bs = config.dyn_batch_size
+  n_batches = _num_batches(n_train, config)
+  pad = n_batches * bs - n_train
+  _, k_perm = jax.random.split(st.key)
+  order = jax.vmap(jax.random.permutation)(jax.random.split(k_perm, members), st.boot)
+  order = jnp.pad(order, ((0, 0), (0, pad)))
+  return order.reshape(members, n_batches, bs).swapaxes(0, 1)
+
+
+def _steps(config, st: _SeedTrain, params, opt_state, inputs, targets, order, start, stop):
+  """Minibatches start .. stop-1 of the epoch `order` (_plan) from (params, opt_state); returns
+  the new (params, opt_state). start / stop are traced int32 scalars: one compilation serves every
+  chunk of an epoch, and a chunk's minibatches compute exactly what they compute in any other
+  split of the epoch (the same loop body, the carry passed on unchanged)."""
+  members, n_train = st.boot.shape
+  bs = config.dyn_batch_size
+  tx = optax.adam(config.dyn_lr)
+  grad_fn = jax.value_and_grad(functools.partial(loss_fn, config))
+
+  def minibatch(i, carry):
+    params, opt_state = carry
+    idx = order[i]                                                    # [M, bs]
+    w = jnp.broadcast_to((i * bs + jnp.arange(bs) < n_train).astype(jnp.float32), (members, bs))
+    x = (inputs[idx] - st.input_mean) / st.input_std
+    _, grads = grad_fn(params, x, targets[idx], w)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  return jax.lax.fori_loop(start, stop, minibatch, (params, opt_state))
+
+
+def _end(config, st: _SeedTrain, params, opt_state, inputs, targets, max_epochs):
+  """The end of one epoch of one seed, after all its minibatches (_steps) gave (params,
+  opt_state): holdout evaluation, snapshot, stopping.
 
   max_epochs: int32 [] (an argument, not a compile-time constant, so one compilation serves
   every dyn_max_epochs).
@@ -126,29 +171,8 @@ def _epoch(config, st: _SeedTrain, inputs, targets, max_epochs):
   A stopped seed (st.active False) comes back unchanged, by select rather than cond.
   Returns (new state, holdout MSE [M] of this epoch's parameters; a stopped seed: its best).
   """
-  members, n_train = st.boot.shape
-  bs = config.dyn_batch_size
-  n_batches = -(-n_train // bs)
-  pad = n_batches * bs - n_train
-  key, k_perm = jax.random.split(st.key)
-  # Each member visits its own bootstrap sample in a fresh order every epoch.
-  order = jax.vmap(jax.random.permutation)(jax.random.split(k_perm, members), st.boot)
-  order = jnp.pad(order, ((0, 0), (0, pad)))
-  weight = jnp.pad(jnp.ones((members, n_train), jnp.float32), ((0, 0), (0, pad)))
-  order = order.reshape(members, n_batches, bs).swapaxes(0, 1)      # [n_batches, M, bs]
-  weight = weight.reshape(members, n_batches, bs).swapaxes(0, 1)
-  tx = optax.adam(config.dyn_lr)
-  grad_fn = jax.value_and_grad(functools.partial(loss_fn, config))
-
-  def minibatch(carry, xs):
-    params, opt_state = carry
-    idx, w = xs
-    x = (inputs[idx] - st.input_mean) / st.input_std
-    loss, grads = grad_fn(params, x, targets[idx], w)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), loss
-
-  (params, opt_state), _ = jax.lax.scan(minibatch, (st.params, st.opt_state), (order, weight))
+  members = st.boot.shape[0]
+  key, _ = jax.random.split(st.key)
   mse = holdout_mse(config, params, st, inputs, targets)
   improved = ((st.best - mse) / st.best > config.dyn_improvement) & st.active
   sel_m = lambda new, old: jnp.where(  # noqa: E731
@@ -173,17 +197,36 @@ def _finish(config, st: _SeedTrain) -> DynamicsState:
                        elites=elites)
 
 
+class _Fns(NamedTuple):
+  """The jitted pieces of training (one seed, or vmapped over a leading seed axis)."""
+  init: Callable       # (keys, inputs, targets) -> _SeedTrain
+  plan: Callable       # (st) -> order [(S,) n_batches, M, bs]
+  steps: Callable      # (st, params, opt_state, inputs, targets, order, start, stop)
+                       #   -> (params, opt_state)
+  end: Callable        # (st, params, opt_state, inputs, targets, max_epochs) -> (st, mse)
+  finish: Callable     # (st) -> DynamicsState
+  config: object       # the (_dyn_config) config they were built for
+
+
 @functools.lru_cache(maxsize=None)
-def _compiled(config, batched: bool):
-  """(init, epoch, finish) jitted for one seed or vmapped over a leading seed axis."""
-  init = functools.partial(_init_seed, config)
-  epoch = functools.partial(_epoch, config)
-  finish = functools.partial(_finish, config)
+def _compiled(config, batched: bool) -> _Fns:
+  """The training functions (_Fns) jitted for one seed or vmapped over a leading seed axis."""
+  fns = [functools.partial(f, config) for f in (_init_seed, _plan, _steps, _end, _finish)]
   if batched:
-    init = jax.vmap(init, in_axes=(0, None, None))
-    epoch = jax.vmap(epoch, in_axes=(0, None, None, None))
-    finish = jax.vmap(finish)
-  return jax.jit(init), jax.jit(epoch, donate_argnums=0), jax.jit(finish)
+    axes = [(0, None, None), 0, (0, 0, 0, None, None, 0, None, None), (0, 0, 0, None, None, None),
+            0]
+    fns = [jax.vmap(f, in_axes=a) for f, a in zip(fns, axes)]
+  return _Fns(*map(jax.jit, fns), config=config)
+
+
+def run_epoch(fns: _Fns, st, inputs, targets, max_epochs):
+  """One whole epoch in three device calls (plan, all minibatches, end); what _fit's chunks of
+  the same epoch compute. Returns (st, mse)."""
+  n_train = st.boot.shape[-1]
+  n_batches = _num_batches(n_train, fns.config)
+  order = fns.plan(st)
+  params, opt_state = fns.steps(st, st.params, st.opt_state, inputs, targets, order, 0, n_batches)
+  return fns.end(st, params, opt_state, inputs, targets, max_epochs)
 
 
 def _dyn_config(config):
@@ -219,14 +262,18 @@ def make_arrays(transitions):
 
 
 class Interrupted(Exception):
-  """Dynamics training stopped on request (should_stop) after checkpointing; `epoch` reached.
-  Calling train / train_seeds again with the same checkpoint_dir resumes from there."""
+  """Dynamics training stopped on request (should_stop) after checkpointing the state after epoch
+  `epoch`; `mid_epoch`: the request came during epoch `epoch` + 1, whose minibatches so far were
+  dropped (the resume trains that epoch again, from its start: the same result). Calling train /
+  train_seeds again with the same checkpoint_dir resumes from there."""
 
-  def __init__(self, epoch: int, checkpoint_dir: str):
-    super().__init__(f"dynamics training stopped after epoch {epoch}; its state is in "
+  def __init__(self, epoch: int, checkpoint_dir: str, mid_epoch: bool = False):
+    during = f" during epoch {epoch + 1} (redone from its start on resume)" if mid_epoch else ""
+    super().__init__(f"dynamics training stopped after epoch {epoch}{during}; its state is in "
                      f"{checkpoint_dir} and the same call resumes from it")
     self.epoch = epoch
     self.checkpoint_dir = checkpoint_dir
+    self.mid_epoch = mid_epoch
 
 
 def _resume(ckpt, st, reuse_key):
@@ -243,6 +290,22 @@ def _resume(ckpt, st, reuse_key):
   return restored, True
 
 
+def _train_epoch(fns, st, inputs, targets, max_epochs, chunks, should_stop):
+  """One epoch in device calls of chunks.next() minibatches (stops.Chunks), should_stop polled
+  before each. Returns (st, mse) after the epoch, or None when should_stop fired (st, the state
+  before the epoch, is untouched: nothing of the epoch is kept)."""
+  order = fns.plan(st)
+  params, opt_state, done = st.params, st.opt_state, 0
+  while done < chunks.total:
+    if should_stop is not None and should_stop():
+      return None
+    n = chunks.next(chunks.total - done)
+    params, opt_state = chunks.run(
+        lambda a, b: fns.steps(st, params, opt_state, inputs, targets, order, a, b), done, n)
+    done += n
+  return fns.end(st, params, opt_state, inputs, targets, max_epochs)
+
+
 def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_dir=None,
          should_stop=None, reuse_key=None) -> DynamicsState:
   inputs, targets = make_arrays(transitions)
@@ -250,8 +313,8 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_d
   if n_hold < 1 or n_train < 1:
     raise ValueError(f"{inputs.shape[0]} transitions are too few to split off a holdout set "
                      f"(holdout ratio {config.dyn_holdout_ratio}); pass more data.")
-  init, epoch, finish = _compiled(_dyn_config(config), batched)
-  st = init(keys, inputs, targets)
+  fns = _compiled(_dyn_config(config), batched)
+  st = fns.init(keys, inputs, targets)
   ckpt = None
   if checkpoint_dir is not None:
     ckpt = checkpoint.RunCheckpointer(checkpoint_dir, keep=2, kind="dynamics training")
@@ -260,12 +323,32 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_d
     log_fn(f"dynamics: resumed unfinished training from {checkpoint_dir} at epoch "
            f"{int(np.max(jax.device_get(st.epoch)))}")
   last_save = time.time()
+  saved = int(np.max(jax.device_get(st.epoch))) if resumed else None   # epoch of the last save
   max_epochs = jnp.asarray(np.iinfo(np.int32).max if config.dyn_max_epochs is None
                            else config.dyn_max_epochs, jnp.int32)
   num_seeds = keys.shape[0] if batched else 1
+  n_batches = _num_batches(n_train, config)
+
+  def announce(pace):                 # a long epoch (no line for minutes otherwise) is told
+    if pace * n_batches >= 10.0:
+      log_fn(f"dynamics: {n_batches} minibatches an epoch, about {pace * n_batches:.0f} s an "
+             f"epoch at this pace (a stop request waits about {stops.CHUNK_SECONDS:g} s)")
+  chunks = stops.Chunks(n_batches, on_pace=announce)
   t0 = time.time()
+
+  def save(ep):
+    nonlocal last_save, saved
+    if ckpt is not None and saved != ep:
+      ckpt.save(ep, st, {saved_dynamics.REUSE_KEY_FIELD: reuse_key or {}})
+      last_save, saved = time.time(), ep
+
   while True:
-    st, mse = epoch(st, inputs, targets, max_epochs)
+    done = _train_epoch(fns, st, inputs, targets, max_epochs, chunks, should_stop)
+    if done is None:               # stopped mid-epoch: the state before it is what resumes
+      ep = int(np.max(jax.device_get(st.epoch)))
+      save(ep)
+      raise Interrupted(ep, checkpoint_dir, mid_epoch=True)
+    st, mse = done
     mse, best, active, since, ep = jax.device_get((mse, st.best, st.active, st.since, st.epoch))
     mse, best = (np.reshape(a, (num_seeds, -1)) for a in (mse, best))
     active, since, ep = (np.reshape(a, (num_seeds,)) for a in (active, since, ep))
@@ -283,12 +366,11 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_d
     if not active.any():
       break
     stop = should_stop is not None and should_stop()
-    if ckpt is not None and (stop or time.time() - last_save >= config.dyn_checkpoint_every_s):
-      ckpt.save(int(ep.max()), st, {saved_dynamics.REUSE_KEY_FIELD: reuse_key or {}})
-      last_save = time.time()
+    if stop or time.time() - last_save >= config.dyn_checkpoint_every_s:
+      save(int(ep.max()))
     if stop:
       raise Interrupted(int(ep.max()), checkpoint_dir)
-  return finish(st)
+  return fns.finish(st)
 
 
 def train(key, transitions, config, log_fn: Callable = print,
@@ -317,8 +399,9 @@ def train_seeds(keys, transitions, config, log_fn: Callable = print,
   and when stopping), and a call with the same checkpoint_dir resumes from it, ending with the same
   result as an uninterrupted call; a checkpoint of another `reuse_key` (saved_dynamics.reuse_key)
   is refused.
-  should_stop: polled after each epoch; when it returns True the state is checkpointed and
-  `Interrupted` raised (needs checkpoint_dir).
+  should_stop: polled between device calls (about every stops.CHUNK_SECONDS; after each epoch);
+  when it returns True the state after the last whole epoch is checkpointed and `Interrupted`
+  raised (needs checkpoint_dir); the minibatches of an unfinished epoch are dropped.
   """
   chex.assert_rank(keys, 2)
   if should_stop is not None and checkpoint_dir is None:

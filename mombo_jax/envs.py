@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Any, Callable, List, NamedTuple, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -239,10 +239,13 @@ def finish_episode(episode: dict) -> dict:
               truncations=np.asarray(episode["truncations"], bool))
 
 
-def run_episodes(make_env: Callable, policy: Callable, episodes: int, seed: int) -> List[dict]:
+def run_episodes(make_env: Callable, policy: Callable, episodes: int, seed: int,
+                 should_stop: Optional[Callable[[], bool]] = None) -> List[dict]:
   """`episodes` whole episodes of policy(obs [S] float32) -> action [A] in [-1, 1] in one env from
   make_env(), episode i reset with seed + i, each run to termination or the time limit. Returns
-  them as episodes (module docstring) holding the policy's actions (before to_env_action)."""
+  them as episodes (module docstring) holding the policy's actions (before to_env_action).
+  should_stop: polled every step; when it fires, errors.Interrupted (nothing is returned)."""
+  from mombo_jax import stops
   env = make_env()
   out = []
   try:
@@ -250,6 +253,7 @@ def run_episodes(make_env: Callable, policy: Callable, episodes: int, seed: int)
       obs, _ = env.reset(seed=seed + i)
       episode = new_episode(obs)
       while True:
+        stops.check(should_stop, "an evaluation")
         action = np.asarray(policy(np.asarray(obs, np.float32)))
         result = step(env, action)
         record_step(episode, action, result)

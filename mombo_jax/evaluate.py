@@ -16,7 +16,7 @@ import chex
 import jax
 import numpy as np
 
-from mombo_jax import env_pool, envs
+from mombo_jax import env_pool, envs, stops
 from mombo_jax.config import Config
 from mombo_jax.critics import TanhGaussianActor, deterministic_action
 
@@ -98,7 +98,7 @@ class Evaluator:
   def workers(self) -> int:
     return self.pool.workers
 
-  def run(self, actor_params: Any, seed) -> np.ndarray:
+  def run(self, actor_params: Any, seed, should_stop=None) -> np.ndarray:
     """Undiscounted returns [S, episodes] (float64) of the deterministic policy of every seed.
 
     actor_params: the actor's variables ({"params": ...}, as in agent.actor.params) or its bare
@@ -107,6 +107,8 @@ class Evaluator:
       seeds themselves, int [S, episodes] (several runs evaluated together, each with its own
       seeds: group_run.evaluate_all). Same seeds, same returns.
     Episodes end at termination or truncation; a finished env is not stepped again.
+    should_stop: polled before every time step; when it fires, errors.Interrupted (between two
+    steps: the envs stay usable, the next run resets them).
     """
     num_seeds = _num_seeds(actor_params)
     if num_seeds != self.num_seeds:
@@ -131,6 +133,7 @@ class Evaluator:
     returns = np.zeros(num_envs, np.float64)
     alive = np.ones(num_envs, bool)
     for _ in range(self.horizon):
+      stops.check(should_stop, "an evaluation")
       obs_in = jax.device_put(np.asarray(obs.reshape(num_seeds, episodes, -1), np.float32), cpu)
       action = np.asarray(self._policy(variables, obs_in)).reshape(num_envs, *self._action_shape)
       obs, reward, terminated, truncated = self.pool.step(envs.to_env_action(action, space), alive)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, List
 
+from mombo_jax.errors import Interrupted
 from mombo_jax.groups import Group
 from mombo_jax.launch import log
 from mombo_jax.workdir import Workdir
@@ -116,10 +117,10 @@ def build_evaluators(runs, workers=0):
       r.evaluator = evaluator
 
 
-def returns_all(runs, actors, done):
+def returns_all(runs, actors, done, should_stop=None):
   """Every group's returns [S, episodes] at epoch `done` (a list in the order of `runs`), one
   pass per Evaluator (build_evaluators first). Writes nothing: safe in a background thread while
-  the main thread trains."""
+  the main thread trains. should_stop: Evaluator.run's (errors.Interrupted between time steps)."""
   import jax
   import numpy as np
   from mombo_jax import evaluate as evaluate_lib
@@ -132,7 +133,8 @@ def returns_all(runs, actors, done):
     cells = np.concatenate([np.arange(r.cells.start, r.cells.stop) for r in same])
     seeds = np.concatenate([evaluate_lib.env_seeds(eval_seed(r, done), r.config.num_seeds,
                                                    episodes) for r in same])
-    returns = same[0].evaluator.run(jax.tree.map(lambda x: x[cells], actors), seeds)
+    returns = same[0].evaluator.run(jax.tree.map(lambda x: x[cells], actors), seeds,
+                                    should_stop=should_stop)
     offset = 0
     for r in same:
       out[id(r)] = returns[offset:offset + r.config.num_seeds]
@@ -244,18 +246,26 @@ class Evaluation:
     self.runs, self.last, self.done, self.snaps = runs, last, done, snaps
     self.rate, self.eta = rate, eta
     self.returns, self.error = None, None
+    self.cancelled = threading.Event()
     self.thread = threading.Thread(target=self._work, args=(actors,), daemon=True,
                                    name=f"evaluate-epoch-{done}")
     self.thread.start()
 
   def _work(self, actors):
     try:
-      self.returns = returns_all(self.runs, actors, self.done)
+      self.returns = returns_all(self.runs, actors, self.done, self.cancelled.is_set)
     except BaseException as e:  # noqa: BLE001 -- re-raised in the main thread by finish()
       self.error = e
 
-  def join(self):
-    self.thread.join()
+  def join(self, timeout=None):
+    self.thread.join(timeout)
+
+  def running(self) -> bool:
+    return self.thread.is_alive()
+
+  def cancel(self):
+    """Ends the evaluation within one time step (its envs stay usable); it records nothing."""
+    self.cancelled.set()
 
   def finish(self, many):
     """Waits for the returns, then writes the point's rows (and log lines) as an evaluation done
@@ -269,7 +279,7 @@ class Evaluation:
         log_progress(r, self.last, self.done, self.rate, self.eta, many, snap)
 
 
-def recover(lost, program, eval_workers=0):
+def recover(lost, program, eval_workers=0, should_stop=None):
   """Writes the rows of the evaluation at program.start (program: runner.Program) that a launch killed after that
   checkpoint lost (groups `lost`: r.lost the checkpoint's `eval` metadata), evaluating the
   restored actors with that point's env seeds: the returns the lost evaluation had."""
@@ -282,7 +292,11 @@ def recover(lost, program, eval_workers=0):
     return
   build_evaluators(lost, eval_workers)
   done = program.start
-  for r, returns in zip(lost, returns_all(lost, actors, done)):
+  try:
+    every = returns_all(lost, actors, done, should_stop)
+  except Interrupted as e:      # nothing is lost: the checkpoint still holds what it needs
+    raise Interrupted(e.signum, f"the evaluation of epoch {done} (redone on resume)") from None
+  for r, returns in zip(lost, every):
     last = {}
     for k, v in r.lost["last"].items():      # the group's cells' values -> the launch's axis [C]
       full = np.full(program.num_cells, np.nan)

@@ -29,11 +29,15 @@ def log(msg):
 
 
 class StopFlag:
-  """Callable flag set by SIGINT / SIGTERM: the run stops at the next safe point (end of the epoch
-  or dynamics epoch), checkpoints and exits; a second signal aborts at once."""
+  """Callable flag set by SIGINT / SIGTERM: the run stops at the next safe point (within seconds:
+  the loops poll it between device calls of about stops.CHUNK_SECONDS and between env steps),
+  checkpoints and exits; a second signal aborts at once. SIGUSR1 is a stop request passed on by a
+  parent process (launch.run_child): it sets the flag like the first signal and never aborts, so
+  that a Ctrl-C that reached both processes is not taken twice."""
 
   def __init__(self):
     self.signum = None
+    self._from_parent = False         # the flag was set by the parent's stop request (SIGUSR1)
 
   def __call__(self) -> bool:
     return self.signum is not None
@@ -42,18 +46,48 @@ class StopFlag:
     import signal
     for sig in (signal.SIGINT, signal.SIGTERM):
       signal.signal(sig, self._handle)
+    if hasattr(signal, "SIGUSR1"):
+      signal.signal(signal.SIGUSR1, self._passed_on)
 
   def _handle(self, signum, frame):
     del frame
     import signal
     name = signal.Signals(signum).name
-    if self.signum is not None:
+    if self.signum is not None and not self._from_parent:
       print(f"\n{name} again: aborting at once; the last checkpoint stays usable.",
             file=sys.stderr, flush=True)
       os._exit(128 + signum)
-    self.signum = signum
-    print(f"\n{name} received: finishing the current epoch, then saving a checkpoint "
-          f"(send it again to abort at once).", file=sys.stderr, flush=True)
+    if self.signum is None:
+      print(f"\n{name} received: stopping within seconds, after saving a checkpoint "
+            f"(send it again to abort at once).", file=sys.stderr, flush=True)
+    self.signum, self._from_parent = signum, False
+
+  def _passed_on(self, signum, frame):
+    del signum, frame
+    import signal
+    if self.signum is None:
+      self.signum, self._from_parent = signal.SIGTERM, True
+      print("\nStop requested by the parent launch: stopping within seconds, after saving a "
+            "checkpoint.", file=sys.stderr, flush=True)
+
+
+def run_child(cmd, should_stop=None) -> int:
+  """Runs cmd (argv list) in a child process to its end; returns its exit status. Once
+  should_stop fires (this launch got SIGINT / SIGTERM), passes the stop on to the child once, as
+  SIGUSR1 (StopFlag: a stop request that never aborts), so that a SIGTERM sent to this process
+  alone stops the child within seconds too, and a Ctrl-C that reached both counts once."""
+  import signal
+  import subprocess
+  proc = subprocess.Popen(cmd)
+  passed = False
+  while True:
+    try:
+      return proc.wait(timeout=0.2)
+    except subprocess.TimeoutExpired:
+      pass
+    if not passed and should_stop is not None and should_stop():
+      proc.send_signal(getattr(signal, "SIGUSR1", signal.SIGTERM))
+      passed = True
 
 
 # --------------------------------------------------------------------------------- validation
@@ -174,11 +208,10 @@ def load_dataset(dataset, config, build_missing, build_steps, download=False, re
           "where the recipe has 1M); paper-preset runs will refuse it until it is rebuilt with "
           f"`python -m experiments.collect --env={dataset} --overwrite`.")
     # A separate process: experiments.collect defines absl flags of its own.
-    import subprocess
     cmd = [sys.executable, "-m", "experiments.collect", f"--env={dataset}", f"--steps={build_steps}",
            f"--seed={config.seed}"]
-    code = subprocess.run(cmd, check=False).returncode
-    # Ctrl-C reaches the collector too (one process group): it checkpoints and stops.
+    code = run_child(cmd, should_stop)
+    # The collector checkpoints and stops on Ctrl-C (one process group) or the stop passed on.
     signum = (getattr(should_stop, "signum", None) if should_stop is not None and should_stop()
               else (-code if code < 0 else code - 128 if code in (130, 143) else None))
     if signum:

@@ -5,21 +5,25 @@ medium, medium-replay and expert datasets.
 
 The SAC itself is mombo_jax.sac with the standard online hyperparameters (ONLINE_SAC). Acting runs
 in numpy on the host (host_actor: one small MLP call per env step is cheaper than a jitted call's
-dispatch); gradient steps run on the device in chunks of `train_every`, each a lax.scan over
-batches sampled on the device from a device copy of the replay buffer. restore_sac reads a run's
-checkpoint without training (for exporting its actors, mombo_jax.saved_actors.save_actor).
+dispatch); gradient steps run on the device in chunks of `train_every`, each a loop over
+batches sampled on the device from a device copy of the replay buffer, in device calls of about
+stops.CHUNK_SECONDS so that a stop request is seen within seconds. A stop checkpoints the run
+where it is, and a resume continues it bit for bit (train_sac). The checkpoints are
+mombo_jax.sac_checkpoints'; restore_sac reads one without training (for exporting its actors,
+mombo_jax.saved_actors.save_actor).
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
 from mombo_jax import envs
-from mombo_jax.errors import UserError
+from mombo_jax.errors import Interrupted, UserError
+from mombo_jax.sac_checkpoints import (_REPLAY_FIELDS, _SacCheckpoints, _empty_replay,
+                                       _run_settings, restore_sac)  # noqa: F401 (re-exported)
 
 
 def _print(msg: str):
@@ -49,16 +53,14 @@ def online_config(env: str, hidden: Sequence[int], batch_size: int):
                 batch_size=batch_size, **ONLINE_SAC)
 
 
-_REPLAY_FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
-
-
 def _make_jitted(config):
   """(insert, train) jitted for one online-SAC config (acting runs on the host: host_actor).
 
   insert(replay, rows, start) -> replay: writes rows (obs, action, reward, next_obs, terminated,
     each [K, ...]) at start..start+K-1 of the device replay (donated: updated in place).
-  train(agent, replay, size, keys [n]) -> agent: n SAC updates in one lax.scan, each on a batch
-    sampled uniformly on the device from the first `size` rows.
+  train(agent, replay, size, keys [n], start=0, stop=n) -> agent: SAC updates start .. stop-1
+    (update i with keys[i]; start / stop traced) in one loop, each on a batch sampled uniformly on
+    the device from the first `size` rows.
   Sampling on the device and running a whole chunk of updates per call remove the per-step host
   round-trips (numpy gathers, batch uploads, one dispatch per update) that bound the collector.
   """
@@ -76,17 +78,20 @@ def _make_jitted(config):
             for k, v in zip(_REPLAY_FIELDS, rows)}
 
   @functools.partial(jax.jit, donate_argnums=(0,))
-  def train(agent, replay, size, keys):
-    def one(agent, key):
-      k_idx, k_update = jax.random.split(key)
+  def train(agent, replay, size, keys, start=None, stop=None):
+    def one(i, agent):
+      k_idx, k_update = jax.random.split(keys[i])
       idx = jax.random.randint(k_idx, (config.batch_size,), 0, size)
       o, a, r, o2, d = (replay[k][idx] for k in _REPLAY_FIELDS)
       batch = Batch(obs=o, action=a, reward=r, next_obs=o2, done=d, obs_var=jnp.zeros_like(o),
                     next_obs_mean=o2, next_obs_var=jnp.zeros_like(o2), reward_mean=r,
                     reward_var=jnp.zeros_like(r))
-      return sac.update(agent, batch, k_update, target_fn, config)[0], None
+      return sac.update(agent, batch, k_update, target_fn, config)[0]
 
-    return jax.lax.scan(one, agent, keys)[0]
+    # Traced bounds: the host runs a chunk in calls of ~stops.CHUNK_SECONDS (one compilation per
+    # chunk length, as before), polling for a stop between them.
+    return jax.lax.fori_loop(0 if start is None else start,
+                             keys.shape[0] if stop is None else stop, one, agent)
 
   return insert, train
 
@@ -122,11 +127,14 @@ def _jitted(config):
   return _JIT_CACHE[config]
 
 
-def evaluate(make_env: Callable, mode_fn: Callable, episodes: int, seed: int) -> np.ndarray:
+def evaluate(make_env: Callable, mode_fn: Callable, episodes: int, seed: int,
+             should_stop: Optional[Callable[[], bool]] = None) -> np.ndarray:
   """Returns [episodes] of the deterministic policy mode_fn(obs [S] f32) -> action [A], episode i
-  reset with seed + i (envs.run_episodes); each summed step by step in order."""
+  reset with seed + i (envs.run_episodes); each summed step by step in order. should_stop: polled
+  every env step (errors.Interrupted)."""
   return np.asarray([sum(float(r) for r in ep["rewards"])
-                     for ep in envs.run_episodes(make_env, mode_fn, episodes, seed)])
+                     for ep in envs.run_episodes(make_env, mode_fn, episodes, seed,
+                                                 should_stop=should_stop)])
 
 
 @dataclasses.dataclass
@@ -143,52 +151,12 @@ class SacResult:
   best_eval: tuple                    # (step, mean return)
 
 
-def _empty_replay(capacity: int, obs_dim: int, action_dim: int) -> dict:
-  f32 = np.float32
-  return dict(obs=np.zeros((capacity, obs_dim), f32), action=np.zeros((capacity, action_dim), f32),
-              reward=np.zeros((capacity,), f32), next_obs=np.zeros((capacity, obs_dim), f32),
-              terminated=np.zeros((capacity,), f32), end=np.zeros((capacity,), f32))
-
-
-def _run_settings(env, seed: int, start_steps: int) -> dict:
-  """What a checkpoint must have been made with to be resumed (besides the network settings)."""
-  return dict(seed=seed, start_steps=start_steps, obs_dim=env.observation_space.shape[0],
-              action_dim=env.action_space.shape[0],
-              max_episode_steps=env.spec.max_episode_steps if env.spec else None)
-
-
-def restore_sac(make_env: Callable, config, total_steps: int, *, start_steps: int, seed: int,
-                workdir: str) -> Optional[SacResult]:
-  """The SAC run checkpointed in workdir, as train_sac (same arguments) would resume it, without
-  training or evaluating anything: for exporting its actors (`collect --actors_only`). None when
-  workdir holds no checkpoint. final_actor is the actor of the checkpoint's step (steps_done).
-  Not beside a process still writing checkpoints there: opening the Orbax manager removes
-  unfinished temporary checkpoint folders."""
-  if not os.path.isdir(workdir):
-    return None   # nothing to read, and nothing created
-  env = make_env()
-  obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]
-  settings = _run_settings(env, seed, start_steps)
-  env.close()
-  state, meta = _SacCheckpoints(workdir, config, total_steps, settings).restore(obs_dim, action_dim)
-  if state is None:
-    return None
-  evals = [tuple(e) for e in meta["evals"] or []]
-  size = meta["medium_size"]
-  return SacResult(config=config, final_actor=state["agent"].actor.params,
-                   steps_done=meta["step"],
-                   medium_actor=state["medium_actor"] if meta["medium_step"] >= 0 else None,
-                   medium_step=meta["medium_step"], medium_size=size,
-                   replay={k: v[:size] for k, v in state["replay"].items()}, evals=evals,
-                   best_eval=max(evals, key=lambda e: e[1]) if evals else (meta["step"],
-                                                                           float("nan")))
-
-
 def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int, eval_every: int,
               eval_episodes: int, seed: int, medium_return: Optional[float] = None,
               workdir: Optional[str] = None, checkpoint_every: int = 50_000,
               log_every: int = 5_000, log_fn=_print, train_every: int = 1000,
-              stop_at_medium: bool = False, medium_consecutive: int = 2) -> SacResult:
+              stop_at_medium: bool = False, medium_consecutive: int = 2,
+              should_stop: Optional[Callable[[], bool]] = None) -> SacResult:
   """Online SAC (one gradient step per env step, run in chunks of train_every), resumable from
   checkpoints in workdir.
 
@@ -199,9 +167,18 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   is not a medium policy.
   stop_at_medium: end the run at the medium point (checkpointed there; a later call without it
   resumes towards total_steps). Building medium / medium-replay needs no more.
+  should_stop: polled between env steps, between device calls of a chunk's gradient steps (about
+  stops.CHUNK_SECONDS each) and between an evaluation's env steps; when it fires the run is
+  checkpointed where it is (mid-chunk and mid-evaluation included) and errors.Interrupted raised.
+
+  A checkpoint of a MuJoCo env also holds the loop's host state (meta["loop"]: the env mid-episode,
+  the numpy RNGs, the pending action and episode return, and where in the step's work it was), so
+  that a resume from any checkpoint (a stop's, or the last periodic one after a kill) continues
+  bit for bit as the run would have gone on; older checkpoints, and other envs, cut the
+  interrupted episode (marked ended) and reseed the RNGs instead.
   """
   import jax
-  from mombo_jax import sac
+  from mombo_jax import sac, stops
 
   env = make_env()
   obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]
@@ -213,7 +190,7 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   settings = _run_settings(env, seed, start_steps)
   ckpt = _SacCheckpoints(workdir, config, total_steps, settings) if workdir else None
 
-  state, meta = None, None
+  state, meta, loop = None, None, None
   if ckpt is not None:
     state, meta = ckpt.restore(obs_dim, action_dim)
   if state is None:
@@ -223,29 +200,61 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
                  medium_actor=jax.tree_util.tree_map(np.asarray, agent.actor.params))
     meta = dict(step=0, medium_step=-1, medium_size=0, evals=[], episodes=0, trained=0,
                 medium_streak=0)
+    saved_at = None
   else:
+    loop = meta.get("loop")
     reached = (f"medium point at step {meta['medium_step']}" if meta["medium_step"] >= 0
                else "medium point not reached yet")
     log_fn(f"resumed the SAC run at step {meta['step']} from {ckpt.directory} ({reached})")
-    if meta["step"] > 0:
+    if meta["step"] > 0 and loop is None:
       state["replay"]["end"][meta["step"] - 1] = 1.0  # the interrupted episode is cut here
+    saved_at = (meta["step"], (loop or {}).get("phase"))   # what the checkpoint holds
   replay = state["replay"]
   agent = state["agent"]
   key = jax.random.wrap_key_data(np.asarray(state["key"], np.uint32))
   device_replay, uploaded = None, 0   # the sampling copy on the device and the rows it holds
   policy = host_actor(agent.actor.params, config)    # refreshed after every training chunk
-  act_rng = np.random.default_rng([seed, meta["step"], 1])
-  rng = np.random.default_rng([seed, meta["step"]])
   step = meta["step"]
+  if loop is None:
+    act_rng = np.random.default_rng([seed, meta["step"], 1])
+    rng = np.random.default_rng([seed, meta["step"]])
+    obs, _ = env.reset(seed=int(rng.integers(2**31)))
+    episode_return, last_return, action, phase, chunk = 0.0, float("nan"), None, None, None
+  else:
+    rng, act_rng = stops.rng_from_state(loop["rng"]), stops.rng_from_state(loop["act_rng"])
+    env.reset(seed=0)          # gymnasium steps a reset env only; the saved state replaces it
+    stops.restore_env(env, loop["env"])
+    obs = np.asarray(loop["obs"], loop["obs_dtype"])
+    episode_return = loop["episode_return"]
+    last_return = float("nan") if loop["last_return"] is None else loop["last_return"]
+    action = None if loop["action"] is None else np.asarray(loop["action"], np.float32)
+    phase, chunk = loop["phase"], loop["chunk"]
+  pace = stops.Chunks(0)                 # lengths of the device calls of a chunk's updates
 
-  def save():
-    if ckpt is not None:
-      state.update(agent=agent, key=jax.random.key_data(key))
-      ckpt.save(step, state, meta)
+  def save(phase=None):
+    nonlocal saved_at
+    if ckpt is None or (phase is None and saved_at == (step, None)):   # saved as it is
+      return
+    state.update(agent=agent, key=jax.random.key_data(key))
+    meta["step"] = step
+    env_saved = stops.env_state(env) if hasattr(env.unwrapped, "model") else None
+    meta["loop"] = None if env_saved is None else dict(
+        phase=phase, chunk=chunk, rng=stops.rng_state(rng), act_rng=stops.rng_state(act_rng),
+        env=env_saved, obs=np.asarray(obs).tolist(), obs_dtype=np.asarray(obs).dtype.str,
+        episode_return=float(episode_return),
+        last_return=None if np.isnan(last_return) else float(last_return),
+        action=None if action is None else np.asarray(action, np.float32).tolist())
+    ckpt.save(step, state, meta)
+    saved_at = (step, phase)
+
+  def stop_here(phase, doing):
+    save(phase)
+    where = f"SAC step {step}{doing}" + (f" (checkpoint in {ckpt.directory})" if ckpt else "")
+    raise Interrupted(getattr(should_stop, "signum", None), where)
 
   def eval_now():
     returns = evaluate(make_env, policy, eval_episodes,
-                       seed * 1000 + SEED_OFFSETS["eval"] + step)
+                       seed * 1000 + SEED_OFFSETS["eval"] + step, should_stop=should_stop)
     meta["evals"].append([step, float(returns.mean())])
     reached = ""
     if medium_return is not None and meta["medium_step"] < 0:
@@ -267,11 +276,72 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   learning_starts = max(start_steps, config.batch_size)
   if meta.get("trained") is None:   # a checkpoint from before chunked training: one per step
     meta["trained"] = max(0, meta["step"] - learning_starts + 1)
-  obs, _ = env.reset(seed=int(rng.integers(2**31)))
-  episode_return, last_return = 0.0, float("nan")
-  action = None
+
+  def train_chunk():
+    """One gradient step per environment step from learning_starts on, run in chunks of
+    train_every (as D4RL's rlkit SAC alternates 1000 env steps with 1000 gradient steps); a
+    chunk's updates in device calls of ~stops.CHUNK_SECONDS, a stop between them saving the
+    chunk's progress (`chunk`: its key, length and updates done)."""
+    nonlocal agent, key, device_replay, uploaded, chunk, policy
+    if chunk is None:
+      due = step - learning_starts + 1 - meta["trained"]
+      if due <= 0 or not (step % train_every == 0 or step == total_steps):
+        return
+      key, k_train = jax.random.split(key)
+      chunk = dict(key=np.asarray(jax.random.key_data(k_train)).tolist(), due=int(due), done=0)
+    if device_replay is None:  # first chunk (or a resume): upload everything collected so far
+      device_replay, uploaded = {k: jax.device_put(replay[k]) for k in _REPLAY_FIELDS}, step
+    elif uploaded < step:
+      rows = tuple(replay[k][uploaded:step] for k in _REPLAY_FIELDS)
+      device_replay, uploaded = insert(device_replay, rows, np.int32(uploaded)), step
+    keys = jax.random.split(jax.random.wrap_key_data(np.asarray(chunk["key"], np.uint32)),
+                            chunk["due"])
+    while chunk["done"] < chunk["due"]:
+      if should_stop is not None and should_stop():
+        stop_here("train", f", {chunk['done']} of the {chunk['due']} gradient steps due there")
+      n = pace.next(chunk["due"] - chunk["done"])
+      agent = pace.run(lambda a, b: train(agent, device_replay, np.int32(step), keys,
+                                          np.int32(a), np.int32(b)), chunk["done"], n)
+      chunk["done"] += n
+    meta["trained"] += chunk["due"]
+    chunk = None
+    policy = host_actor(agent.actor.params, config)
+
   window = (step, time.time())  # (step, time) of the last progress line
+
+  def act_and_log():
+    nonlocal action, window
+    if step >= start_steps:
+      action = policy(obs, act_rng).astype(np.float32)
+    meta["step"] = step
+    if step % log_every == 0 or step == total_steps:
+      # Rate over the last interval: the warm-up (no gradient steps) is much faster.
+      now = time.time()
+      rate = (step - window[0]) / max(now - window[1], 1e-9)
+      window = (step, now)
+      log_fn(f"SAC step {step}/{total_steps}  {rate:.0f} steps/s  last episode return "
+             f"{last_return:.1f}  episodes {meta['episodes']}  ETA "
+             f"{_fmt_time((total_steps - step) / max(rate, 1e-9))}")
+
+  def eval_and_save():
+    reached = False
+    if step % eval_every == 0 or step == total_steps:
+      try:
+        reached = eval_now()
+      except Interrupted:
+        stop_here("eval", ", its evaluation")
+    if ckpt is not None and (reached or step % checkpoint_every == 0 or step == total_steps):
+      save()
+
+  # A checkpoint taken inside a step's work (a stop) finishes that step's work first.
+  if phase == "train":
+    train_chunk()
+    act_and_log()
+  if phase in ("train", "eval"):
+    eval_and_save()
   while step < total_steps and not (stop_at_medium and meta["medium_step"] >= 0):
+    if should_stop is not None and should_stop():
+      stop_here(None, "")
     if step < start_steps or action is None:
       action = rng.uniform(-1.0, 1.0, action_dim).astype(np.float32)
     next_obs, reward, terminated, truncated, _ = envs.step(env, action)
@@ -286,33 +356,9 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
       meta["episodes"] += 1
       obs, _ = env.reset(seed=int(rng.integers(2**31)))
     step += 1
-    # One gradient step per environment step from learning_starts on, run in chunks of
-    # train_every (as D4RL's rlkit SAC alternates 1000 env steps with 1000 gradient steps).
-    due = step - learning_starts + 1 - meta["trained"]
-    if due > 0 and (step % train_every == 0 or step == total_steps):
-      if device_replay is None:  # first chunk (or a resume): upload everything collected so far
-        device_replay, uploaded = {k: jax.device_put(replay[k]) for k in _REPLAY_FIELDS}, step
-      elif uploaded < step:
-        rows = tuple(replay[k][uploaded:step] for k in _REPLAY_FIELDS)
-        device_replay, uploaded = insert(device_replay, rows, np.int32(uploaded)), step
-      key, k_train = jax.random.split(key)
-      agent = train(agent, device_replay, np.int32(step), jax.random.split(k_train, due))
-      meta["trained"] += due
-      policy = host_actor(agent.actor.params, config)
-    if step >= start_steps:
-      action = policy(obs, act_rng).astype(np.float32)
-    meta["step"] = step
-    if step % log_every == 0 or step == total_steps:
-      # Rate over the last interval: the warm-up (no gradient steps) is much faster.
-      now = time.time()
-      rate = (step - window[0]) / max(now - window[1], 1e-9)
-      window = (step, now)
-      log_fn(f"SAC step {step}/{total_steps}  {rate:.0f} steps/s  last episode return "
-             f"{last_return:.1f}  episodes {meta['episodes']}  ETA "
-             f"{_fmt_time((total_steps - step) / max(rate, 1e-9))}")
-    reached = (step % eval_every == 0 or step == total_steps) and eval_now()
-    if ckpt is not None and (reached or step % checkpoint_every == 0 or step == total_steps):
-      save()
+    train_chunk()
+    act_and_log()
+    eval_and_save()
   env.close()
   best = max(meta["evals"], key=lambda e: e[1]) if meta["evals"] else (step, float("nan"))
   size = meta["medium_size"]
@@ -324,60 +370,3 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
                    medium_step=meta["medium_step"], medium_size=size,
                    replay={k: v[:size] for k, v in replay.items()},
                    evals=[tuple(e) for e in meta["evals"]], best_eval=tuple(best))
-
-
-class _SacCheckpoints:
-  """The SAC run's checkpoints (mombo_jax.checkpoint.RunCheckpointer, kind "collector"): state
-  pytree (agent, replay, key data, medium actor) plus metadata (step, medium point, evaluations,
-  the run's settings for a sanity check)."""
-
-  def __init__(self, directory: str, config, total_steps: int, run_settings: dict):
-    from mombo_jax import checkpoint
-    self.directory = os.path.abspath(directory)
-    self.config = config
-    self.run_settings = run_settings
-    self.total_steps = total_steps
-    self._ckpt = checkpoint.RunCheckpointer(self.directory, keep=2, kind="collector")
-
-  def _settings(self):
-    c = self.config
-    return dict(actor_hidden=list(c.actor_hidden), critic_hidden=list(c.critic_hidden),
-                batch_size=c.batch_size, **self.run_settings)
-
-  def save(self, step: int, state: dict, meta: dict):
-    meta = dict(meta, settings=self._settings(), capacity=int(state["replay"]["obs"].shape[0]))
-    self._ckpt.save(step, state, meta)
-
-  def restore(self, obs_dim: int, action_dim: int):
-    """(state, meta) of the latest valid checkpoint, or (None, None) when there is none."""
-    import jax
-    from mombo_jax import checkpoint, sac
-    try:
-      meta = self._ckpt.metadata()
-    except checkpoint.CheckpointError as e:
-      raise UserError(str(e)) from None
-    if meta is None:
-      return None, None
-    if meta.get("settings") != self._settings():
-      raise UserError(f"The SAC checkpoint in {self.directory} was made with {meta.get('settings')}"
-                      f", not {self._settings()}; use another --workdir or the same settings.")
-    capacity = int(meta["capacity"])
-    agent = sac.init_agent(jax.random.key(0), obs_dim, action_dim, self.config, self.total_steps)
-    template = dict(agent=agent, key=np.asarray(jax.random.key_data(jax.random.key(0))),
-                    replay=_empty_replay(capacity, obs_dim, action_dim),
-                    medium_actor=jax.tree_util.tree_map(np.asarray, agent.actor.params))
-    try:
-      state, meta = self._ckpt.restore(template)
-    except checkpoint.CheckpointError as e:
-      raise UserError(str(e)) from None
-    state["replay"] = {k: np.array(v) for k, v in state["replay"].items()}
-    if capacity < self.total_steps:  # a longer run continues a finished one
-      grown = _empty_replay(self.total_steps, obs_dim, action_dim)
-      for k, v in state["replay"].items():
-        grown[k][:capacity] = v
-      state["replay"] = grown
-    state["medium_actor"] = jax.tree_util.tree_map(np.asarray, state["medium_actor"])
-    meta = {k: meta.get(k) for k in ("step", "medium_step", "medium_size", "evals", "episodes",
-                                      "trained", "medium_streak")}
-    meta["medium_streak"] = meta["medium_streak"] or 0
-    return state, meta

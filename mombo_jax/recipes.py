@@ -110,8 +110,9 @@ def provenance_for(name: str, recipe: str, steps: int) -> dict:
 
 def build_random(name: str, steps: int = 1_000_000, seed: int = 0, log_fn=_print,
                  max_episode_steps: Optional[int] = None, overwrite: bool = False,
-                 num_envs: int = 1) -> str:
-  """Write `<env>-random`: `steps` transitions of a uniform random policy; returns its id."""
+                 num_envs: int = 1, should_stop=None) -> str:
+  """Write `<env>-random`: `steps` transitions of a uniform random policy; returns its id.
+  should_stop: as recording.rollout's (errors.Interrupted before anything is written)."""
   env, quality = parse_name(name)
   if quality != "random":
     raise ValueError(f"build_random builds <env>-random datasets, got {name!r}.")
@@ -121,7 +122,7 @@ def build_random(name: str, steps: int = 1_000_000, seed: int = 0, log_fn=_print
   t0 = time.time()
   episodes = rollout(lambda: envs.make_env(name, max_episode_steps=max_episode_steps),
                      random_policy(action_dim, seed), steps, seed + SEED_OFFSETS["random"],
-                     num_envs)
+                     num_envs, should_stop=should_stop)
   elapsed = time.time() - t0
   log_fn(f"{name}: {summary(episodes)}; {steps / max(elapsed, 1e-9):.0f} steps/s")
   written = sum(len(ep["rewards"]) for ep in episodes)
@@ -138,12 +139,15 @@ class Builder:
   actors (<workdir>/<env>/actors/) as soon as it has them; with opts.from_actors records medium /
   expert / medium-expert from saved actors instead; with opts.actors_only only exports actors."""
 
-  def __init__(self, opts: Options, log_fn=_print):
+  def __init__(self, opts: Options, log_fn=_print, should_stop=None):
     if opts.from_actors and opts.actors_only:
       raise UserError("--from_actors records datasets from saved actors; --actors_only exports "
                       "actors from a SAC checkpoint: pass one of them.")
     self.opts = opts
     self.log = log_fn
+    # A stop request (launch.StopFlag): the SAC run checkpoints where it is, a recording is
+    # dropped (recorded again, the same episodes); both raise errors.Interrupted.
+    self.should_stop = should_stop
     self._sac: Dict[str, SacResult] = {}
     self._saved: Dict[tuple, dict] = {}      # (env, quality) -> {"path", "sha256", "sac_step"}
     self._loaded: Dict[tuple, saved_actors.SavedActor] = {}
@@ -330,7 +334,7 @@ class Builder:
                        medium_return=medium_return, workdir=workdir,
                        checkpoint_every=o.checkpoint_every, log_every=o.log_every, log_fn=self.log,
                        train_every=o.train_every, stop_at_medium=until_medium,
-                       medium_consecutive=o.medium_consecutive)
+                       medium_consecutive=o.medium_consecutive, should_stop=self.should_stop)
     self._sac[env] = result
     self._save_actors(env, result)
     return result
@@ -357,7 +361,8 @@ class Builder:
                         o.rollout_policy == "deterministic")
     t0 = time.time()
     episodes = rollout(lambda: envs.make_env(env, max_episode_steps=o.max_episode_steps), policy,
-                       o.steps, o.seed + SEED_OFFSETS[seed_key], o.num_envs)
+                       o.steps, o.seed + SEED_OFFSETS[seed_key], o.num_envs,
+                       should_stop=self.should_stop)
     self.log(f"recorded {o.steps} {seed_key} steps at {o.steps / max(time.time() - t0, 1e-9):.0f}"
              " steps/s")
     return episodes
@@ -385,7 +390,7 @@ class Builder:
       return self._build_from_actors(name, overwrite)
     if quality == "random":
       return build_random(name, o.steps, o.seed, self.log, o.max_episode_steps, overwrite=overwrite,
-                          num_envs=1)
+                          num_envs=1, should_stop=self.should_stop)
     if quality in SAC_QUALITIES:
       if quality == "medium-expert":
         episodes = self._episodes_of(f"{env}-medium") + self._episodes_of(f"{env}-expert")

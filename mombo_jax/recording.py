@@ -7,21 +7,24 @@ dataset is; mombo_jax.minari_io writes and reads them.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from mombo_jax.envs import finish_episode, new_episode, record_step, step
+from mombo_jax.errors import Interrupted
 
 
 def rollout(make_env: Callable, policy: Callable, num_steps: int, seed: int,
-            num_envs: int = 1) -> List[dict]:
+            num_envs: int = 1, should_stop: Optional[Callable[[], bool]] = None) -> List[dict]:
   """Record exactly `num_steps` transitions of `policy` in `num_envs` envs stepped side by side.
 
   policy(obs [K, S] float32) -> actions [K, A] in [-1, 1].
   Returns episodes: dicts with observations [T+1, S] (float64, as the env gives them),
   actions [T, A] (env dtype), rewards [T], terminations [T], truncations [T]. Episodes still
   running when the budget is spent are cut and marked truncated.
+  should_stop: polled every round of env steps; when it fires, errors.Interrupted and nothing is
+  kept (a recording is seeded: recording again gives the same episodes).
   """
   if num_steps < 1:
     raise ValueError(f"num_steps must be >= 1, got {num_steps}.")
@@ -39,6 +42,11 @@ def rollout(make_env: Callable, policy: Callable, num_steps: int, seed: int,
   open_eps = [start(i, int(seeds[i]) % 2**31) for i in range(num_envs)]
   done = 0
   while done < num_steps:
+    if should_stop is not None and should_stop():
+      for env in envs:
+        env.close()
+      raise Interrupted(getattr(should_stop, "signum", None), f"recording ({done} of {num_steps} "
+                        "steps; recorded again from the start on resume: the same episodes)")
     active = min(num_envs, num_steps - done)
     obs = np.stack([ep["observations"][-1] for ep in open_eps]).astype(np.float32)
     actions = np.asarray(policy(obs))

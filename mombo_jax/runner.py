@@ -22,8 +22,9 @@ from mombo_jax.groups import Group, check_groups, describe_algorithm
 from mombo_jax.workdir import Workdir, check_legacy_dynamics
 
 # Longest a device call may run (epochs are batched up to the next evaluation, but no more than
-# this): SIGTERM / SIGINT are honoured between calls, and schedulers' grace periods are ~30 s.
-CHUNK_SECONDS = 10.0
+# this by the last call's pace; one epoch at least): SIGTERM / SIGINT are honoured between calls,
+# so a stop waits about this long. A call costs the host a metrics pull (milliseconds).
+CHUNK_SECONDS = 3.0
 
 
 @dataclasses.dataclass
@@ -51,7 +52,8 @@ def train(config, dataset, workdir, dynamics_dir=None, build_missing=False, buil
 
   require_full: refuse a reduced build of the dataset's recipe (paper settings).
   should_stop: a StopFlag (or any callable with .signum); when it fires, the run checkpoints at the
-  end of the current device call and raises Interrupted.
+  end of the current device call (about CHUNK_SECONDS; an evaluation still running is abandoned,
+  loop) and raises Interrupted.
   log_to: where the metrics go besides metrics.csv (always written; --log): names of
   loggers.KINDS, e.g. ("csv", "tensorboard", "wandb"), or "csv,tensorboard"; an unknown name or a
   logger whose package is missing is refused (UserError) before any work.
@@ -299,7 +301,10 @@ def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> boo
   while the device trains E..E+eval_every; its rows are written at the next evaluation point (or
   at a stop, or at the end) before anything later. The checkpoint of E holds what writing them
   needs (`eval` in its metadata), so a launch killed before they were written writes them when
-  it resumes (group_run.recover)."""
+  it resumes (group_run.recover). A stop request while that evaluation still runs does not wait
+  for it: it is abandoned and the launch resumes at E (its rows recovered, the epochs since
+  trained again: the same results), so a stop takes one device call (about CHUNK_SECONDS, at
+  least one epoch) and the checkpoint."""
   from mombo_jax import checkpoint, distributed, train as train_lib
   many = len(runs) > 1
   pending = []                   # at most one group_run.Evaluation (process 0)
@@ -324,22 +329,50 @@ def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> boo
       except checkpoint.CheckpointError as e:
         raise UserError(str(e)) from None
 
+  def abandon(epoch):            # the evaluation of the last checkpoint still runs: see above
+    for p in pending:
+      p.cancel()
+    where = ", ".join(r.ckpt.directory for r in runs)
+    back = pending[0].done if pending else "the last evaluation"
+    raise Interrupted(getattr(should_stop, "signum", None),
+                      f"epoch {epoch}; the resume starts at epoch {back}, whose evaluation was "
+                      f"still running (checkpoint in {where})")
+
   def stop_requested(epoch):
-    if should_stop is not None and distributed.agree(should_stop()):
-      flush()
-      save(epoch)
-      where = ", ".join(r.ckpt.directory for r in runs)
-      raise Interrupted(getattr(should_stop, "signum", None), f"epoch {epoch} (checkpoint in {where})")
+    if should_stop is None or not distributed.agree(should_stop()):
+      return
+    if distributed.agree(any(p.running() for p in pending)):
+      abandon(epoch)
+    flush()
+    save(epoch)
+    where = ", ".join(r.ckpt.directory for r in runs)
+    raise Interrupted(getattr(should_stop, "signum", None),
+                      f"epoch {epoch} (checkpoint in {where})")
+
+  def flush_or_stop(epoch):
+    """flush(); a stop request while the evaluation still runs abandons it instead of waiting
+    (one process: in a multi-process launch only process 0 evaluates, and the others would not
+    hear of it)."""
+    if should_stop is not None and not distributed.is_multiprocess():
+      while any(p.running() for p in pending):
+        if should_stop():
+          abandon(epoch)
+        for p in pending:
+          p.join(0.2)
+    flush()
 
   try:
-    return _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_workers)
+    return _loop(runs, program, stop_requested, save, flush_or_stop, pending, stop_after,
+                 eval_workers, should_stop)
   finally:
     for p in pending:            # an error: the thread ends before the Evaluators close
       p.join()
 
 
-def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_workers):
-  """loop's body; `pending` holds the evaluation under way (loop joins it on any exit)."""
+def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_workers,
+          should_stop=None):
+  """loop's body; `pending` holds the evaluation under way (loop joins it on any exit);
+  flush(epoch) writes its rows once it is done (or stops, see loop)."""
   import jax
   import numpy as np
   from mombo_jax import distributed
@@ -366,7 +399,7 @@ def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_
         group_run.open_loggers(r, program.start)
   group_run.log_reference_scores(runs)
   if lost:
-    group_run.recover(lost, program, eval_workers)
+    group_run.recover(lost, program, eval_workers, should_stop)
   epoch, pace, t_start = program.start, None, time.time()
   while epoch < end:
     stop_requested(epoch)
@@ -381,12 +414,12 @@ def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_
     for i in range(n):
       group_run.watch(runs, {k: np.asarray(v[i]) for k, v in metrics.items()}, epoch + i + 1, config, many)
     epoch += n
-    if pending and not pending[0].thread.is_alive():
-      flush()                    # done while the device trained: its rows now, not a point later
+    if pending and not pending[0].running():
+      flush(epoch)               # done while the device trained: its rows now, not a point later
     if epoch % config.eval_every and epoch != config.epochs:
       stop_requested(epoch)
       continue
-    flush()                      # the previous point's rows first: metrics.csv in epoch order
+    flush(epoch)                 # the previous point's rows first: metrics.csv in epoch order
     last = {k: np.asarray(v[n - 1]) for k, v in metrics.items() if not k.startswith("diverged")}
     rate = (epoch - program.start) * config.steps_per_epoch * program.num_cells / max(
         time.time() - t_start, 1e-9)
@@ -400,7 +433,7 @@ def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_
       group_run.build_evaluators(runs, eval_workers)
       pending.append(group_run.Evaluation(runs, actors, last, epoch, snaps, rate, eta))
     stop_requested(epoch)
-  flush()
+  flush(epoch)
   if epoch < config.epochs:
     save(epoch)
     log(f"Stopping after {stop_after} epoch(s) as asked; run again to resume.")

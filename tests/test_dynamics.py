@@ -368,17 +368,13 @@ def test_interrupted_training_resumes_to_the_same_ensemble(fitted, tmp_path):
   quiet = lambda _: None  # noqa: E731
   whole = dynamics_training.train_seeds(keys, data, cfg, log_fn=quiet)
   ident = {"dataset": "test/hetero-v0", "fingerprint": "abc"}
-  calls = []
-
-  def stop_after_two():
-    calls.append(1)
-    return len(calls) == 2
+  epochs = []                       # one log line per finished epoch: stop after the second
 
   ckpt_dir = str(tmp_path / "partial")
   with pytest.raises(dynamics_training.Interrupted) as info:
-    dynamics_training.train_seeds(keys, data, cfg, log_fn=quiet, checkpoint_dir=ckpt_dir,
-                                  should_stop=stop_after_two, reuse_key=ident)
-  assert info.value.epoch == 2
+    dynamics_training.train_seeds(keys, data, cfg, log_fn=epochs.append, checkpoint_dir=ckpt_dir,
+                                  should_stop=lambda: len(epochs) == 2, reuse_key=ident)
+  assert info.value.epoch == 2 and not info.value.mid_epoch
   with pytest.raises(checkpoint.CheckpointError, match="fingerprint"):
     dynamics_training.train_seeds(keys, data, cfg, log_fn=quiet, checkpoint_dir=ckpt_dir,
                                   reuse_key=dict(ident, fingerprint="other"))

@@ -202,10 +202,8 @@ def test_missing_dataset_names_the_command(minari_root, tmp_path):
 def test_missing_sac_datasets_are_built_only_when_asked(minari_root, tmp_path, monkeypatch):
   """The quick/tiny default builds missing random datasets only; --build_missing hands any short
   name (SAC-based, mixed) to the collector; a Minari id is never built."""
-  import subprocess
   calls = []
-  monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd) or
-                      subprocess.CompletedProcess(cmd, 1))
+  monkeypatch.setattr(launch, "run_child", lambda cmd, *a: calls.append(cmd) or 1)
   config = _config("mombo")
   with pytest.raises(UserError, match="--build_missing"):
     launch.load_dataset("hopper-random-medium-1pct", config, "random", 5000)

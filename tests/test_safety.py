@@ -259,8 +259,7 @@ def test_ctrl_c_while_the_collector_builds_data_is_an_interrupt(monkeypatch, tmp
   stops as interrupted (exit 130 with the resume command), not as a failed build."""
   from mombo_jax.errors import Interrupted
   from tests.conftest import minari_root_at
-  monkeypatch.setattr(subprocess, "run",
-                      lambda *a, **k: subprocess.CompletedProcess(a, 130))
+  monkeypatch.setattr(launch, "run_child", lambda *a, **k: 130)
   with minari_root_at(tmp_path / "empty"):
     with pytest.raises(Interrupted, match="building hopper-random") as e:
       launch.load_dataset("hopper-random", _config(), True, 100)

@@ -578,10 +578,10 @@ def test_evaluation_overlaps_the_next_device_call(dataset, dyn_dir, tmp_path, mo
       return chunk(state, real, keys, cells, start, n)
     return call
 
-  def slow_returns(runs, actors, done):
+  def slow_returns(runs, actors, done, should_stop=None):
     if done == 1:
       waited[done] = (dispatched.wait(timeout=4.0), threading.current_thread().name)
-    return returns_all(runs, actors, done)
+    return returns_all(runs, actors, done, should_stop)
 
   monkeypatch.setattr(runner, "compile_chunk", watched_compile)
   monkeypatch.setattr(group_run, "returns_all", slow_returns)

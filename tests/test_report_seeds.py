@@ -82,6 +82,14 @@ def test_the_last_line_says_over_how_many_seeds_and_how_many_diverged(tmp_path, 
   assert json.loads((tmp_path / "run" / "summary.json").read_text())["num_diverged"] == 1
 
 
+def test_the_last_line_sets_the_score_beside_the_datasets_own_mean():
+  summary = outputs.summarise(_rows(SCORES, [0, 1, 2]), [0, 1, 2])
+  line = group_run.finish_line(summary, None, 1.16)
+  assert line.startswith("final normalised score 30.0 +- 21.6 (dataset's own episodes: mean 1.2), "
+                         "AULC 30.0 over all 3 seed(s), 0 diverged"), line
+  assert "dataset" not in group_run.finish_line(summary)
+
+
 def test_the_report_counts_a_diverged_seed_and_marks_its_cell(tmp_path):
   _write_run(str(tmp_path / "runs" / "a"), "hopper-random", "mopo", [0, 1, 2], SCORES,
              diverged=(1,))

@@ -161,8 +161,14 @@ def phases(lines, steps_per_epoch=None) -> list:
   return out
 
 
-BUDGET = ("epochs", "steps_per_epoch", "rollout_batch_size", "eval_every", "eval_episodes",
-          "actor_hidden", "critic_hidden", "dyn_hidden", "dyn_members", "dyn_max_epochs")
+BUDGET = ("epochs", "steps_per_epoch", "batch_size", "actor_hidden", "critic_hidden",
+          "rollout_batch_size", "eval_every", "eval_episodes", "dyn_hidden", "dyn_members",
+          "dyn_max_epochs")
+
+
+def fmt_value(v) -> str:
+  """A config value in the record's budget line: layer sizes as 128x128."""
+  return "x".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
 
 def read_run(clone, lines) -> dict:
@@ -181,12 +187,35 @@ def read_run(clone, lines) -> dict:
   return out
 
 
+ZERO_TORQUE = """
+import gymnasium as gym, numpy as np
+from mombo_jax import scores
+env, returns = gym.make("Hopper-v5"), []
+for seed in range({episodes}):
+  env.reset(seed=seed)
+  total, done = 0.0, False
+  while not done:
+    _, r, terminated, truncated, _ = env.step(np.zeros(env.action_space.shape))
+    total, done = total + r, terminated or truncated
+  returns.append(total)
+print(f"{{np.mean(scores.normalized_score('hopper-random', returns)):.1f}}")
+"""
+
+
+def zero_torque_score(python, cwd, env, episodes=10) -> str:
+  """For scale beside the run's score: the mean normalised score of the policy that applies no
+  torque (Hopper-v5 stands, then falls over), with the run's own normaliser; "n/a" on failure."""
+  out = subprocess.run([python, "-c", ZERO_TORQUE.format(episodes=episodes)], cwd=cwd, env=env,
+                       capture_output=True, text=True)
+  return out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else "n/a"
+
+
 def run_lines(run) -> list:
   """The record's lines on the run: its budget, per-seed scores and the curve."""
   if not run:
     return ["(no run folder found)"]
   c, s = run["config"], run["summary"]
-  return [f"budget (config.json): " + ", ".join(f"{k}={c.get(k)}" for k in BUDGET),
+  return [f"budget (config.json): " + ", ".join(f"{k}={fmt_value(c.get(k))}" for k in BUDGET),
           f"per seed: final normalised score {[round(x, 1) for x in s['final_normalized_score']]}"
           f" at epochs {s['epochs']}",
           f"{run['workdir']}/learning_curve.png "
@@ -227,6 +256,7 @@ def main():
       lines, code, cpu = run_stamped(command, clone, env, log)
     lines[-1] = (lines[-1][0], cpu, lines[-1][2])
     run = read_run(clone, lines)
+    zero = zero_torque_score(os.path.join(venv, "bin", "python3"), clone, env)
   finally:
     if not args.keep:
       shutil.rmtree(tmp, ignore_errors=True)
@@ -246,6 +276,8 @@ def main():
     text.append(f"| {name} | {'n/a' if wall is None else f'{wall:.1f}'} | "
                 f"{'' if cpu_s is None else f'{cpu_s:.1f}'} | {note} |")
   text += ["", f"final line: {final}", *run_lines(run),
+           f"for scale: the policy that applies no torque scores {zero} (Hopper-v5, 10 episodes, "
+           "same normaliser); the dataset's random policy: its mean in the final line",
            f"full stamped log: {os.path.relpath(log_path, REPO)} ([wall s, cpu s] per line)", ""]
   with open(args.out, "w") as f:
     f.write("\n".join(text))

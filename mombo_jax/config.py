@@ -240,10 +240,10 @@ class Preset:
 # random dataset (fast, no online SAC run) at a reduced size.
 PRESETS = {
     "paper": Preset({}, build_missing=False, build_steps=1_000_000, require_full=True),
-    # README command 1 in <= 5 minutes on a 2-core CPU, install included (benchmarks/quickstart.txt,
-    # issue #28): 20k gradient steps of 128x128 networks on batches of 64 (elite_spread's per-step
-    # cost falls ~9x from 256x256 on 256; hopper-random's score starts to rise after ~12k steps,
-    # whatever the batch), and the paper's 7 x 4x200 ensemble trained for 2 epochs.
+    # README command 1 within 5 minutes on a 2-core CPU, install included (issue #28; timed by
+    # benchmarks/quickstart.py): 20k gradient steps per seed of 128x128 networks on batches of 64
+    # (elite_spread's CPU time per step ~9x below 256x256 on 256), since hopper-random's score
+    # only rose after 12k-15k steps in every budget tried; the paper's 7 x 4x200 ensemble, 2 epochs.
     "quick": Preset(dict(epochs=20, steps_per_epoch=1000, batch_size=64, actor_hidden=(128, 128),
                          critic_hidden=(128, 128), rollout_batch_size=5000, eval_every=5,
                          eval_episodes=5, dyn_max_epochs=2),

@@ -49,6 +49,20 @@ def flatten_episodes(episodes) -> Transitions:
   return Transitions(**{k: np.concatenate(v).astype(np.float32) for k, v in cols.items()})
 
 
+def episode_returns(t: Transitions) -> np.ndarray:
+  """Returns [E] (float64) of the episodes whose flattened rows `t` holds, in order: an episode
+  ends at a terminal row, where the next row does not start from this row's s' (a truncation,
+  then a reset), and at the last row. What the dataset's card reports (cards.episode_stats),
+  from the arrays already loaded instead of reading every episode back (seconds for 100k rows)."""
+  n = len(t.rewards)
+  if n == 0:
+    return np.zeros((0,), np.float64)
+  ends = np.asarray(t.terminals).reshape(-1)[:-1] > 0
+  ends |= np.any(np.asarray(t.next_observations)[:-1] != np.asarray(t.observations)[1:], axis=1)
+  starts = np.concatenate([[0], np.flatnonzero(ends) + 1])
+  return np.add.reduceat(np.asarray(t.rewards, np.float64).reshape(-1), starts)
+
+
 def load_transitions(name: str, download: bool = False, *, cache: bool = True) -> Transitions:
   """All transitions of a dataset (short name or Minari id) as float32 numpy rows.
 

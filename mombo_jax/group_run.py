@@ -34,6 +34,8 @@ class GroupRun:
   loggers: Any = None          # loggers.RunLoggers: where the rows go besides metrics.csv (--log)
   lost: Any = None             # the checkpoint's `eval` metadata when metrics.csv lacks the rows
                                # of the epoch resumed at (runner.recover writes them)
+  dataset_score: Any = None    # mean normalised return of the dataset's own episodes (its
+                               # behaviour policy's), shown beside the final score
 
   @property
   def config(self):
@@ -204,17 +206,19 @@ def finish(r: GroupRun) -> dict:
   r.workdir.write_summary(summary)
   title = f"{c.algo} ({c.target}) on {g.dataset}" if c.algo == "mombo" else f"{c.algo} on {g.dataset}"
   r.workdir.plot(r.rows, r.seeds, title, sorted(r.diverged))
-  log(f"{finish_line(summary, r.q)}; wrote {g.workdir}")
+  log(f"{finish_line(summary, r.q, r.dataset_score)}; wrote {g.workdir}")
   return summary
 
 
-def finish_line(summary: dict, q=None) -> str:
-  """The run's final log line (without the folder): the headline over every seed, how many
-  diverged (and the healthy seeds' mean beside), the overestimating seeds."""
+def finish_line(summary: dict, q=None, dataset_score=None) -> str:
+  """The run's final log line (without the folder): the headline over every seed beside the
+  dataset's own mean normalised episode return (dataset_score, where given), how many diverged
+  (and the healthy seeds' mean beside), the overestimating seeds."""
   n, bad = len(summary["seeds"]), len(summary["diverged"])
   line = (f"final normalised score {_num(summary['final_normalized_score_mean'])} "
-          f"+- {_num(summary['final_normalized_score_std'])}, AULC {_num(summary['aulc_mean'])} "
-          f"over all {n} seed(s), {bad} diverged")
+          f"+- {_num(summary['final_normalized_score_std'])}"
+          + ("" if dataset_score is None else f" (dataset's own episodes: mean {dataset_score:.1f})")
+          + f", AULC {_num(summary['aulc_mean'])} over all {n} seed(s), {bad} diverged")
   if bad:
     line += (f" (counted at their frozen policy; over the {n - bad} healthy seed(s): "
              f"{_num(summary.get('final_normalized_score_mean_healthy'))} "

@@ -139,12 +139,12 @@ def prepare(groups, records, keep, should_stop, data_options):
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from mombo_jax import (buffer, checkpoint, distributed, envs, outputs, provenance,
-                         train as train_lib)
+  from mombo_jax import (buffer, checkpoint, data, distributed, envs, outputs, provenance,
+                         scores, train as train_lib)
   from mombo_jax.workdir import cell_keys
 
   names = list(dict.fromkeys(g.dataset for g in groups))      # distinct datasets, in order
-  transitions = {}
+  transitions, dataset_scores = {}, {}
   for name in names:
     config = next(g.config for g in groups if g.dataset == name)
     transitions[name] = load_dataset(name, config, **data_options)
@@ -153,6 +153,8 @@ def prepare(groups, records, keep, should_stop, data_options):
     # an imported D4RL walker dataset, else the v5 env.
     log(f"{name}: {len(t.rewards)} transitions, obs dim {t.observations.shape[1]}, action dim "
         f"{t.actions.shape[1]}; evaluated in {envs.eval_env_spec(name)['physics']}.")
+    # What the behaviour policy scored: the final line sets the run's score beside it.
+    dataset_scores[name] = float(np.mean(scores.normalized_score(name, data.episode_returns(t))))
   for g, (record, notes) in zip(groups, records):
     wd = Workdir(g.workdir, g.dynamics_dir)
     record, more = wd.check_data(record, provenance.dataset_identity(g.dataset,
@@ -187,7 +189,8 @@ def prepare(groups, records, keep, should_stop, data_options):
     cell_configs += [c] * c.num_seeds
     offset = len(cell_configs) - c.num_seeds
     runs.append(group_run.GroupRun(group=g, workdir=wd, cells=slice(offset, offset + c.num_seeds),
-                         seeds=np.arange(c.seed, c.seed + c.num_seeds), ckpt=ckpt))
+                         seeds=np.arange(c.seed, c.seed + c.num_seeds), ckpt=ckpt,
+                         dataset_score=dataset_scores[g.dataset]))
   # One init for all cells (one set of network and optimiser objects, so the groups' states
   # concatenate); each group's checkpoint then restores onto its slice.
   config = program_config(groups)  # the settings all cells share; C = len(cell_configs)

@@ -81,6 +81,20 @@ def test_round_trip(tiny):
   assert not chained[ends[:-1]].any()
 
 
+def test_episode_returns_split_at_terminations_and_truncations(tiny):
+  """The returns the run's final line compares with (the dataset's own episodes): one per recorded
+  episode, ended by a termination or a time-limit truncation, as the card counts them."""
+  from mombo_jax import cards
+  t = data.load_transitions(TINY_ID)
+  _, _, reward, _, terminated, truncated = map(np.asarray, zip(*tiny))
+  ends = np.flatnonzero(terminated | truncated)
+  expected = [r.sum() for r in np.split(reward, ends[ends < len(reward) - 1] + 1)]
+  got = data.episode_returns(t)
+  assert got.dtype == np.float64 and len(got) == len(expected) > 5
+  np.testing.assert_allclose(got, expected, rtol=1e-5)        # rewards are stored as float32
+  np.testing.assert_allclose(got, cards.episode_stats(TINY_ID)["returns"], rtol=1e-5)
+
+
 def test_transitions_cache(tiny, root):
   fresh = data.load_transitions(TINY_ID, cache=False)
   first = data.load_transitions(TINY_ID)

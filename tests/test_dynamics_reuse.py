@@ -91,7 +91,7 @@ def test_what_does_not_change_the_ensemble_changes_neither():
 
 
 def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypatch):
-  """The quick preset caps dynamics training at 20 epochs; a paper-preset run of the same task,
+  """The quick preset caps dynamics training at 2 epochs; a paper-preset run of the same task,
   seeds and data must not reuse that ensemble: it trains its own in another folder (named by its
   settings) and says why in a note; the quick ensemble stays as it was."""
   data = _transitions()
@@ -114,7 +114,7 @@ def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypat
   paper_path = workdir_lib.dynamics_path(dyn_dir, paper)
   assert paper_path != quick_path and os.path.isdir(paper_path)
   note = next(line for line in lines if line.startswith("note:"))
-  assert quick_path in note and "dyn_max_epochs: saved 20, now None" in note
+  assert quick_path in note and "dyn_max_epochs: saved 2, now None" in note
   _, meta = saved_dynamics.load(quick_path)                      # untouched
   assert saved_dynamics.reuse_mismatch(meta, _key(quick, data)) == {}
   # Each is reused by a run of its own settings; nothing is trained again.

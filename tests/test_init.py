@@ -80,7 +80,7 @@ def _pool(tree):
 
 @pytest.fixture(scope="module")
 def cfg():
-  c = config_lib.make_config("walker2d-medium", "mombo", preset="quick")
+  c = config_lib.make_config("walker2d-medium", "mombo", preset="paper")
   assert tuple(c.actor_hidden) == (256, 256) and tuple(c.critic_hidden) == (256, 256)
   return c
 

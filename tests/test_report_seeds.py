@@ -82,6 +82,14 @@ def test_the_last_line_says_over_how_many_seeds_and_how_many_diverged(tmp_path, 
   assert json.loads((tmp_path / "run" / "summary.json").read_text())["num_diverged"] == 1
 
 
+def test_the_last_line_sets_the_score_beside_the_datasets_own_mean():
+  summary = outputs.summarise(_rows(SCORES, [0, 1, 2]), [0, 1, 2])
+  line = group_run.finish_line(summary, None, 1.16)
+  assert line.startswith("final normalised score 30.0 +- 21.6 (dataset's own episodes: mean 1.2), "
+                         "AULC 30.0 over all 3 seed(s), 0 diverged"), line
+  assert "dataset" not in group_run.finish_line(summary)
+
+
 def test_the_report_counts_a_diverged_seed_and_marks_its_cell(tmp_path):
   _write_run(str(tmp_path / "runs" / "a"), "hopper-random", "mopo", [0, 1, 2], SCORES,
              diverged=(1,))
@@ -168,7 +176,7 @@ def test_what_falls_short_of_the_papers_setup():
   quick = paper_setup.shortfalls(_record(preset="quick"))
   assert quick[0] == "20,000 gradient steps (paper: 3,000,000)"
   assert "model rollouts per epoch 5,000 (paper: 50,000)" in quick
-  assert "dynamics epochs cap 20 (paper: none)" in quick
+  assert "dynamics epochs cap 2 (paper: none)" in quick
   # A quick preset run to the paper's steps is still below the paper's setup.
   assert paper_setup.shortfalls(dict(_record(preset="quick"), epochs=3000, steps_per_epoch=1000))
   assert any("actor layers 32x32 (paper: 256x256)" == x
@@ -241,7 +249,8 @@ def test_runs_of_two_budgets_on_two_tasks_are_two_columns(tmp_path):
   result, _ = _report(tmp_path, runs)
   (h,), (w,) = ([k[2] for k in result["groups"] if k[1] == d]
                 for d in ("hopper-random", "walker2d-random"))
-  assert h != w and "epochs=20" in h and "epochs=3000" in w
+  # (3 evaluations spread over the quick preset's 20 epochs: 3 x 6.)
+  assert h != w and ", epochs=18," in h and ", epochs=3000," in w
 
 
 def test_runs_of_two_settings_sources_are_told_apart_by_the_source_alone(tmp_path):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from mombo_jax import (buffer, config as config_lib, data, dynamics, launch, outputs, provenance,
-                       runner, sac)
+                       runner, sac, scores)
 from mombo_jax import train as train_lib
 from mombo_jax import workdir as workdir_lib
 from mombo_jax.errors import UserError
@@ -165,6 +165,10 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
   # The dataset's opening line says which physics its policies are evaluated in.
   assert re.search(r"hopper-random: \d+ transitions, obs dim 11, action dim 3; evaluated in "
                    r"Hopper-v5 in its v5 model \(hopper.xml\)\.", out), out
+  # The final line sets the score beside the dataset's own episodes' mean normalised return.
+  own = scores.normalized_score(DATASET, data.episode_returns(data.load_transitions(DATASET)))
+  final = next(line for line in out.splitlines() if line.startswith("final normalised score"))
+  assert f" (dataset's own episodes: mean {own.mean():.1f}), AULC " in final, final
 
 
 def test_compilation_cache_flag(tmp_path, capsys):

@@ -104,8 +104,8 @@ def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_
         code = references.source(c.algo, c.config.reference).code
         assert f"{f}={getattr(c.config, f)!r}: " in text and code in text, (c.algo, f)
   if preset == "quick":                            # the preset's cap overrides every table's
-    assert {c.config.dyn_max_epochs for c in cells} == {20}
-    assert "dyn_max_epochs=20: preset quick" in text
+    assert {c.config.dyn_max_epochs for c in cells} == {2}
+    assert "dyn_max_epochs=2: preset quick" in text
 
 
 def test_the_sweep_prints_its_dynamics_plan(tmp_path):

@@ -4,7 +4,7 @@
   python -m benchmarks.bench_sac --steps=3000 --start_steps=1000 --eval_every=1000   # smoke test
 
 Runs the collector's own `train_sac` (one gradient step per env step, in chunks of --train_every;
-standard online hyperparameters `online_sac.ONLINE_SAC`, [256, 256] nets, batch 256) with the
+standard online hyperparameters `online_sac.OnlineSettings`, [256, 256] nets, batch 256) with the
 collector's seeding,
 so `--workdir=W` leaves a checkpoint that `python -m experiments.collect --env=<env>-medium-replay
 --workdir=W --sac_steps=...` resumes. Prints every progress / evaluation line as it comes

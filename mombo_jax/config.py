@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
-from mombo_jax import references
+from mombo_jax import algorithms, references
 
 ENVS = ("halfcheetah", "hopper", "walker2d")
 D4RL_QUALITIES = ("random", "medium", "medium-replay", "medium-expert", "expert")
 MIXED_PARTNERS = ("medium", "expert")
 MIXED_PERCENTS = (1, 5, 10, 50)
-ALGOS = ("mombo", "mobile", "mopo")
+ALGOS = ("mombo", "mobile", "mopo")      # the paper's (the CLI's --algo); any registered name
+                                        # (mombo_jax.algorithms) trains from the Python API
 TARGETS = ("lcb", "elite_spread", "mixture")
 
 
@@ -24,7 +25,7 @@ class Config:
   """Every hyperparameter of one run (all seeds share it)."""
   # What runs.
   env: str = "hopper-random"          # short dataset name, e.g. walker2d-medium-replay
-  algo: str = "mombo"                 # mombo | mobile | mopo
+  algo: str = "mombo"                 # mombo | mobile | mopo, or a registered name (algorithms)
   # MOMBO's target. elite_spread (default): the released code (adinlab/MOMBO policies/mombo.py),
   # which produced the paper's numbers and for which the per-task betas were tuned; lcb: the
   # paper's written eq. (1); mixture: both uncertainties by the law of total variance (targets.py).
@@ -110,6 +111,11 @@ class Config:
     return parse_name(self.env)[0]
 
   @property
+  def algorithm(self) -> algorithms.Algorithm:
+    """The record of algo (and, for MOMBO, target): what the training core reads."""
+    return algorithms.get(self.algo, self.target)
+
+  @property
   def schedule_steps(self) -> int:
     """Gradient steps the actor's cosine schedule spans."""
     return (self.schedule_epochs or self.epochs) * self.steps_per_epoch
@@ -142,12 +148,11 @@ def _validate(c: "Config"):
   def is_num(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
-  if c.algo not in ALGOS:
-    raise ValueError(f"Unknown algo {c.algo!r}; choose one of {', '.join(ALGOS)}.")
-  if c.target not in TARGETS:
+  algorithm = algorithms.get(c.algo, c.target)      # ValueError naming the registered ones
+  if not algorithms.variants(c.algo) and c.target not in TARGETS:
     raise ValueError(f"Unknown target {c.target!r}; choose one of {', '.join(TARGETS)}.")
   if c.reference is not None:
-    references.check(c.algo, c.reference)
+    _reference(algorithm, c.reference)
   parse_name(c.env)
   for name in _POSITIVE_INTS:
     v = getattr(c, name)
@@ -206,13 +211,76 @@ def _validate(c: "Config"):
     raise ValueError(f"dyn_weight_decay entries must be finite numbers >= 0, got {c.dyn_weight_decay!r}.")
   if c.dyn_elites > c.dyn_members:
     raise ValueError(f"dyn_elites ({c.dyn_elites}) > dyn_members ({c.dyn_members}).")
-  if c.algo == "mobile" and c.dyn_elites < 2:
-    raise ValueError("MOBILE's penalty is a std over elites: dyn_elites must be >= 2.")
-  if c.algo == "mombo" and c.target != "lcb" and c.dyn_elites < 2:
-    raise ValueError(f"The {c.target} target needs dyn_elites >= 2.")
+  if c.dyn_elites < algorithm.min_elites:
+    raise ValueError(f"{algorithm.label}'s penalty is a std over elites: dyn_elites must be >= "
+                     f"{algorithm.min_elites}.")
   if len(c.dyn_weight_decay) != len(c.dyn_hidden) + 1:
     raise ValueError("dyn_weight_decay needs one entry per dynamics layer "
                      f"({len(c.dyn_hidden) + 1}), got {len(c.dyn_weight_decay)}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochSettings:
+  """What one compiled training epoch (train.make_epoch) computes with: the Config fields it
+  reads, its Algorithm value, and the settings that shape the state it steps (networks, their
+  optimisers and the actor's schedule, which live in the state's static fields). Hashable: the
+  compiled program is keyed by it, so two Configs with equal EpochSettings share one program
+  (seeds, evaluation, naming, the reference source and the dynamics' training are not in it).
+
+  Built by epoch_settings(config, per_cell). The settings the cells of a program carry
+  themselves (train.Cell: beta, and those of per_cell but rollout_length) are None: the program
+  never reads them from here. Same attribute names as Config's, so the core reads either.
+  """
+  algorithm: algorithms.Algorithm
+  env_name: str                       # picks the termination function
+  # SAC update and targets.
+  gamma: float
+  tau: float
+  batch_size: int
+  real_ratio: Optional[float]
+  auto_alpha: Optional[bool]
+  alpha: float
+  alpha_max: Optional[float]
+  target_entropy: Optional[float]
+  deterministic_backup: bool
+  clip_target_min: Optional[float]
+  beta: Optional[float]
+  mobile_num_samples: int
+  max_abs_loss: float
+  # Epoch and rollout.
+  steps_per_epoch: int
+  rollout_batch_size: int
+  rollout_length: int                 # a program over cells: the longest cell's
+  buffer_retain_epochs: int
+  rollout_obs_limit: Optional[float]
+  # The networks and optimisers of the state it steps.
+  actor_hidden: Tuple[int, ...]
+  critic_hidden: Tuple[int, ...]
+  num_critics: int
+  actor_lr: float
+  critic_lr: float
+  alpha_lr: float
+  log_alpha_init: float
+  log_std_min: float
+  log_std_max: float
+  actor_cosine_schedule: bool
+  schedule_steps: int
+  dyn_members: int
+  dyn_elites: int
+  dyn_hidden: Tuple[int, ...]
+  dyn_max_logvar_init: float
+  dyn_min_logvar_init: float
+
+
+def epoch_settings(config: Config, per_cell: Optional[Tuple[str, ...]] = None) -> EpochSettings:
+  """config's EpochSettings. per_cell None: a plain program (every setting config's, beta too);
+  a tuple (train.CELL_SETTINGS names, maybe empty): a program over train.Cell values, whose beta
+  and per_cell settings (but rollout_length: the program's is the longest) are None."""
+  names = [f.name for f in dataclasses.fields(EpochSettings)]
+  values = {n: getattr(config, n) for n in names}   # algorithm, env_name, schedule_steps: properties
+  if per_cell is not None:
+    values.update(beta=None, **{f: None for f in per_cell if f != "rollout_length"})
+  return EpochSettings(**values)
 
 
 # Per-algorithm, per-task settings: each algorithm runs as its reference runs it, from the source
@@ -276,12 +344,29 @@ def parse_name(name: str) -> tuple:
   return env, quality
 
 
-def task_overrides(env: str, algo: str, reference: Optional[str] = None) -> dict:
+def _reference(algorithm: algorithms.Algorithm, reference: Optional[str]) -> Optional[str]:
+  """The source `reference` of algorithm's tables checked (None: their default); None for an
+  algorithm without tables (ValueError if one is named)."""
+  if algorithm.references is None:
+    if reference is not None:
+      raise ValueError(f"{algorithm.label} has no reference settings tables; leave reference "
+                       f"unset, got {reference!r}.")
+    return None
+  return references.check(algorithm.references, reference)
+
+
+def task_overrides(env: str, algo: str, reference: Optional[str] = None,
+                   target: Optional[str] = None) -> dict:
   """The settings of `algo` on `env` (a short name) from the source `reference` (None: the
-  algorithm's default, references.DEFAULT): the source's row for env (the mixed datasets: the
-  paper's one setting), then the source's settings for every task and its evaluation cadence."""
+  algorithm's default, references.DEFAULT) of its tables (algorithms.Algorithm.references; none:
+  {}): the source's row for env (the mixed datasets: the paper's one setting), then the source's
+  settings for every task and its evaluation cadence."""
   parse_name(env)
-  src = references.source(algo, reference)
+  algorithm = algorithms.get(algo, target)
+  if algorithm.references is None:
+    _reference(algorithm, reference)
+    return {}
+  src = references.source(algorithm.references, reference)
   out = dict(src.tasks[env]) if env in src.tasks else dict(_MIXED, beta=_MIXED_BETA)
   out.update(src.settings, eval_every=src.eval_every)
   return out
@@ -289,20 +374,20 @@ def task_overrides(env: str, algo: str, reference: Optional[str] = None) -> dict
 
 def make_config(env: str = "hopper-random", algo: str = "mombo", preset: str = "paper",
                 **overrides) -> Config:
-  """Config for `env` and `algo` from the per-task table of the source overrides["reference"]
-  names (default: the algorithm's, references.DEFAULT; recorded in the Config), then a preset,
-  then explicit overrides. ValueError for a source the algorithm does not have."""
-  if algo not in ALGOS:
-    raise ValueError(f"Unknown algo {algo!r}; choose one of {', '.join(ALGOS)}.")
+  """Config for `env` and `algo` (a registered name, mombo_jax.algorithms) from the per-task
+  table of the source overrides["reference"] names (default: the algorithm's, references.DEFAULT;
+  recorded in the Config; none for an algorithm without tables), then a preset, then explicit
+  overrides. ValueError for a source the algorithm does not have."""
+  algorithm = algorithms.get(algo, overrides.get("target", Config.target))
   if preset not in PRESETS:
     raise ValueError(f"Unknown preset {preset!r}; choose one of {', '.join(PRESETS)}.")
   fields = {f.name for f in dataclasses.fields(Config)}
   unknown = sorted(set(overrides) - fields)
   if unknown:
     raise ValueError(f"Unknown config field(s) {unknown}; valid fields: {sorted(fields)}.")
-  reference = references.check(algo, overrides.pop("reference", None))
+  reference = _reference(algorithm, overrides.pop("reference", None))
   values = dict(env=env, algo=algo, reference=reference)
-  values.update(task_overrides(env, algo, reference))
+  values.update(task_overrides(env, algo, reference, algorithm.variant or None))
   if preset == "paper":
     # The actor's cosine schedule spans the paper's run whatever --epochs says, so a shorter run
     # is the prefix of the paper's (3000 epochs; the mixed datasets' 2000).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, List
 
+from mombo_jax import algorithms
 from mombo_jax.errors import Interrupted
 from mombo_jax.groups import Group
 from mombo_jax.launch import log
@@ -204,7 +205,7 @@ def finish(r: GroupRun) -> dict:
   diverged = sorted(r.diverged.values(), key=lambda d: d["seed"])
   summary = outputs.summarise(r.rows, r.seeds, diverged, r.q)
   r.workdir.write_summary(summary)
-  title = f"{c.algo} ({c.target}) on {g.dataset}" if c.algo == "mombo" else f"{c.algo} on {g.dataset}"
+  title = f"{algorithms.label(c.algo, c.target, 'title')} on {g.dataset}"
   r.workdir.plot(r.rows, r.seeds, title, sorted(r.diverged))
   log(f"{finish_line(summary, r.q, r.dataset_score)}; wrote {g.workdir}")
   return summary

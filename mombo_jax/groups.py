@@ -30,12 +30,12 @@ def describe_algorithm(config, betas=None) -> str:
   """One line naming the algorithm and, for MOMBO, which target (the variant matters: see README
   "Which MOMBO"); betas: the launch's betas (a --betas grid), default config.beta."""
   values = ", ".join(f"{b:g}" for b in (betas or [config.beta]))
-  coef = ("lambda" if config.algo == "mopo" else "beta") + ("s" if betas and len(betas) > 1 else "")
-  if config.algo == "mombo":
-    origin = {"elite_spread": "the released code's", "lcb": "the paper's eq. (1)",
-              "mixture": "law of total variance"}[config.target]
-    return f"MOMBO, target {config.target} ({origin}), {coef} {values}"
-  return f"{config.algo.upper()}, {coef} {values}"
+  alg = config.algorithm
+  coef = alg.coefficient + ("s" if betas and len(betas) > 1 else "")
+  if alg.variant:
+    origin = f" ({alg.origin})" if alg.origin else ""
+    return f"{alg.name.upper()}, target {alg.variant}{origin}, {coef} {values}"
+  return f"{alg.name.upper()}, {coef} {values}"
 
 
 def plan_groups(env, algo, preset, overrides, datasets=None, betas=None, root="runs",
@@ -68,20 +68,28 @@ def plan_groups(env, algo, preset, overrides, datasets=None, betas=None, root="r
   return groups
 
 
+# Config fields the launch's host loop reads once for all groups (runner.loop: the first group's).
+_LOOP = ("epochs", "eval_every")
+
+
 def check_groups(groups):
-  """Refuses groups that cannot share one compiled epoch (settings other than the dataset, the
-  settings each cell carries (beta and train.CELL_SETTINGS: rollout_length, real_ratio,
-  auto_alpha; the program's rollout scan and ring take the longest rollout_length,
-  runner.program_config), seeds and the dynamics' training differ) or one folder."""
-  from mombo_jax import train as train_lib
+  """Refuses groups that cannot share one compiled epoch (their config.EpochSettings differ
+  beyond the settings each cell carries: beta and train.CELL_SETTINGS (rollout_length,
+  real_ratio, auto_alpha; the program's rollout scan and ring take the longest rollout_length,
+  runner.program_config)), or one host loop (_LOOP), or one folder."""
+  from mombo_jax import config as config_lib, train as train_lib
   if not groups:
     raise UserError("Nothing to train: no dataset / beta given.")
   dirs = [os.path.abspath(g.workdir) for g in groups]
   if len(set(dirs)) != len(dirs):
     raise UserError(f"Two cells of this launch would share a workdir ({', '.join(dirs)}); give "
                     "each (dataset, beta) its own.")
-  shared = lambda c: dataclasses.asdict(train_lib.epoch_config(  # noqa: E731
-      dataclasses.replace(c, rollout_length=1), train_lib.CELL_SETTINGS))
+  def shared(c):
+    settings = config_lib.epoch_settings(dataclasses.replace(c, rollout_length=1),
+                                         train_lib.CELL_SETTINGS)
+    out = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    out["algorithm"] = settings.algorithm.label
+    return dict(out, **{k: getattr(c, k) for k in _LOOP})
   first = shared(groups[0].config)
   envs = {g.config.env_name for g in groups}
   if len(envs) > 1:

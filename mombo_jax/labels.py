@@ -16,7 +16,7 @@ import math
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from mombo_jax import paper_setup
+from mombo_jax import algorithms, paper_setup
 
 # The paper's column order (baselines first); MOMBO's targets in docs/spec.md section 3's order.
 _BASE_ORDER = ("MOPO", "MOBILE", "MOMBO")
@@ -40,10 +40,7 @@ def algo_label(config: dict) -> str:
   elite_spread | mixture) changes the algorithm, so every MOMBO label names it and runs of two
   targets are never pooled. A MOMBO config without a target is 'MOMBO (target?)' rather than a
   guess."""
-  algo = str(config.get("algo", "?")).upper()
-  if algo == "MOMBO":
-    return f"MOMBO ({config.get('target') or 'target?'})"
-  return algo
+  return algorithms.label(str(config.get("algo", "?")), config.get("target"), "column")
 
 
 def _parse_label(label: str) -> Tuple[str, Optional[str], Optional[float], List[str]]:

@@ -44,6 +44,7 @@ import struct
 import time
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from mombo_jax import algorithms
 from mombo_jax.errors import UserError
 from mombo_jax.workdir import TENSORBOARD as TB_DIR, WANDB as WANDB_DIR
 
@@ -203,9 +204,8 @@ def _hparams(record: dict, seed: int) -> dict:
 
 
 def _describe(record: dict, seed: int, workdir: str) -> str:
-  algo = record.get("algo")
-  target = f" ({record.get('target')})" if algo == "mombo" else ""
-  return (f"dataset **{record.get('dataset')}**, {algo}{target}, beta **{_num(record.get('beta'))}"
+  algo = algorithms.label(str(record.get("algo")), record.get("target"), "title")
+  return (f"dataset **{record.get('dataset')}**, {algo}, beta **{_num(record.get('beta'))}"
           f"**, seed **{seed}**, workdir `{os.path.abspath(workdir)}`\n\n"
           + "    " + json.dumps(record, indent=1, sort_keys=True).replace("\n", "\n    "))
 

@@ -3,8 +3,8 @@ chunks, resumable from Orbax checkpoints. experiments/collect.py (through mombo_
 one such run per environment; its medium policy, replay buffer and final policy become the
 medium, medium-replay and expert datasets.
 
-The SAC itself is mombo_jax.sac with the standard online hyperparameters (ONLINE_SAC). Acting runs
-in numpy on the host (host_actor: one small MLP call per env step is cheaper than a jitted call's
+The SAC itself is mombo_jax.sac with the standard online hyperparameters (OnlineSettings). Acting
+runs in numpy on the host (host_actor: one small MLP call per env step is cheaper than a jitted call's
 dispatch); gradient steps run on the device in chunks of `train_every`, each a loop over
 batches sampled on the device from a device copy of the replay buffer, in device calls of about
 stops.CHUNK_SECONDS so that a stop request is seen within seconds. A stop checkpoints the run
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mombo_jax import envs
+from mombo_jax import algorithms, envs
 from mombo_jax.errors import Interrupted, UserError
 from mombo_jax.sac_checkpoints import (_REPLAY_FIELDS, _SacCheckpoints, _empty_replay,
                                        _run_settings, restore_sac)  # noqa: F401 (re-exported)
@@ -35,22 +35,43 @@ def _fmt_time(seconds: float) -> str:
   return f"{seconds // 3600:d}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
-# Standard online SAC (Haarnoja et al. 2018; the D4RL behaviour policies were trained like this):
-# Adam 3e-4 everywhere, automatic temperature, soft backup, no target clamp, constant lr.
-# algo="mopo" only selects the plain (not moment-matched) critic in the actor loss.
-ONLINE_SAC = dict(algo="mopo", actor_lr=3e-4, critic_lr=3e-4, alpha_lr=3e-4, auto_alpha=True,
-                  log_alpha_init=0.0, actor_cosine_schedule=False, deterministic_backup=False,
-                  clip_target_min=None, alpha_max=None)
+@dataclasses.dataclass(frozen=True)
+class OnlineSettings:
+  """What an online SAC run's networks, updates and actors read (mombo_jax.sac reads them by
+  Config's names). Standard online SAC (Haarnoja et al. 2018; the D4RL behaviour policies were
+  trained like this): Adam 3e-4 everywhere, automatic temperature (uncapped), soft backup, no
+  target clamp, constant lr; plain SAC's algorithm record (no penalty, plain critic in the actor
+  loss). env_name: the environment it trains on (halfcheetah | hopper | walker2d, or any)."""
+  env_name: str
+  actor_hidden: Tuple[int, ...] = (256, 256)
+  critic_hidden: Tuple[int, ...] = (256, 256)
+  batch_size: int = 256
+  algorithm: algorithms.Algorithm = algorithms.SAC
+  gamma: float = 0.99
+  tau: float = 0.005
+  num_critics: int = 2
+  actor_lr: float = 3e-4
+  critic_lr: float = 3e-4
+  alpha_lr: float = 3e-4
+  auto_alpha: bool = True
+  alpha_max: Optional[float] = None
+  alpha: float = 0.2
+  log_alpha_init: float = 0.0
+  target_entropy: Optional[float] = None   # None -> -dim(A)
+  log_std_min: float = -5.0
+  log_std_max: float = 2.0
+  actor_cosine_schedule: bool = False
+  deterministic_backup: bool = False
+  clip_target_min: Optional[float] = None
 
 
 SEED_OFFSETS = {"random": 0, "sac": 1, "medium": 2, "expert": 3, "mix": 4, "eval": 5}
 
 
-def online_config(env: str, hidden: Sequence[int], batch_size: int):
-  """The Config of the online SAC run (ONLINE_SAC on top of the defaults)."""
-  from mombo_jax.config import Config
-  return Config(env=f"{env}-expert", actor_hidden=tuple(hidden), critic_hidden=tuple(hidden),
-                batch_size=batch_size, **ONLINE_SAC)
+def online_config(env: str, hidden: Sequence[int], batch_size: int) -> OnlineSettings:
+  """The settings of the online SAC run on env (halfcheetah | hopper | walker2d)."""
+  return OnlineSettings(env_name=env, actor_hidden=tuple(hidden), critic_hidden=tuple(hidden),
+                        batch_size=batch_size)
 
 
 def _make_jitted(config):

@@ -245,7 +245,7 @@ def seed_functions(nets: SeedNets):
   critics of Q' (plain, zero input variance), and model_draw's Draw (s^', r^, d^, u, and for a
   MOMBO run u_eq1)."""
   def draw_fn(obs, action, key):
-    if nets.config.algo == "mombo":
+    if nets.config.algorithm.moment_matching:
       row, u, u_eq1 = model_draw(nets, obs, action, key, eq1=True)
       return Draw(row.next_obs, row.reward, row.done, u, u_eq1)
     row, u = model_draw(nets, obs, action, key)

@@ -186,7 +186,7 @@ class Builder:
     evals = [[int(s), float(r)] for s, r in result.evals if s <= result.medium_step]
     return dict(medium_step=int(result.medium_step), medium_fraction=o.medium_fraction,
                 medium_return=o.medium_fraction * D4RL_REF_SCORES[
-                    names.env_name(result.config.env)][1],
+                    result.config.env_name][1],
                 medium_consecutive=o.medium_consecutive, eval_episodes=o.eval_episodes,
                 qualifying_evals=evals[-o.medium_consecutive:])
 

@@ -202,7 +202,7 @@ def describe(config) -> str:
   name = config.algo.upper()
   if config.reference is None:
     return f"{name} settings: set by hand, from no reference table."
-  src = SOURCES[config.algo][config.reference]
+  src = SOURCES[config.algorithm.references][config.reference]   # its own or borrowed tables
   every = lambda n: "every epoch" if n == 1 else f"every {n} epochs"  # noqa: E731
   cadence = f"evaluation {every(config.eval_every)}"
   if config.eval_every != src.reference_eval_every:

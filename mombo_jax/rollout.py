@@ -34,7 +34,7 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   networks, except for MOPO, whose penalty needs every member's. A branch that terminates
   writes its terminal row (done = 1) and then stops. Rows carry the producing elite's Gaussian
   (next_obs_mean/var, reward_mean/var) and the state's own variance obs_var (the previous step's
-  next_obs_var; zero at step 0). MOPO (config.algo == "mopo"): reward and reward_mean are
+  next_obs_var; zero at step 0). MOPO (config.algorithm.penalize_reward): reward and reward_mean are
   penalised by beta * mopo_penalty (beta: f32 scalar, may be traced; default config.beta).
 
   length: k, int32 scalar <= K = config.rollout_length (may be traced: a cell's own rollout
@@ -54,7 +54,7 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   n, _ = start_obs.shape
   k = config.rollout_length
   active = jnp.arange(k) < (k if length is None else length)     # bool [K]: step i runs
-  penalise = config.algo == "mopo"
+  penalise = config.algorithm.penalize_reward
   beta = config.beta if beta is None else beta
 
   def one_step(carry, inputs):

@@ -2,8 +2,9 @@
 
 The Bellman target is an argument (`target_fn(agent, batch, key) -> (y [B], aux)`), so this module
 does not know which algorithm runs: MOMBO, MOBILE and MOPO differ only in their target functions
-(targets.py), plus one switch here: with `config.algo == "mombo"` the actor is trained on the
-critics' moment-matched mean evaluated with the batch's state variance (the reference code does so).
+(targets.py), plus one switch here: for an algorithm with `moment_matching` (MOMBO;
+config.algorithm, mombo_jax.algorithms) the actor is trained on the critics' moment-matched mean
+evaluated with the batch's state variance (the reference code does so).
 
 Parameter layout: every TrainState's `params` is the full Flax variables dict, so
 `state.apply_fn(state.params, ...)` and e.g. `TanhGaussianActor(...).apply(agent.actor.params, obs)`
@@ -14,7 +15,7 @@ Shapes: B = batch rows, S = observation dim, A = action dim, E = config.num_crit
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 import chex
 import flax.struct as struct
@@ -24,7 +25,8 @@ import optax
 from flax.training.train_state import TrainState
 
 from mombo_jax.buffer import Batch
-from mombo_jax.config import Config
+if TYPE_CHECKING:    # Config or config.EpochSettings; config imports this module (algorithms)
+  from mombo_jax.config import Config
 from mombo_jax.critics import (CriticEnsemble, TanhGaussianActor, deterministic_action,
                                sample_tanh_gaussian)
 
@@ -184,7 +186,7 @@ def soft_target(agent: AgentState, batch: Batch, key: jax.Array, config: Config,
 
 def _critic_values(agent: AgentState, critic_params, obs, action, obs_var, config: Config):
   """Q [E, B] for the actor loss: MM mean with obs_var for MOMBO, the plain Q otherwise."""
-  if config.algo == "mombo":
+  if config.algorithm.moment_matching:
     q_mean, _ = agent.critic.apply_fn(critic_params, obs, action, obs_var)
     return q_mean
   return agent.critic.apply_fn(critic_params, obs, action)

@@ -39,7 +39,7 @@ ACTORS_OF = {"medium": ("medium",), "medium-replay": ("medium",), "expert": ("ex
 class SavedActor:
   """An actor saved by save_actor, loaded back (load_actor)."""
   params: dict        # the actor variables {"params": {"Dense_0": ...}}, numpy arrays
-  config: object      # the Config sac_policy needs (online_config + the saved log-std bounds)
+  config: object      # the settings sac_policy needs (online_config + the saved log-std bounds)
   info: dict          # the JSON sidecar
   path: str           # the .msgpack file
   sha256: str         # of the .msgpack file
@@ -111,7 +111,7 @@ def save_actor(directory: str, quality: str, actor_params, info: dict) -> dict:
 
 
 def actor_config(info: dict):
-  """The online-SAC Config an actor sidecar describes (what make_actor / sac_policy read)."""
+  """The online-SAC settings an actor sidecar describes (what make_actor / sac_policy read)."""
   config = online_config(info["env"], tuple(int(h) for h in info["actor_hidden"]),
                          int(info.get("batch_size", 256)))
   return dataclasses.replace(config, log_std_min=float(info["log_std_min"]),

@@ -3,10 +3,11 @@
     target(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None, auto_alpha=None)
       -> (y [B], aux {name: scalar})
 
-picked once, outside jit, by `get_target(config)`. The per-cell settings may be traced (the cells
-of one program may differ in them, train.Cell): beta (f32 scalar, default config.beta), real_rows
-(int32 scalar, the batch's leading real rows; default int(B * config.real_ratio)) and auto_alpha
-(bool scalar, default config.auto_alpha; it picks the temperature of a soft backup, sac.alpha).
+picked once, outside jit, from the run's algorithms.Algorithm (`get_target(config)`). The per-cell
+settings may be traced (the cells of one program may differ in them, train.Cell): beta (f32
+scalar, default config.beta), real_rows (int32 scalar, the batch's leading real rows; default
+int(B * config.real_ratio)) and auto_alpha (bool scalar, default config.auto_alpha; it picks the
+temperature of a soft backup, sac.alpha).
 `train.py` binds dyn/config/term_fn and the cell's settings with functools.partial and hands
 `sac.update` a `target_fn(agent, batch, key)`.
 
@@ -30,8 +31,8 @@ and called with the key a target got, it returns exactly the per-row U that targ
 targets call the same code (`lcb_moments`, `elite_spread_moments`, `mixture_moments`,
 `penalty_mobile`). MOPO's U is dynamics.step's mopo_penalty, which rollout.py subtracts from the
 model reward; `penalty_mopo` reads it from the same function. `get_penalty(config)` picks the one
-of a config; mombo_jax.quantifier_quality (the paper's Table 2, docs/spec.md section 9) uses nothing
-else.
+of a config's algorithm; mombo_jax.quantifier_quality (the paper's Table 2, docs/spec.md section 9)
+uses nothing else.
 """
 import functools
 
@@ -245,6 +246,12 @@ def mopo(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None, 
   return sac.soft_target(agent, batch, key, config, auto_alpha)
 
 
+def plain(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None, auto_alpha=None):
+  """Plain SAC's soft target, no penalty (algorithms.SAC)."""
+  del dyn, term_fn, beta, real_rows
+  return sac.soft_target(agent, batch, key, config, auto_alpha)
+
+
 def penalty_mopo(agent, batch, key, *, dyn, config, term_fn=None):
   """U [B] of MOPO, unscaled: max over ALL members of ||(sigma_s', sigma_r)||_2 at (batch.obs,
   batch.action), dynamics.step's mopo_penalty, which rollout.py subtracts (times lambda = beta) from
@@ -254,24 +261,17 @@ def penalty_mopo(agent, batch, key, *, dyn, config, term_fn=None):
   return dynamics.step(dyn, batch.obs, batch.action, key, config, penalty=True).mopo_penalty
 
 
-_MOMBO = {"lcb": mombo_lcb, "elite_spread": mombo_elite_spread, "mixture": mombo_mixture}
-_MOMBO_PENALTY = {"lcb": penalty_mombo_lcb, "elite_spread": penalty_elite_spread,
-                  "mixture": penalty_mixture}
-
-
 def get_target(config):
-  """The target function of config.algo (and config.target for MOMBO)."""
-  if config.algo == "mombo":
-    return _MOMBO[config.target]
-  return {"mobile": mobile, "mopo": mopo}[config.algo]
+  """The target function of config's algorithm (config.algorithm: algorithms.Algorithm)."""
+  return config.algorithm.target
 
 
 def get_penalty(config):
-  """penalty_fn(agent, batch, key, *, dyn, config, term_fn) -> U [B] (unscaled) of config.algo
-  (and config.target for MOMBO): the per-row quantity its training subtracts times beta."""
-  if config.algo == "mombo":
-    return _MOMBO_PENALTY[config.target]
-  return {"mobile": penalty_mobile, "mopo": penalty_mopo}[config.algo]
+  """penalty_fn(agent, batch, key, *, dyn, config, term_fn) -> U [B] (unscaled) of config's
+  algorithm: the per-row quantity its training subtracts times beta."""
+  if config.algorithm.penalty is None:
+    raise ValueError(f"{config.algorithm.label} has no uncertainty penalty.")
+  return config.algorithm.penalty
 
 
 def bind(config, dyn, term_fn):

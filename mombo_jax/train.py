@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax import buffer, dynamics, rollout, sac, targets, termination
+from mombo_jax import buffer, config as config_lib, dynamics, rollout, sac, termination
 
 
 class TrainState(struct.PyTreeNode):
@@ -222,6 +222,9 @@ def _settings(per_cell) -> tuple:
 def make_epoch(config, per_cell=()):
   """Returns a pure epoch(state, real, key, cell=None) -> (state, metrics) of one cell (one seed).
 
+  config: a Config or its config.EpochSettings (what the epoch reads: the algorithm's record
+  among them, which supplies the Bellman target).
+
   real: the real dataset, Batch [N, ...], with cell None (then beta, rollout length, real rows
   and auto_alpha are config's); or datasets stacked [D, N_max, ...] (buffer.stack) with a Cell
   saying which one, its size and the cell's own settings (Cell). Shared by all cells: vmap it
@@ -237,7 +240,9 @@ def make_epoch(config, per_cell=()):
   scalars, quantity in DIVERGENCE_CHECKS: which check failed THIS epoch on a healthy seed).
   """
   per_cell = _settings(per_cell)
-  target = targets.get_target(config)
+  if isinstance(config, config_lib.Config):
+    config = config_lib.epoch_settings(config)
+  target = config.algorithm.target
   term_fn = termination.termination_fn(config.env_name)
 
   def epoch(state: TrainState, real: buffer.Batch, key, cell: Cell = None):
@@ -252,8 +257,8 @@ def make_epoch(config, per_cell=()):
       # Python values where the cells agree: the static program of a plain run.
       own = lambda f, value, static: value if f in per_cell else static  # noqa: E731
       k = own("rollout_length", cell.rollout_length, None)
-      n_real = own("real_ratio", cell.real_rows,
-                   buffer.real_rows(config.batch_size, config.real_ratio))
+      n_real = (cell.real_rows if "real_ratio" in per_cell
+                else buffer.real_rows(config.batch_size, config.real_ratio))
       auto_alpha = own("auto_alpha", cell.auto_alpha, None)
     k_start, k_roll, k_steps = jax.random.split(key, 3)
     agent, dyn = state.agent, state.dynamics
@@ -385,11 +390,12 @@ def make_cells_epoch(config, num_cells: int, per_cell=()):
   shard_cells / replicate (or uncommitted ones): a committed array on another placement is refused
   by jit. num_cells is C and must split evenly over the devices (check_cell_count). The state
   argument is donated: its buffers (the ring buffer above all) are reused in place. Cached per
-  config (ignoring fields the epoch never reads), so runs in one process share the compiled function.
+  config's EpochSettings (config.epoch_settings: what the epoch reads), so runs in one process
+  share the compiled function.
   """
   check_cell_count(num_cells)
   per_cell = _settings(per_cell)
-  return _cells_epoch(epoch_config(config, per_cell), per_cell)
+  return _cells_epoch(config_lib.epoch_settings(config, per_cell), per_cell)
 
 
 def make_cells_chunk(config, num_cells: int, max_epochs: int, per_cell=()):
@@ -413,25 +419,7 @@ def make_cells_chunk(config, num_cells: int, max_epochs: int, per_cell=()):
     raise ValueError(f"max_epochs={max_epochs}: a chunk runs at least one epoch.")
   check_cell_count(num_cells)
   per_cell = _settings(per_cell)
-  return _cells_chunk(epoch_config(config, per_cell), int(max_epochs), per_cell)
-
-
-# Fields the compiled epoch never reads (training the dynamics, evaluation, seeding, naming, the
-# settings' source) and beta (a per-cell array): epoch_config resets them to the defaults (and
-# epoch_config's per_cell).
-_NOT_IN_EPOCH = ("seed", "num_seeds", "eval_every", "eval_episodes", "reference", "beta", "dyn_lr",
-                 "dyn_batch_size", "dyn_holdout_ratio", "dyn_max_holdout", "dyn_improvement",
-                 "dyn_patience", "dyn_max_epochs", "dyn_checkpoint_every_s")
-
-
-def epoch_config(config, per_cell=()):
-  """config with the fields the compiled epoch never reads set to fixed values, and those of
-  per_cell the cells carry (but rollout_length: the program's is the longest cell's) too: cells
-  whose configs give the same epoch_config can share one compiled program."""
-  defaults = type(config)()
-  reset = _NOT_IN_EPOCH + tuple(f for f in _settings(per_cell) if f != "rollout_length")
-  return dataclasses.replace(config, env=config.env_name + "-random",  # only the env is read
-                             **{k: getattr(defaults, k) for k in reset})
+  return _cells_chunk(config_lib.epoch_settings(config, per_cell), int(max_epochs), per_cell)
 
 
 _P = jax.sharding.PartitionSpec

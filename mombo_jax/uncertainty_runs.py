@@ -65,7 +65,7 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
   import dataclasses
 
   import jax
-  from mombo_jax import quantifier_quality, results, trained as trained_lib
+  from mombo_jax import algorithms, quantifier_quality, results, trained as trained_lib
   if states not in STATES:
     raise ValueError(f"--states={states}: choose one of {', '.join(STATES)}.")
   rows, datasets, loaded = [], {}, {}
@@ -92,7 +92,7 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
       rows.append(dict(
           run=path, env=config.env_name, dataset=trained.dataset,
           algo=results.algo_label(dataclasses.asdict(config)),
-          target=config.target if config.algo == "mombo" else "", states=states,
+          target=algorithms.variant_of(config.algo, config.target), states=states,
           seed=trained.seeds[i], epoch=trained.epoch, beta=float(config.beta),
           transitions=int(len(res["exact"])), draws=int(draws), num_policy=int(num_policy),
           **{k: res[f"{k}_mean"] for k in ("accuracy", "tightness", "accuracy_unscaled",

@@ -33,6 +33,7 @@ from typing import List, Optional, Sequence, Tuple
 # The ensembles' folder scheme and get-or-train, part of a run's layout (re-exported).
 from mombo_jax.dynamics_store import (  # noqa: F401
     check_legacy_dynamics, dynamics_lock, dynamics_path, get_dynamics, legacy_dynamics_path)
+from mombo_jax import algorithms
 from mombo_jax.errors import UserError
 
 CONFIG = "config.json"
@@ -55,8 +56,9 @@ def run_dir(root, dataset, algo, target, seed, seeds, beta=None, reference=None)
   default workdir (beta only in the name of a --betas grid's cells; reference only when it is not
   the algorithm's default source, so runs of both sources of one algorithm sit side by side)."""
   from mombo_jax import references
-  name = algo + (f"-{target}" if algo == "mombo" else "")
-  name += "" if reference in (None, references.DEFAULT.get(algo)) else f"-{reference}"
+  name = algorithms.label(algo, target)
+  tables = algorithms.get(algo, target).references if algo in algorithms.names() else algo
+  name += "" if reference in (None, references.DEFAULT.get(tables)) else f"-{reference}"
   name += "" if beta is None else f"-beta{beta:g}"
   return os.path.join(root, dataset.replace("/", "_"), name, f"s{seed}x{seeds}")
 

@@ -277,10 +277,9 @@ PENDULUM_PASS = -500.0
 
 def pendulum_config():
   """Small fast SAC for Pendulum: 64x64 nets, lr 1e-3, soft backup, no clamp, constant lr."""
-  from mombo_jax.online_sac import ONLINE_SAC
-  from mombo_jax.config import Config
-  return Config(**dict(ONLINE_SAC, actor_lr=1e-3, critic_lr=1e-3, alpha_lr=1e-3),
-                actor_hidden=(64, 64), critic_hidden=(64, 64), batch_size=128)
+  from mombo_jax.online_sac import OnlineSettings
+  return OnlineSettings("pendulum", actor_lr=1e-3, critic_lr=1e-3, alpha_lr=1e-3,
+                        actor_hidden=(64, 64), critic_hidden=(64, 64), batch_size=128)
 
 
 def run_pendulum(seed=0):

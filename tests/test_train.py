@@ -220,7 +220,7 @@ def test_cells_differing_in_their_datasets_settings_train_as_their_single_progra
   configs = [cfg, dataclasses.replace(cfg, rollout_length=1, real_ratio=0.5, auto_alpha=False)]
   per_cell = train_lib.per_cell_settings(configs)
   assert per_cell == train_lib.CELL_SETTINGS
-  assert train_lib.epoch_config(configs[1], per_cell) == train_lib.epoch_config(
+  assert config_lib.epoch_settings(configs[1], per_cell) == config_lib.epoch_settings(
       dataclasses.replace(cfg, rollout_length=1), per_cell)
   n = len(configs)
   keys = jax.random.split(jax.random.PRNGKey(3), n)

@@ -4,8 +4,8 @@ one such run per environment; its medium policy, replay buffer and final policy 
 medium, medium-replay and expert datasets.
 
 The SAC itself is mombo_jax.sac with the standard online hyperparameters (OnlineSettings). Acting
-runs in numpy on the host (host_actor: one small MLP call per env step is cheaper than a jitted call's
-dispatch); gradient steps run on the device in chunks of `train_every`, each a loop over
+runs in numpy on the host (host_actor: one small MLP call per env step is cheaper than a jitted
+call's dispatch); gradient steps run on the device in chunks of `train_every`, each a loop over
 batches sampled on the device from a device copy of the replay buffer, in device calls of about
 stops.CHUNK_SECONDS so that a stop request is seen within seconds. A stop checkpoints the run
 where it is, and a resume continues it bit for bit (train_sac). The checkpoints are

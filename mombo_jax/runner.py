@@ -31,7 +31,7 @@ CHUNK_SECONDS = 3.0
 class Program:
   """The device side of a launch: the compiled program's shared config and its arguments, cell
   axis C (sharded over the devices), datasets D (replicated)."""
-  config: Any                  # the groups' shared settings (epoch_config decides what may differ),
+  config: Any                  # the groups' shared settings (check_groups: what may differ),
                                # rollout_length the longest group's (program_config)
   num_cells: int
   state: Any                   # TrainState [C]

@@ -72,6 +72,8 @@ def register(algorithm: Algorithm) -> Algorithm:
   if have and ("" in have) != (algorithm.variant == ""):
     raise ValueError(f"{algorithm.name!r} mixes a plain record and variants; give every record "
                      "of one name a variant, or none.")
+  if have and next(iter(have.values())).references != algorithm.references:
+    raise ValueError(f"The variants of {algorithm.name!r} must share one references table key.")
   have[algorithm.variant] = algorithm
   return algorithm
 
@@ -99,6 +101,12 @@ def get(name: str, target: Optional[str] = None) -> Algorithm:
     raise ValueError(f"Unknown target {target!r} for {name}; choose one of "
                      f"{', '.join(variants(name))}.")
   return have[target]
+
+
+def tables(name: str) -> Optional[str]:
+  """The references.SOURCES key of algorithm `name`'s settings tables (shared by its variants),
+  None for none. ValueError for an unknown name."""
+  return get(name, next(iter(variants(name)), None)).references
 
 
 def label(algo: str, target: Optional[str] = None, form: str = "name") -> str:

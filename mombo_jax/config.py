@@ -152,7 +152,7 @@ def _validate(c: "Config"):
   if not algorithms.variants(c.algo) and c.target not in TARGETS:
     raise ValueError(f"Unknown target {c.target!r}; choose one of {', '.join(TARGETS)}.")
   if c.reference is not None:
-    _reference(algorithm, c.reference)
+    _reference(c.algo, c.reference)
   parse_name(c.env)
   for name in _POSITIVE_INTS:
     v = getattr(c, name)
@@ -345,29 +345,27 @@ def parse_name(name: str) -> tuple:
   return env, quality
 
 
-def _reference(algorithm: algorithms.Algorithm, reference: Optional[str]) -> Optional[str]:
-  """The source `reference` of algorithm's tables checked (None: their default); None for an
+def _reference(algo: str, reference: Optional[str]) -> Optional[str]:
+  """The source `reference` of algo's tables checked (None: their default); None for an
   algorithm without tables (ValueError if one is named)."""
-  if algorithm.references is None:
+  tables = algorithms.tables(algo)
+  if tables is None:
     if reference is not None:
-      raise ValueError(f"{algorithm.label} has no reference settings tables; leave reference "
-                       f"unset, got {reference!r}.")
+      raise ValueError(f"{algo} has no reference settings tables; leave reference unset, got "
+                       f"{reference!r}.")
     return None
-  return references.check(algorithm.references, reference)
+  return references.check(tables, reference)
 
 
-def task_overrides(env: str, algo: str, reference: Optional[str] = None,
-                   target: Optional[str] = None) -> dict:
+def task_overrides(env: str, algo: str, reference: Optional[str] = None) -> dict:
   """The settings of `algo` on `env` (a short name) from the source `reference` (None: the
   algorithm's default, references.DEFAULT) of its tables (algorithms.Algorithm.references; none:
   {}): the source's row for env (the mixed datasets: the paper's one setting), then the source's
   settings for every task and its evaluation cadence."""
   parse_name(env)
-  algorithm = algorithms.get(algo, target)
-  if algorithm.references is None:
-    _reference(algorithm, reference)
+  if _reference(algo, reference) is None:
     return {}
-  src = references.source(algorithm.references, reference)
+  src = references.source(algorithms.tables(algo), reference)
   out = dict(src.tasks[env]) if env in src.tasks else dict(_MIXED, beta=_MIXED_BETA)
   out.update(src.settings, eval_every=src.eval_every)
   return out
@@ -379,16 +377,16 @@ def make_config(env: str = "hopper-random", algo: str = "mombo", preset: str = "
   table of the source overrides["reference"] names (default: the algorithm's, references.DEFAULT;
   recorded in the Config; none for an algorithm without tables), then a preset, then explicit
   overrides. ValueError for a source the algorithm does not have."""
-  algorithm = algorithms.get(algo, overrides.get("target", Config.target))
+  algorithms.get(algo, overrides.get("target", Config.target))   # ValueError: unknown names
   if preset not in PRESETS:
     raise ValueError(f"Unknown preset {preset!r}; choose one of {', '.join(PRESETS)}.")
   fields = {f.name for f in dataclasses.fields(Config)}
   unknown = sorted(set(overrides) - fields)
   if unknown:
     raise ValueError(f"Unknown config field(s) {unknown}; valid fields: {sorted(fields)}.")
-  reference = _reference(algorithm, overrides.pop("reference", None))
+  reference = _reference(algo, overrides.pop("reference", None))
   values = dict(env=env, algo=algo, reference=reference)
-  values.update(task_overrides(env, algo, reference, algorithm.variant or None))
+  values.update(task_overrides(env, algo, reference))
   if preset == "paper":
     # The actor's cosine schedule spans the paper's run whatever --epochs says, so a shorter run
     # is the prefix of the paper's (3000 epochs; the mixed datasets' 2000).

@@ -57,7 +57,7 @@ def run_dir(root, dataset, algo, target, seed, seeds, beta=None, reference=None)
   the algorithm's default source, so runs of both sources of one algorithm sit side by side)."""
   from mombo_jax import references
   name = algorithms.label(algo, target)
-  tables = algorithms.get(algo, target).references if algo in algorithms.names() else algo
+  tables = algorithms.tables(algo) if algo in algorithms.names() else algo
   name += "" if reference in (None, references.DEFAULT.get(tables)) else f"-{reference}"
   name += "" if beta is None else f"-beta{beta:g}"
   return os.path.join(root, dataset.replace("/", "_"), name, f"s{seed}x{seeds}")

@@ -276,9 +276,8 @@ def epoch_settings(config: Config, per_cell: Optional[Tuple[str, ...]] = None) -
   """config's EpochSettings. per_cell None: a plain program (every setting config's, beta too);
   a tuple (train.CELL_SETTINGS names, maybe empty): a program over train.Cell values, whose beta
   and per_cell settings (but rollout_length: the program's is the longest) are None."""
-  names = [f.name for f in dataclasses.fields(EpochSettings)]
-  values = {n: getattr(config, n) for n in names}   # algorithm, env_name, schedule_steps:
-  # Config's properties
+  # Fields of Config, or its properties (algorithm, env_name, schedule_steps).
+  values = {f.name: getattr(config, f.name) for f in dataclasses.fields(EpochSettings)}
   if per_cell is not None:
     values.update(beta=None, **{f: None for f in per_cell if f != "rollout_length"})
   return EpochSettings(**values)

@@ -34,6 +34,7 @@ the last line give the load average.
 """
 import argparse
 import contextlib
+import importlib
 import io
 import os
 import re
@@ -49,7 +50,7 @@ import numpy as np
 
 import mombo_jax
 from benchmarks import common
-from mombo_jax import buffer, config as config_lib, launch, runner, train
+from mombo_jax import buffer, config as config_lib, runner, train
 
 SCRIPT = os.path.join("benchmarks", "bench_loop.py")
 
@@ -110,16 +111,30 @@ def _epoch_fn(config):
   return train.make_seeds_epoch(config)
 
 
+def _module(*names):
+  """The first of mombo_jax's modules `names` that this tree has (the package's rooms were split:
+  launch.py's parts moved to run_dataset, dynamics_store, ...), or None."""
+  for name in names:
+    try:
+      return importlib.import_module(f"mombo_jax.{name}")
+    except ImportError:
+      pass
+  return None
+
+
 def _dynamics(config, transitions, dataset, dyn_dir):
-  """The seeds' saved ensembles, as the runner gets them (launch.get_dynamics, or
-  workdir.get_dynamics after the rewrite)."""
-  if hasattr(launch, "get_dynamics"):
+  """The seeds' saved ensembles, as the runner gets them (dynamics_store.get_dynamics; older
+  trees: workdir.get_dynamics, or launch.get_dynamics of another signature before the rewrite)."""
+  launch = _module("launch")
+  if launch is not None and hasattr(launch, "get_dynamics"):
     seed_keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(config.seed,
                                                         config.seed + config.num_seeds))
     return launch.get_dynamics(config, transitions, jax.vmap(jax.random.fold_in, (0, None))(
         seed_keys, 0), dyn_dir, dataset)
-  from mombo_jax import workdir
-  return workdir.get_dynamics(config, transitions, dataset, dyn_dir)
+  store = _module("dynamics_store")
+  if store is None or not hasattr(store, "get_dynamics"):
+    store = _module("workdir")
+  return store.get_dynamics(config, transitions, dataset, dyn_dir)
 
 
 def device_timer(config, dataset, dyn_dir, build_steps, epochs):
@@ -128,7 +143,8 @@ def device_timer(config, dataset, dyn_dir, build_steps, epochs):
   times back to back, blocked at the end; ms per epoch of one train.make_cells_chunk call running
   `epochs` epochs, or None where the tree has none). Each call trains the same state on."""
   with contextlib.redirect_stdout(io.StringIO()):
-    transitions = launch.load_dataset(dataset, config, "random", build_steps)
+    transitions = _module("run_dataset", "launch").load_dataset(dataset, config, "random",
+                                                                build_steps)
     dyn = _dynamics(config, transitions, dataset, dyn_dir)
   s = config.num_seeds
   seed_keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(config.seed, config.seed + s))

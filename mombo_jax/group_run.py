@@ -13,7 +13,7 @@ from typing import Any, List
 
 from mombo_jax.errors import Interrupted
 from mombo_jax.groups import Group
-from mombo_jax.launch import log
+from mombo_jax.console import log
 from mombo_jax.workdir import Workdir
 
 
@@ -27,7 +27,7 @@ class GroupRun:
   seeds: Any                   # int [S]
   ckpt: Any                    # checkpoint.RunCheckpointer
   rows: List[dict] = dataclasses.field(default_factory=list)
-  q: Any = None                # outputs.QWatch
+  q: Any = None                # overestimation.OverestimationWatch
   diverged: dict = dataclasses.field(default_factory=dict)   # seed -> {seed, epoch, quantity}
   evaluator: Any = None
   scores: Any = None           # normalised scores [S, episodes] of the last evaluation

@@ -16,10 +16,14 @@ import time
 from typing import Any
 
 from mombo_jax import group_run
+from mombo_jax.console import log
+from mombo_jax.dynamics_store import check_legacy_dynamics, get_dynamics
 from mombo_jax.errors import Interrupted, UserError
-from mombo_jax.launch import load_dataset, log, validate
 from mombo_jax.groups import Group, check_groups, describe_algorithm
-from mombo_jax.workdir import Workdir, check_legacy_dynamics
+from mombo_jax.key_scheme import cell_keys
+from mombo_jax.preflight import validate
+from mombo_jax.run_dataset import load_dataset
+from mombo_jax.workdir import Workdir
 
 # Longest a device call may run (epochs are batched up to the next evaluation, but no more than
 # this by the last call's pace; one epoch at least): SIGTERM / SIGINT are honoured between calls,
@@ -139,9 +143,8 @@ def prepare(groups, records, keep, should_stop, data_options):
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from mombo_jax import (buffer, checkpoint, data, distributed, envs, outputs, provenance,
+  from mombo_jax import (buffer, checkpoint, data, distributed, envs, overestimation, provenance,
                          scores, train as train_lib)
-  from mombo_jax.workdir import cell_keys
 
   names = list(dict.fromkeys(g.dataset for g in groups))      # distinct datasets, in order
   transitions, dataset_scores = {}, {}
@@ -167,8 +170,10 @@ def prepare(groups, records, keep, should_stop, data_options):
   reals = [buffer.from_transitions(transitions[name]) for name in names]
   stacked, sizes = buffer.stack(reals)
   # Each dataset's return bound max|r| / (1 - gamma), from its real rewards (the stack's NaN
-  # padding ignored): the critics' mean Q of its cells is watched against it (outputs.QWatch).
-  bounds = dict(zip(names, outputs.return_bound(np.asarray(stacked.reward), groups[0].config.gamma)))
+  # padding ignored): the critics' mean Q of its cells is watched against it
+  # (overestimation.OverestimationWatch).
+  bounds = dict(zip(names, overestimation.return_bound(np.asarray(stacked.reward),
+                                                       groups[0].config.gamma)))
   join = lambda trees: jax.tree.map(lambda *xs: jnp.concatenate(xs), *trees)  # noqa: E731
   runs, dyns, init_keys, epoch_keys, cell_dataset, cell_configs = [], [], [], [], [], []
   for g in groups:
@@ -182,7 +187,8 @@ def prepare(groups, records, keep, should_stop, data_options):
       dyns.append(_dynamics_placeholder(dyn_k, transitions[g.dataset], c))
       log(f"Resuming {g.workdir}: its dynamics ensembles come from its checkpoint.")
     else:
-      dyns.append(wd.dynamics(c, transitions[g.dataset], g.dataset, should_stop, log=log))
+      dyns.append(get_dynamics(c, transitions[g.dataset], g.dataset, wd.dynamics_dir,
+                               should_stop=should_stop, log=log))
     init_keys.append(init_k)
     epoch_keys.append(epoch_k)
     cell_dataset += [names.index(g.dataset)] * c.num_seeds
@@ -228,8 +234,8 @@ def prepare(groups, records, keep, should_stop, data_options):
       r.workdir.write_rows(r.rows)
     bound = bounds[r.group.dataset]
     # A checkpoint saved before the watch existed (or a fresh run): rebuilt from metrics.csv.
-    r.q = (outputs.QWatch(r.seeds, bound, meta["q"]) if "q" in meta
-           else outputs.QWatch.from_rows(r.seeds, bound, r.rows))
+    r.q = (overestimation.OverestimationWatch(r.seeds, bound, meta["q"]) if "q" in meta
+           else overestimation.OverestimationWatch.from_rows(r.seeds, bound, r.rows))
   # The cell axis lives split over all devices (of all processes) from here on; the datasets are
   # copied to every device once.
   program = Program(config=config, num_cells=len(cell_configs),

@@ -22,9 +22,9 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
-from mombo_jax import outputs
+from mombo_jax import atomic
 from mombo_jax.errors import UserError
-from mombo_jax.launch import EXIT_DIVERGED
+from mombo_jax.console import EXIT_DIVERGED
 
 # experiments.run's flags that a sweep sets for every cell (name -> absl type). They make the
 # cell's setup (its config.json), which the sweep checks and compares with finished cells.
@@ -80,9 +80,10 @@ class Cell:
 
   @property
   def dynamics_path(self) -> Optional[str]:
-    """The folder of the cell's ensembles (workdir.dynamics_path: its dynamics settings name it);
+    """The folder of the cell's ensembles (dynamics_store.dynamics_path: its dynamics settings name
+    it);
     cells of one dataset with equal settings share it. None without a config."""
-    from mombo_jax.workdir import dynamics_path
+    from mombo_jax.dynamics_store import dynamics_path
     return None if self.config is None else dynamics_path(self.dynamics_dir, self.config)
 
 
@@ -292,12 +293,12 @@ def run_sweep(cells: Sequence[Cell], out: str, runner: Optional[Callable[[Cell],
   finished. history: one {status, time, command, exit_code, seconds} per launch and one {status:
   "skipped", time, command} per sweep that found it finished, over every sweep into <out>, oldest
   first. The sweep's status is its cells' worst (interrupted > failed > diverged > finished).
-  runner(cell) -> exit status (default: a Launcher). outputs.WriteError (a UserError) when <out>
+  runner(cell) -> exit status (default: a Launcher). atomic.WriteError (a UserError) when <out>
   cannot be written: raised before any cell is launched."""
   from mombo_jax import locks
   runner = runner or Launcher()
   extend = check_cells(cells)
-  outputs.check_writable(out)
+  atomic.check_writable(out)
   # One sweep per folder (sweep.json has one writer); each cell's run takes its workdir's lock.
   lock = locks.FolderLock(out, ".sweep.lock", what="sweep --out", fix=(
       "wait for that sweep to finish or stop it, or pass another --out")).acquire()
@@ -327,7 +328,7 @@ def _run_sweep(cells, out, runner, extend, log):
       result["signal"] = int(signum)
     if others:
       result["other_cells"] = others
-    outputs.write_json(record_path, result, indent=2)
+    atomic.write_json(record_path, result, indent=2)
     return result
 
   write("running")                     # an unwritable --out fails here, before any launch

@@ -11,7 +11,6 @@ import pytest
 
 from mombo_jax import config as config_lib
 from mombo_jax import dynamics, dynamics_training, saved_dynamics, termination
-from mombo_jax import workdir as workdir_lib
 from mombo_jax.data import Transitions
 
 # Tiny ensemble: 3 members, 2 elites, 2 x 32 hidden.
@@ -325,9 +324,9 @@ def test_termination_of_non_finite_and_far_states():
 
 @pytest.mark.slow
 def test_train_dynamics_cli(tmp_path, monkeypatch):
-  """experiments.train_dynamics' work (launch.train_dynamics) end to end on a tiny in-memory
-  dataset (no Minari, no network)."""
-  from mombo_jax import data as data_lib, launch, provenance
+  """experiments.train_dynamics' work (dynamics_store.train_dynamics) end to end on a tiny
+  in-memory dataset (no Minari, no network)."""
+  from mombo_jax import data as data_lib, dynamics_store, provenance
   from mombo_jax.errors import UserError
   rng = np.random.default_rng(0)
   n, s, a = 300, 11, 3
@@ -337,11 +336,11 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
   asked = []
   monkeypatch.setattr(data_lib, "load_transitions", lambda name, **_: asked.append(name) or fake)
   lines = []
-  path = launch.train_dynamics(env="hopper-medium", seeds=2, seed=3, max_epochs=2, preset="tiny",
-                               workdir=str(tmp_path), log_fn=lines.append)
+  path = dynamics_store.train_dynamics(env="hopper-medium", seeds=2, seed=3, max_epochs=2,
+                                       preset="tiny", workdir=str(tmp_path), log_fn=lines.append)
   run_config = config_lib.make_config("hopper-medium", "mombo", "tiny", seed=3, num_seeds=2)
   assert asked == ["hopper-medium"]
-  assert path == workdir_lib.dynamics_path(str(tmp_path), run_config)    # where the run looks
+  assert path == dynamics_store.dynamics_path(str(tmp_path), run_config)    # where the run looks
   assert sum("dynamics epoch" in line for line in lines) == 2
   dyn, meta = saved_dynamics.load(path)
   assert meta["num_seeds"] == 2 and meta["obs_dim"] == s and meta["action_dim"] == a
@@ -352,10 +351,10 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
   assert saved_dynamics.reuse_mismatch(meta, expected) == {}
   assert not os.path.exists(path + ".partial")
   with pytest.raises(UserError, match="already exists"):
-    launch.train_dynamics(env="hopper-medium", seeds=2, seed=3, preset="tiny",
-                          workdir=str(tmp_path), log_fn=lines.append)
+    dynamics_store.train_dynamics(env="hopper-medium", seeds=2, seed=3, preset="tiny",
+                                  workdir=str(tmp_path), log_fn=lines.append)
   with pytest.raises(UserError, match="Valid names"):
-    launch.train_dynamics(env="hopper-mediocre", workdir=str(tmp_path))
+    dynamics_store.train_dynamics(env="hopper-mediocre", workdir=str(tmp_path))
 
 
 def test_interrupted_training_resumes_to_the_same_ensemble(fitted, tmp_path):

@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax import (buffer, config as config_lib, data, dynamics, launch, outputs, provenance,
-                       runner, sac, scores)
+from mombo_jax import (buffer, compilation_cache, config as config_lib, data, dynamics,
+                       dynamics_store, outputs, preflight, provenance, run_dataset, runner, sac,
+                       scores)
 from mombo_jax import train as train_lib
-from mombo_jax import workdir as workdir_lib
 from mombo_jax.errors import UserError
 from mombo_jax.workdir import Workdir
 
@@ -174,18 +174,19 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
 def test_compilation_cache_flag(tmp_path, capsys):
   old = jax.config.jax_compilation_cache_dir
   try:
-    assert launch.enable_compilation_cache("") is None
+    assert compilation_cache.enable_compilation_cache("") is None
     assert jax.config.jax_compilation_cache_dir == old
     afile = tmp_path / "afile"
     afile.write_text("x")
-    assert launch.enable_compilation_cache(str(afile / "cache")) is None   # a note, not a failure
+    # A folder that cannot be created is a note, not a failure.
+    assert compilation_cache.enable_compilation_cache(str(afile / "cache")) is None
     assert "compiling without a persistent cache" in capsys.readouterr().out
     assert jax.config.jax_compilation_cache_dir == old
-    path = launch.enable_compilation_cache(str(tmp_path / "cache" / "jax"))
+    path = compilation_cache.enable_compilation_cache(str(tmp_path / "cache" / "jax"))
     assert path == str(tmp_path / "cache" / "jax") and os.path.isdir(path)
     assert jax.config.jax_compilation_cache_dir == path
-    assert launch.default_compilation_cache({}).startswith("~")
-    assert launch.default_compilation_cache({"JAX_COMPILATION_CACHE_DIR": "/c"}) == "/c"
+    assert compilation_cache.default_compilation_cache({}).startswith("~")
+    assert compilation_cache.default_compilation_cache({"JAX_COMPILATION_CACHE_DIR": "/c"}) == "/c"
   finally:
     jax.config.update("jax_compilation_cache_dir", old)
 
@@ -207,17 +208,17 @@ def test_missing_sac_datasets_are_built_only_when_asked(minari_root, tmp_path, m
   """The quick/tiny default builds missing random datasets only; --build_missing hands any short
   name (SAC-based, mixed) to the collector; a Minari id is never built."""
   calls = []
-  monkeypatch.setattr(launch, "run_child", lambda cmd, *a: calls.append(cmd) or 1)
+  monkeypatch.setattr(run_dataset, "run_child", lambda cmd, *a: calls.append(cmd) or 1)
   config = _config("mombo")
   with pytest.raises(UserError, match="--build_missing"):
-    launch.load_dataset("hopper-random-medium-1pct", config, "random", 5000)
+    run_dataset.load_dataset("hopper-random-medium-1pct", config, "random", 5000)
   assert calls == []
   with pytest.raises(UserError, match="Building hopper-random-medium-1pct failed"):
-    launch.load_dataset("hopper-random-medium-1pct", config, True, 5000)
+    run_dataset.load_dataset("hopper-random-medium-1pct", config, True, 5000)
   assert calls and calls[0][1:] == ["-m", "experiments.collect", "--env=hopper-random-medium-1pct",
                                     "--steps=5000", "--seed=0"]
   with pytest.raises(UserError, match="is not in the local Minari root"):
-    launch.load_dataset("someone/hopper/other-v0", config, True, 5000)
+    run_dataset.load_dataset("someone/hopper/other-v0", config, True, 5000)
   assert len(calls) == 1
 
 
@@ -275,20 +276,20 @@ def test_reduced_build_refused_with_paper_settings(dataset, tmp_path):
     (dict(build_steps=0), "--build_steps")])
 def test_bad_run_arguments_are_refused(tmp_path, kwargs, match):
   with pytest.raises(UserError, match=match):
-    launch.validate(_config("mombo"), DATASET, str(tmp_path), **kwargs)
+    preflight.validate(_config("mombo"), DATASET, str(tmp_path), **kwargs)
 
 
 def test_bad_workdirs_are_refused(tmp_path):
   afile = tmp_path / "afile"
   afile.write_text("x")
   with pytest.raises(UserError, match="--workdir=.*is a file"):
-    launch.validate(_config("mombo"), DATASET, str(afile))
+    preflight.validate(_config("mombo"), DATASET, str(afile))
   with pytest.raises(UserError, match="--workdir=.*cannot be created"):
-    launch.validate(_config("mombo"), DATASET, str(afile / "sub"))
+    preflight.validate(_config("mombo"), DATASET, str(afile / "sub"))
   with pytest.raises(UserError, match="--dynamics_dir=.*is a file"):
-    launch.validate(_config("mombo"), DATASET, str(tmp_path / "ok"), dynamics_dir=str(afile))
+    preflight.validate(_config("mombo"), DATASET, str(tmp_path / "ok"), dynamics_dir=str(afile))
   with pytest.raises(UserError, match="Unknown dataset name"):
-    launch.validate(_config("mombo"), "hopper-randm", str(tmp_path / "ok"))
+    preflight.validate(_config("mombo"), "hopper-randm", str(tmp_path / "ok"))
 
 
 def _run_cli(args, env_extra=None, timeout=120):
@@ -357,9 +358,10 @@ def test_dynamics_of_another_setup_are_refused(dataset, dyn_dir, tmp_path, mombo
   full = data.load_transitions(DATASET)
   fewer = type(full)(*(np.asarray(x)[:1500] for x in full))
   with pytest.raises(UserError, match="another setup.*num_transitions: saved 2000, now 1500"):
-    workdir_lib.get_dynamics(config, fewer, DATASET, dyn_dir, log=lambda _: None)
+    dynamics_store.get_dynamics(config, fewer, DATASET, dyn_dir, log=lambda _: None)
   other = _config("mombo", num_seeds=2, dyn_members=4)
-  assert workdir_lib.dynamics_path(dyn_dir, other) != workdir_lib.dynamics_path(dyn_dir, config)
+  assert (dynamics_store.dynamics_path(dyn_dir, other)
+          != dynamics_store.dynamics_path(dyn_dir, config))
 
 
 # ----------------------------------------------------------------------------------- divergence
@@ -447,7 +449,7 @@ def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, m
   code, out = _interrupt_at(args, env, "dynamics epoch 1:", _signal.SIGTERM)
   assert code == 143, out
   assert "Traceback" not in out and "Resume with:" in out and "dynamics epoch" in out
-  partial = workdir_lib.dynamics_path(str(tmp_path / "cli" / "dynamics"), config_lib.make_config(
+  partial = dynamics_store.dynamics_path(str(tmp_path / "cli" / "dynamics"), config_lib.make_config(
       DATASET, "mombo", preset="tiny", dyn_max_epochs=4)) + ".partial"
   assert os.path.isdir(partial)
   # Mid-training (Ctrl-C): the epoch finishes and is checkpointed.

@@ -14,8 +14,7 @@ import sys
 
 import pytest
 
-from mombo_jax import (checkpoint, config as config_lib, launch, locks, runner,
-                       workdir as workdir_lib)
+from mombo_jax import (checkpoint, config as config_lib, dynamics_store, locks, run_dataset, runner)
 from mombo_jax.errors import UserError
 from mombo_jax.workdir import Workdir
 
@@ -83,7 +82,7 @@ def test_train_dynamics_respects_a_held_ensemble(tmp_path):
   """A dynamics ensemble being trained by one launch is not trained (or read) by a second."""
   dyn = tmp_path / "dyn"
   config = config_lib.make_config("hopper-random", "mombo", "tiny")    # train_dynamics' config
-  holder = _hold(dyn, os.path.basename(workdir_lib.dynamics_path(str(dyn), config)) + ".lock")
+  holder = _hold(dyn, os.path.basename(dynamics_store.dynamics_path(str(dyn), config)) + ".lock")
   try:
     out = subprocess.run([sys.executable, "-m", "experiments.train_dynamics",
                           "--env=hopper-random", "--seeds=1", "--preset=tiny", f"--workdir={dyn}"],
@@ -259,10 +258,10 @@ def test_ctrl_c_while_the_collector_builds_data_is_an_interrupt(monkeypatch, tmp
   stops as interrupted (exit 130 with the resume command), not as a failed build."""
   from mombo_jax.errors import Interrupted
   from tests.conftest import minari_root_at
-  monkeypatch.setattr(launch, "run_child", lambda *a, **k: 130)
+  monkeypatch.setattr(run_dataset, "run_child", lambda *a, **k: 130)
   with minari_root_at(tmp_path / "empty"):
     with pytest.raises(Interrupted, match="building hopper-random") as e:
-      launch.load_dataset("hopper-random", _config(), True, 100)
+      run_dataset.load_dataset("hopper-random", _config(), True, 100)
   assert e.value.signum == signal.SIGINT
 
 

@@ -304,13 +304,13 @@ def test_a_stop_during_an_evaluation_does_not_wait_for_it_and_resumes_bit_for_bi
 
 
 def test_a_launch_passes_its_stop_on_to_the_collector_it_started(tmp_path):
-  """launch.run_child (experiments.run --build_missing running experiments.collect): a SIGTERM
+  """stops.run_child (experiments.run --build_missing running experiments.collect): a SIGTERM
   sent to the launch alone reaches the child as a stop request (SIGUSR1 to its StopFlag), which
   stops as from a first signal (143) and is not taken as a second one (no abort)."""
   import threading
-  from mombo_jax import launch
+  from mombo_jax import stops
   ready = tmp_path / "ready"
-  child = ("import sys, time\nfrom mombo_jax import launch\nf = launch.StopFlag()\nf.install()\n"
+  child = ("import sys, time\nfrom mombo_jax import stops\nf = stops.StopFlag()\nf.install()\n"
            f"open({str(ready)!r}, 'w').close()\n"
            "while not f():\n  time.sleep(0.02)\nf._passed_on(None, None)\n"   # a 2nd: no abort
            "sys.exit(128 + f.signum)\n")
@@ -321,6 +321,6 @@ def test_a_launch_passes_its_stop_on_to_the_collector_it_started(tmp_path):
       time.sleep(0.02)
     flag.set()
   threading.Thread(target=stop_once_ready, daemon=True).start()
-  code = launch.run_child([sys.executable, "-c", child], flag)
+  code = stops.run_child([sys.executable, "-c", child], flag)
   assert code == 128 + signal.SIGTERM
   assert time.monotonic() - flag.at < 2.0

@@ -144,7 +144,7 @@ def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop,
     dyn = dynamics_training.train_seeds(cell_keys(config)[0], transitions, config, log_fn=log,
                                         checkpoint_dir=partial, should_stop=should_stop,
                                         reuse_key=key)
-  except dynamics_training.Interrupted as e:
+  except dynamics_training.DynamicsTrainingStopped as e:
     raise Interrupted(getattr(should_stop, "signum", None),
                       f"dynamics epoch {e.epoch} (saved in {partial})") from None
   except checkpoint.CheckpointError as e:

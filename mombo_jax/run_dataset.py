@@ -9,8 +9,8 @@ from mombo_jax.stops import run_child
 
 
 
-def load_dataset(dataset, config, build_missing, build_steps, download=False, require_full=False,
-                 should_stop=None):
+def load_or_build(dataset, config, build_missing, build_steps, download=False, require_full=False,
+                  should_stop=None):
   """Transitions of `dataset`; a missing dataset that the collector knows by its short name is
   built with `build_steps` per recorded dataset when build_missing is True (any quality: random,
   the SAC qualities, the mixed ones) or "random" (random datasets only: the quick/tiny presets'

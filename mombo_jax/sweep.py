@@ -1,7 +1,8 @@
 """A grid of `experiments.run` launches in one folder, resumably (experiments.sweep is its CLI).
 
-This module owns the sweep's cells and their launch: `plan` turns datasets x algorithms into Cells
-(one `python -m experiments.run` command each, all seeds of a cell in one launch, the algorithms of
+This module owns the sweep's cells and their launch: `plan` turns datasets x algorithms into
+SweepCells (one `python -m experiments.run` command each: not train.Cell, one seed's cell of a
+compiled program; all seeds of a cell in one launch, the algorithms of
 a dataset sharing an ensemble in `<out>/<dataset>/dynamics` where their dynamics settings agree;
 `dynamics_plan` says which share and why), `check_cells` refuses cells whose folder holds a
 run of another setup than asked (naming the fields), `Launcher` runs a cell as a child process
@@ -52,7 +53,7 @@ _SEVERITY = ("finished", "diverged", "failed", "interrupted")
 
 
 @dataclasses.dataclass(frozen=True)
-class Cell:
+class SweepCell:
   """One experiments.run launch: all seeds of one algorithm on one dataset. config: the Config
   the command trains (what its config.json must say); allow_epochs_change: `-- 
   --allow_epochs_change` was passed (a finished cell of fewer --epochs is continued)."""
@@ -133,10 +134,11 @@ def check_passthrough(extra: Sequence[str]) -> Dict[str, Any]:
 
 
 def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: str,
-         budget: dict, extra: Sequence[str] = (), python: str = sys.executable) -> List[Cell]:
+         budget: dict, extra: Sequence[str] = (),
+         python: str = sys.executable) -> List[SweepCell]:
   """The cells in launch order (dataset-major: a dataset's ensemble is trained by the first cell
   that needs it and reused by the later cells whose dynamics settings agree; cells of other
-  settings train their own beside it, Cell.dynamics_path, dynamics_plan). Every name and budget is checked first by building each cell's
+  settings train their own beside it, SweepCell.dynamics_path, dynamics_plan). Every name and budget is checked first by building each cell's
   config, so a typo fails here and not hours into the sweep; `extra` (the words after `--`) by
   check_passthrough. budget: experiments.run flag -> value (None = the cell's default). A given
   --beta is part of the cells' folder names (<algo>[-<target>]-beta<b>), so sweeps of several
@@ -177,12 +179,12 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
                  f"--dynamics_dir={dynamics_dir}"]
       command += [f"--{k}={v}" for k, v in budget.items()]
       command += list(extra)
-      cells.append(Cell(env, algo, workdir, dynamics_dir, tuple(command), config,
+      cells.append(SweepCell(env, algo, workdir, dynamics_dir, tuple(command), config,
                         bool(passed.get("allow_epochs_change"))))
   return cells
 
 
-def dynamics_plan(cells: Sequence[Cell], budget: dict) -> List[str]:
+def dynamics_plan(cells: Sequence[SweepCell], budget: dict) -> List[str]:
   """Lines saying, per dataset, which cells share a dynamics ensemble and why (the settings each
   ensemble follows, with their sources: --dynamics_max_epochs, the preset, the algorithm's
   reference source in mombo_jax/references.py, the Config default): dynamics_store.sharing_plan of
@@ -195,7 +197,7 @@ def dynamics_plan(cells: Sequence[Cell], budget: dict) -> List[str]:
       budget.get("preset") or "paper", flags)
 
 
-def setup_mismatch(cell: Cell) -> Dict[str, tuple]:
+def setup_mismatch(cell: SweepCell) -> Dict[str, tuple]:
   """{field: (recorded, asked)} where the run in cell.workdir (its config.json) differs from the
   config the cell asks for; {} when the folder holds no config.json yet or they agree."""
   from mombo_jax import workdir as workdir_lib
@@ -207,7 +209,7 @@ def setup_mismatch(cell: Cell) -> Dict[str, tuple]:
   return {k: (record.get(k), v) for k, v in asked.items() if record.get(k) != v}
 
 
-def check_cells(cells: Sequence[Cell]) -> Set[str]:
+def check_cells(cells: Sequence[SweepCell]) -> Set[str]:
   """Refuses, before anything is launched, cells whose folder holds a run of another setup than
   asked (UserError, one line naming each cell and the fields that differ, recorded -> asked):
   any field for a finished cell (its results are what they are), any but the evaluation's for an
@@ -269,7 +271,7 @@ class Launcher:
       self.child.send_signal(signum)
     self.signum = self.signum or signum
 
-  def __call__(self, cell: Cell) -> int:
+  def __call__(self, cell: SweepCell) -> int:
     if self.signum is not None:
       return -self.signum
     self.child = subprocess.Popen(list(cell.command), start_new_session=True)
@@ -279,7 +281,8 @@ class Launcher:
       self.child = None
 
 
-def run_sweep(cells: Sequence[Cell], out: str, runner: Optional[Callable[[Cell], int]] = None,
+def run_sweep(cells: Sequence[SweepCell], out: str,
+              runner: Optional[Callable[[SweepCell], int]] = None,
               log: Callable[[str], None] = print) -> dict:
   """Launches the unfinished cells in order (after check_cells: nothing is launched when one
   holds another setup); returns and writes the record <out>/sweep.json:
@@ -411,7 +414,7 @@ def _history(entry: dict) -> List[dict]:
   return []
 
 
-def _finished_status(cell: Cell, history: Sequence[dict]) -> str:
+def _finished_status(cell: SweepCell, history: Sequence[dict]) -> str:
   """A finished cell's outcome: diverged when its summary.json lists diverged seeds or its last
   launch ended diverged, else finished."""
   from mombo_jax.workdir import Workdir

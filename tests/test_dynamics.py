@@ -43,8 +43,8 @@ def fitted():
   cfg = _config(dyn_max_epochs=300, dyn_patience=10)
   data = _hetero_data(4000)
   hist = []
-  dyn = dynamics_training.train(jax.random.PRNGKey(0), data, cfg, log_fn=lambda _: None,
-                                history=hist)
+  dyn = dynamics_training.train_ensemble(jax.random.PRNGKey(0), data, cfg, log_fn=lambda _: None,
+                                         history=hist)
   return cfg, data, dyn, hist
 
 
@@ -99,8 +99,9 @@ def test_max_epochs(fitted):
   _, data, _, _ = fitted
   hist, lines = [], []
   # Same dyn_* fields as the fixture except dyn_max_epochs (a runtime argument): no recompilation.
-  dynamics_training.train(jax.random.PRNGKey(1), data, _config(dyn_patience=10, dyn_max_epochs=3),
-                          log_fn=lines.append, history=hist)
+  dynamics_training.train_ensemble(jax.random.PRNGKey(1), data,
+                                   _config(dyn_patience=10, dyn_max_epochs=3),
+                                   log_fn=lines.append, history=hist)
   assert len(hist) == 3 and len(lines) == 3 and "holdout mse" in lines[0]
   assert not hist[-1]["active"][0] and hist[-2]["active"][0]
 
@@ -114,7 +115,7 @@ def test_vmapped_seeds_equal_single_seed_training(fitted):
   stops = [sum(h["active"][s] for h in hist) for s in range(2)]
   assert stops[0] != stops[1], "seeds should stop at different epochs to exercise the freezing"
   for i in range(2):
-    single = dynamics_training.train(keys[i], data, cfg, log_fn=lambda _: None)
+    single = dynamics_training.train_ensemble(keys[i], data, cfg, log_fn=lambda _: None)
     np.testing.assert_array_equal(single.elites, batched.elites[i])
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b[i], rtol=1e-4, atol=1e-5),
                  single, batched)
@@ -226,7 +227,7 @@ def test_bad_input_errors():
   cfg = _config()
   data = _hetero_data(3)
   with pytest.raises(ValueError, match="too few"):
-    dynamics_training.train(jax.random.PRNGKey(0), data, cfg, log_fn=lambda _: None)
+    dynamics_training.train_ensemble(jax.random.PRNGKey(0), data, cfg, log_fn=lambda _: None)
   with pytest.raises(ValueError, match="termination"):
     termination.termination_fn("ant")
   for name in ("hopper", "hopper-medium-replay", "Hopper-v5", "mujoco/hopper/medium-v0"):
@@ -370,7 +371,7 @@ def test_interrupted_training_resumes_to_the_same_ensemble(fitted, tmp_path):
   epochs = []                       # one log line per finished epoch: stop after the second
 
   ckpt_dir = str(tmp_path / "partial")
-  with pytest.raises(dynamics_training.Interrupted) as info:
+  with pytest.raises(dynamics_training.DynamicsTrainingStopped) as info:
     dynamics_training.train_seeds(keys, data, cfg, log_fn=epochs.append, checkpoint_dir=ckpt_dir,
                                   should_stop=lambda: len(epochs) == 2, reuse_key=ident)
   assert info.value.epoch == 2 and not info.value.mid_epoch

@@ -163,7 +163,7 @@ def test_an_unfinished_training_of_other_settings_is_refused(tmp_path):
   config = _tiny(dyn_max_epochs=4, dyn_checkpoint_every_s=0.0)
   keys = key_scheme.cell_keys(config)[0]
   ckpt = str(tmp_path / "partial")
-  with pytest.raises(dynamics_training.Interrupted):
+  with pytest.raises(dynamics_training.DynamicsTrainingStopped):
     dynamics_training.train_seeds(keys, data, config, log_fn=lambda _: None,
                                   checkpoint_dir=ckpt, should_stop=lambda: True,
                                   reuse_key=_key(config, data))

@@ -93,8 +93,8 @@ def test_a_run_flags_critics_above_a_tiny_bound(hopper_random_2000, tmp_path, mo
   config = config_lib.make_config("hopper-random", "mombo", preset="tiny", epochs=2,
                                   steps_per_epoch=5, rollout_batch_size=32, eval_every=1,
                                   eval_episodes=1, num_seeds=2)
-  summary = runner.train(config, hopper_random_2000, str(tmp_path / "w"),
-                      dynamics_dir=str(tmp_path / "dyn"))
+  summary = runner.train_run(config, hopper_random_2000, str(tmp_path / "w"),
+                             dynamics_dir=str(tmp_path / "dyn"))
   out = capsys.readouterr().out
   warnings = [l for l in out.splitlines() if l.startswith("warning: seed")]
   assert len(warnings) == 2, out                         # once per seed, not once per epoch

@@ -125,7 +125,7 @@ def test_a_resume_on_other_data_is_refused(hopper_random_2000, tmp_path):
   wd.write_config(record)
   before = open(wd.file("config.json")).read()
   with pytest.raises(UserError, match="trained on other data.*num_transitions: 5000 -> 2000"):
-    runner.train(config, DATASET, wd.path)
+    runner.train_run(config, DATASET, wd.path)
   assert open(wd.file("config.json")).read() == before
   assert not os.path.exists(wd.dynamics_dir)
   # The identity check itself: same data passes and is recorded; unknown data (old run) noted.
@@ -162,7 +162,7 @@ def test_a_refused_grid_leaves_no_folder_and_stale_saves_are_removed(hopper_rand
   with pytest.raises(UserError, match="other"):       # refused later: the tmp is gone anyway
     wd.write_config({"dataset": "x", "data": {"dataset": "other", "num_transitions": 1,
                                               "fingerprint": "0"}})
-    runner.train(_config(), DATASET, wd.path)
+    runner.train_run(_config(), DATASET, wd.path)
   assert not os.path.exists(tmp)
 
 
@@ -185,7 +185,7 @@ def test_a_half_deleted_step_is_removed_in_one_line_before_orbax_sees_it(tmp_pat
   wd.write_config({"dataset": "x"})
   capsys.readouterr()
   with pytest.raises(UserError, match="another config"):    # refused after the clean-up
-    runner.train(_config(), DATASET, wd.path)
+    runner.train_run(_config(), DATASET, wd.path)
   notes = [line for line in capsys.readouterr().out.splitlines() if step20 in line]
   assert notes == [f"note: removed {step20}, checkpoint step 20 a stopped launch left "
                    "half-deleted (no _CHECKPOINT_METADATA, state/_METADATA)."], notes
@@ -261,7 +261,7 @@ def test_ctrl_c_while_the_collector_builds_data_is_an_interrupt(monkeypatch, tmp
   monkeypatch.setattr(run_dataset, "run_child", lambda *a, **k: 130)
   with minari_root_at(tmp_path / "empty"):
     with pytest.raises(Interrupted, match="building hopper-random") as e:
-      run_dataset.load_dataset("hopper-random", _config(), True, 100)
+      run_dataset.load_or_build("hopper-random", _config(), True, 100)
   assert e.value.signum == signal.SIGINT
 
 

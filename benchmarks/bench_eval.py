@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from benchmarks import common
-from mombo_jax import config as config_lib, env_pool, envs, evaluate
+from mombo_jax import actor_policy, config as config_lib, env_pool, envs, evaluate
 
 EPISODES, HORIZON = config_lib.Config.eval_episodes, 1000
 EVAL_EVERY = config_lib.Config.eval_every
@@ -131,8 +131,8 @@ def round_trip_us(workers, num_envs, act_dim, steps):
 def policy_ms(config, cells, env, repeats=20):
   """Best ms of the evaluation's jitted policy call on obs [C, episodes, obs_dim]."""
   params = standing_actor(config, cells, env)
-  fn = evaluate._policy_fn(tuple(config.actor_hidden), ACT_DIMS[env], float(config.log_std_min),
-                           float(config.log_std_max))
+  fn = actor_policy.actor_functions(actor_policy.ActorShape.of(
+      config.actor_hidden, ACT_DIMS[env], config.log_std_min, config.log_std_max)).mode_per_seed
   obs = np.zeros((cells, EPISODES, OBS_DIMS[env]), np.float32)
   np.asarray(fn(params, obs))
   best = math.inf

@@ -1,4 +1,4 @@
-"""Host overhead of the training loop: what a real launch (mombo_jax.runner.train) spends per epoch
+"""Host overhead of the training loop: what a real launch (mombo_jax.runner.train_run) spends per epoch
 beyond the compiled epoch's own time.
 
   python3 -m benchmarks.bench_loop --out=/tmp/bench_loop.txt               # ~4-8 min, 2 cores
@@ -8,7 +8,7 @@ Per setting (steps_per_epoch, "tiny" preset, hopper-random, --seeds cells):
 - device ms / epoch: the state built as the runner builds it, the compiled epoch
   (train.make_cells_epoch, or train.make_seeds_epoch in older trees) called N2 times back to
   back with keys made beforehand, blocked at the end;
-- T(N): wall time of runner.train for N epochs (eval_every = N: one evaluation and one checkpoint,
+- T(N): wall time of runner.train_run for N epochs (eval_every = N: one evaluation and one checkpoint,
   at the end) in a fresh workdir, the dataset and the dynamics ensembles built once beforehand and
   reused, compilation served by a persistent compilation cache that untimed warm-up launches of
   both N filled (the compile time the runner logs is listed to show it); the actor's lr schedule
@@ -34,6 +34,7 @@ the last line give the load average.
 """
 import argparse
 import contextlib
+import importlib
 import io
 import os
 import re
@@ -49,7 +50,7 @@ import numpy as np
 
 import mombo_jax
 from benchmarks import common
-from mombo_jax import buffer, config as config_lib, launch, runner, train
+from mombo_jax import buffer, config as config_lib, runner, train
 
 SCRIPT = os.path.join("benchmarks", "bench_loop.py")
 
@@ -110,16 +111,30 @@ def _epoch_fn(config):
   return train.make_seeds_epoch(config)
 
 
+def _module(*names):
+  """The first of mombo_jax's modules `names` that this tree has (the package's rooms were split:
+  launch.py's parts moved to run_dataset, dynamics_store, ...), or None."""
+  for name in names:
+    try:
+      return importlib.import_module(f"mombo_jax.{name}")
+    except ImportError:
+      pass
+  return None
+
+
 def _dynamics(config, transitions, dataset, dyn_dir):
-  """The seeds' saved ensembles, as the runner gets them (launch.get_dynamics, or
-  workdir.get_dynamics after the rewrite)."""
-  if hasattr(launch, "get_dynamics"):
+  """The seeds' saved ensembles, as the runner gets them (dynamics_store.get_dynamics; older
+  trees: workdir.get_dynamics, or launch.get_dynamics of another signature before the rewrite)."""
+  launch = _module("launch")
+  if launch is not None and hasattr(launch, "get_dynamics"):
     seed_keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(config.seed,
                                                         config.seed + config.num_seeds))
     return launch.get_dynamics(config, transitions, jax.vmap(jax.random.fold_in, (0, None))(
         seed_keys, 0), dyn_dir, dataset)
-  from mombo_jax import workdir
-  return workdir.get_dynamics(config, transitions, dataset, dyn_dir)
+  store = _module("dynamics_store")
+  if store is None or not hasattr(store, "get_dynamics"):
+    store = _module("workdir")
+  return store.get_dynamics(config, transitions, dataset, dyn_dir)
 
 
 def device_timer(config, dataset, dyn_dir, build_steps, epochs):
@@ -128,7 +143,9 @@ def device_timer(config, dataset, dyn_dir, build_steps, epochs):
   times back to back, blocked at the end; ms per epoch of one train.make_cells_chunk call running
   `epochs` epochs, or None where the tree has none). Each call trains the same state on."""
   with contextlib.redirect_stdout(io.StringIO()):
-    transitions = launch.load_dataset(dataset, config, "random", build_steps)
+    # run_dataset.load_or_build; an older tree's launch.load_dataset.
+    load = getattr(_module("run_dataset"), "load_or_build", None) or _module("launch").load_dataset
+    transitions = load(dataset, config, "random", build_steps)
     dyn = _dynamics(config, transitions, dataset, dyn_dir)
   s = config.num_seeds
   seed_keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(config.seed, config.seed + s))
@@ -169,7 +186,7 @@ def device_timer(config, dataset, dyn_dir, build_steps, epochs):
 
 
 def launch_seconds(config, dataset, workdir, dyn_dir, build_steps, log_path):
-  """(wall s of runner.train in a fresh workdir, compile s it logged or nan, s in its evaluations
+  """(wall s of runner.train_run in a fresh workdir, compile s it logged or nan, s in its evaluations
   or nan); its log goes to log_path, the workdir is removed."""
   evals = []
   # The evaluation function: group_run.evaluate now, runner._evaluate in older checkouts.
@@ -189,8 +206,10 @@ def launch_seconds(config, dataset, workdir, dyn_dir, build_steps, log_path):
   try:
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(log):
-      runner.train(config, dataset, workdir, dynamics_dir=dyn_dir, build_missing="random",
-                   build_steps=build_steps)
+      # An older tree calls it runner.train.
+      train_run = getattr(runner, "train_run", None) or runner.train
+      train_run(config, dataset, workdir, dynamics_dir=dyn_dir, build_missing="random",
+                build_steps=build_steps)
     seconds = time.perf_counter() - t0
   finally:
     if original is not None:
@@ -307,7 +326,7 @@ def main():
         f"{chunk} |")
   say()
   say("device: the compiled epoch called N2 times back to back; marginal: (T(N2) - T(N1)) / "
-      "(N2 - N1) of runner.train launches; host overhead: median over the repeats of marginal - "
+      "(N2 - N1) of runner.train_run launches; host overhead: median over the repeats of marginal - "
       "device of the same repeat (each repeat: launch N1, launch N2, device timing), % of the "
       "median device time; excl. eval: the same with each launch's evaluation time (eval s) "
       "taken out of its T. chunk: one call of train.make_cells_chunk running N2 epochs (n/a: the "

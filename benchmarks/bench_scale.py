@@ -417,14 +417,15 @@ def env_step_seconds(env_name: str, steps: int, seed: int = 0) -> float:
 def policy_call_seconds(env_name: str, calls: int = 200) -> float:
   """Seconds per call of the evaluation's jitted actor (evaluate.Evaluator's: tanh(mean) of
   SEEDS actors on [SEEDS, EPISODES, obs]) on this device, observation copied in and action out."""
-  from mombo_jax import evaluate
+  from mombo_jax import actor_policy
   from mombo_jax.critics import TanhGaussianActor
   c = config_lib.Config()
   obs_dim, act_dim = envs.OBS_DIM[env_name], envs.ACTION_DIM[env_name]
   actor = TanhGaussianActor(c.actor_hidden, act_dim, c.log_std_min, c.log_std_max)
   params = jax.vmap(lambda k: actor.init(k, jnp.zeros((1, obs_dim))))(
       jax.random.split(jax.random.PRNGKey(0), SEEDS))
-  fn = evaluate._policy_fn(tuple(c.actor_hidden), act_dim, c.log_std_min, c.log_std_max)
+  fn = actor_policy.actor_functions(actor_policy.ActorShape.of(
+      c.actor_hidden, act_dim, c.log_std_min, c.log_std_max)).mode_per_seed
   obs = np.zeros((SEEDS, EPISODES, obs_dim), np.float32)
   np.asarray(fn(params, jnp.asarray(obs)))
   t0 = time.perf_counter()

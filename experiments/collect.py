@@ -114,11 +114,11 @@ def main(argv):
   if not FLAGS.env:
     raise app.UsageError("--env is required, e.g. --env=hopper-random. Valid names: "
                          f"{', '.join(config_lib.valid_names())}")
-  from mombo_jax import launch, stops
+  from mombo_jax import stops
   # SIGINT / SIGTERM (and SIGUSR1: a launch that builds data through this process passes its
   # stop on) stop within seconds: the SAC run checkpoints where it is (the same command then
   # resumes it bit for bit), a recording is dropped (recorded again: the same episodes).
-  stop = launch.StopFlag()
+  stop = stops.StopFlag()
   stop.install()
   try:
     for name in FLAGS.env:

@@ -12,7 +12,7 @@ import sys
 
 from absl import app, flags, logging
 
-from mombo_jax.launch import DEFAULT_COMPILATION_CACHE
+from mombo_jax.compilation_cache import DEFAULT_COMPILATION_CACHE
 
 FLAGS = flags.FLAGS
 
@@ -130,10 +130,11 @@ def main(argv):
   if stray_words(argv):
     sys.exit(stray_words(argv))
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
-  from mombo_jax import config as config_lib, distributed, launch, runner
+  from mombo_jax import (compilation_cache, config as config_lib, console, distributed, runner,
+                         stops)
   from mombo_jax import groups as groups_lib, workdir as workdir_lib
   from mombo_jax.errors import Interrupted, UserError
-  stop = launch.StopFlag()
+  stop = stops.StopFlag()
   stop.install()
   try:   # before anything touches JAX's devices
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
@@ -170,7 +171,7 @@ def main(argv):
                                                 FLAGS.seed, FLAGS.seeds,
                                                 reference=config.reference)
       groups = [groups_lib.Group(config, dataset, workdir, FLAGS.dynamics_dir)]
-    launch.enable_compilation_cache(FLAGS.compilation_cache)
+    compilation_cache.enable_compilation_cache(FLAGS.compilation_cache)
     summaries = runner.train_grid(groups, **options)
   except UserError as e:
     sys.exit(f"error: {e}")
@@ -188,7 +189,7 @@ def main(argv):
           f"{workdir_lib.Workdir(g.workdir).checkpoints}; a smaller --beta often helps.",
           file=sys.stderr, flush=True)
   if failed:
-    sys.exit(launch.EXIT_DIVERGED)
+    sys.exit(console.EXIT_DIVERGED)
 
 
 if __name__ == "__main__":

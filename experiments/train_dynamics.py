@@ -45,14 +45,15 @@ def main(argv):
   if stray_words(argv):
     sys.exit(stray_words(argv))
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
-  from mombo_jax import launch
-  stop = launch.StopFlag()
+  from mombo_jax import dynamics_store, stops
+  stop = stops.StopFlag()
   stop.install()
   try:
-    launch.train_dynamics(env=FLAGS.env, dataset=FLAGS.dataset, seeds=FLAGS.seeds, seed=FLAGS.seed,
-                   max_epochs=FLAGS.max_epochs, preset=FLAGS.preset, workdir=FLAGS.workdir,
-                   overwrite=FLAGS.overwrite, log_fn=lambda s: print(s, flush=True),
-                   should_stop=stop, algo=FLAGS.algo, reference=FLAGS.reference)
+    dynamics_store.train_dynamics(
+        env=FLAGS.env, dataset=FLAGS.dataset, seeds=FLAGS.seeds, seed=FLAGS.seed,
+        max_epochs=FLAGS.max_epochs, preset=FLAGS.preset, workdir=FLAGS.workdir,
+        overwrite=FLAGS.overwrite, log_fn=lambda s: print(s, flush=True),
+        should_stop=stop, algo=FLAGS.algo, reference=FLAGS.reference)
   except UserError as e:
     sys.exit(f"error: {e}")
   except Interrupted as e:

@@ -215,7 +215,7 @@ def plot_profiles(taus: np.ndarray, profiles: Dict[str, np.ndarray], path: str, 
   import matplotlib.pyplot as plt
   from rliable import plot_utils
 
-  from mombo_jax import outputs
+  from mombo_jax import atomic
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   try:
     plot_utils.plot_performance_profiles(
@@ -227,7 +227,7 @@ def plot_profiles(taus: np.ndarray, profiles: Dict[str, np.ndarray], path: str, 
     ax.legend(fontsize=8, loc="upper right")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    outputs.save_figure(fig, path, dpi=100)
+    atomic.save_figure(fig, path, dpi=100)
   finally:
     plt.close(fig)
 

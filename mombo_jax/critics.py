@@ -4,7 +4,7 @@ ensemble (nn.vmap over a leading member axis) and the tanh-Gaussian actor.
 Every layer starts as torch.nn.Linear does (kernel and bias U(+-1/sqrt(fan_in)), inits.py), as the
 references' actor and critics do. Knows moments, nothing of RL losses.
 """
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import chex
 import flax.linen as nn
@@ -99,18 +99,26 @@ class CriticEnsemble(nn.Module):
     return ensemble(self.hidden_dims, name="members")(tile(obs), tile(action), tile(obs_var))
 
 
-def _torch_dense(features: int, x):
+def _torch_dense(features: int, x, name: Optional[str] = None):
   """nn.Dense(features)(x) [..., F] initialised as torch.nn.Linear(x.shape[-1], features); called
-  inside a compact module, so Flax names it Dense_<i> there as before (saved actors load)."""
+  inside a compact module, so Flax names it Dense_<i> there unless `name` is given."""
   return nn.Dense(features, kernel_init=inits.torch_linear_kernel,
-                  bias_init=inits.torch_linear_bias(x.shape[-1]))(x)
+                  bias_init=inits.torch_linear_bias(x.shape[-1]), name=name)(x)
+
+
+def actor_layer_names(num_hidden: int) -> Tuple[List[str], str, str]:
+  """(hidden layers, mean head, log-std head): the names of TanhGaussianActor's Dense layers, the
+  one place that spells them. They are the names Flax gave the layers when they were unnamed
+  (Dense_<i> in call order), kept so that every checkpoint and saved actor still loads."""
+  names = [f"Dense_{i}" for i in range(num_hidden + 2)]
+  return names[:num_hidden], names[num_hidden], names[num_hidden + 1]
 
 
 class TanhGaussianActor(nn.Module):
   """pi(a | s): ReLU MLP -> (mean [..., A], log_std [..., A]) of the pre-tanh Gaussian.
 
-  log_std is clamped to [log_std_min, log_std_max]. Layers (Flax names Dense_0, ... in call order:
-  hidden, mean head, log-std head) start as torch.nn.Linear does: adinlab/MOMBO models/nets.py MLP
+  log_std is clamped to [log_std_min, log_std_max]. Layers (named by actor_layer_names: hidden,
+  mean head, log-std head) start as torch.nn.Linear does: adinlab/MOMBO models/nets.py MLP
   and models/dist.py TanhDiagGaussian (mu and sigma are nn.Linear, conditioned_sigma=True).
   """
   hidden_dims: Sequence[int]
@@ -120,11 +128,13 @@ class TanhGaussianActor(nn.Module):
 
   @nn.compact
   def __call__(self, obs):
+    hidden, mean_head, log_std_head = actor_layer_names(len(self.hidden_dims))
     x = obs
-    for width in self.hidden_dims:
-      x = nn.relu(_torch_dense(width, x))
-    mean = _torch_dense(self.action_dim, x)
-    log_std = jnp.clip(_torch_dense(self.action_dim, x), self.log_std_min, self.log_std_max)
+    for width, name in zip(self.hidden_dims, hidden):
+      x = nn.relu(_torch_dense(width, x, name))
+    mean = _torch_dense(self.action_dim, x, mean_head)
+    log_std = jnp.clip(_torch_dense(self.action_dim, x, log_std_head), self.log_std_min,
+                       self.log_std_max)
     return mean, log_std
 
 

@@ -1,7 +1,8 @@
 """Where a run's dynamics ensembles live and how a run gets them: the folder scheme (one folder
 per seeds and training settings: dynamics_path), the refusal of saves that predate it
-(check_legacy_dynamics), the lock, get-or-train (get_dynamics) and what a sweep shares
-(sharing_plan). mombo_jax.workdir re-exports the functions a run's layout needs.
+(check_legacy_dynamics), the lock, get-or-train (get_dynamics), what a sweep shares
+(sharing_plan), and experiments.train_dynamics' work: the ensembles trained alone, into
+default_dynamics_root unless told otherwise (train_dynamics).
 
     <dynamics_dir>/
       seed<s>x<S>-<tag>/          the S ensembles of seeds s.., trained with the settings <tag>
@@ -23,8 +24,12 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 from mombo_jax.errors import Interrupted, UserError
+from mombo_jax.key_scheme import cell_keys
+from mombo_jax.workdir import DYNAMICS, LOCK
 
-LOCK = ".lock"             # workdir.LOCK's suffix (workdir imports this module)
+def default_dynamics_root(dataset: str, root: str = "runs") -> str:
+  """experiments.train_dynamics' default folder of saved ensembles: runs/dynamics/<dataset>."""
+  return os.path.join(root, DYNAMICS, dataset.replace("/", "_"))
 
 
 def dynamics_path(dynamics_dir: str, config) -> str:
@@ -102,7 +107,6 @@ def dynamics_lock(dynamics_dir: str, config, shared: bool = False):
 def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop, overwrite, log):
   import numpy as np
   from mombo_jax import checkpoint, distributed, dynamics_training, provenance, saved_dynamics
-  from mombo_jax.workdir import cell_keys
   key = saved_dynamics.reuse_key(config, transitions, provenance.dataset_identity(dataset, transitions))
   if os.path.exists(path) and not overwrite:
     try:
@@ -140,7 +144,7 @@ def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop,
     dyn = dynamics_training.train_seeds(cell_keys(config)[0], transitions, config, log_fn=log,
                                         checkpoint_dir=partial, should_stop=should_stop,
                                         reuse_key=key)
-  except dynamics_training.Interrupted as e:
+  except dynamics_training.DynamicsTrainingStopped as e:
     raise Interrupted(getattr(should_stop, "signum", None),
                       f"dynamics epoch {e.epoch} (saved in {partial})") from None
   except checkpoint.CheckpointError as e:
@@ -242,3 +246,72 @@ def sharing_plan(cells: Sequence[tuple], preset: str = "paper", flags: Dict[str,
         lines.append(f"    {'the other' if shown else 'all'} {len(fields) - len(shown)} dynamics "
                      "settings: Config defaults (the references' shared defaults)")
   return lines
+
+
+# ----------------------------------------------------------------------------- dynamics alone
+
+def dynamics_task(env, dataset):
+  """(config env short name, dataset name or id, note for the log or None)."""
+  from mombo_jax import config as config_lib, names
+  if env is None and dataset is None:
+    raise UserError("Pass --env=<short name> (e.g. hopper-medium) or --dataset=<Minari id>.")
+  dataset = dataset or env
+  if env is None:
+    env = dataset if "/" not in dataset else names.short_name(dataset)
+  note = None
+  if env is None:
+    # A foreign Minari id: the dynamics settings are the same for every task of an environment
+    # (except walker2d-medium's epoch cap), so any short name of that environment gives them.
+    env = f"{names.env_name(dataset)}-random"
+    note = f"{dataset} is not one of the project's datasets: using {env}'s dynamics settings."
+  config_lib.parse_name(env)   # ValueError listing the valid names
+  return env, dataset, note
+
+
+def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, preset="paper",
+                   workdir=None, overwrite=False, log_fn=print, should_stop=None, algo="mombo",
+                   reference=None):
+  """experiments.train_dynamics: loads the dataset, trains `seeds` ensembles in one vmapped run
+  (get_dynamics: the key scheme and the saved layout experiments.run reuses) and saves
+  them; returns the saved path. The dynamics settings are `algo`'s for `env` under `preset` from
+  the source `reference` (config.make_config; None: the algorithm's default; the references
+  differ, e.g. in walker2d-medium's epoch cap), so the ensembles are reused by runs of the
+  algorithms whose settings agree. UserError for what the user can fix."""
+  from mombo_jax import config as config_lib, data, saved_dynamics
+
+  try:
+    env, dataset, note = dynamics_task(env, dataset)
+  except ValueError as e:                  # unknown names: the message lists the valid ones
+    raise UserError(str(e)) from None
+  if note:
+    log_fn(note)
+  if seeds < 1:
+    raise UserError(f"--seeds must be >= 1, got {seeds}.")
+  overrides = dict(seed=seed, num_seeds=seeds, reference=reference)
+  if max_epochs is not None:
+    if max_epochs < 1:
+      raise UserError(f"--max_epochs must be >= 1, got {max_epochs}.")
+    overrides["dyn_max_epochs"] = max_epochs
+  try:
+    config = config_lib.make_config(env, algo, preset, **overrides)
+  except ValueError as e:
+    raise UserError(str(e)) from None
+  workdir = workdir or default_dynamics_root(dataset)
+  check_legacy_dynamics(workdir, config)
+  path = dynamics_path(workdir, config)
+  if os.path.exists(path) and not overwrite:
+    raise UserError(f"{path} already exists; pass --overwrite to replace it, or another --workdir.")
+  with dynamics_lock(workdir, config):       # before any work: one writer
+    try:
+      transitions = data.load_transitions(dataset)
+    except FileNotFoundError as e:         # DatasetNotFoundError names the collector command
+      raise UserError(str(e)) from None
+    log_fn(f"{dataset}: {len(transitions.rewards)} transitions, obs dim "
+           f"{transitions.observations.shape[1]}, action dim {transitions.actions.shape[1]}.")
+    get_dynamics(config, transitions, dataset, workdir, should_stop=should_stop,
+                 overwrite=overwrite, log=log_fn)
+  log_fn(f"Saved to {path} (dynamics settings: {saved_dynamics.describe_settings(config)}; "
+         f"reused by runs with the same, e.g. python -m experiments.run --env={env} --algo={algo} "
+         f"--reference={config.reference} --preset={preset} --seed={seed} --seeds={seeds} "
+         f"--dynamics_dir={workdir}).")
+  return path

@@ -1,6 +1,6 @@
 """Training of the dynamics ensemble (dynamics.py): the loss, the train / holdout split and
 bootstrap, the compiled epoch, early stopping, elites, and resumable partial training
-(checkpoint_dir / should_stop -> Interrupted).
+(checkpoint_dir / should_stop -> DynamicsTrainingStopped).
 
 Training follows the MBPO/OfflineRL-Kit recipe: holdout split, per-member bootstrap, per-member
 snapshots on > 1 % holdout improvement, patience-based early stopping, elites = best holdout MSE.
@@ -87,7 +87,8 @@ def _seed_keys(key):
 
 
 def split_indices(key, n: int, config) -> tuple:
-  """(train_idx [n - H], holdout_idx [H]): the split train / train_seeds use for this seed key."""
+  """(train_idx [n - H], holdout_idx [H]): the split train_ensemble / train_seeds use for this seed
+  key."""
   n_train, n_hold = split_sizes(n, config)
   perm = jax.random.permutation(_seed_keys(key)[0], n).astype(jnp.int32)
   return perm[n_hold:], perm[:n_hold]
@@ -261,11 +262,11 @@ def make_arrays(transitions):
   return jnp.asarray(inputs), jnp.asarray(targets)
 
 
-class Interrupted(Exception):
+class DynamicsTrainingStopped(Exception):
   """Dynamics training stopped on request (should_stop) after checkpointing the state after epoch
   `epoch`; `mid_epoch`: the request came during epoch `epoch` + 1, whose minibatches so far were
-  dropped (the resume trains that epoch again, from its start: the same result). Calling train /
-  train_seeds again with the same checkpoint_dir resumes from there."""
+  dropped (the resume trains that epoch again, from its start: the same result). Calling
+  train_ensemble / train_seeds again with the same checkpoint_dir resumes from there."""
 
   def __init__(self, epoch: int, checkpoint_dir: str, mid_epoch: bool = False):
     during = f" during epoch {epoch + 1} (redone from its start on resume)" if mid_epoch else ""
@@ -347,7 +348,7 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_d
     if done is None:               # stopped mid-epoch: the state before it is what resumes
       ep = int(np.max(jax.device_get(st.epoch)))
       save(ep)
-      raise Interrupted(ep, checkpoint_dir, mid_epoch=True)
+      raise DynamicsTrainingStopped(ep, checkpoint_dir, mid_epoch=True)
     st, mse = done
     mse, best, active, since, ep = jax.device_get((mse, st.best, st.active, st.since, st.epoch))
     mse, best = (np.reshape(a, (num_seeds, -1)) for a in (mse, best))
@@ -369,12 +370,12 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_d
     if stop or time.time() - last_save >= config.dyn_checkpoint_every_s:
       save(int(ep.max()))
     if stop:
-      raise Interrupted(int(ep.max()), checkpoint_dir)
+      raise DynamicsTrainingStopped(int(ep.max()), checkpoint_dir)
   return fns.finish(st)
 
 
-def train(key, transitions, config, log_fn: Callable = print,
-          history: Optional[list] = None, **resume) -> DynamicsState:
+def train_ensemble(key, transitions, config, log_fn: Callable = print,
+                   history: Optional[list] = None, **resume) -> DynamicsState:
   """Trains one seed's ensemble on data.Transitions (numpy). key: PRNG key [2].
 
   log_fn gets one progress line per epoch. history: if a list, one dict per epoch is appended
@@ -392,16 +393,18 @@ def train_seeds(keys, transitions, config, log_fn: Callable = print,
   """Trains len(keys) seeds' ensembles in one vmapped call per epoch. keys [N, 2].
 
   Returns a DynamicsState with a leading seed axis N. Each seed stops on its own; stopped seeds
-  stay frozen while the others finish, so seed i's result equals train(keys[i], ...).
-  history: as in `train`, with N rows per array (only the epochs of this call after a resume).
+  stay frozen while the others finish, so seed i's result equals train_ensemble(keys[i], ...).
+  history: as in `train_ensemble`, with N rows per array (only the epochs of this call after a
+  resume).
 
   checkpoint_dir: the training state is saved there (every config.dyn_checkpoint_every_s seconds,
   and when stopping), and a call with the same checkpoint_dir resumes from it, ending with the same
   result as an uninterrupted call; a checkpoint of another `reuse_key` (saved_dynamics.reuse_key)
   is refused.
   should_stop: polled between device calls (about every stops.CHUNK_SECONDS; after each epoch);
-  when it returns True the state after the last whole epoch is checkpointed and `Interrupted`
-  raised (needs checkpoint_dir); the minibatches of an unfinished epoch are dropped.
+  when it returns True the state after the last whole epoch is checkpointed and
+  `DynamicsTrainingStopped` raised (needs checkpoint_dir); the minibatches of an unfinished epoch
+  are dropped.
   """
   chex.assert_rank(keys, 2)
   if should_stop is not None and checkpoint_dir is None:

@@ -9,31 +9,14 @@ run.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Optional
 
 import chex
 import jax
 import numpy as np
 
-from mombo_jax import env_pool, envs, stops
+from mombo_jax import actor_policy, env_pool, envs, stops
 from mombo_jax.config import Config
-from mombo_jax.critics import TanhGaussianActor, deterministic_action
-
-
-@functools.lru_cache(maxsize=8)
-def _policy_fn(hidden_dims: tuple, action_dim: int, log_std_min: float, log_std_max: float):
-  """jit(vmap over seeds) of obs [S, E, obs_dim] -> tanh(mean) [S, E, action_dim].
-
-  Cached per actor shape so repeated evaluations in a run reuse one compilation.
-  """
-  actor = TanhGaussianActor(hidden_dims, action_dim, log_std_min, log_std_max)
-
-  def one_seed(variables, obs):
-    mean, _ = actor.apply(variables, obs)
-    return deterministic_action(mean)
-
-  return jax.jit(jax.vmap(one_seed))
 
 
 def _num_seeds(actor_params) -> int:
@@ -91,8 +74,11 @@ class Evaluator:
     self.pool = env_pool.EnvPool(first, num_envs, workers or env_pool.auto_workers(num_envs))
     space = self.pool.action_space
     self._action_shape = space.shape
-    self._policy = _policy_fn(tuple(config.actor_hidden), int(np.prod(space.shape)),
-                              float(config.log_std_min), float(config.log_std_max))
+    # jit(vmap over seeds) of obs [S, E, obs_dim] -> tanh(mean) [S, E, A], cached per actor
+    # shape so that every evaluation of a run (and every Evaluator) reuses one compilation.
+    self._policy = actor_policy.actor_functions(actor_policy.ActorShape.of(
+        config.actor_hidden, int(np.prod(space.shape)), config.log_std_min,
+        config.log_std_max)).mode_per_seed
 
   @property
   def workers(self) -> int:

@@ -14,7 +14,7 @@ from typing import Any, List
 from mombo_jax import algorithms
 from mombo_jax.errors import Interrupted
 from mombo_jax.groups import Group
-from mombo_jax.launch import log
+from mombo_jax.console import log
 from mombo_jax.workdir import Workdir
 
 
@@ -28,12 +28,12 @@ class GroupRun:
   seeds: Any                   # int [S]
   ckpt: Any                    # checkpoint.RunCheckpointer
   rows: List[dict] = dataclasses.field(default_factory=list)
-  q: Any = None                # outputs.QWatch
+  q: Any = None                # overestimation.OverestimationWatch
   diverged: dict = dataclasses.field(default_factory=dict)   # seed -> {seed, epoch, quantity}
   evaluator: Any = None
   scores: Any = None           # normalised scores [S, episodes] of the last evaluation
   loggers: Any = None          # loggers.RunLoggers: where the rows go besides metrics.csv (--log)
-  lost: Any = None             # the checkpoint's `eval` metadata when metrics.csv lacks the rows
+  unwritten_eval: Any = None   # the checkpoint's `eval` metadata when metrics.csv lacks the rows
                                # of the epoch resumed at (runner.recover writes them)
   dataset_score: Any = None    # mean normalised return of the dataset's own episodes (its
                                # behaviour policy's), shown beside the final score
@@ -42,31 +42,32 @@ class GroupRun:
   def config(self):
     return self.group.config
 
-  def where(self, many: bool) -> str:
-    return f" [{self.group.label()}]" if many else ""
+  def where(self, several_groups: bool) -> str:
+    return f" [{self.group.label()}]" if several_groups else ""
 
 
-def watch(runs, metrics, done, config, many):
-  """Epoch `done`'s per-cell metrics ({name: [C]}): the overestimation watch and divergence."""
+def watch(runs, metrics, epoch, config, several_groups):
+  """Epoch `epoch`'s per-cell metrics ({name: [C]}): the overestimation watch and divergence.
+  several_groups: the launch trains more than one group (log lines then name the group)."""
   from mombo_jax import train as train_lib
   frozen = metrics["diverged"]
   for r in runs:
     for i, s in zip(range(r.cells.start, r.cells.stop), r.seeds):
       q = metrics["q_mean"][i]
       # A frozen seed's metrics are its failed epoch's (maybe NaN): not watched.
-      if not frozen[i] and r.q.update(int(s), done, q):
+      if not frozen[i] and r.q.update(int(s), epoch, q):
         log(f"warning: seed {s} of {r.group.dataset} beta={r.config.beta:g} overestimates: the "
             f"critics' mean Q {q:.4g} passed the return bound max|r|/(1-gamma) = {r.q.bound:.4g} "
-            f"at epoch {done}. Training goes on; the seed is flagged `overestimated` in "
+            f"at epoch {epoch}. Training goes on; the seed is flagged `overestimated` in "
             "summary.json.")
       if frozen[i] and int(s) not in r.diverged:
         quantity = ", ".join(k for k in train_lib.DIVERGENCE_CHECKS
                              if bool(metrics[f"diverged/{k}"][i])) or "unknown"
-        r.diverged[int(s)] = {"seed": int(s), "epoch": done, "quantity": quantity}
-        log(f"seed {s}{r.where(many)} diverged at epoch {done} ({quantity} non-finite or beyond "
-            f"+-{config.max_abs_loss:g}); it is frozen at its last healthy state, whose policy "
-            "is still evaluated and counted in the summary (docs/protocol.md). The other seeds "
-            "go on.")
+        r.diverged[int(s)] = {"seed": int(s), "epoch": epoch, "quantity": quantity}
+        log(f"seed {s}{r.where(several_groups)} diverged at epoch {epoch} ({quantity} non-finite "
+            f"or beyond +-{config.max_abs_loss:g}); it is frozen at its last healthy state, "
+            "whose policy is still evaluated and counted in the summary (docs/protocol.md). The "
+            "other seeds go on.")
 
 
 def log_reference_scores(runs):
@@ -120,8 +121,8 @@ def build_evaluators(runs, workers=0):
       r.evaluator = evaluator
 
 
-def returns_all(runs, actors, done, should_stop=None):
-  """Every group's returns [S, episodes] at epoch `done` (a list in the order of `runs`), one
+def returns_all(runs, actors, epoch, should_stop=None):
+  """Every group's returns [S, episodes] at epoch `epoch` (a list in the order of `runs`), one
   pass per Evaluator (build_evaluators first). Writes nothing: safe in a background thread while
   the main thread trains. should_stop: Evaluator.run's (errors.Interrupted between time steps)."""
   import jax
@@ -134,7 +135,7 @@ def returns_all(runs, actors, done, should_stop=None):
   for same in by_evaluator.values():
     episodes = same[0].config.eval_episodes
     cells = np.concatenate([np.arange(r.cells.start, r.cells.stop) for r in same])
-    seeds = np.concatenate([evaluate_lib.env_seeds(eval_seed(r, done), r.config.num_seeds,
+    seeds = np.concatenate([evaluate_lib.env_seeds(eval_seed(r, epoch), r.config.num_seeds,
                                                    episodes) for r in same])
     returns = same[0].evaluator.run(jax.tree.map(lambda x: x[cells], actors), seeds,
                                     should_stop=should_stop)
@@ -153,16 +154,16 @@ def snapshot(r: GroupRun) -> dict:
               bound=float(r.q.bound))
 
 
-def eval_seed(r: GroupRun, done) -> int:
-  """The seed of group r's evaluation at epoch `done` (evaluate.env_seeds spreads it over the
+def eval_seed(r: GroupRun, epoch) -> int:
+  """The seed of group r's evaluation at epoch `epoch` (evaluate.env_seeds spreads it over the
   group's seeds x episodes)."""
-  return 10_000 * r.config.seed + done
+  return 10_000 * r.config.seed + epoch
 
 
-def record(r: GroupRun, returns, last, done, snap=None):
-  """Group r's evaluation at epoch `done`: returns [S, episodes] -> r.scores and its metrics.csv
+def record(r: GroupRun, returns, last, epoch, snap=None):
+  """Group r's evaluation at epoch `epoch`: returns [S, episodes] -> r.scores and its metrics.csv
   rows (also handed to r.loggers); last: the epoch's metrics {name: [C]}; snap: snapshot(r) taken
-  at epoch `done` (None: r's watch now)."""
+  at epoch `epoch` (None: r's watch now)."""
   from mombo_jax import scores
   c = r.config
   snap = snap or snapshot(r)
@@ -171,7 +172,7 @@ def record(r: GroupRun, returns, last, done, snap=None):
   new = []
   for i, s in enumerate(r.seeds):
     cell = r.cells.start + i
-    row = dict(epoch=done, step=done * c.steps_per_epoch, seed=int(s),
+    row = dict(epoch=epoch, step=epoch * c.steps_per_epoch, seed=int(s),
                return_mean=float(returns[i].mean()), normalized_score=float(r.scores[i].mean()),
                diverged=float(int(s) in diverged))
     row.update({k: float(v[cell]) for k, v in sorted(last.items())})
@@ -183,12 +184,12 @@ def record(r: GroupRun, returns, last, done, snap=None):
     r.loggers.write(new)
 
 
-def log_progress(r: GroupRun, last, done, rate, eta, many, snap=None):
-  """The log line of group r's evaluation at epoch `done` (snap: as for `record`)."""
+def log_progress(r: GroupRun, last, epoch, rate, eta, several_groups, snap=None):
+  """The log line of group r's evaluation at epoch `epoch` (snap: as for `record`)."""
   c, cells = r.config, r.cells
   snap = snap or snapshot(r)
-  log(f"epoch {done}/{c.epochs}{r.where(many)}  {rate:.0f} steps/s (all "
-      f"{'seeds' if not many else 'cells'})  score per seed "
+  log(f"epoch {epoch}/{c.epochs}{r.where(several_groups)}  {rate:.0f} steps/s (all "
+      f"{'seeds' if not several_groups else 'cells'})  score per seed "
       f"[{', '.join(f'{x:.1f}' for x in r.scores.mean(axis=1))}]  critic_loss "
       f"[{', '.join(f'{x:.3g}' for x in last['critic_loss'][cells])}]  q_mean "
       f"[{', '.join(f'{x:.4g}' for x in last['q_mean'][cells])}] (bound {snap['bound']:.4g})  "
@@ -246,19 +247,19 @@ class Evaluation:
   The thread only computes returns (returns_all over the launch's Evaluators): every
   record, log line and checkpoint stays in the main thread."""
 
-  def __init__(self, runs, actors, last, done, snaps, rate=None, eta=None):
+  def __init__(self, runs, actors, last, epoch, snaps, rate=None, eta=None):
     import threading
-    self.runs, self.last, self.done, self.snaps = runs, last, done, snaps
+    self.runs, self.last, self.epoch, self.snaps = runs, last, epoch, snaps
     self.rate, self.eta = rate, eta
     self.returns, self.error = None, None
     self.cancelled = threading.Event()
     self.thread = threading.Thread(target=self._work, args=(actors,), daemon=True,
-                                   name=f"evaluate-epoch-{done}")
+                                   name=f"evaluate-epoch-{epoch}")
     self.thread.start()
 
   def _work(self, actors):
     try:
-      self.returns = returns_all(self.runs, actors, self.done, self.cancelled.is_set)
+      self.returns = returns_all(self.runs, actors, self.epoch, self.cancelled.is_set)
     except BaseException as e:  # noqa: BLE001 -- re-raised in the main thread by finish()
       self.error = e
 
@@ -272,42 +273,44 @@ class Evaluation:
     """Ends the evaluation within one time step (its envs stay usable); it records nothing."""
     self.cancelled.set()
 
-  def finish(self, many):
+  def finish(self, several_groups):
     """Waits for the returns, then writes the point's rows (and log lines) as an evaluation done
     at once would have."""
     self.join()
     if self.error is not None:
       raise self.error
     for r, returns, snap in zip(self.runs, self.returns, self.snaps):
-      record(r, returns, self.last, self.done, snap)
+      record(r, returns, self.last, self.epoch, snap)
       if self.rate is not None:
-        log_progress(r, self.last, self.done, self.rate, self.eta, many, snap)
+        log_progress(r, self.last, self.epoch, self.rate, self.eta, several_groups, snap)
 
 
-def recover(lost, program, eval_workers=0, should_stop=None):
-  """Writes the rows of the evaluation at program.start (program: runner.Program) that a launch killed after that
-  checkpoint lost (groups `lost`: r.lost the checkpoint's `eval` metadata), evaluating the
-  restored actors with that point's env seeds: the returns the lost evaluation had."""
+def recover(unwritten, program, eval_workers=0, should_stop=None):
+  """Writes the rows of the evaluation at program.start (program: runner.Program) that a launch
+  killed after that checkpoint lost (groups `unwritten`: r.unwritten_eval the checkpoint's `eval`
+  metadata), evaluating the restored actors with that point's env seeds: the returns the lost
+  evaluation had."""
   import numpy as np
   from mombo_jax import distributed
   actors = distributed.to_host(program.state.agent.actor.params)
   if not distributed.is_main():
-    for r in lost:
-      r.lost = None
+    for r in unwritten:
+      r.unwritten_eval = None
     return
-  build_evaluators(lost, eval_workers)
-  done = program.start
+  build_evaluators(unwritten, eval_workers)
+  epoch = program.start
   try:
-    every = returns_all(lost, actors, done, should_stop)
+    every = returns_all(unwritten, actors, epoch, should_stop)
   except Interrupted as e:      # nothing is lost: the checkpoint still holds what it needs
-    raise Interrupted(e.signum, f"the evaluation of epoch {done} (redone on resume)") from None
-  for r, returns in zip(lost, every):
+    raise Interrupted(e.signum, f"the evaluation of epoch {epoch} (redone on resume)") from None
+  for r, returns in zip(unwritten, every):
     last = {}
-    for k, v in r.lost["last"].items():      # the group's cells' values -> the launch's axis [C]
+    # The group's cells' values -> the launch's axis [C].
+    for k, v in r.unwritten_eval["last"].items():
       full = np.full(program.num_cells, np.nan)
       full[r.cells] = v
       last[k] = full
-    record(r, returns, last, done, r.lost)
-    log(f"Wrote the evaluation of epoch {done}{r.where(len(lost) > 1)}, which the stopped launch "
-        "had not written.")
-    r.lost = None
+    record(r, returns, last, epoch, r.unwritten_eval)
+    log(f"Wrote the evaluation of epoch {epoch}{r.where(len(unwritten) > 1)}, which the stopped "
+        "launch had not written.")
+    r.unwritten_eval = None

@@ -2,7 +2,8 @@
 held for the launch. The OS releases it when the process dies (kill -9 leaves nothing stale: the
 lock file may stay, but nobody holds it). A second launch is refused at once, naming the holder.
 
-Used through workdir.Workdir.lock (a run's folder) and workdir.get_dynamics (a dynamics ensemble
+Used through workdir.Workdir.lock (a run's folder) and dynamics_store.get_dynamics (a dynamics
+ensemble
 while it is trained or read). flock works on local filesystems; on some network filesystems it
 is a no-op or fails: `check_locks_work` (docs/reliability.md) tells which.
 """

@@ -311,7 +311,7 @@ def _identities(root: str, seeds: Sequence[int], group: str) -> dict:
   """<root>/runs.json, created or completed: the W&B group and a run id per seed, drawn once so a
   resume (even of one cell of a grid alone) reuses them, and a new workdir never does."""
   from wandb.sdk.lib import runid
-  from mombo_jax import outputs
+  from mombo_jax import atomic
   path = os.path.join(root, WANDB_RUNS)
   old = {}
   if os.path.exists(path):
@@ -322,7 +322,7 @@ def _identities(root: str, seeds: Sequence[int], group: str) -> dict:
     ids.setdefault(str(s), runid.generate_id())
   new = dict(group=old.get("group") or group, ids=ids)
   if new != old:
-    outputs.write_json(path, new)
+    atomic.write_json(path, new)
   return new
 
 

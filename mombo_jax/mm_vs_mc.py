@@ -103,9 +103,9 @@ def mm_vs_mc(nets: SeedNets, obs, key, ns: Sequence[int] = (2, 10, 100, 1000, 10
   for i, n in enumerate(ns):
     n = int(n)
     k = jax.random.fold_in(k_mc, i)
-    many = jax.jit(lambda nets, member, m, v, a, k, n=n: mc_estimates(
+    repeated = jax.jit(lambda nets, member, m, v, a, k, n=n: mc_estimates(
         member_q_fn(nets, member), m, v, a, k, n, repeats))
-    out["estimates"][n] = np.asarray(many(*args, k))
+    out["estimates"][n] = np.asarray(repeated(*args, k))
     one = jax.jit(lambda nets, member, m, v, a, k, n=n: mc_estimate(
         member_q_fn(nets, member), m, v, a, k, n))
     out["seconds"][n] = time_call(one, *args, k, number=timing_calls)

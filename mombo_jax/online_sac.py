@@ -4,8 +4,9 @@ one such run per environment; its medium policy, replay buffer and final policy 
 medium, medium-replay and expert datasets.
 
 The SAC itself is mombo_jax.sac with the standard online hyperparameters (OnlineSettings). Acting
-runs in numpy on the host (host_actor: one small MLP call per env step is cheaper than a jitted
-call's dispatch); gradient steps run on the device in chunks of `train_every`, each a loop over
+runs in numpy on the host (actor_policy.numpy_actor: one small MLP call per env step is cheaper
+than a jitted call's dispatch); gradient steps run on the device in chunks of `train_every`, each a
+loop over
 batches sampled on the device from a device copy of the replay buffer, in device calls of about
 stops.CHUNK_SECONDS so that a stop request is seen within seconds. A stop checkpoints the run
 where it is, and a resume continues it bit for bit (train_sac). The checkpoints are
@@ -21,6 +22,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from mombo_jax import algorithms, envs
+from mombo_jax.actor_policy import numpy_actor
 from mombo_jax.errors import Interrupted, UserError
 from mombo_jax.sac_checkpoints import (_REPLAY_FIELDS, _SacCheckpoints, _empty_replay,
                                        _run_settings, restore_sac)  # noqa: F401 (re-exported)
@@ -75,11 +77,12 @@ def online_config(env: str, hidden: Sequence[int], batch_size: int) -> OnlineSet
 
 
 def _make_jitted(config):
-  """(insert, train) jitted for one online-SAC config (acting runs on the host: host_actor).
+  """(insert, sac_updates) jitted for one online-SAC config (acting runs on the host:
+  actor_policy.numpy_actor).
 
   insert(replay, rows, start) -> replay: writes rows (obs, action, reward, next_obs, terminated,
     each [K, ...]) at start..start+K-1 of the device replay (donated: updated in place).
-  train(agent, replay, size, keys [n], start=0, stop=n) -> agent: SAC updates start .. stop-1
+  sac_updates(agent, replay, size, keys [n], start=0, stop=n) -> agent: SAC updates start .. stop-1
     (update i with keys[i]; start / stop traced) in one loop, each on a batch sampled uniformly on
     the device from the first `size` rows.
   Sampling on the device and running a whole chunk of updates per call remove the per-step host
@@ -99,7 +102,7 @@ def _make_jitted(config):
             for k, v in zip(_REPLAY_FIELDS, rows)}
 
   @functools.partial(jax.jit, donate_argnums=(0,))
-  def train(agent, replay, size, keys, start=None, stop=None):
+  def sac_updates(agent, replay, size, keys, start=None, stop=None):
     def one(i, agent):
       k_idx, k_update = jax.random.split(keys[i])
       idx = jax.random.randint(k_idx, (config.batch_size,), 0, size)
@@ -114,29 +117,7 @@ def _make_jitted(config):
     return jax.lax.fori_loop(0 if start is None else start,
                              keys.shape[0] if stop is None else stop, one, agent)
 
-  return insert, train
-
-
-def host_actor(actor_params, config) -> Callable:
-  """The actor as a numpy function on one observation: f(obs [S], rng or None) -> action [A]
-  (a sample when rng is a numpy Generator, tanh(mean) when None). A [256, 256] MLP on one state
-  costs tens of microseconds in numpy, several times less than a jitted call's dispatch, and the
-  online loop acts once per environment step."""
-  import jax
-  from mombo_jax import sac
-  hidden, (mean_w, mean_b), (std_w, std_b) = jax.tree.map(
-      np.asarray, sac.actor_layers(jax.device_get(actor_params)))
-
-  def f(obs, rng=None):
-    x = np.asarray(obs, np.float32)
-    for w, b in hidden:
-      x = np.maximum(x @ w + b, 0.0)
-    mean = x @ mean_w + mean_b
-    if rng is None:
-      return np.tanh(mean)
-    log_std = np.clip(x @ std_w + std_b, config.log_std_min, config.log_std_max)
-    return np.tanh(mean + np.exp(log_std) * rng.standard_normal(mean.shape, np.float32))
-  return f
+  return insert, sac_updates
 
 
 _JIT_CACHE: Dict = {}
@@ -203,7 +184,7 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
 
   env = make_env()
   obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]
-  insert, train = _jitted(config)
+  insert, sac_updates = _jitted(config)
   if train_every < 1:
     raise UserError(f"--train_every must be >= 1, got {train_every}.")
   if medium_consecutive < 1:
@@ -234,7 +215,8 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   agent = state["agent"]
   key = jax.random.wrap_key_data(np.asarray(state["key"], np.uint32))
   device_replay, uploaded = None, 0   # the sampling copy on the device and the rows it holds
-  policy = host_actor(agent.actor.params, config)    # refreshed after every training chunk
+  # Refreshed after every training chunk.
+  policy = numpy_actor(agent.actor.params, config.log_std_min, config.log_std_max)
   step = meta["step"]
   if loop is None:
     act_rng = np.random.default_rng([seed, meta["step"], 1])
@@ -321,12 +303,12 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
       if should_stop is not None and should_stop():
         stop_here("train", f", {chunk['done']} of the {chunk['due']} gradient steps due there")
       n = pace.next(chunk["due"] - chunk["done"])
-      agent = pace.run(lambda a, b: train(agent, device_replay, np.int32(step), keys,
+      agent = pace.run(lambda a, b: sac_updates(agent, device_replay, np.int32(step), keys,
                                           np.int32(a), np.int32(b)), chunk["done"], n)
       chunk["done"] += n
     meta["trained"] += chunk["due"]
     chunk = None
-    policy = host_actor(agent.actor.params, config)
+    policy = numpy_actor(agent.actor.params, config.log_std_min, config.log_std_max)
 
   window = (step, time.time())  # (step, time) of the last progress line
 

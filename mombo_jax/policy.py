@@ -27,7 +27,6 @@ string and a CRC32 of the parameters (a flipped byte is refused, not used).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import re
@@ -43,26 +42,11 @@ _EXPORT_HINT = ("export one with: python -m experiments.export --run=DIR --seed=
                 "--out=policy.msgpack")
 
 
-@functools.lru_cache(maxsize=8)
-def _actor_fns(hidden_dims: tuple, action_dim: int, log_std_min: float, log_std_max: float):
-  """(deterministic, sample, init_shapes): jitted obs [B, obs_dim] -> action [B, A] in [-1, 1]
-  (tanh(mean); tanh(mean + std * eps) with a key), and obs_dim -> the variables' shapes."""
-  import jax
-  import jax.numpy as jnp
-  from mombo_jax.critics import TanhGaussianActor, deterministic_action, sample_tanh_gaussian
-  actor = TanhGaussianActor(hidden_dims, action_dim, log_std_min, log_std_max)
-
-  def deterministic(variables, obs):
-    mean, _ = actor.apply(variables, obs)
-    return deterministic_action(mean)
-
-  def sample(variables, obs, key):
-    mean, log_std = actor.apply(variables, obs)
-    return sample_tanh_gaussian(mean, log_std, key)[0]
-
-  def init_shapes(obs_dim: int):
-    return jax.eval_shape(actor.init, jax.random.PRNGKey(0), jnp.zeros((1, obs_dim), jnp.float32))
-  return jax.jit(deterministic), jax.jit(sample), init_shapes
+def _actor_fns(hidden_dims, action_dim, log_std_min, log_std_max):
+  """The actor's jitted functions (actor_policy's one cache, per actor shape)."""
+  from mombo_jax import actor_policy
+  return actor_policy.actor_functions(actor_policy.ActorShape.of(hidden_dims, action_dim,
+                                                                 log_std_min, log_std_max))
 
 
 def _to_numpy(tree):
@@ -139,16 +123,15 @@ class Policy:
       raise ValueError(f"obs must have shape [{self.obs_dim}] or [B, {self.obs_dim}] for "
                        f"{self.env_name}, got {obs.shape}.")
     batch = obs[None] if obs.ndim == 1 else obs
-    deterministic, sampled, _ = _actor_fns(tuple(self.hidden_dims), int(self.action_dim),
-                                           float(self.log_std_min), float(self.log_std_max))
+    fns = _actor_fns(self.hidden_dims, self.action_dim, self.log_std_min, self.log_std_max)
     if sample:
       if key is None:
         raise ValueError("sample=True needs key=: a jax.random key or an int seed.")
       if isinstance(key, (int, np.integer)):
         key = jax.random.PRNGKey(int(key))
-      action = sampled(self._device_params, batch, key)
+      action = fns.sample(self._device_params, batch, key)
     else:
-      action = deterministic(self._device_params, batch)
+      action = fns.mode(self._device_params, batch)
     action = envs.to_env_action(np.asarray(action), self._bounds)
     return action[0] if obs.ndim == 1 else action
 
@@ -322,9 +305,8 @@ def _from_file(path: str, seed: Optional[int]) -> Policy:
   params = tree["params"]
   try:   # a damaged file may hold anything here: every failure is "does not fit"
     hidden = tuple(int(h) for h in meta["hidden_dims"])
-    _, _, init_shapes = _actor_fns(hidden, meta["action_dim"], float(meta["log_std_min"]),
-                                   float(meta["log_std_max"]))
-    want = init_shapes(meta["obs_dim"])
+    want = _actor_fns(hidden, meta["action_dim"], meta["log_std_min"],
+                      meta["log_std_max"]).init_shapes(meta["obs_dim"])
     fits = (jax.tree.structure(params) == jax.tree.structure(want)
             and _shapes(params) == _shapes(want))
   except (AttributeError, TypeError, ValueError):

@@ -38,6 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from mombo_jax import buffer, dynamics, envs, targets, termination
+# The targets' own terminal rule (selection: a NaN behind a terminal stays out), not a copy.
+from mombo_jax.targets import _continue
 from mombo_jax.trained import SeedNets
 
 
@@ -48,12 +50,6 @@ def selected_steps(length: int, every: int = 10) -> np.ndarray:
   if length and (not idx.size or idx[-1] != length - 1):
     idx = np.append(idx, length - 1)
   return idx
-
-
-def _continue(done, value):
-  """value where the episode goes on, 0 at terminals (selection, as in targets.py: a NaN behind a
-  terminal stays out)."""
-  return jnp.where(done > 0, jnp.zeros_like(value), value)
 
 
 def exact_bellman(policy_fn: Callable, q_fn: Callable, reward, next_obs, done, key, *,
@@ -68,8 +64,8 @@ def exact_bellman(policy_fn: Callable, q_fn: Callable, reward, next_obs, done, k
   """
   chex.assert_rank([reward, done, next_obs], [1, 1, 2])
   chex.assert_equal_shape_prefix([reward, done, next_obs], 1)
-  many = jnp.broadcast_to(next_obs, (num_policy,) + next_obs.shape)         # [P, B, S]
-  value = q_fn(many, policy_fn(many, key)).mean(axis=0)                     # [B]
+  next_obs_p = jnp.broadcast_to(next_obs, (num_policy,) + next_obs.shape)   # [P, B, S]
+  value = q_fn(next_obs_p, policy_fn(next_obs_p, key)).mean(axis=0)         # [B]
   out = reward + gamma * _continue(done, value)
   chex.assert_shape(out, reward.shape)
   return out

@@ -145,7 +145,7 @@ class Builder:
                       "actors from a SAC checkpoint: pass one of them.")
     self.opts = opts
     self.log = log_fn
-    # A stop request (launch.StopFlag): the SAC run checkpoints where it is, a recording is
+    # A stop request (stops.StopFlag): the SAC run checkpoints where it is, a recording is
     # dropped (recorded again, the same episodes); both raise errors.Interrupted.
     self.should_stop = should_stop
     self._sac: Dict[str, SacResult] = {}

@@ -7,7 +7,7 @@ dataset is; mombo_jax.minari_io writes and reads them.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -72,23 +72,19 @@ def random_policy(action_dim: int, seed: int) -> Callable:
   return lambda obs: rng.uniform(-1.0, 1.0, (obs.shape[0], action_dim)).astype(np.float32)
 
 
-_POLICY_CACHE: Dict = {}
-
-
 def sac_policy(actor_params, config, seed: int, deterministic: bool) -> Callable:
-  """Batched jitted SAC policy on host arrays (compiled once per config and batch size)."""
+  """Batched SAC policy on host arrays: obs [B, obs_dim] -> actions [B, A] (actor_policy's jitted
+  functions: compiled once per actor shape and batch size), drawing a fresh key per call from
+  `seed`'s stream (a key is split per call even when deterministic, as recordings always did)."""
   import jax
-  from mombo_jax import sac
-  if (config, deterministic) not in _POLICY_CACHE:
-    _POLICY_CACHE[config, deterministic] = jax.jit(
-        (lambda p, o, k: sac.policy_mode(p, o, config)) if deterministic
-        else (lambda p, o, k: sac.policy_sample(p, o, k, config)))
-  fn = _POLICY_CACHE[config, deterministic]
+  from mombo_jax import actor_policy
+  fns = actor_policy.actor_functions(actor_policy.ActorShape.from_config(config, actor_params))
   key = [jax.random.key(seed)]
 
   def policy(obs):
     key[0], k = jax.random.split(key[0])
-    return np.asarray(fn(actor_params, obs, k))
+    return np.asarray(fns.mode(actor_params, obs) if deterministic
+                      else fns.sample(actor_params, obs, k))
   return policy
 
 

@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from mombo_jax import aggregates, outputs, paper_results
+from mombo_jax import aggregates, atomic, outputs, paper_results
 from mombo_jax.errors import UserError
 from mombo_jax.protocols import check_protocols, protocol_doc, protocol_line  # noqa: F401
 from mombo_jax.results import (CI_LEVEL, ENV_ORDER, LAST_K, N_BOOTSTRAP, TYPE_ORDER, Pool,
@@ -38,7 +38,8 @@ from mombo_jax.results import (CI_LEVEL, ENV_ORDER, LAST_K, N_BOOTSTRAP, TYPE_OR
                                label_key, ordered, paper_dataset, read_run)
 from mombo_jax.tables import (BELOW_MARK, DIVERGED_MARK, PAPER, Block, Table, build_table,
                               summary_best)
-from mombo_jax.workdir import RUN_FILES, find
+from mombo_jax.run_search import find_runs
+from mombo_jax.workdir import RUN_FILES
 
 _LINESTYLES = {"MOPO": "--", "MOBILE": ":", "MOMBO": "-"}
 MISSING = "–"
@@ -353,7 +354,7 @@ def plot_curves(groups: Dict[tuple, Pool], env: str, path: str):
     ax.legend(fontsize=7, title="final, AULC", title_fontsize=7)
   fig.tight_layout()
   try:
-    outputs.save_figure(fig, path, dpi=100)
+    atomic.save_figure(fig, path, dpi=100)
   finally:
     plt.close(fig)
 
@@ -368,13 +369,13 @@ def write_report(dirs: Sequence[str], out: Optional[str] = None, log=print) -> d
   `log`. Returns {"runs", "groups", "table", "files"}. Raises UserError when no run is found
   (naming the folders searched), when a run follows another protocol (check_protocols), when one
   (setup, seed) is in two folders (results.check_duplicates), when a seed has no finite score
-  (results.read_run), and outputs.WriteError when `out` cannot be written (nothing half-written
+  (results.read_run), and atomic.WriteError when `out` cannot be written (nothing half-written
   is left: each file goes through a rename); every refusal comes before anything is written.
   """
   if not dirs:
     raise UserError("Pass at least one folder to search for runs.")
   out = out or dirs[0]
-  paths, warnings = find(dirs)
+  paths, warnings = find_runs(dirs)
   # One folder reached by two spellings (runs/ and /abs/runs/) is one run.
   paths = list({os.path.realpath(p): p for p in reversed(paths)}.values())[::-1]
   runs = []
@@ -387,7 +388,7 @@ def write_report(dirs: Sequence[str], out: Optional[str] = None, log=print) -> d
   if runs:   # before any warning or work: another protocol, a seed counted twice, an unwritable
     notes = check_protocols(runs)   # --out are one line
     check_duplicates(runs)
-    outputs.check_writable(out)
+    atomic.check_writable(out)
   for w in warnings:
     log(w)
   if not runs:
@@ -404,12 +405,12 @@ def write_report(dirs: Sequence[str], out: Optional[str] = None, log=print) -> d
   files = [os.path.join(out, name) for name in ("report.md", "report.tex", "report.csv")]
   # Across-task aggregates (rliable, an optional extra): a section of its own after the tables.
   across, figures = aggregates.report_section(groups, out, log=log, order=label_key)
-  outputs.write_text(files[0], render_markdown(
+  atomic.write_text(files[0], render_markdown(
       table, title=f"Results of {len(runs)} run(s)",
       what="over every seed (population std, ddof = 0; diverged seeds count at their frozen "
            "policy)", groups=groups,
       preamble=[protocol_line(out, runs)]) + across)
-  outputs.write_text(files[1], f"% Protocol: {outputs.PROTOCOL} ({outputs.PROTOCOL_DOC}).\n"
+  atomic.write_text(files[1], f"% Protocol: {outputs.PROTOCOL} ({outputs.PROTOCOL_DOC}).\n"
                      + render_latex(table))
   render_csv(table, files[2])
   for env in ordered({k[0] for k in groups}, ENV_ORDER):

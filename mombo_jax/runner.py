@@ -16,10 +16,14 @@ import time
 from typing import Any
 
 from mombo_jax import group_run
+from mombo_jax.console import log
+from mombo_jax.dynamics_store import check_legacy_dynamics, get_dynamics
 from mombo_jax.errors import Interrupted, UserError
-from mombo_jax.launch import load_dataset, log, validate
 from mombo_jax.groups import Group, check_groups, describe_algorithm
-from mombo_jax.workdir import Workdir, check_legacy_dynamics
+from mombo_jax.key_scheme import cell_keys
+from mombo_jax.preflight import validate
+from mombo_jax.run_dataset import load_or_build
+from mombo_jax.workdir import Workdir
 
 # Longest a device call may run (epochs are batched up to the next evaluation, but no more than
 # this by the last call's pace; one epoch at least): SIGTERM / SIGINT are honoured between calls,
@@ -44,9 +48,10 @@ class Program:
 
 # -------------------------------------------------------------------------------------- train
 
-def train(config, dataset, workdir, dynamics_dir=None, build_missing=False, build_steps=1_000_000,
-          keep=3, stop_after=None, download=False, *, require_full=False,
-          allow_epochs_change=False, should_stop=None, log_to=("csv",), eval_workers=0):
+def train_run(config, dataset, workdir, dynamics_dir=None, build_missing=False,
+              build_steps=1_000_000, keep=3, stop_after=None, download=False, *,
+              require_full=False, allow_epochs_change=False, should_stop=None, log_to=("csv",),
+              eval_workers=0):
   """A whole run (all seeds); resumes from <workdir>/checkpoints when present. Returns the summary,
   or None when `stop_after` epochs of this call ended it early (as a preempted job would).
 
@@ -71,7 +76,7 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
                should_stop=None, log_to=("csv",), eval_workers=0):
   """Trains every cell (seed) of every group in one compiled program; each group's workdir gets
   what a plain run of that group alone writes, and resumes on its own. Returns the groups'
-  summaries (None each when `stop_after` ended this launch early). Arguments as for `train`; the
+  summaries (None each when `stop_after` ended this launch early). Arguments as for `train_run`; the
   loggers of `log_to` write each workdir's rows, one series per seed (W&B: one run per seed, the
   launch's workdirs one group)."""
   from mombo_jax import distributed, loggers, references
@@ -92,14 +97,14 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
     for r in runs:               # opened by loop (process 0), once training is sure to start
       r.loggers = loggers.RunLoggers(kinds, group)
     try:
-      done = loop(runs, program, stop_after, should_stop, eval_workers)
+      finished = loop(runs, program, stop_after, should_stop, eval_workers)
     finally:
       for r in runs:
         if r.evaluator is not None:
           r.evaluator.close()
         if r.loggers is not None:
           r.loggers.close()
-    if not done:
+    if not finished:
       return [None] * len(runs)
     return [group_run.finish(r) if distributed.is_main() else None for r in runs]
   finally:
@@ -139,15 +144,14 @@ def prepare(groups, records, keep, should_stop, data_options):
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from mombo_jax import (buffer, checkpoint, data, distributed, envs, outputs, provenance,
+  from mombo_jax import (buffer, checkpoint, data, distributed, envs, overestimation, provenance,
                          scores, train as train_lib)
-  from mombo_jax.workdir import cell_keys
 
   names = list(dict.fromkeys(g.dataset for g in groups))      # distinct datasets, in order
   transitions, dataset_scores = {}, {}
   for name in names:
     config = next(g.config for g in groups if g.dataset == name)
-    transitions[name] = load_dataset(name, config, **data_options)
+    transitions[name] = load_or_build(name, config, **data_options)
     t = transitions[name]
     # Which physics the policies meet (docs/protocol.md, "Environments"): D4RL's walker model for
     # an imported D4RL walker dataset, else the v5 env.
@@ -167,8 +171,10 @@ def prepare(groups, records, keep, should_stop, data_options):
   reals = [buffer.from_transitions(transitions[name]) for name in names]
   stacked, sizes = buffer.stack(reals)
   # Each dataset's return bound max|r| / (1 - gamma), from its real rewards (the stack's NaN
-  # padding ignored): the critics' mean Q of its cells is watched against it (outputs.QWatch).
-  bounds = dict(zip(names, outputs.return_bound(np.asarray(stacked.reward), groups[0].config.gamma)))
+  # padding ignored): the critics' mean Q of its cells is watched against it
+  # (overestimation.OverestimationWatch).
+  bounds = dict(zip(names, overestimation.return_bound(np.asarray(stacked.reward),
+                                                       groups[0].config.gamma)))
   join = lambda trees: jax.tree.map(lambda *xs: jnp.concatenate(xs), *trees)  # noqa: E731
   runs, dyns, init_keys, epoch_keys, cell_dataset, cell_configs = [], [], [], [], [], []
   for g in groups:
@@ -182,7 +188,8 @@ def prepare(groups, records, keep, should_stop, data_options):
       dyns.append(_dynamics_placeholder(dyn_k, transitions[g.dataset], c))
       log(f"Resuming {g.workdir}: its dynamics ensembles come from its checkpoint.")
     else:
-      dyns.append(wd.dynamics(c, transitions[g.dataset], g.dataset, should_stop, log=log))
+      dyns.append(get_dynamics(c, transitions[g.dataset], g.dataset, wd.dynamics_dir,
+                               should_stop=should_stop, log=log))
     init_keys.append(init_k)
     epoch_keys.append(epoch_k)
     cell_dataset += [names.index(g.dataset)] * c.num_seeds
@@ -220,16 +227,16 @@ def prepare(groups, records, keep, should_stop, data_options):
                     "delete the lagging ones.")
   for r, meta in zip(runs, metas):
     r.rows = r.workdir.read_rows(max_epoch=starts[0])
-    lost = meta.get("eval")
-    if lost and int(lost["epoch"]) == starts[0] and not any(
+    unwritten = meta.get("eval")
+    if unwritten and int(unwritten["epoch"]) == starts[0] and not any(
         int(row["epoch"]) == starts[0] for row in r.rows):
-      r.lost = lost              # killed between the checkpoint and the rows: loop writes them
+      r.unwritten_eval = unwritten    # killed between the checkpoint and the rows: loop writes them
     if distributed.is_main():
       r.workdir.write_rows(r.rows)
     bound = bounds[r.group.dataset]
     # A checkpoint saved before the watch existed (or a fresh run): rebuilt from metrics.csv.
-    r.q = (outputs.QWatch(r.seeds, bound, meta["q"]) if "q" in meta
-           else outputs.QWatch.from_rows(r.seeds, bound, r.rows))
+    r.q = (overestimation.OverestimationWatch(r.seeds, bound, meta["q"]) if "q" in meta
+           else overestimation.OverestimationWatch.from_rows(r.seeds, bound, r.rows))
   # The cell axis lives split over all devices (of all processes) from here on; the datasets are
   # copied to every device once.
   program = Program(config=config, num_cells=len(cell_configs),
@@ -309,12 +316,12 @@ def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> boo
   trained again: the same results), so a stop takes one device call (about CHUNK_SECONDS, at
   least one epoch) and the checkpoint."""
   from mombo_jax import checkpoint, distributed, train as train_lib
-  many = len(runs) > 1
+  several_groups = len(runs) > 1
   pending = []                   # at most one group_run.Evaluation (process 0)
 
   def flush():
     while pending:
-      pending.pop(0).finish(many)
+      pending.pop(0).finish(several_groups)
 
   def save(epoch, evals=None):
     todo = [r for r in runs if r.ckpt.latest_step() != epoch]
@@ -336,7 +343,7 @@ def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> boo
     for p in pending:
       p.cancel()
     where = ", ".join(r.ckpt.directory for r in runs)
-    back = pending[0].done if pending else "the last evaluation"
+    back = pending[0].epoch if pending else "the last evaluation"
     raise Interrupted(getattr(should_stop, "signum", None),
                       f"epoch {epoch}; the resume starts at epoch {back}, whose evaluation was "
                       f"still running (checkpoint in {where})")
@@ -379,9 +386,10 @@ def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_
   import jax
   import numpy as np
   from mombo_jax import distributed
-  config, many = program.config, len(runs) > 1
+  config, several_groups = program.config, len(runs) > 1
   devices = jax.devices()
-  what = "Seeds" if not many else f"{program.num_cells} cells ({len(runs)} workdirs x seeds)"
+  what = ("Seeds" if not several_groups
+          else f"{program.num_cells} cells ({len(runs)} workdirs x seeds)")
   procs = (f" of {distributed.process_count()} processes" if distributed.is_multiprocess()
            else "")
   log(f"{what} sharded over {len(devices)} {devices[0].platform} device(s){procs}, "
@@ -390,8 +398,8 @@ def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_
       f"schedule over {config.schedule_steps // config.steps_per_epoch} epochs, stop at "
       f"{config.epochs}.")
   end = config.epochs if stop_after is None else min(config.epochs, program.start + stop_after)
-  lost = [r for r in runs if r.lost is not None]
-  if program.start < end or lost:
+  unwritten = [r for r in runs if r.unwritten_eval is not None]
+  if program.start < end or unwritten:
     if program.start < end:
       # Compiled ahead of the loop, so steps/s and the ETA measure training only.
       t_compile = time.time()
@@ -401,8 +409,8 @@ def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_
       for r in runs:
         group_run.open_loggers(r, program.start)
   group_run.log_reference_scores(runs)
-  if lost:
-    group_run.recover(lost, program, eval_workers, should_stop)
+  if unwritten:
+    group_run.recover(unwritten, program, eval_workers, should_stop)
   epoch, pace, t_start = program.start, None, time.time()
   while epoch < end:
     stop_requested(epoch)
@@ -415,7 +423,8 @@ def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_
                else jax.device_get(metrics))
     pace = (time.time() - t0) / n
     for i in range(n):
-      group_run.watch(runs, {k: np.asarray(v[i]) for k, v in metrics.items()}, epoch + i + 1, config, many)
+      group_run.watch(runs, {k: np.asarray(v[i]) for k, v in metrics.items()}, epoch + i + 1,
+                      config, several_groups)
     epoch += n
     if pending and not pending[0].running():
       flush(epoch)               # done while the device trained: its rows now, not a point later

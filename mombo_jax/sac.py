@@ -27,8 +27,8 @@ from flax.training.train_state import TrainState
 from mombo_jax.buffer import Batch
 if TYPE_CHECKING:    # Config or config.EpochSettings; config imports this module (algorithms)
   from mombo_jax.config import Config
-from mombo_jax.critics import (CriticEnsemble, TanhGaussianActor, deterministic_action,
-                               sample_tanh_gaussian)
+from mombo_jax.critics import (CriticEnsemble, TanhGaussianActor, actor_layer_names,
+                               deterministic_action, sample_tanh_gaussian)
 
 TargetFn = Callable[["AgentState", Batch, jax.Array], Tuple[jax.Array, Dict[str, jax.Array]]]
 
@@ -56,16 +56,15 @@ def make_actor(config: Config, action_dim: int) -> TanhGaussianActor:
 
 def actor_layers(actor_params):
   """The actor's (kernel, bias) pairs from its variables {"params": ...}: (hidden, mean, log_std),
-  hidden a list of (W [in, h], b [h]), mean and log_std (W [h, A], b [A]) the two heads. Flax
-  names TanhGaussianActor's layers Dense_0, Dense_1, ... in call order (the hidden layers, then
-  the mean head, then the log-std head), so the layer count alone tells the heads apart."""
+  hidden a list of (W [in, h], b [h]), mean and log_std (W [h, A], b [A]) the two heads, looked
+  up by their names (critics.actor_layer_names; an actor has two layers beyond its hidden ones)."""
   layers = actor_params["params"]
-  n = len(layers) - 2
+  hidden, mean_head, log_std_head = actor_layer_names(len(layers) - 2)
 
-  def pair(i):
-    return layers[f"Dense_{i}"]["kernel"], layers[f"Dense_{i}"]["bias"]
+  def pair(name):
+    return layers[name]["kernel"], layers[name]["bias"]
 
-  return [pair(i) for i in range(n)], pair(n), pair(n + 1)
+  return [pair(n) for n in hidden], pair(mean_head), pair(log_std_head)
 
 
 def actor_action_dim(actor_params) -> int:

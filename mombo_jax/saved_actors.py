@@ -24,6 +24,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from mombo_jax import atomic
 from mombo_jax.envs import GYM_IDS
 from mombo_jax.errors import UserError
 from mombo_jax.online_sac import online_config
@@ -65,18 +66,11 @@ def actor_bytes(actor_params) -> bytes:
   return serialization.to_bytes(_canonical(jax.device_get(actor_params)))
 
 
-def _atomic_write(path: str, blob: bytes):
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(blob)
-  os.replace(tmp, path)
-
-
 def network_info(env: str, config, actor_params) -> dict:
   """The sidecar fields actor_config reads back (and the gym id), from a live run's actor."""
   from mombo_jax import sac
   return dict(env=env, gym_id=GYM_IDS[env],
-              obs_dim=int(np.shape(actor_params["params"]["Dense_0"]["kernel"])[0]),
+              obs_dim=int(np.shape(sac.actor_layers(actor_params)[0][0][0])[0]),
               action_dim=sac.actor_action_dim(actor_params),
               actor_hidden=[int(h) for h in config.actor_hidden],
               log_std_min=float(config.log_std_min), log_std_max=float(config.log_std_max),
@@ -105,8 +99,8 @@ def save_actor(directory: str, quality: str, actor_params, info: dict) -> dict:
   sidecar = dict(format=ACTOR_FORMAT, quality=quality, **info,
                  weights=os.path.basename(weights), bytes=len(blob),
                  sha256=hashlib.sha256(blob).hexdigest())
-  _atomic_write(weights, blob)
-  _atomic_write(sidecar_path, (json.dumps(sidecar, indent=2) + "\n").encode())
+  atomic.atomic_write(weights, lambda f: f.write(blob), binary=True)
+  atomic.write_text(sidecar_path, json.dumps(sidecar, indent=2) + "\n")
   return sidecar
 
 

@@ -1,8 +1,9 @@
-"""Stopping within seconds and resuming exactly: how long device calls of a long loop may run
-(Chunks), the stop check between them (check), and the host state beside a checkpoint's arrays
-that an exact resume of a host loop needs (numpy Generators, a MuJoCo env mid-episode), as JSON.
+"""Stopping within seconds and resuming exactly: the stop request (StopFlag, set by SIGINT /
+SIGTERM, and passed on to a child process by run_child), how long device calls of a long loop may
+run (Chunks), the stop check between them (check), and the host state beside a checkpoint's
+arrays that an exact resume of a host loop needs (numpy Generators, a MuJoCo env mid-episode), as JSON.
 
-A stop request (launch.StopFlag: SIGINT / SIGTERM) is a flag the loops poll between device calls
+A stop request (StopFlag: SIGINT / SIGTERM) is a flag the loops poll between device calls
 and env steps; a compiled call cannot be interrupted, so the loops that would otherwise hand the
 device minutes of work at once (an epoch of dynamics training, the collector's chunk of gradient
 steps) run it as a traced-bound fori_loop in calls of about CHUNK_SECONDS each. Where the calls
@@ -10,6 +11,8 @@ split the work changes no bit of the result (the same loop body; the carry passe
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Callable, Optional
 
@@ -21,6 +24,69 @@ from mombo_jax.errors import Interrupted
 # about this long (plus the checkpoint), not for an epoch (minutes on a 1M-transition dataset on a
 # loaded CPU) or a chunk of 1000 SAC updates (~10 s there).
 CHUNK_SECONDS = 1.0
+
+
+class StopFlag:
+  """Callable flag set by SIGINT / SIGTERM: the run stops at the next safe point (within seconds:
+  the loops poll it between device calls of about stops.CHUNK_SECONDS and between env steps),
+  checkpoints and exits; a second signal aborts at once. SIGUSR1 is a stop request passed on by a
+  parent process (run_child): it sets the flag like the first signal and never aborts, so
+  that a Ctrl-C that reached both processes is not taken twice."""
+
+  def __init__(self):
+    self.signum = None
+    self._from_parent = False         # the flag was set by the parent's stop request (SIGUSR1)
+
+  def __call__(self) -> bool:
+    return self.signum is not None
+
+  def install(self):
+    import signal
+    for sig in (signal.SIGINT, signal.SIGTERM):
+      signal.signal(sig, self._handle)
+    if hasattr(signal, "SIGUSR1"):
+      signal.signal(signal.SIGUSR1, self._passed_on)
+
+  def _handle(self, signum, frame):
+    del frame
+    import signal
+    name = signal.Signals(signum).name
+    if self.signum is not None and not self._from_parent:
+      print(f"\n{name} again: aborting at once; the last checkpoint stays usable.",
+            file=sys.stderr, flush=True)
+      os._exit(128 + signum)
+    if self.signum is None:
+      print(f"\n{name} received: stopping within seconds, after saving a checkpoint "
+            f"(send it again to abort at once).", file=sys.stderr, flush=True)
+    self.signum, self._from_parent = signum, False
+
+  def _passed_on(self, signum, frame):
+    del signum, frame
+    import signal
+    if self.signum is None:
+      self.signum, self._from_parent = signal.SIGTERM, True
+      print("\nStop requested by the parent launch: stopping within seconds, after saving a "
+            "checkpoint.", file=sys.stderr, flush=True)
+
+
+def run_child(cmd, should_stop=None) -> int:
+  """Runs cmd (argv list) in a child process to its end; returns its exit status. Once
+  should_stop fires (this launch got SIGINT / SIGTERM), passes the stop on to the child once, as
+  SIGUSR1 (StopFlag: a stop request that never aborts), so that a SIGTERM sent to this process
+  alone stops the child within seconds too, and a Ctrl-C that reached both counts once."""
+  import signal
+  import subprocess
+  proc = subprocess.Popen(cmd)
+  passed = False
+  while True:
+    try:
+      return proc.wait(timeout=0.2)
+    except subprocess.TimeoutExpired:
+      pass
+    if not passed and should_stop is not None and should_stop():
+      proc.send_signal(getattr(signal, "SIGUSR1", signal.SIGTERM))
+      passed = True
+
 
 
 def check(should_stop: Optional[Callable[[], bool]], where: str):

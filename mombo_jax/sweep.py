@@ -1,7 +1,8 @@
 """A grid of `experiments.run` launches in one folder, resumably (experiments.sweep is its CLI).
 
-This module owns the sweep's cells and their launch: `plan` turns datasets x algorithms into Cells
-(one `python -m experiments.run` command each, all seeds of a cell in one launch, the algorithms of
+This module owns the sweep's cells and their launch: `plan` turns datasets x algorithms into
+SweepCells (one `python -m experiments.run` command each: not train.Cell, one seed's cell of a
+compiled program; all seeds of a cell in one launch, the algorithms of
 a dataset sharing an ensemble in `<out>/<dataset>/dynamics` where their dynamics settings agree;
 `dynamics_plan` says which share and why), `check_cells` refuses cells whose folder holds a
 run of another setup than asked (naming the fields), `Launcher` runs a cell as a child process
@@ -22,9 +23,9 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
-from mombo_jax import outputs
+from mombo_jax import atomic
 from mombo_jax.errors import UserError
-from mombo_jax.launch import EXIT_DIVERGED
+from mombo_jax.console import EXIT_DIVERGED
 
 # experiments.run's flags that a sweep sets for every cell (name -> absl type). They make the
 # cell's setup (its config.json), which the sweep checks and compares with finished cells.
@@ -52,7 +53,7 @@ _SEVERITY = ("finished", "diverged", "failed", "interrupted")
 
 
 @dataclasses.dataclass(frozen=True)
-class Cell:
+class SweepCell:
   """One experiments.run launch: all seeds of one algorithm on one dataset. config: the Config
   the command trains (what its config.json must say); allow_epochs_change: `-- 
   --allow_epochs_change` was passed (a finished cell of fewer --epochs is continued)."""
@@ -80,9 +81,10 @@ class Cell:
 
   @property
   def dynamics_path(self) -> Optional[str]:
-    """The folder of the cell's ensembles (workdir.dynamics_path: its dynamics settings name it);
+    """The folder of the cell's ensembles (dynamics_store.dynamics_path: its dynamics settings name
+    it);
     cells of one dataset with equal settings share it. None without a config."""
-    from mombo_jax.workdir import dynamics_path
+    from mombo_jax.dynamics_store import dynamics_path
     return None if self.config is None else dynamics_path(self.dynamics_dir, self.config)
 
 
@@ -132,10 +134,11 @@ def check_passthrough(extra: Sequence[str]) -> Dict[str, Any]:
 
 
 def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: str,
-         budget: dict, extra: Sequence[str] = (), python: str = sys.executable) -> List[Cell]:
+         budget: dict, extra: Sequence[str] = (),
+         python: str = sys.executable) -> List[SweepCell]:
   """The cells in launch order (dataset-major: a dataset's ensemble is trained by the first cell
   that needs it and reused by the later cells whose dynamics settings agree; cells of other
-  settings train their own beside it, Cell.dynamics_path, dynamics_plan). Every name and budget is checked first by building each cell's
+  settings train their own beside it, SweepCell.dynamics_path, dynamics_plan). Every name and budget is checked first by building each cell's
   config, so a typo fails here and not hours into the sweep; `extra` (the words after `--`) by
   check_passthrough. budget: experiments.run flag -> value (None = the cell's default). A given
   --beta is part of the cells' folder names (<algo>[-<target>]-beta<b>), so sweeps of several
@@ -176,12 +179,12 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
                  f"--dynamics_dir={dynamics_dir}"]
       command += [f"--{k}={v}" for k, v in budget.items()]
       command += list(extra)
-      cells.append(Cell(env, algo, workdir, dynamics_dir, tuple(command), config,
+      cells.append(SweepCell(env, algo, workdir, dynamics_dir, tuple(command), config,
                         bool(passed.get("allow_epochs_change"))))
   return cells
 
 
-def dynamics_plan(cells: Sequence[Cell], budget: dict) -> List[str]:
+def dynamics_plan(cells: Sequence[SweepCell], budget: dict) -> List[str]:
   """Lines saying, per dataset, which cells share a dynamics ensemble and why (the settings each
   ensemble follows, with their sources: --dynamics_max_epochs, the preset, the algorithm's
   reference source in mombo_jax/references.py, the Config default): dynamics_store.sharing_plan of
@@ -194,7 +197,7 @@ def dynamics_plan(cells: Sequence[Cell], budget: dict) -> List[str]:
       budget.get("preset") or "paper", flags)
 
 
-def setup_mismatch(cell: Cell) -> Dict[str, tuple]:
+def setup_mismatch(cell: SweepCell) -> Dict[str, tuple]:
   """{field: (recorded, asked)} where the run in cell.workdir (its config.json) differs from the
   config the cell asks for; {} when the folder holds no config.json yet or they agree."""
   from mombo_jax import workdir as workdir_lib
@@ -206,7 +209,7 @@ def setup_mismatch(cell: Cell) -> Dict[str, tuple]:
   return {k: (record.get(k), v) for k, v in asked.items() if record.get(k) != v}
 
 
-def check_cells(cells: Sequence[Cell]) -> Set[str]:
+def check_cells(cells: Sequence[SweepCell]) -> Set[str]:
   """Refuses, before anything is launched, cells whose folder holds a run of another setup than
   asked (UserError, one line naming each cell and the fields that differ, recorded -> asked):
   any field for a finished cell (its results are what they are), any but the evaluation's for an
@@ -268,7 +271,7 @@ class Launcher:
       self.child.send_signal(signum)
     self.signum = self.signum or signum
 
-  def __call__(self, cell: Cell) -> int:
+  def __call__(self, cell: SweepCell) -> int:
     if self.signum is not None:
       return -self.signum
     self.child = subprocess.Popen(list(cell.command), start_new_session=True)
@@ -278,7 +281,8 @@ class Launcher:
       self.child = None
 
 
-def run_sweep(cells: Sequence[Cell], out: str, runner: Optional[Callable[[Cell], int]] = None,
+def run_sweep(cells: Sequence[SweepCell], out: str,
+              runner: Optional[Callable[[SweepCell], int]] = None,
               log: Callable[[str], None] = print) -> dict:
   """Launches the unfinished cells in order (after check_cells: nothing is launched when one
   holds another setup); returns and writes the record <out>/sweep.json:
@@ -292,12 +296,12 @@ def run_sweep(cells: Sequence[Cell], out: str, runner: Optional[Callable[[Cell],
   finished. history: one {status, time, command, exit_code, seconds} per launch and one {status:
   "skipped", time, command} per sweep that found it finished, over every sweep into <out>, oldest
   first. The sweep's status is its cells' worst (interrupted > failed > diverged > finished).
-  runner(cell) -> exit status (default: a Launcher). outputs.WriteError (a UserError) when <out>
+  runner(cell) -> exit status (default: a Launcher). atomic.WriteError (a UserError) when <out>
   cannot be written: raised before any cell is launched."""
   from mombo_jax import locks
   runner = runner or Launcher()
   extend = check_cells(cells)
-  outputs.check_writable(out)
+  atomic.check_writable(out)
   # One sweep per folder (sweep.json has one writer); each cell's run takes its workdir's lock.
   lock = locks.FolderLock(out, ".sweep.lock", what="sweep --out", fix=(
       "wait for that sweep to finish or stop it, or pass another --out")).acquire()
@@ -327,7 +331,7 @@ def _run_sweep(cells, out, runner, extend, log):
       result["signal"] = int(signum)
     if others:
       result["other_cells"] = others
-    outputs.write_json(record_path, result, indent=2)
+    atomic.write_json(record_path, result, indent=2)
     return result
 
   write("running")                     # an unwritable --out fails here, before any launch
@@ -410,7 +414,7 @@ def _history(entry: dict) -> List[dict]:
   return []
 
 
-def _finished_status(cell: Cell, history: Sequence[dict]) -> str:
+def _finished_status(cell: SweepCell, history: Sequence[dict]) -> str:
   """A finished cell's outcome: diverged when its summary.json lists diverged seeds or its last
   launch ended diverged, else finished."""
   from mombo_jax.workdir import Workdir

@@ -18,10 +18,10 @@ STATES = ("policy", "dataset")
 
 def find_run_dirs(dirs):
   """Run workdirs under `dirs` holding config.json and checkpoints/ (sorted); ValueError if none."""
-  from mombo_jax import workdir
+  from mombo_jax import run_search, workdir
   from mombo_jax.errors import UserError
   try:
-    found, _ = workdir.find(dirs, need=(workdir.CONFIG, workdir.CHECKPOINTS))
+    found, _ = run_search.find_runs(dirs, need=(workdir.CONFIG, workdir.CHECKPOINTS))
   except UserError as e:
     raise ValueError(f"--runs: {e}") from None
   if not found:

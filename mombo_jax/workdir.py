@@ -1,7 +1,8 @@
 """A run on disk, owned in one place: the layout of a run's folder, its config.json (write, read,
-compare), its checkpoints (restored against a typed template), its outputs, and where the dynamics
-ensembles it trains or reuses live (the ensembles' own folder scheme and get-or-train:
-mombo_jax.dynamics_store, re-exported here). No other module spells a path inside a run.
+compare), its checkpoints (restored against a typed template) and its outputs. No other module
+spells a path inside a run. The dynamics ensembles' own folder scheme and get-or-train:
+mombo_jax.dynamics_store; the run's key scheme: mombo_jax.key_scheme; finding runs under folders:
+mombo_jax.run_search.
 
     <workdir>/
       .lock                the OS lock of the launch writing here (locks.FolderLock: the holder's PID, host, start)
@@ -16,10 +17,6 @@ mombo_jax.dynamics_store, re-exported here). No other module spells a path insid
       learning_curve.png
       tb/seed<s>/          TensorBoard events per seed (--log=tensorboard; loggers.py)
       wandb/               offline W&B runs per seed + runs.json (--log=wandb)
-
-The key scheme of a run lives here too (`cell_keys`): experiments.run and
-experiments.train_dynamics derive seed i's dynamics key the same way, so both train identical
-ensembles and either's can be reused by the other.
 """
 from __future__ import annotations
 
@@ -27,12 +24,8 @@ import dataclasses
 import datetime
 import json
 import os
-import shutil
 from typing import List, Optional, Sequence, Tuple
 
-# The ensembles' folder scheme and get-or-train, part of a run's layout (re-exported).
-from mombo_jax.dynamics_store import (  # noqa: F401
-    check_legacy_dynamics, dynamics_lock, dynamics_path, get_dynamics, legacy_dynamics_path)
 from mombo_jax import algorithms
 from mombo_jax.errors import UserError
 
@@ -67,21 +60,6 @@ def grid_dynamics_dir(root: str, dataset: str, dynamics_dir: Optional[str] = Non
   """Where the betas of a --betas grid share a dataset's ensembles: <dynamics_dir>/dynamics, by
   default <root>/<dataset>/dynamics."""
   return os.path.join(dynamics_dir or os.path.join(root, dataset.replace("/", "_")), DYNAMICS)
-
-
-def default_dynamics_root(dataset: str, root: str = "runs") -> str:
-  """experiments.train_dynamics' default folder of saved ensembles: runs/dynamics/<dataset>."""
-  return os.path.join(root, DYNAMICS, dataset.replace("/", "_"))
-
-
-def cell_keys(config):
-  """The run's key scheme: (dynamics, init, epoch) keys [S] of seeds config.seed ...: seed i's
-  are fold_in(PRNGKey(config.seed + i), 0 / 1 / 2)."""
-  import jax
-  import jax.numpy as jnp
-  seeds = jnp.arange(config.seed, config.seed + config.num_seeds)
-  seed_keys = jax.vmap(jax.random.PRNGKey)(seeds)
-  return tuple(jax.vmap(lambda k, i=i: jax.random.fold_in(k, i))(seed_keys) for i in range(3))
 
 
 def config_record(config, dataset: str) -> dict:
@@ -234,9 +212,9 @@ class Workdir:
     return [d for d in os.listdir(self.checkpoints) if d.isdigit()]
 
   def write_config(self, record: dict):
-    from mombo_jax import outputs
-    outputs.make_dirs(self.path)
-    outputs.write_json(self.file(CONFIG), record)
+    from mombo_jax import atomic
+    atomic.make_dirs(self.path)
+    atomic.write_json(self.file(CONFIG), record)
 
   # -------------------------------------------------------------------------------- the lock
 
@@ -282,6 +260,7 @@ class Workdir:
     def init(keys):
       dyn = jax.vmap(lambda k: dynamics.init_state(k, obs_dim, act_dim, config))(keys)
       return train_lib.init_cells(keys, config, real, dyn)
+    from mombo_jax.key_scheme import cell_keys
     return jax.eval_shape(init, cell_keys(config)[1])
 
   def restore(self, template=None, step: Optional[int] = None, partial: bool = False):
@@ -318,46 +297,13 @@ class Workdir:
       return json.load(f)
 
   def write_summary(self, summary: dict):
-    from mombo_jax import outputs
-    outputs.write_json(self.file(SUMMARY), summary)
+    from mombo_jax import atomic
+    atomic.write_json(self.file(SUMMARY), summary)
 
   def plot(self, rows, seeds, title: str, diverged=()):
     from mombo_jax import outputs
     outputs.plot_curve(rows, seeds, self.file(CURVE), title, diverged)
 
-  # --------------------------------------------------------------------------------- dynamics
-
-  def dynamics(self, config, transitions, dataset, should_stop=None, log=print):
-    """The run's dynamics ensembles [S]: see get_dynamics."""
-    return get_dynamics(config, transitions, dataset, self.dynamics_dir, should_stop=should_stop,
-                        log=log)
-
 
 def _now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-# ------------------------------------------------------------------------------------ finding
-
-def find(dirs: Sequence[str], need: Sequence[str] = RUN_FILES) -> Tuple[List[str], List[str]]:
-  """(run workdirs, warnings) under `dirs`: a folder holding any of `need` is a run (its
-  subfolders are not searched); one missing some of them is skipped with a warning naming what
-  is missing. UserError for a DIR that is not a folder."""
-  found, warnings = [], []
-  for top in dirs:
-    if not os.path.isdir(top):
-      raise UserError(f"{top} is not a folder; pass folders that hold run workdirs (written by "
-                      "experiments.run).")
-    for root, subdirs, files in os.walk(top):
-      present = [f for f in need if f in files or f in subdirs]
-      if not present:
-        subdirs.sort()
-        continue
-      missing = [f for f in need if f not in files and f not in subdirs]
-      subdirs[:] = []                 # a run's subfolders (checkpoints, dynamics) are not runs
-      if missing:
-        why = " (unfinished run?)" if SUMMARY in missing else ""
-        warnings.append(f"warning: skipping {root}: missing {', '.join(missing)}{why}")
-      else:
-        found.append(os.path.normpath(root))
-  return sorted(set(found)), warnings

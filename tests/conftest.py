@@ -7,7 +7,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def _session_compilation_cache():
   """One JAX persistent compilation cache per test session, shared by the xdist workers and the
-  entry points the tests launch (launch.DEFAULT_COMPILATION_CACHE reads the same variable): many
+  entry points the tests launch (compilation_cache.DEFAULT_COMPILATION_CACHE reads the same
+  variable): many
   tests compile the same tiny programs, and a cache hit skips XLA (the suite's largest cost).
   Set before jax is imported; removed when the session ends (pytest_unconfigure)."""
   path = os.environ.get("MOMBO_JAX_TEST_CACHE")          # the controller's, inherited by workers

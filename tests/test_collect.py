@@ -13,8 +13,8 @@ from xml.etree import ElementTree
 import numpy as np
 import pytest
 
-from mombo_jax import (data, envs, errors, minari_io, online_sac, provenance, recipes, recording,
-                       saved_actors, scores)
+from mombo_jax import (actor_policy, data, envs, errors, minari_io, online_sac, provenance,
+                       recipes, recording, saved_actors, scores)
 from tests.conftest import minari_root_at
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -361,7 +361,8 @@ def test_medium_point_needs_consecutive_evaluations(monkeypatch):
   probe, seen = _scripted_evaluations(monkeypatch, [0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
   result = _tiny_sac(log_fn=logs.append)
   assert result.medium_step == result.medium_size == 300
-  medium = online_sac.host_actor(result.medium_actor, result.config)(probe)
+  medium = actor_policy.numpy_actor(result.medium_actor, result.config.log_std_min,
+                                   result.config.log_std_max)(probe)
   np.testing.assert_array_equal(medium, seen[5])
   assert not np.array_equal(seen[4], seen[5])
   # One evaluation is enough with medium_consecutive=1.

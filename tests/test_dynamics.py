@@ -11,7 +11,6 @@ import pytest
 
 from mombo_jax import config as config_lib
 from mombo_jax import dynamics, dynamics_training, saved_dynamics, termination
-from mombo_jax import workdir as workdir_lib
 from mombo_jax.data import Transitions
 
 # Tiny ensemble: 3 members, 2 elites, 2 x 32 hidden.
@@ -44,8 +43,8 @@ def fitted():
   cfg = _config(dyn_max_epochs=300, dyn_patience=10)
   data = _hetero_data(4000)
   hist = []
-  dyn = dynamics_training.train(jax.random.PRNGKey(0), data, cfg, log_fn=lambda _: None,
-                                history=hist)
+  dyn = dynamics_training.train_ensemble(jax.random.PRNGKey(0), data, cfg, log_fn=lambda _: None,
+                                         history=hist)
   return cfg, data, dyn, hist
 
 
@@ -100,8 +99,9 @@ def test_max_epochs(fitted):
   _, data, _, _ = fitted
   hist, lines = [], []
   # Same dyn_* fields as the fixture except dyn_max_epochs (a runtime argument): no recompilation.
-  dynamics_training.train(jax.random.PRNGKey(1), data, _config(dyn_patience=10, dyn_max_epochs=3),
-                          log_fn=lines.append, history=hist)
+  dynamics_training.train_ensemble(jax.random.PRNGKey(1), data,
+                                   _config(dyn_patience=10, dyn_max_epochs=3),
+                                   log_fn=lines.append, history=hist)
   assert len(hist) == 3 and len(lines) == 3 and "holdout mse" in lines[0]
   assert not hist[-1]["active"][0] and hist[-2]["active"][0]
 
@@ -115,7 +115,7 @@ def test_vmapped_seeds_equal_single_seed_training(fitted):
   stops = [sum(h["active"][s] for h in hist) for s in range(2)]
   assert stops[0] != stops[1], "seeds should stop at different epochs to exercise the freezing"
   for i in range(2):
-    single = dynamics_training.train(keys[i], data, cfg, log_fn=lambda _: None)
+    single = dynamics_training.train_ensemble(keys[i], data, cfg, log_fn=lambda _: None)
     np.testing.assert_array_equal(single.elites, batched.elites[i])
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b[i], rtol=1e-4, atol=1e-5),
                  single, batched)
@@ -227,7 +227,7 @@ def test_bad_input_errors():
   cfg = _config()
   data = _hetero_data(3)
   with pytest.raises(ValueError, match="too few"):
-    dynamics_training.train(jax.random.PRNGKey(0), data, cfg, log_fn=lambda _: None)
+    dynamics_training.train_ensemble(jax.random.PRNGKey(0), data, cfg, log_fn=lambda _: None)
   with pytest.raises(ValueError, match="termination"):
     termination.termination_fn("ant")
   for name in ("hopper", "hopper-medium-replay", "Hopper-v5", "mujoco/hopper/medium-v0"):
@@ -325,9 +325,9 @@ def test_termination_of_non_finite_and_far_states():
 
 @pytest.mark.slow
 def test_train_dynamics_cli(tmp_path, monkeypatch):
-  """experiments.train_dynamics' work (launch.train_dynamics) end to end on a tiny in-memory
-  dataset (no Minari, no network)."""
-  from mombo_jax import data as data_lib, launch, provenance
+  """experiments.train_dynamics' work (dynamics_store.train_dynamics) end to end on a tiny
+  in-memory dataset (no Minari, no network)."""
+  from mombo_jax import data as data_lib, dynamics_store, provenance
   from mombo_jax.errors import UserError
   rng = np.random.default_rng(0)
   n, s, a = 300, 11, 3
@@ -337,11 +337,11 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
   asked = []
   monkeypatch.setattr(data_lib, "load_transitions", lambda name, **_: asked.append(name) or fake)
   lines = []
-  path = launch.train_dynamics(env="hopper-medium", seeds=2, seed=3, max_epochs=2, preset="tiny",
-                               workdir=str(tmp_path), log_fn=lines.append)
+  path = dynamics_store.train_dynamics(env="hopper-medium", seeds=2, seed=3, max_epochs=2,
+                                       preset="tiny", workdir=str(tmp_path), log_fn=lines.append)
   run_config = config_lib.make_config("hopper-medium", "mombo", "tiny", seed=3, num_seeds=2)
   assert asked == ["hopper-medium"]
-  assert path == workdir_lib.dynamics_path(str(tmp_path), run_config)    # where the run looks
+  assert path == dynamics_store.dynamics_path(str(tmp_path), run_config)    # where the run looks
   assert sum("dynamics epoch" in line for line in lines) == 2
   dyn, meta = saved_dynamics.load(path)
   assert meta["num_seeds"] == 2 and meta["obs_dim"] == s and meta["action_dim"] == a
@@ -352,10 +352,10 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
   assert saved_dynamics.reuse_mismatch(meta, expected) == {}
   assert not os.path.exists(path + ".partial")
   with pytest.raises(UserError, match="already exists"):
-    launch.train_dynamics(env="hopper-medium", seeds=2, seed=3, preset="tiny",
-                          workdir=str(tmp_path), log_fn=lines.append)
+    dynamics_store.train_dynamics(env="hopper-medium", seeds=2, seed=3, preset="tiny",
+                                  workdir=str(tmp_path), log_fn=lines.append)
   with pytest.raises(UserError, match="Valid names"):
-    launch.train_dynamics(env="hopper-mediocre", workdir=str(tmp_path))
+    dynamics_store.train_dynamics(env="hopper-mediocre", workdir=str(tmp_path))
 
 
 def test_interrupted_training_resumes_to_the_same_ensemble(fitted, tmp_path):
@@ -371,7 +371,7 @@ def test_interrupted_training_resumes_to_the_same_ensemble(fitted, tmp_path):
   epochs = []                       # one log line per finished epoch: stop after the second
 
   ckpt_dir = str(tmp_path / "partial")
-  with pytest.raises(dynamics_training.Interrupted) as info:
+  with pytest.raises(dynamics_training.DynamicsTrainingStopped) as info:
     dynamics_training.train_seeds(keys, data, cfg, log_fn=epochs.append, checkpoint_dir=ckpt_dir,
                                   should_stop=lambda: len(epochs) == 2, reuse_key=ident)
   assert info.value.epoch == 2 and not info.value.mid_epoch

@@ -14,8 +14,9 @@ import jax
 import numpy as np
 import pytest
 
-from mombo_jax import (checkpoint, config as config_lib, dynamics, dynamics_training, provenance,
-                       saved_dynamics, workdir as workdir_lib)
+from mombo_jax import (checkpoint, config as config_lib, dynamics, dynamics_store,
+                       dynamics_training, key_scheme, provenance, saved_dynamics,
+                       workdir as workdir_lib)
 from mombo_jax.config import Config
 from mombo_jax.data import Transitions
 from mombo_jax.errors import UserError
@@ -43,7 +44,7 @@ def _transitions(n=300, seed=0):
 
 def _untrained(config, obs_dim=11, act_dim=3):
   """An untrained DynamicsState [S] of config's shapes (what a saved ensemble holds)."""
-  keys = workdir_lib.cell_keys(config)[0]
+  keys = key_scheme.cell_keys(config)[0]
   return jax.vmap(lambda k: dynamics.init_state(k, obs_dim, act_dim, config))(keys)
 
 
@@ -71,7 +72,7 @@ def test_each_training_setting_changes_the_key_and_the_folder(field):
   differs = saved_dynamics.reuse_mismatch(meta, _key(other, data))
   assert set(differs) == {field}, differs
   assert field in saved_dynamics.format_mismatch(differs)
-  assert workdir_lib.dynamics_path("d", other) != workdir_lib.dynamics_path("d", base)
+  assert dynamics_store.dynamics_path("d", other) != dynamics_store.dynamics_path("d", base)
 
 
 def test_what_does_not_change_the_ensemble_changes_neither():
@@ -81,13 +82,13 @@ def test_what_does_not_change_the_ensemble_changes_neither():
           dataclasses.replace(base, beta=9.0, epochs=7, algo="mombo", reference="authors")]
   for config in same:
     assert _key(config, data) == _key(base, data)
-    assert workdir_lib.dynamics_path("d", config) == workdir_lib.dynamics_path("d", base)
+    assert dynamics_store.dynamics_path("d", config) == dynamics_store.dynamics_path("d", base)
   ints, floats = _tiny(dyn_lr=1, dyn_improvement=0), _tiny(dyn_lr=1.0, dyn_improvement=0.0)
   assert _key(ints, data) == _key(floats, data)
-  assert workdir_lib.dynamics_path("d", ints) == workdir_lib.dynamics_path("d", floats)
-  name = os.path.basename(workdir_lib.dynamics_path("d", _tiny(seed=2, num_seeds=3)))
+  assert dynamics_store.dynamics_path("d", ints) == dynamics_store.dynamics_path("d", floats)
+  name = os.path.basename(dynamics_store.dynamics_path("d", _tiny(seed=2, num_seeds=3)))
   assert name.startswith("seed2x3-cap2-") and len(name) == len("seed2x3-cap2-") + 8
-  assert "-nocap-" in workdir_lib.dynamics_path("d", _tiny(dyn_max_epochs=None))
+  assert "-nocap-" in dynamics_store.dynamics_path("d", _tiny(dyn_max_epochs=None))
 
 
 def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypatch):
@@ -99,7 +100,7 @@ def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypat
   paper = config_lib.make_config("hopper-random", "mombo", "paper")
   assert quick.dyn_max_epochs != paper.dyn_max_epochs
   dyn_dir = str(tmp_path / "dynamics")
-  quick_path = workdir_lib.dynamics_path(dyn_dir, quick)
+  quick_path = dynamics_store.dynamics_path(dyn_dir, quick)
   saved_dynamics.save(quick_path, _untrained(quick), quick, reuse_key=_key(quick, data))
   trained = []
 
@@ -109,9 +110,9 @@ def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypat
 
   monkeypatch.setattr(dynamics_training, "train_seeds", train_seeds)
   lines = []
-  workdir_lib.get_dynamics(paper, data, "hopper-random", dyn_dir, log=lines.append)
+  dynamics_store.get_dynamics(paper, data, "hopper-random", dyn_dir, log=lines.append)
   assert [c.dyn_max_epochs for c in trained] == [paper.dyn_max_epochs]
-  paper_path = workdir_lib.dynamics_path(dyn_dir, paper)
+  paper_path = dynamics_store.dynamics_path(dyn_dir, paper)
   assert paper_path != quick_path and os.path.isdir(paper_path)
   note = next(line for line in lines if line.startswith("note:"))
   assert quick_path in note and "dyn_max_epochs: saved 2, now None" in note
@@ -120,9 +121,9 @@ def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypat
   # Each is reused by a run of its own settings; nothing is trained again.
   for config in (quick, paper):
     lines.clear()
-    workdir_lib.get_dynamics(config, data, "hopper-random", dyn_dir, log=lines.append)
+    dynamics_store.get_dynamics(config, data, "hopper-random", dyn_dir, log=lines.append)
     assert lines == [f"Reusing the dynamics ensembles in "
-                     f"{workdir_lib.dynamics_path(dyn_dir, config)}."]
+                     f"{dynamics_store.dynamics_path(dyn_dir, config)}."]
   assert len(trained) == 1
 
 
@@ -132,7 +133,7 @@ def test_a_legacy_save_is_refused_naming_the_fix(tmp_path, monkeypatch):
   data = _transitions()
   config = _tiny()
   dyn_dir = str(tmp_path / "dynamics")
-  legacy = workdir_lib.legacy_dynamics_path(dyn_dir, config)
+  legacy = dynamics_store.legacy_dynamics_path(dyn_dir, config)
   old_key = {k: v for k, v in _key(config, data).items()
              if k not in saved_dynamics.training_settings(config)
              or k in ("dyn_members", "dyn_elites", "dyn_hidden")}
@@ -141,17 +142,17 @@ def test_a_legacy_save_is_refused_naming_the_fix(tmp_path, monkeypatch):
   assert saved_dynamics.is_legacy(meta)
   monkeypatch.setattr(dynamics_training, "train_seeds", None)   # never reached
   with pytest.raises(UserError) as e:
-    workdir_lib.get_dynamics(config, data, "hopper-random", dyn_dir, log=lambda _: None)
+    dynamics_store.get_dynamics(config, data, "hopper-random", dyn_dir, log=lambda _: None)
   line = str(e.value)
   assert "\n" not in line and legacy in line and "delete them" in line
   assert "did not record their training settings" in line and "not reused" in line
-  assert workdir_lib.dynamics_path(dyn_dir, config) in line
+  assert dynamics_store.dynamics_path(dyn_dir, config) in line
   with pytest.raises(UserError, match="delete them"):
-    workdir_lib.check_legacy_dynamics(dyn_dir, config)
+    dynamics_store.check_legacy_dynamics(dyn_dir, config)
   shutil.rmtree(legacy)
   os.makedirs(legacy + ".partial")                               # an unfinished legacy training
   with pytest.raises(UserError, match=r"seed0x1\.partial.*delete them"):
-    workdir_lib.check_legacy_dynamics(dyn_dir, config)
+    dynamics_store.check_legacy_dynamics(dyn_dir, config)
 
 
 def test_an_unfinished_training_of_other_settings_is_refused(tmp_path):
@@ -160,9 +161,9 @@ def test_an_unfinished_training_of_other_settings_is_refused(tmp_path):
   the field."""
   data = _transitions(200)
   config = _tiny(dyn_max_epochs=4, dyn_checkpoint_every_s=0.0)
-  keys = workdir_lib.cell_keys(config)[0]
+  keys = key_scheme.cell_keys(config)[0]
   ckpt = str(tmp_path / "partial")
-  with pytest.raises(dynamics_training.Interrupted):
+  with pytest.raises(dynamics_training.DynamicsTrainingStopped):
     dynamics_training.train_seeds(keys, data, config, log_fn=lambda _: None,
                                   checkpoint_dir=ckpt, should_stop=lambda: True,
                                   reuse_key=_key(config, data))
@@ -185,7 +186,7 @@ def test_a_resume_takes_its_dynamics_from_its_checkpoint(tiny_run, tmp_path,  # 
   dyn_dir = str(tmp_path / "dynamics")
   legacy = os.path.join(dyn_dir, f"seed{config.seed}x{config.num_seeds}")
   os.makedirs(legacy)                                   # a legacy save's folder, never opened
-  monkeypatch.setattr(workdir_lib, "get_dynamics", None)
+  monkeypatch.setattr(runner, "get_dynamics", None)
   monkeypatch.setattr(dynamics_training, "train_seeds", None)
   lines = []
   monkeypatch.setattr(runner, "log", lines.append)

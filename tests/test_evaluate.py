@@ -250,7 +250,7 @@ def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path,
   with another eval_episodes gets its own Evaluator, the others share one."""
   import dataclasses
   import functools
-  from mombo_jax import group_run, outputs
+  from mombo_jax import group_run, overestimation
   from mombo_jax.groups import Group
   from mombo_jax.workdir import Workdir
   monkeypatch.setattr(evaluate, "Evaluator",
@@ -269,7 +269,7 @@ def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path,
       seeds = np.arange(c.seed, c.seed + c.num_seeds)
       runs.append(group_run.GroupRun(Group(c, "hopper-random", wd.path), wd,
                                      slice(offset, offset + c.num_seeds), seeds, ckpt=None,
-                                     q=outputs.QWatch(seeds, 100.0)))
+                                     q=overestimation.OverestimationWatch(seeds, 100.0)))
       offset += c.num_seeds
     try:
       for done in (1, 2):

@@ -102,9 +102,9 @@ def test_grid_cells_equal_single_runs_and_resume_alone(datasets, tmp_path):
   assert cell.config.beta == 3.0 and cell.dataset == SHORT
   alone = dataclasses.replace(cell, workdir=str(tmp_path / "alone"))
   shutil.copytree(cell.workdir, alone.workdir, ignore=shutil.ignore_patterns(LOCK))
-  summary = runner.train(alone.config, alone.dataset, alone.workdir, alone.dynamics_dir)
+  summary = runner.train_run(alone.config, alone.dataset, alone.workdir, alone.dynamics_dir)
   single = tmp_path / "single"
-  fresh = runner.train(cell.config, cell.dataset, str(single), cell.dynamics_dir)
+  fresh = runner.train_run(cell.config, cell.dataset, str(single), cell.dynamics_dir)
   alone_agent, single_agent = _agent(alone.workdir), _agent(str(single))
   # Same data, keys and beta; vmap widths differ (4 cells vs 1), so XLA may fuse differently.
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5),
@@ -150,9 +150,9 @@ def test_groups_of_an_envs_datasets_settings_train_as_their_single_runs(datasets
   assert state.buffer.data.reward.shape == (1, short.synthetic_capacity)
   assert short.synthetic_capacity < groups[0].config.synthetic_capacity
   for g, name in zip(groups, variants):
-    assert runner.train(g.config, g.dataset, g.workdir, g.dynamics_dir) is not None  # alone
+    assert runner.train_run(g.config, g.dataset, g.workdir, g.dynamics_dir) is not None  # alone
     single = str(tmp_path / "single" / name)
-    runner.train(g.config, g.dataset, single, g.dynamics_dir)
+    runner.train_run(g.config, g.dataset, single, g.dynamics_dir)
     # Same data, keys and settings; vmap widths differ (2 cells vs 1), so XLA may fuse differently.
     for a, b in zip(jax.tree.leaves(_agent(g.workdir)), jax.tree.leaves(_agent(single)),
                     strict=True):

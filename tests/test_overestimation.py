@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from mombo_jax import buffer, outputs, runner
+from mombo_jax import buffer, outputs, overestimation, runner
 
 
 def _batch(rewards):
@@ -18,19 +18,19 @@ def _batch(rewards):
 
 
 def test_return_bound_ignores_the_nan_padding_of_stacked_datasets():
-  assert outputs.return_bound([1.0, -3.0, 2.0], 0.99) == pytest.approx(300.0)
+  assert overestimation.return_bound([1.0, -3.0, 2.0], 0.99) == pytest.approx(300.0)
   stacked, sizes = buffer.stack([_batch([0.5, -2.0, 1.0, 0.0, 0.1]), _batch([0.25, -0.1])])
   assert np.isnan(stacked.reward[1, 2:]).all()
-  bounds = outputs.return_bound(stacked.reward, 0.9)
+  bounds = overestimation.return_bound(stacked.reward, 0.9)
   assert bounds.shape == (2,) and np.isfinite(bounds).all()
   np.testing.assert_allclose(bounds, [20.0, 2.5], rtol=1e-6)
   # Degenerate inputs: gamma = 1 bounds nothing; a dataset of padding only has no bound.
-  assert outputs.return_bound([1.0, 2.0], 1.0) == np.inf
-  assert np.isnan(outputs.return_bound([np.nan, np.nan], 0.99))
+  assert overestimation.return_bound([1.0, 2.0], 1.0) == np.inf
+  assert np.isnan(overestimation.return_bound([np.nan, np.nan], 0.99))
 
 
 def test_the_flag_fires_once_per_seed_and_keeps_the_largest_q():
-  watch = outputs.QWatch([3, 4], bound=100.0)
+  watch = overestimation.OverestimationWatch([3, 4], bound=100.0)
   assert not watch.update(3, 1, 50.0)
   assert not watch.update(4, 1, 99.0)
   assert watch.update(3, 2, 150.0)              # first time past the bound: reported
@@ -43,12 +43,14 @@ def test_the_flag_fires_once_per_seed_and_keeps_the_largest_q():
   assert s["q_bound"] == 100.0
   assert s["q_mean_last"] == [20.0, 100.0] and s["q_mean_max"] == [300.0, 100.0]
   assert s["overestimated"] == [True, False] and s["overestimated_epoch"] == [2, None]
-  assert not outputs.overestimates(np.inf, 100.0) and outputs.overestimates(101.0, 100.0)
+  assert not overestimation.overestimates(np.inf, 100.0)
+  assert overestimation.overestimates(101.0, 100.0)
   # Saved in a checkpoint's metadata and restored: the same record, no second warning.
-  again = outputs.QWatch([3, 4], 100.0, json.loads(json.dumps(list(watch.records.values()))))
+  again = overestimation.OverestimationWatch(
+      [3, 4], 100.0, json.loads(json.dumps(list(watch.records.values()))))
   assert again.summary([3, 4]) == s and not again.update(3, 5, 500.0)
   # A fresh seed's record; an unmeasured seed reads None, and an infinite bound is None in JSON.
-  fresh = outputs.QWatch([7], np.inf).summary([7])
+  fresh = overestimation.OverestimationWatch([7], np.inf).summary([7])
   assert fresh == dict(q_bound=None, q_mean_last=[None], q_mean_max=[None],
                        overestimated=[False], overestimated_epoch=[None])
 
@@ -56,7 +58,7 @@ def test_the_flag_fires_once_per_seed_and_keeps_the_largest_q():
 def test_watch_rebuilt_from_metrics_rows_of_an_older_checkpoint():
   rows = [dict(epoch=2, seed=0, q_mean=30.0), dict(epoch=1, seed=0, q_mean=5.0),
           dict(epoch=1, seed=1, q_mean=1.0), dict(epoch=2, seed=1, q_mean=2.0)]
-  watch = outputs.QWatch.from_rows([0, 1], 10.0, rows)
+  watch = overestimation.OverestimationWatch.from_rows([0, 1], 10.0, rows)
   s = watch.summary([0, 1])
   assert s["q_mean_last"] == [30.0, 2.0] and s["q_mean_max"] == [30.0, 2.0]
   assert s["overestimated_epoch"] == [2, None]
@@ -65,7 +67,7 @@ def test_watch_rebuilt_from_metrics_rows_of_an_older_checkpoint():
 def test_summary_and_metrics_csv_carry_the_watch(tmp_path):
   rows = [dict(epoch=1, step=5, seed=s, normalized_score=1.0, q_mean=q)
           for s, q in ((0, 1.0), (1, 50.0))]
-  watch = outputs.QWatch.from_rows([0, 1], 10.0, rows)
+  watch = overestimation.OverestimationWatch.from_rows([0, 1], 10.0, rows)
   summary = outputs.summarise(rows, [0, 1], (), watch)
   assert summary["overestimated"] == [False, True] and summary["q_bound"] == 10.0
   json.dumps(summary, allow_nan=False)                 # strict JSON: no NaN / Infinity
@@ -85,14 +87,14 @@ def test_a_run_flags_critics_above_a_tiny_bound(hopper_random_2000, tmp_path, mo
   have either sign): every seed passes it, each is warned about once, flagged in metrics.csv and
   summary.json, and the run finishes as usual (no divergence)."""
   from mombo_jax import config as config_lib
-  real_bound = outputs.return_bound
-  monkeypatch.setattr(outputs, "return_bound",
+  real_bound = overestimation.return_bound
+  monkeypatch.setattr(overestimation, "return_bound",
                       lambda rewards, gamma: real_bound(rewards, gamma) - 1e6)
   config = config_lib.make_config("hopper-random", "mombo", preset="tiny", epochs=2,
                                   steps_per_epoch=5, rollout_batch_size=32, eval_every=1,
                                   eval_episodes=1, num_seeds=2)
-  summary = runner.train(config, hopper_random_2000, str(tmp_path / "w"),
-                      dynamics_dir=str(tmp_path / "dyn"))
+  summary = runner.train_run(config, hopper_random_2000, str(tmp_path / "w"),
+                             dynamics_dir=str(tmp_path / "dyn"))
   out = capsys.readouterr().out
   warnings = [l for l in out.splitlines() if l.startswith("warning: seed")]
   assert len(warnings) == 2, out                         # once per seed, not once per epoch

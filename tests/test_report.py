@@ -14,7 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from mombo_jax import config as config_lib, outputs, paper_results, report, results, tables
+from mombo_jax import (atomic, config as config_lib, outputs, paper_results, report, results,
+                       tables)
 from mombo_jax.errors import UserError
 
 NAN = np.nan
@@ -120,14 +121,14 @@ def _write_run(path, env, algo, seeds, scores, target="lcb", diverged=(), preset
   record = dict(dataclasses.asdict(config), dataset=env)
   if data is not None:
     record["data"] = data
-  outputs.write_json(os.path.join(path, "config.json"), record)
+  atomic.write_json(os.path.join(path, "config.json"), record)
   rows = [dict(epoch=(t + 1) * every, step=(t + 1) * every * config.steps_per_epoch, seed=int(s),
                return_mean=float(10 * scores[t][i]), normalized_score=float(scores[t][i]),
                diverged=float(int(s) in diverged), critic_loss=1.0)
           for t in range(len(scores)) for i, s in enumerate(seeds)]
   outputs.write_rows(os.path.join(path, "metrics.csv"), rows)
   bad = [{"seed": int(s), "epoch": 1, "quantity": "params"} for s in diverged]
-  outputs.write_json(os.path.join(path, "summary.json"), outputs.summarise(rows, seeds, bad))
+  atomic.write_json(os.path.join(path, "summary.json"), outputs.summarise(rows, seeds, bad))
 
 
 @pytest.fixture(scope="module")
@@ -498,7 +499,7 @@ def test_overestimated_seeds_are_listed(tmp_path):
              diverged=(2,))
   summary = json.loads((flagged / "summary.json").read_text())
   summary["overestimated"] = [False, True, True]   # seed 2 diverged: it counts all the same
-  outputs.write_json(str(flagged / "summary.json"), summary)
+  atomic.write_json(str(flagged / "summary.json"), summary)
   _write_run(str(plain), "hopper-medium", "mopo", [0], np.full((3, 1), 10.0))
   logged = []
   report.write_report([str(tmp_path)], str(tmp_path / "out"), log=logged.append)
@@ -569,7 +570,7 @@ def test_the_protocol_is_written_checked_and_linked(tmp_path):
   _write_run(str(runs / "old"), "hopper-medium", "mopo", [0], np.full((2, 1), 5.0))
   summary = json.loads((runs / "old" / "summary.json").read_text())
   del summary["protocol"]
-  outputs.write_json(str(runs / "old" / "summary.json"), summary)
+  atomic.write_json(str(runs / "old" / "summary.json"), summary)
   logged = []
   report.write_report([str(runs)], str(tmp_path / "out"), log=logged.append)
   # A summary without the field: its numbers recomputed from its per-seed scores, with a warning
@@ -586,7 +587,7 @@ def test_the_protocol_is_written_checked_and_linked(tmp_path):
   assert outputs.PROTOCOL in doc and "ddof = 0" in doc and "v5" in doc
   # Another protocol: refused in one line naming the run and the fix; nothing is written.
   summary["protocol"] = "mombo_jax.protocol/9"
-  outputs.write_json(str(runs / "old" / "summary.json"), summary)
+  atomic.write_json(str(runs / "old" / "summary.json"), summary)
   with pytest.raises(UserError) as e:
     report.write_report([str(runs)], str(tmp_path / "out2"), log=lambda *_: None)
   assert f"{runs / 'old'} (mombo_jax.protocol/9)" in str(e.value)
@@ -599,15 +600,15 @@ def test_writes_are_atomic_and_refused_in_one_line(tmp_path, monkeypatch):
   file and leaves the committed file as it was."""
   import errno
   path = tmp_path / "summary.json"
-  outputs.write_json(str(path), {"a": 1})
+  atomic.write_json(str(path), {"a": 1})
   real = os.replace
 
   def refuse(src, dst):
     raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dst))
 
   monkeypatch.setattr(os, "replace", refuse)
-  with pytest.raises(outputs.WriteError) as e:
-    outputs.write_json(str(path), {"a": 2})
+  with pytest.raises(atomic.WriteError) as e:
+    atomic.write_json(str(path), {"a": 2})
   assert isinstance(e.value, UserError) and e.value.path == str(path)
   assert str(e.value) == (f"Cannot write {path}: Read-only file system; pass a folder on a "
                           "writable file system.")
@@ -618,18 +619,18 @@ def test_writes_are_atomic_and_refused_in_one_line(tmp_path, monkeypatch):
     f.write("x")
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-  with pytest.raises(outputs.WriteError, match="No space left on device; free some space"):
-    outputs.atomic_write(str(path), full)
+  with pytest.raises(atomic.WriteError, match="No space left on device; free some space"):
+    atomic.atomic_write(str(path), full)
   assert json.loads(path.read_text()) == {"a": 1} and os.listdir(tmp_path) == ["summary.json"]
   # Not an OSError (a bug): no WriteError, but the temporary file goes all the same.
   with pytest.raises(TypeError):
-    outputs.write_json(str(path), {"a": object()})
+    atomic.write_json(str(path), {"a": object()})
   assert os.listdir(tmp_path) == ["summary.json"]
-  with pytest.raises(outputs.WriteError, match="Not a directory"):
+  with pytest.raises(atomic.WriteError, match="Not a directory"):
     outputs.write_rows(str(path / "metrics.csv"), [{"a": 1}])
   # The report: --out under a file is one refusal naming it.
   _write_run(str(tmp_path / "runs" / "r"), "hopper-random", "mopo", [0], np.full((2, 1), 5.0))
-  with pytest.raises(outputs.WriteError, match=re.escape(f"Cannot write {path / 'out'}: Not a "
+  with pytest.raises(atomic.WriteError, match=re.escape(f"Cannot write {path / 'out'}: Not a "
                                                          "directory")):
     report.write_report([str(tmp_path / "runs")], str(path / "out"), log=lambda *_: None)
 

@@ -11,7 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from mombo_jax import config as config_lib, group_run, outputs, report, results
+from mombo_jax import (atomic, config as config_lib, group_run, outputs, overestimation, report,
+                       results)
 from mombo_jax.errors import UserError
 from mombo_jax.groups import Group
 from mombo_jax.workdir import Workdir
@@ -71,7 +72,8 @@ def test_the_last_line_says_over_how_many_seeds_and_how_many_diverged(tmp_path, 
   os.makedirs(wd.path)
   r = group_run.GroupRun(group=Group(config, "hopper-random", wd.path), workdir=wd,
                          cells=slice(0, 3), seeds=[0, 1, 2], ckpt=None,
-                         rows=_rows(SCORES, [0, 1, 2], {1}), q=outputs.QWatch([0, 1, 2], 100.0),
+                         rows=_rows(SCORES, [0, 1, 2], {1}),
+                         q=overestimation.OverestimationWatch([0, 1, 2], 100.0),
                          diverged={1: {"seed": 1, "epoch": 2, "quantity": "critic_loss"}})
   summary = group_run.finish(r)
   line = capsys.readouterr().out.strip().splitlines()[-1]
@@ -130,7 +132,7 @@ def test_protocol_1_runs_are_read_over_every_seed(tmp_path):
                  final_normalized_score_std=5.0)
   for k in [k for k in summary if k.endswith("_healthy") or k.startswith("num_")]:
     del summary[k]
-  outputs.write_json(str(path / "summary.json"), summary)
+  atomic.write_json(str(path / "summary.json"), summary)
   logged = []
   result, text = _report(tmp_path, tmp_path / "runs", log=logged)
   assert result["groups"][("hopper", "hopper-random", "MOPO")].stat("final")[0] == 30.0

@@ -1,4 +1,4 @@
-"""End-to-end runs of runner.train (experiments.run's loop) on a tiny locally built dataset (CI-sized), plus the
+"""End-to-end runs of runner.train_run (experiments.run's loop) on a tiny locally built dataset (CI-sized), plus the
 properties the training loop promises: kill-and-resume = one run, and the moment-matching critic
 at zero variance = the plain critic inside the update. Seeds vmapped = seeds run alone is tested
 where it is strongest: a grid cell resumed alone = a single run (test_grid.py), seeds over 4
@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax import (buffer, config as config_lib, data, dynamics, launch, outputs, provenance,
-                       runner, sac, scores)
+from mombo_jax import (buffer, compilation_cache, config as config_lib, data, dynamics,
+                       dynamics_store, outputs, preflight, provenance, run_dataset, runner, sac,
+                       scores)
 from mombo_jax import train as train_lib
-from mombo_jax import workdir as workdir_lib
 from mombo_jax.errors import UserError
 from mombo_jax.workdir import Workdir
 
@@ -47,8 +47,8 @@ def _final_params(workdir):
 def mombo_run(dataset, dyn_dir, tmp_path_factory):
   """One uninterrupted 2-seed MOMBO run, shared by the end-to-end and resume tests."""
   workdir = tmp_path_factory.mktemp("mombo_run")
-  return workdir, runner.train(_config("mombo", num_seeds=2), dataset, str(workdir),
-                            dynamics_dir=dyn_dir)
+  return workdir, runner.train_run(_config("mombo", num_seeds=2), dataset, str(workdir),
+                                   dynamics_dir=dyn_dir)
 
 
 @pytest.mark.slow
@@ -58,7 +58,7 @@ def test_end_to_end(dataset, dyn_dir, tmp_path, algo, request):
   if algo == "mombo":
     tmp_path, summary = request.getfixturevalue("mombo_run")
   else:
-    summary = runner.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir)
+    summary = runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir)
   assert summary["seeds"] == [0, 1]
   assert len(summary["final_normalized_score"]) == 2
   assert np.all(np.isfinite(summary["aulc"]))
@@ -90,7 +90,7 @@ def test_the_opening_line_names_the_settings_source(minari_root, tmp_path, capsy
   """Printed before anything long (here: before the dataset, which is missing, is loaded)."""
   config = config_lib.make_config("walker2d-medium-expert", algo, reference=reference)
   with pytest.raises(UserError, match="not in the local Minari root"):
-    runner.train(config, "walker2d-medium-expert", str(tmp_path / "run"))
+    runner.train_run(config, "walker2d-medium-expert", str(tmp_path / "run"))
   first = capsys.readouterr().out.splitlines()[0]
   assert first.startswith(f"{algo.upper()} settings (--reference={config.reference}): {code}")
   every = {"mombo": "every 50 epochs.", "mobile": "every 10 epochs"}[algo]
@@ -102,12 +102,12 @@ def test_the_opening_line_names_the_settings_source(minari_root, tmp_path, capsy
 def test_kill_and_resume_equals_uninterrupted(dataset, dyn_dir, tmp_path, mombo_run):
   straight, _ = mombo_run
   config = _config("mombo", num_seeds=2)
-  assert runner.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1) is None
+  assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1) is None
   with open(tmp_path / "metrics.csv") as f:
     assert len(f.read().strip().splitlines()) == 1 + 1 * 2
   # Resumed at epoch 1, one more epoch finishes the run: a run that restarted from scratch would
   # stop again after its first epoch and return None.
-  summary = runner.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1)
+  summary = runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1)
   assert summary is not None
   jax.tree.map(np.testing.assert_array_equal, _final_params(str(straight)),
                _final_params(str(tmp_path)))
@@ -147,8 +147,8 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
   jax.monitoring.register_event_duration_secs_listener(on_event)
   try:
     # steps_per_epoch=3: a program no other test compiles, so XLA cannot serve it from memory.
-    summary = runner.train(_config("mombo", epochs=3, steps_per_epoch=3), dataset, str(tmp_path),
-                        dynamics_dir=dyn_dir)
+    summary = runner.train_run(_config("mombo", epochs=3, steps_per_epoch=3), dataset,
+                               str(tmp_path), dynamics_dir=dyn_dir)
   finally:
     jax.monitoring.unregister_event_duration_listener(on_event)
     train_lib._cells_chunk.cache_clear()
@@ -174,18 +174,19 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
 def test_compilation_cache_flag(tmp_path, capsys):
   old = jax.config.jax_compilation_cache_dir
   try:
-    assert launch.enable_compilation_cache("") is None
+    assert compilation_cache.enable_compilation_cache("") is None
     assert jax.config.jax_compilation_cache_dir == old
     afile = tmp_path / "afile"
     afile.write_text("x")
-    assert launch.enable_compilation_cache(str(afile / "cache")) is None   # a note, not a failure
+    # A folder that cannot be created is a note, not a failure.
+    assert compilation_cache.enable_compilation_cache(str(afile / "cache")) is None
     assert "compiling without a persistent cache" in capsys.readouterr().out
     assert jax.config.jax_compilation_cache_dir == old
-    path = launch.enable_compilation_cache(str(tmp_path / "cache" / "jax"))
+    path = compilation_cache.enable_compilation_cache(str(tmp_path / "cache" / "jax"))
     assert path == str(tmp_path / "cache" / "jax") and os.path.isdir(path)
     assert jax.config.jax_compilation_cache_dir == path
-    assert launch.default_compilation_cache({}).startswith("~")
-    assert launch.default_compilation_cache({"JAX_COMPILATION_CACHE_DIR": "/c"}) == "/c"
+    assert compilation_cache.default_compilation_cache({}).startswith("~")
+    assert compilation_cache.default_compilation_cache({"JAX_COMPILATION_CACHE_DIR": "/c"}) == "/c"
   finally:
     jax.config.update("jax_compilation_cache_dir", old)
 
@@ -193,12 +194,12 @@ def test_compilation_cache_flag(tmp_path, capsys):
 def test_changed_config_refuses_workdir(dataset, dyn_dir, tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"beta": 123.0}))
   with pytest.raises(UserError, match="another config"):
-    runner.train(_config("mombo"), dataset, str(tmp_path), dynamics_dir=dyn_dir)
+    runner.train_run(_config("mombo"), dataset, str(tmp_path), dynamics_dir=dyn_dir)
 
 
 def test_missing_dataset_names_the_command(minari_root, tmp_path):
   with pytest.raises(UserError, match="experiments.collect"):
-    runner.train(_config("mombo"), "hopper-medium-replay", str(tmp_path))
+    runner.train_run(_config("mombo"), "hopper-medium-replay", str(tmp_path))
   # A failed launch leaves no config.json behind, so the corrected command is not blocked.
   assert not (tmp_path / "config.json").exists()
 
@@ -207,17 +208,17 @@ def test_missing_sac_datasets_are_built_only_when_asked(minari_root, tmp_path, m
   """The quick/tiny default builds missing random datasets only; --build_missing hands any short
   name (SAC-based, mixed) to the collector; a Minari id is never built."""
   calls = []
-  monkeypatch.setattr(launch, "run_child", lambda cmd, *a: calls.append(cmd) or 1)
+  monkeypatch.setattr(run_dataset, "run_child", lambda cmd, *a: calls.append(cmd) or 1)
   config = _config("mombo")
   with pytest.raises(UserError, match="--build_missing"):
-    launch.load_dataset("hopper-random-medium-1pct", config, "random", 5000)
+    run_dataset.load_or_build("hopper-random-medium-1pct", config, "random", 5000)
   assert calls == []
   with pytest.raises(UserError, match="Building hopper-random-medium-1pct failed"):
-    launch.load_dataset("hopper-random-medium-1pct", config, True, 5000)
+    run_dataset.load_or_build("hopper-random-medium-1pct", config, True, 5000)
   assert calls and calls[0][1:] == ["-m", "experiments.collect", "--env=hopper-random-medium-1pct",
                                     "--steps=5000", "--seed=0"]
   with pytest.raises(UserError, match="is not in the local Minari root"):
-    launch.load_dataset("someone/hopper/other-v0", config, True, 5000)
+    run_dataset.load_or_build("someone/hopper/other-v0", config, True, 5000)
   assert len(calls) == 1
 
 
@@ -257,7 +258,7 @@ def test_dataset_of_another_env_is_refused(dataset, tmp_path):
   walker = config_lib.make_config("walker2d-random", "mombo", preset="tiny", **TINY)
   for name in ("mombo/hopper/random-v0", "hopper-random"):
     with pytest.raises(UserError, match="holds hopper data.*walker2d"):
-      runner.train(walker, name, str(tmp_path / "w"))
+      runner.train_run(walker, name, str(tmp_path / "w"))
   assert not (tmp_path / "w" / "config.json").exists()
 
 
@@ -266,7 +267,7 @@ def test_reduced_build_refused_with_paper_settings(dataset, tmp_path):
   assert provenance.provenance(dataset)["steps"] < provenance.provenance(dataset)["recipe_steps"]
   with pytest.raises(UserError, match="reduced build.*experiments.collect --env=hopper-random "
                      "--overwrite.*--allow_small_dataset"):
-    runner.train(_config("mombo"), dataset, str(tmp_path), require_full=True)
+    runner.train_run(_config("mombo"), dataset, str(tmp_path), require_full=True)
   assert not (tmp_path / "config.json").exists()
 
 
@@ -275,20 +276,20 @@ def test_reduced_build_refused_with_paper_settings(dataset, tmp_path):
     (dict(build_steps=0), "--build_steps")])
 def test_bad_run_arguments_are_refused(tmp_path, kwargs, match):
   with pytest.raises(UserError, match=match):
-    launch.validate(_config("mombo"), DATASET, str(tmp_path), **kwargs)
+    preflight.validate(_config("mombo"), DATASET, str(tmp_path), **kwargs)
 
 
 def test_bad_workdirs_are_refused(tmp_path):
   afile = tmp_path / "afile"
   afile.write_text("x")
   with pytest.raises(UserError, match="--workdir=.*is a file"):
-    launch.validate(_config("mombo"), DATASET, str(afile))
+    preflight.validate(_config("mombo"), DATASET, str(afile))
   with pytest.raises(UserError, match="--workdir=.*cannot be created"):
-    launch.validate(_config("mombo"), DATASET, str(afile / "sub"))
+    preflight.validate(_config("mombo"), DATASET, str(afile / "sub"))
   with pytest.raises(UserError, match="--dynamics_dir=.*is a file"):
-    launch.validate(_config("mombo"), DATASET, str(tmp_path / "ok"), dynamics_dir=str(afile))
+    preflight.validate(_config("mombo"), DATASET, str(tmp_path / "ok"), dynamics_dir=str(afile))
   with pytest.raises(UserError, match="Unknown dataset name"):
-    launch.validate(_config("mombo"), "hopper-randm", str(tmp_path / "ok"))
+    preflight.validate(_config("mombo"), "hopper-randm", str(tmp_path / "ok"))
 
 
 def _run_cli(args, env_extra=None, timeout=120):
@@ -357,9 +358,10 @@ def test_dynamics_of_another_setup_are_refused(dataset, dyn_dir, tmp_path, mombo
   full = data.load_transitions(DATASET)
   fewer = type(full)(*(np.asarray(x)[:1500] for x in full))
   with pytest.raises(UserError, match="another setup.*num_transitions: saved 2000, now 1500"):
-    workdir_lib.get_dynamics(config, fewer, DATASET, dyn_dir, log=lambda _: None)
+    dynamics_store.get_dynamics(config, fewer, DATASET, dyn_dir, log=lambda _: None)
   other = _config("mombo", num_seeds=2, dyn_members=4)
-  assert workdir_lib.dynamics_path(dyn_dir, other) != workdir_lib.dynamics_path(dyn_dir, config)
+  assert (dynamics_store.dynamics_path(dyn_dir, other)
+          != dynamics_store.dynamics_path(dyn_dir, config))
 
 
 # ----------------------------------------------------------------------------------- divergence
@@ -384,7 +386,7 @@ def test_a_diverging_seed_is_frozen_and_the_others_finish_unchanged(dataset, dyn
     return call
 
   monkeypatch.setattr(runner, "compile_chunk", poisoning)
-  summary = runner.train(_config("mombo", num_seeds=2), dataset, str(tmp_path), dynamics_dir=dyn_dir)
+  summary = runner.train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path), dynamics_dir=dyn_dir)
   monkeypatch.undo()
   assert [(d["seed"], d["epoch"]) for d in summary["diverged"]] == [(0, 2)]
   assert "params" in summary["diverged"][0]["quantity"]
@@ -409,7 +411,7 @@ def test_a_diverging_seed_is_frozen_and_the_others_finish_unchanged(dataset, dyn
                _final_params(str(straight_dir)).agent, _final_params(str(tmp_path)).agent)
   assert json.loads((tmp_path / "summary.json").read_text())["diverged"][0]["seed"] == 0
   # Resuming a finished run with a diverged seed keeps the record (it lives in the checkpoint).
-  again = runner.train(_config("mombo", num_seeds=2), dataset, str(tmp_path), dynamics_dir=dyn_dir)
+  again = runner.train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path), dynamics_dir=dyn_dir)
   assert again["diverged"] == summary["diverged"]
 
 
@@ -447,7 +449,7 @@ def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, m
   code, out = _interrupt_at(args, env, "dynamics epoch 1:", _signal.SIGTERM)
   assert code == 143, out
   assert "Traceback" not in out and "Resume with:" in out and "dynamics epoch" in out
-  partial = workdir_lib.dynamics_path(str(tmp_path / "cli" / "dynamics"), config_lib.make_config(
+  partial = dynamics_store.dynamics_path(str(tmp_path / "cli" / "dynamics"), config_lib.make_config(
       DATASET, "mombo", preset="tiny", dyn_max_epochs=4)) + ".partial"
   assert os.path.isdir(partial)
   # Mid-training (Ctrl-C): the epoch finishes and is checkpointed.
@@ -462,7 +464,7 @@ def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, m
   # The same run without interruptions, in this process.
   cfg = config_lib.make_config(DATASET, "mombo", preset="tiny", steps_per_epoch=5,
                                rollout_batch_size=32, **overrides)
-  straight = runner.train(cfg, DATASET, str(tmp_path / "straight"))
+  straight = runner.train_run(cfg, DATASET, str(tmp_path / "straight"))
   assert interrupted["epochs"] == straight["epochs"] == [1, 2, 3]
   np.testing.assert_allclose(interrupted["final_normalized_score"],
                              straight["final_normalized_score"], rtol=1e-6)
@@ -504,15 +506,15 @@ def test_the_loaded_policy_reproduces_the_runs_evaluation_returns(mombo_run):
 
 
 def test_tensorboard_logger_follows_metrics_csv_across_a_resume(dataset, dyn_dir, tmp_path):
-  """runner.train(log_to=("csv", "tensorboard")) stopped after epoch 1 and resumed: each seed's
+  """runner.train_run(log_to=("csv", "tensorboard")) stopped after epoch 1 and resumed: each seed's
   TensorBoard run (<workdir>/tb/seed<s>) holds every metrics.csv evaluation once, at its gradient
   step (the purge of a killed launch's events: test_loggers.py)."""
   from mombo_jax import loggers
   config, log = _config("mombo", num_seeds=2), ("csv", "tensorboard")
-  assert runner.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1,
-                      log_to=log) is None
-  assert runner.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir,
-                      log_to=log) is not None
+  assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1,
+                          log_to=log) is None
+  assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir,
+                          log_to=log) is not None
   rows = Workdir(str(tmp_path)).read_rows()
   for s in (0, 1):
     series = loggers.read_tensorboard(str(tmp_path / "tb" / f"seed{s}"))
@@ -552,12 +554,12 @@ def test_a_resume_writes_the_rows_of_an_evaluation_the_killed_launch_lost(datase
   with E's env seeds and writing those rows first: metrics.csv ends as an uninterrupted run's."""
   straight, _ = mombo_run
   config = _config("mombo", num_seeds=2)
-  assert runner.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1) is None
+  assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1) is None
   wd = Workdir(str(tmp_path))
   assert [r["epoch"] for r in wd.read_rows()] == [1, 1]
   wd.write_rows([])                         # the kill: checkpoint at epoch 1, no rows of it
   capsys.readouterr()
-  assert runner.train(config, dataset, str(tmp_path), dynamics_dir=dyn_dir) is not None
+  assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir) is not None
   assert "Wrote the evaluation of epoch 1" in capsys.readouterr().out
   _assert_same_rows(wd.read_rows(), Workdir(str(straight)).read_rows())
 
@@ -589,8 +591,8 @@ def test_evaluation_overlaps_the_next_device_call(dataset, dyn_dir, tmp_path, mo
 
   monkeypatch.setattr(runner, "compile_chunk", watched_compile)
   monkeypatch.setattr(group_run, "returns_all", slow_returns)
-  assert runner.train(_config("mombo", num_seeds=2), dataset, str(tmp_path),
-                      dynamics_dir=dyn_dir) is not None
+  assert runner.train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path),
+                          dynamics_dir=dyn_dir) is not None
   ok, thread = waited[1]
   assert ok, "the device call of epoch 2 waited for the evaluation of epoch 1"
   assert thread != threading.main_thread().name

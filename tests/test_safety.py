@@ -14,8 +14,7 @@ import sys
 
 import pytest
 
-from mombo_jax import (checkpoint, config as config_lib, launch, locks, runner,
-                       workdir as workdir_lib)
+from mombo_jax import (checkpoint, config as config_lib, dynamics_store, locks, run_dataset, runner)
 from mombo_jax.errors import UserError
 from mombo_jax.workdir import Workdir
 
@@ -83,7 +82,7 @@ def test_train_dynamics_respects_a_held_ensemble(tmp_path):
   """A dynamics ensemble being trained by one launch is not trained (or read) by a second."""
   dyn = tmp_path / "dyn"
   config = config_lib.make_config("hopper-random", "mombo", "tiny")    # train_dynamics' config
-  holder = _hold(dyn, os.path.basename(workdir_lib.dynamics_path(str(dyn), config)) + ".lock")
+  holder = _hold(dyn, os.path.basename(dynamics_store.dynamics_path(str(dyn), config)) + ".lock")
   try:
     out = subprocess.run([sys.executable, "-m", "experiments.train_dynamics",
                           "--env=hopper-random", "--seeds=1", "--preset=tiny", f"--workdir={dyn}"],
@@ -126,7 +125,7 @@ def test_a_resume_on_other_data_is_refused(hopper_random_2000, tmp_path):
   wd.write_config(record)
   before = open(wd.file("config.json")).read()
   with pytest.raises(UserError, match="trained on other data.*num_transitions: 5000 -> 2000"):
-    runner.train(config, DATASET, wd.path)
+    runner.train_run(config, DATASET, wd.path)
   assert open(wd.file("config.json")).read() == before
   assert not os.path.exists(wd.dynamics_dir)
   # The identity check itself: same data passes and is recorded; unknown data (old run) noted.
@@ -163,7 +162,7 @@ def test_a_refused_grid_leaves_no_folder_and_stale_saves_are_removed(hopper_rand
   with pytest.raises(UserError, match="other"):       # refused later: the tmp is gone anyway
     wd.write_config({"dataset": "x", "data": {"dataset": "other", "num_transitions": 1,
                                               "fingerprint": "0"}})
-    runner.train(_config(), DATASET, wd.path)
+    runner.train_run(_config(), DATASET, wd.path)
   assert not os.path.exists(tmp)
 
 
@@ -186,7 +185,7 @@ def test_a_half_deleted_step_is_removed_in_one_line_before_orbax_sees_it(tmp_pat
   wd.write_config({"dataset": "x"})
   capsys.readouterr()
   with pytest.raises(UserError, match="another config"):    # refused after the clean-up
-    runner.train(_config(), DATASET, wd.path)
+    runner.train_run(_config(), DATASET, wd.path)
   notes = [line for line in capsys.readouterr().out.splitlines() if step20 in line]
   assert notes == [f"note: removed {step20}, checkpoint step 20 a stopped launch left "
                    "half-deleted (no _CHECKPOINT_METADATA, state/_METADATA)."], notes
@@ -259,10 +258,10 @@ def test_ctrl_c_while_the_collector_builds_data_is_an_interrupt(monkeypatch, tmp
   stops as interrupted (exit 130 with the resume command), not as a failed build."""
   from mombo_jax.errors import Interrupted
   from tests.conftest import minari_root_at
-  monkeypatch.setattr(launch, "run_child", lambda *a, **k: 130)
+  monkeypatch.setattr(run_dataset, "run_child", lambda *a, **k: 130)
   with minari_root_at(tmp_path / "empty"):
     with pytest.raises(Interrupted, match="building hopper-random") as e:
-      launch.load_dataset("hopper-random", _config(), True, 100)
+      run_dataset.load_or_build("hopper-random", _config(), True, 100)
   assert e.value.signum == signal.SIGINT
 
 

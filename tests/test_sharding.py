@@ -127,14 +127,14 @@ def _check_shards(ckpt, step, state):
 def _refuse():
   """make_cells_epoch and the launch's validate (experiments.run's checks) refuse 3 seeds on 4
   devices."""
-  from mombo_jax import launch, train as train_lib
+  from mombo_jax import preflight, train as train_lib
   from mombo_jax.errors import UserError
   try:
     train_lib.make_cells_epoch(_tiny_config(3), 3)
   except ValueError as e:
     print("train:", e)
   try:
-    launch.validate(_tiny_config(3), "hopper-random", os.environ["REFUSE_WORKDIR"])
+    preflight.validate(_tiny_config(3), "hopper-random", os.environ["REFUSE_WORKDIR"])
   except UserError as e:
     print("run:", e)
 

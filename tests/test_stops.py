@@ -84,7 +84,7 @@ def test_dynamics_stopped_mid_epoch_resumes_bit_for_bit(tmp_path, monkeypatch):
     return len(polls) == 4
 
   ckpt_dir = str(tmp_path / "partial")
-  with pytest.raises(dynamics_training.Interrupted) as info:
+  with pytest.raises(dynamics_training.DynamicsTrainingStopped) as info:
     dynamics_training.train_seeds(keys, data, cfg, log_fn=epochs.append, checkpoint_dir=ckpt_dir,
                                   should_stop=stop_in_epoch_two)
   assert info.value.epoch == 1 and info.value.mid_epoch and len(epochs) == 1
@@ -276,8 +276,8 @@ def test_a_stop_during_an_evaluation_does_not_wait_for_it_and_resumes_bit_for_bi
                                steps_per_epoch=5, rollout_batch_size=32, eval_every=1,
                                eval_episodes=1)
   dyn = str(tmp_path / "dynamics")
-  straight = runner.train(cfg, hopper_random_2000, str(tmp_path / "straight"), dynamics_dir=dyn,
-                          eval_workers=1)
+  straight = runner.train_run(cfg, hopper_random_2000, str(tmp_path / "straight"), dynamics_dir=dyn,
+                              eval_workers=1)
   flag, step, steps = _Flag(), env_pool.EnvPool.step, []
 
   def slow_step(self, *args, **kwargs):
@@ -290,13 +290,13 @@ def test_a_stop_during_an_evaluation_does_not_wait_for_it_and_resumes_bit_for_bi
   monkeypatch.setattr(env_pool.EnvPool, "step", slow_step)
   stopped = str(tmp_path / "stopped")
   with pytest.raises(errors.Interrupted) as info:
-    runner.train(cfg, hopper_random_2000, stopped, dynamics_dir=dyn, should_stop=flag,
-                 eval_workers=1)
+    runner.train_run(cfg, hopper_random_2000, stopped, dynamics_dir=dyn, should_stop=flag,
+                     eval_workers=1)
   latency = time.monotonic() - flag.at
   assert latency < 3.0, f"{latency:.1f} s from the stop request to the end"
   assert "the resume starts at epoch 1, whose evaluation was still running" in info.value.where
   monkeypatch.undo()
-  resumed = runner.train(cfg, hopper_random_2000, stopped, dynamics_dir=dyn, eval_workers=1)
+  resumed = runner.train_run(cfg, hopper_random_2000, stopped, dynamics_dir=dyn, eval_workers=1)
   assert resumed == straight
   assert (tmp_path / "straight" / "metrics.csv").read_text() == \
       (tmp_path / "stopped" / "metrics.csv").read_text()
@@ -304,13 +304,13 @@ def test_a_stop_during_an_evaluation_does_not_wait_for_it_and_resumes_bit_for_bi
 
 
 def test_a_launch_passes_its_stop_on_to_the_collector_it_started(tmp_path):
-  """launch.run_child (experiments.run --build_missing running experiments.collect): a SIGTERM
+  """stops.run_child (experiments.run --build_missing running experiments.collect): a SIGTERM
   sent to the launch alone reaches the child as a stop request (SIGUSR1 to its StopFlag), which
   stops as from a first signal (143) and is not taken as a second one (no abort)."""
   import threading
-  from mombo_jax import launch
+  from mombo_jax import stops
   ready = tmp_path / "ready"
-  child = ("import sys, time\nfrom mombo_jax import launch\nf = launch.StopFlag()\nf.install()\n"
+  child = ("import sys, time\nfrom mombo_jax import stops\nf = stops.StopFlag()\nf.install()\n"
            f"open({str(ready)!r}, 'w').close()\n"
            "while not f():\n  time.sleep(0.02)\nf._passed_on(None, None)\n"   # a 2nd: no abort
            "sys.exit(128 + f.signum)\n")
@@ -321,6 +321,6 @@ def test_a_launch_passes_its_stop_on_to_the_collector_it_started(tmp_path):
       time.sleep(0.02)
     flag.set()
   threading.Thread(target=stop_once_ready, daemon=True).start()
-  code = launch.run_child([sys.executable, "-c", child], flag)
+  code = stops.run_child([sys.executable, "-c", child], flag)
   assert code == 128 + signal.SIGTERM
   assert time.monotonic() - flag.at < 2.0

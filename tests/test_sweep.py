@@ -290,7 +290,7 @@ import sys
 from mombo_jax import sweep
 out = sys.argv[1]
 child = (sys.executable, "-c", sys.argv[2])
-cells = [sweep.Cell("hopper-random", a, f"{out}/{a}", f"{out}/dynamics", child)
+cells = [sweep.SweepCell("hopper-random", a, f"{out}/{a}", f"{out}/dynamics", child)
          for a in ("mopo", "mombo")]
 launcher = sweep.Launcher()
 launcher.install()

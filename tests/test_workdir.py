@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from mombo_jax import (config as config_lib, saved_dynamics, train as train_lib,
-                       workdir as workdir_lib)
+from mombo_jax import (config as config_lib, dynamics_store, key_scheme, run_search, saved_dynamics,
+                       train as train_lib, workdir as workdir_lib)
 from mombo_jax.errors import UserError
 from mombo_jax.workdir import Workdir
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401
@@ -56,16 +56,16 @@ def test_layout_names():
   assert Workdir("w", "shared").dynamics_dir == "shared"
   config = config_lib.make_config(DATASET, "mombo", "tiny", seed=2, num_seeds=3)
   # The ensembles' folder names the seeds and the training settings (saved_dynamics.settings_tag).
-  assert workdir_lib.dynamics_path("d", config) == os.path.join("d", "seed2x3-cap2-") + \
+  assert dynamics_store.dynamics_path("d", config) == os.path.join("d", "seed2x3-cap2-") + \
       saved_dynamics.settings_tag(config).split("-")[1]
-  assert workdir_lib.legacy_dynamics_path("d", config) == os.path.join("d", "seed2x3")
+  assert dynamics_store.legacy_dynamics_path("d", config) == os.path.join("d", "seed2x3")
 
 
 def test_cell_keys_are_per_seed():
   """Seed i's keys do not depend on how many seeds a launch trains (a 1-seed run of seed 1
   trains what seed 1 of a 2-seed run trains)."""
-  two = workdir_lib.cell_keys(config_lib.make_config(DATASET, "mombo", "tiny", num_seeds=2))
-  one = workdir_lib.cell_keys(config_lib.make_config(DATASET, "mombo", "tiny", seed=1))
+  two = key_scheme.cell_keys(config_lib.make_config(DATASET, "mombo", "tiny", num_seeds=2))
+  one = key_scheme.cell_keys(config_lib.make_config(DATASET, "mombo", "tiny", seed=1))
   for a, b in zip(two, one):
     assert a.shape[0] == 2 and b.shape[0] == 1
     np.testing.assert_array_equal(np.asarray(a[1]), np.asarray(b[0]))
@@ -91,13 +91,14 @@ def test_restore_whole_and_partial_against_the_template(tiny_run):
 
 def test_find_runs_and_name_what_is_missing(tmp_path, tiny_run):
   workdir, _ = tiny_run
-  found, warnings = workdir_lib.find([workdir], need=(workdir_lib.CONFIG, workdir_lib.CHECKPOINTS))
+  found, warnings = run_search.find_runs([workdir],
+                                         need=(workdir_lib.CONFIG, workdir_lib.CHECKPOINTS))
   assert found == [os.path.normpath(workdir)] and warnings == []
   half = tmp_path / "runs" / "half"
   half.mkdir(parents=True)
   (half / "config.json").write_text(json.dumps({}))
-  found, warnings = workdir_lib.find([str(tmp_path / "runs")])
+  found, warnings = run_search.find_runs([str(tmp_path / "runs")])
   assert found == [] and len(warnings) == 1
   assert "missing metrics.csv, summary.json (unfinished run?)" in warnings[0]
   with pytest.raises(UserError, match="is not a folder"):
-    workdir_lib.find([str(tmp_path / "nowhere")])
+    run_search.find_runs([str(tmp_path / "nowhere")])

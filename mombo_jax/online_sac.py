@@ -6,9 +6,8 @@ medium, medium-replay and expert datasets.
 The SAC itself is mombo_jax.sac with the standard online hyperparameters (OnlineSettings). Acting
 runs in numpy on the host (actor_policy.numpy_actor: one small MLP call per env step is cheaper
 than a jitted call's dispatch); gradient steps run on the device in chunks of `train_every`, each a
-loop over
-batches sampled on the device from a device copy of the replay buffer, in device calls of about
-stops.CHUNK_SECONDS so that a stop request is seen within seconds. A stop checkpoints the run
+loop over batches sampled on the device from a device copy of the replay buffer, in device calls of
+about stops.CHUNK_SECONDS so that a stop request is seen within seconds. A stop checkpoints the run
 where it is, and a resume continues it bit for bit (train_sac). The checkpoints are
 mombo_jax.sac_checkpoints'; restore_sac reads one without training (for exporting its actors,
 mombo_jax.saved_actors.save_actor).

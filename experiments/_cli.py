@@ -87,7 +87,7 @@ def execute(main: Callable[[list], Optional[int]], define_flags: Callable[[], No
     return int(main(left) or 0)
   except Interrupted as e:
     print(f"Stopped at {e.where}; the same command resumes"
-          + (f" ({resume_note})" if resume_note else "") + f". Resume with:\n  "
+          + (f" ({resume_note})" if resume_note else "") + ". Resume with:\n  "
           + resume_command(main, argv), file=sys.stderr, flush=True)
     return 128 + int(e.signum or signal.SIGINT)
   except KeyboardInterrupt:
@@ -114,14 +114,16 @@ class as_user_error:
     return False
 
 
-def in_flags(error: UserError, flag_names: Optional[Mapping[str, str]] = None) -> str:
+def in_flags(error: UserError, flag_names: Optional[Mapping[str, str]] = None,
+             known: Optional[Sequence[str]] = None) -> str:
   """The error's message with its params (Python parameters / config fields) named as this
   program's flags: `name=True` -> --flag, `name=False` -> --noflag, `name=` -> --flag=,
-  `name` in backticks -> --flag. A param that is no flag of this program keeps its Python name."""
+  `name` in backticks -> --flag. A param that is no flag of this program (known: its flags'
+  names, default the defined ones) keeps its Python name."""
   message = str(error)
   for param in getattr(error, "params", ()):
     flag = (flag_names or {}).get(param, param)
-    if flag not in FLAGS:
+    if flag not in (FLAGS if known is None else known):
       continue
     p = re.escape(param)
     message = re.sub(rf"(?<![\w.-]){p}=True\b", f"--{flag}", message)

@@ -48,7 +48,6 @@ description name the actor file, its sha256 and the rebuild command. random and 
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 from absl import flags, logging
 
@@ -134,5 +133,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _cli.run(main, define_flags, resume_note="finished datasets are kept and the SAC run resumes "
-           "exactly where it stopped")
+  _cli.run(main, define_flags, flag_names={"num_steps": "steps"},
+           resume_note="finished datasets are kept and the SAC run resumes exactly where it "
+           "stopped")

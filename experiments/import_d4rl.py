@@ -49,6 +49,10 @@ def define_flags():
                     "(--nocheck_quality silences it).")
 
 
+# import_file's parameters whose flag has another name (its errors speak Python).
+FLAG_NAMES = {"path": "file", "name": "env"}
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)

@@ -126,4 +126,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _cli.run(main, define_flags)
+  _cli.run(main, define_flags, flag_names={"dirs": "runs"})

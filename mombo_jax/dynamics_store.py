@@ -58,7 +58,8 @@ def check_legacy_dynamics(dynamics_dir: str, config):
         f"{config.seed + config.num_seeds - 1} saved by an earlier mombo_jax, which did not "
         "record their training settings (dyn_max_epochs, dyn_lr, ...): they cannot be shown to be "
         "what this run would train and are not reused; delete them to have this run train its "
-        f"own in {dynamics_path(dynamics_dir, config)}, or pass another --dynamics_dir.")
+        f"own in {dynamics_path(dynamics_dir, config)}, or pass another `dynamics_dir`.",
+        params=("dynamics_dir",))
 
 
 # ------------------------------------------------------------------------------ get or train
@@ -113,7 +114,8 @@ def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop,
     if differs:
       raise UserError(f"The dynamics ensembles in {path} were trained for another setup "
                       f"({saved_dynamics.format_mismatch(differs)}). "
-                      f"Pass another --dynamics_dir, or delete {path} to retrain them.")
+                      f"Pass another `dynamics_dir`, or delete {path} to retrain them.",
+                      params=("dynamics_dir",))
     log(f"Reusing the dynamics ensembles in {path}.")
     return dyn
   if distributed.is_multiprocess():

@@ -114,18 +114,21 @@ def _check_dir(path: str, flag: str):
   writable folder); else UserError. Creates nothing: a refused launch leaves no empty folder."""
   import tempfile
   if os.path.exists(path) and not os.path.isdir(path):
-    raise UserError(f"{flag}={path} is a file, not a folder; pass another {flag}.")
+    raise UserError(f"{flag}={path} is a file, not a folder; pass another `{flag}`.",
+                    params=(flag,))
   parent = os.path.abspath(path)
   while not os.path.exists(parent):
     parent = os.path.dirname(parent)
   if not os.path.isdir(parent):
-    raise UserError(f"{flag}={path} cannot be created: {parent} is a file; pass another {flag}.")
+    raise UserError(f"{flag}={path} cannot be created: {parent} is a file; pass another "
+                    f"`{flag}`.", params=(flag,))
   try:
     with tempfile.TemporaryFile(dir=parent):
       pass
   except OSError as e:
     raise UserError(f"{flag}={path} cannot be {'written' if parent == os.path.abspath(path) else 'created'} "
-                    f"({e.strerror or e}: {parent}); pass a writable {flag}.") from None
+                    f"({e.strerror or e}: {parent}); pass a writable `{flag}`.",
+                    params=(flag,)) from None
 
 
 def check_dataset_env(dataset: str, config):
@@ -134,12 +137,12 @@ def check_dataset_env(dataset: str, config):
   try:
     names.resolve(dataset)
   except ValueError as e:
-    raise UserError(f"--dataset: {e}") from None
+    raise UserError(f"`dataset`: {e}", params=("dataset",)) from None
   found = provenance.dataset_env(dataset)
   if found is not None and found != config.env_name:
-    raise UserError(f"--dataset={dataset} holds {found} data, but --env={config.env} trains and "
+    raise UserError(f"dataset={dataset} holds {found} data, but env={config.env} trains and "
                     f"evaluates in {config.env_name}: pass a {config.env_name} dataset, or an "
-                    f"--env of {found}.")
+                    f"`env` of {found}.", params=("dataset", "env"))
 
 
 def check_seeds_fit_devices(num_seeds: int):
@@ -150,10 +153,10 @@ def check_seeds_fit_devices(num_seeds: int):
   n = jax.device_count()
   try:
     train_lib.check_cell_count(num_seeds, fix=(
-        f"pass --seeds a multiple of {n}, or make fewer devices visible (e.g. "
+        f"pass `num_seeds` a multiple of {n}, or make fewer devices visible (e.g. "
         "CUDA_VISIBLE_DEVICES=0, or XLA_FLAGS=--xla_force_host_platform_device_count on CPU)"))
   except ValueError as e:
-    raise UserError(f"--seeds={num_seeds}: {e}") from None
+    raise UserError(f"num_seeds={num_seeds}: {e}", params=("num_seeds",)) from None
 
 
 def validate(config, dataset, workdir, dynamics_dir=None, keep=3, stop_after=None,
@@ -161,16 +164,17 @@ def validate(config, dataset, workdir, dynamics_dir=None, keep=3, stop_after=Non
   """Everything checkable before any data or model work; raises UserError naming the flag.
   cells: how many cells the launch trains in one program (default config.num_seeds)."""
   if keep is None or keep < 1:
-    raise UserError(f"--keep_checkpoints must be >= 1, got {keep}.")
+    raise UserError(f"`keep` must be >= 1, got {keep}.", params=("keep",))
   if stop_after is not None and stop_after < 1:
-    raise UserError(f"--stop_after must be >= 1 (or unset), got {stop_after}.")
+    raise UserError(f"`stop_after` must be >= 1 (or None), got {stop_after}.",
+                    params=("stop_after",))
   if build_steps is not None and build_steps < 1:
-    raise UserError(f"--build_steps must be >= 1, got {build_steps}.")
+    raise UserError(f"`build_steps` must be >= 1, got {build_steps}.", params=("build_steps",))
   check_seeds_fit_devices(config.num_seeds if cells is None else cells)
   check_dataset_env(dataset, config)
-  _check_dir(workdir, "--workdir")
+  _check_dir(workdir, "workdir")
   if dynamics_dir is not None:
-    _check_dir(dynamics_dir, "--dynamics_dir")
+    _check_dir(dynamics_dir, "dynamics_dir")
 
 
 # ------------------------------------------------------------------------------------- data
@@ -193,8 +197,8 @@ def load_dataset(dataset, config, build_missing, build_steps, download=False, re
       quality = None                  # a Minari id: nothing here can build it
     if not quality or not (build_missing is True or (build_missing and quality == "random")):
       hint = ("" if not quality or quality == "random" else
-              " Or pass --build_missing to have this run build it (an online SAC run first).")
-      raise UserError(str(e) + hint) from None
+              " Or pass build_missing=True to have this run build it (an online SAC run first).")
+      raise UserError(str(e) + hint, params=("build_missing",)) from None
     recipe = "mixed" if quality.endswith("pct") else quality
     sac = "" if quality == "random" else (
         "; it needs an online SAC run up to its medium point (about 20 minutes for hopper on a "
@@ -221,7 +225,7 @@ def load_dataset(dataset, config, build_missing, build_steps, download=False, re
       raise UserError(f"Building {dataset} failed: {' '.join(cmd)}") from None
     transitions = data.load_transitions(dataset)
   except ValueError as e:
-    raise UserError(f"--dataset={dataset}: {e}") from None
+    raise UserError(f"dataset={dataset}: {e}", params=("dataset",)) from None
   small = provenance.smaller_than_recipe(dataset)
   if small and require_full:
     raise UserError(small + " (paper settings expect the full dataset)")
@@ -232,7 +236,7 @@ def load_dataset(dataset, config, build_missing, build_steps, download=False, re
       transitions.observations.shape[1] != envs.OBS_DIM[env]:
     raise UserError(f"Dataset {dataset} has obs dim {transitions.observations.shape[1]} and action "
                     f"dim {transitions.actions.shape[1]}, but {env} needs {envs.OBS_DIM[env]} and "
-                    f"{envs.ACTION_DIM[env]}; check --dataset / --env.")
+                    f"{envs.ACTION_DIM[env]}; check `dataset` / `env`.", params=("dataset", "env"))
   return transitions
 
 
@@ -242,7 +246,8 @@ def dynamics_task(env, dataset):
   """(config env short name, dataset name or id, note for the log or None)."""
   from mombo_jax import config as config_lib, names
   if env is None and dataset is None:
-    raise UserError("Pass --env=<short name> (e.g. hopper-medium) or --dataset=<Minari id>.")
+    raise UserError("Pass env=<short name> (e.g. hopper-medium) or dataset=<Minari id>.",
+                    params=("env", "dataset"))
   dataset = dataset or env
   if env is None:
     env = dataset if "/" not in dataset else names.short_name(dataset)
@@ -274,11 +279,11 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
   if note:
     log_fn(note)
   if seeds < 1:
-    raise UserError(f"--seeds must be >= 1, got {seeds}.")
+    raise UserError(f"`seeds` must be >= 1, got {seeds}.", params=("seeds",))
   overrides = dict(seed=seed, num_seeds=seeds, reference=reference)
   if max_epochs is not None:
     if max_epochs < 1:
-      raise UserError(f"--max_epochs must be >= 1, got {max_epochs}.")
+      raise UserError(f"`max_epochs` must be >= 1, got {max_epochs}.", params=("max_epochs",))
     overrides["dyn_max_epochs"] = max_epochs
   try:
     config = config_lib.make_config(env, algo, preset, **overrides)
@@ -288,7 +293,8 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
   workdir_lib.check_legacy_dynamics(workdir, config)
   path = workdir_lib.dynamics_path(workdir, config)
   if os.path.exists(path) and not overwrite:
-    raise UserError(f"{path} already exists; pass --overwrite to replace it, or another --workdir.")
+    raise UserError(f"{path} already exists; pass overwrite=True to replace it, or another "
+                    "`workdir`.", params=("overwrite", "workdir"))
   with workdir_lib.dynamics_lock(workdir, config):      # before any work: one writer
     try:
       transitions = data.load_transitions(dataset)

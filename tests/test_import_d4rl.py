@@ -241,8 +241,8 @@ def test_physics_names_the_env_a_file_replays_as(minari_root, tmp_path, simulate
   # 17 / 6 dims fit walker2d too: only the physics tells.
   with pytest.raises(errors.UserError, match=r"halfcheetah_medium-v2.hdf5 is not walker2d-medium's "
                      r"data: expected walker2d's physics, but .*next observations off by .* they "
-                     r"replay as halfcheetah's \(--env=halfcheetah-medium\?\)\. Pass "
-                     r"--nocheck_physics") as e:
+                     r"replay as halfcheetah's \(name=halfcheetah-medium\?\)\. Pass "
+                     r"check_physics=False") as e:
     d4rl.import_file(cheetah, "walker2d-medium", "test-d4rl/walker2d/wrong-v2", log_fn=lines.append)
   assert "\n" not in str(e.value)
   assert not minari_io.exists_locally("test-d4rl/walker2d/wrong-v2")
@@ -270,7 +270,7 @@ def test_physics_refuses_rewards_not_of_the_env(minari_root, tmp_path, simulated
   arrays = dict(simulated["walker2d"], rewards=simulated["walker2d"]["rewards"] * 2 + 1)
   path = _write_d4rl(tmp_path / "rescaled.hdf5", arrays)
   with pytest.raises(errors.UserError, match=r"rescaled.hdf5 holds walker2d's physics but not its "
-                     r"rewards: .*rewards of \d+ non-terminal rows by .*--nocheck_physics"):
+                     r"rewards: .*rewards of \d+ non-terminal rows by .*check_physics=False"):
     d4rl.import_file(path, "walker2d-medium", "test-d4rl/walker2d/rescaled-v2",
                      log_fn=lambda *_: None)
 

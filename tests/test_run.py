@@ -271,8 +271,8 @@ def test_reduced_build_refused_with_paper_settings(dataset, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(keep=0), "--keep_checkpoints"), (dict(stop_after=0), "--stop_after"),
-    (dict(build_steps=0), "--build_steps")])
+    (dict(keep=0), "`keep`"), (dict(stop_after=0), "`stop_after`"),
+    (dict(build_steps=0), "`build_steps`")])
 def test_bad_run_arguments_are_refused(tmp_path, kwargs, match):
   with pytest.raises(UserError, match=match):
     launch.validate(_config("mombo"), DATASET, str(tmp_path), **kwargs)

@@ -122,7 +122,7 @@ def test_the_sweep_prints_its_dynamics_plan(tmp_path):
     (dict(envs=("hopper-foo",)), "Unknown dataset name 'hopper-foo'"),
     (dict(algos=("mombo", "sac")), "Unknown algo 'sac'"),
     (dict(epochs=-1), "epochs"),
-    (dict(envs=()), "--envs is required"),
+    (dict(envs=()), "`envs` is required"),
     (dict(algos=("mopo", "mopo")), "must not repeat"),
 ])
 def test_plan_refuses_bad_input_before_anything_runs(tmp_path, bad, match):

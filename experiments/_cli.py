@@ -17,6 +17,7 @@ Anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import faulthandler
 import re
@@ -98,20 +99,16 @@ def execute(main: Callable[[list], Optional[int]], define_flags: Callable[[], No
                    EXIT_USAGE if isinstance(e, UsageError) else EXIT_REFUSED)
 
 
-class as_user_error:
+@contextlib.contextmanager
+def as_user_error(*kinds):
   """`with as_user_error(ValueError): ...`: the library call's exceptions of those kinds are the
   user's (e.g. config.make_config's ValueError naming a field): one `error:` line, exit 1."""
-
-  def __init__(self, *kinds):
-    self.kinds = kinds
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, kind, value, tb):
-    if kind is not None and issubclass(kind, self.kinds) and not issubclass(kind, UserError):
-      raise UserError(str(value)) from None
-    return False
+  try:
+    yield
+  except UserError:
+    raise
+  except kinds as e:
+    raise UserError(str(e)) from None
 
 
 def in_flags(error: UserError, flag_names: Optional[Mapping[str, str]] = None,

@@ -72,7 +72,7 @@ CASES = ([(p, ["--nosuchflag"]) for p in PROGRAMS]
          + [("run", ["--sed=1"]), ("run", ["--algo=mombox"]), ("train_dynamics", ["--seeds=x"]),
             ("run", ["--betas="]), ("sweep", ["--envs=hopper-random", "--out=/x", "stray"]),
             ("run", ["--allow_epochs_change", "false"]),
-            ("train_dynamics", ["--env=hopper-random", "--seeds=0"]),
+            ("train_dynamics", ["--env=hopper-random", "--seeds=0"]), ("run", ["--epochs=-1"]),
             ("toy:_raise_user_error", []), ("toy:_raise_interrupted", ["--seeds=4"]),
             ("toy:_raise_keyboard_interrupt", [])])
 
@@ -148,6 +148,9 @@ def test_a_library_user_error_is_one_line_in_the_programs_flags(outcomes):
   assert str(e.value) == "`seeds` must be >= 1, got 0." and "--" not in str(e.value)
   result = outcomes[("train_dynamics", ("--env=hopper-random", "--seeds=0"))]
   assert result["code"] == 1 and _one_line(result) == "error: --seeds must be >= 1, got 0."
+  # config.make_config's ValueError naming the field (experiments.run: _cli.as_user_error).
+  result = outcomes[("run", ("--epochs=-1",))]
+  assert result["code"] == 1 and "epochs must be a positive integer" in _one_line(result)
   # A parameter whose flag has another name (num_seeds: --seeds).
   result = outcomes[("toy:_raise_user_error", ())]
   assert result["code"] == 1

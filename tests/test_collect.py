@@ -494,7 +494,7 @@ def test_from_actors_and_actors_only_refusals(tmp_path):
                         ("hopper-medium-expert", "no saved actor file .*expert.msgpack"),
                         ("hopper-medium-replay", "replay buffer .*needs the SAC run"),
                         ("hopper-random", "needs no saved actor"),
-                        ("hopper-random-medium-5pct", "with --from_actors first"),
+                        ("hopper-random-medium-5pct", "with `from_actors` first"),
                         ("walker2d-medium", "actor for hopper, not walker2d")]:
     with pytest.raises(errors.UserError, match=message):
       builder.check(name)

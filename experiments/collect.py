@@ -48,11 +48,10 @@ description name the actor file, its sha256 and the rebuild command. random and 
 from __future__ import annotations
 
 import dataclasses
-import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from mombo_jax.errors import Interrupted, UserError
+from experiments import _cli
 from mombo_jax.recipes import Builder, Options
 
 FLAGS = flags.FLAGS
@@ -105,48 +104,35 @@ def options_from_flags() -> Options:
 
 
 def main(argv):
-  from mombo_jax.errors import stray_words
-  if stray_words(argv):
-    sys.exit(stray_words(argv))
+  del argv
   # Orbax reports every checkpoint write at INFO; progress lines are printed instead.
   logging.set_verbosity(logging.WARNING)
   from mombo_jax import config as config_lib
   if not FLAGS.env:
-    raise app.UsageError("--env is required, e.g. --env=hopper-random. Valid names: "
-                         f"{', '.join(config_lib.valid_names())}")
+    raise _cli.UsageError("--env is required, e.g. --env=hopper-random. Valid names: "
+                          f"{', '.join(config_lib.valid_names())}")
   from mombo_jax import stops
   # SIGINT / SIGTERM (and SIGUSR1: a launch that builds data through this process passes its
   # stop on) stop within seconds: the SAC run checkpoints where it is (the same command then
   # resumes it bit for bit), a recording is dropped (recorded again: the same episodes).
   stop = stops.StopFlag()
   stop.install()
-  try:
+  with _cli.as_user_error(ValueError):    # unknown names: the message lists the valid ones
     for name in FLAGS.env:
       config_lib.parse_name(name)  # every name is checked before anything runs
-    if FLAGS.medium_consecutive < 1:   # refused before any env or SAC work
-      raise UserError(f"--medium_consecutive must be >= 1, got {FLAGS.medium_consecutive}.")
-    opts = options_from_flags()
-    builder = Builder(opts, should_stop=stop)
-    for name in FLAGS.env:
-      builder.check(name)  # --from_actors / --actors_only: refusals before anything runs
-    from mombo_jax import minari_io
-    print(f"Minari root: {minari_io.datasets_root()}", flush=True)
-    for name in FLAGS.env:
-      stops.check(stop, f"before building {name}")
-      builder.build(name)
-  except (UserError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
-  except Interrupted as e:
-    print(f"Stopped at {e.where}. Run the same command again: finished datasets are kept and the "
-          "SAC run resumes exactly where it stopped.", file=sys.stderr, flush=True)
-    sys.exit(128 + (stop.signum or 2))
-  except KeyboardInterrupt:
-    print("\nInterrupted. Run the same command again: finished datasets are kept and the SAC run "
-          "resumes from its last checkpoint (every --checkpoint_every steps).", file=sys.stderr)
-    sys.exit(130)
+  if FLAGS.medium_consecutive < 1:   # refused before any env or SAC work
+    raise _cli.UsageError(f"--medium_consecutive must be >= 1, got {FLAGS.medium_consecutive}.")
+  builder = Builder(options_from_flags(), should_stop=stop)
+  for name in FLAGS.env:
+    builder.check(name)  # --from_actors / --actors_only: refusals before anything runs
+  from mombo_jax import minari_io
+  print(f"Minari root: {minari_io.datasets_root()}", flush=True)
+  for name in FLAGS.env:
+    stops.check(stop, f"before building {name}")
+    builder.build(name)
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _cli.run(main, define_flags, flag_names={"num_steps": "steps"},
+           resume_note="finished datasets are kept and the SAC run resumes exactly where it "
+           "stopped")

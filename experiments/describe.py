@@ -11,9 +11,9 @@ Writes dataset_card.md and returns_hist.png next to the dataset (or into --out);
 name for --dataset. The data is read from MINARI_DATASETS_PATH (default ~/.minari/datasets).
 Cards are always regenerated this way from the data, never edited by hand.
 """
-import sys
+from absl import flags, logging
 
-from absl import app, flags, logging
+from experiments import _cli
 
 FLAGS = flags.FLAGS
 
@@ -26,22 +26,17 @@ def define_flags():
 
 
 def main(argv):
-  from mombo_jax.errors import stray_words
-  if stray_words(argv):
-    sys.exit(stray_words(argv))
+  del argv
   logging.set_verbosity(logging.WARNING)
   from mombo_jax import cards
   if not FLAGS.dataset:
-    sys.exit("error: --dataset is required, e.g. --dataset=hopper-medium-replay.")
-  try:
+    raise _cli.UsageError("--dataset is required, e.g. --dataset=hopper-medium-replay.")
+  with _cli.as_user_error(ValueError):     # an unknown name: the message lists the valid ones
     path = cards.write_card(FLAGS.dataset, FLAGS.out)
-  except (ValueError, FileNotFoundError) as e:   # unknown names; errors.DatasetNotFoundError
-    sys.exit(f"error: {e}")
   with open(path) as f:
     print(f.read())
   print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _cli.run(main, define_flags)

@@ -7,9 +7,9 @@ The file (flax msgpack) holds the actor's parameters and what rebuilds it (env, 
 hidden sizes, action bounds, seed, epoch, the run's config); read it back with
 `mombo_jax.load_policy("hopper_s2.msgpack")`, or render it with experiments.render --policy.
 """
-import sys
+from absl import flags, logging
 
-from absl import app, flags, logging
+from experiments import _cli
 
 FLAGS = flags.FLAGS
 
@@ -25,23 +25,16 @@ def define_flags():
 
 
 def main(argv):
-  from mombo_jax.errors import stray_words
-  if stray_words(argv):
-    sys.exit(stray_words(argv))
+  del argv
   logging.set_verbosity(logging.WARNING)   # Orbax logs every restore at INFO
   if not FLAGS.run:
-    sys.exit("error: --run is required: the run workdir to export from, e.g. "
-             "--run=runs/hopper-random/mombo-elite_spread/s0x1.")
+    raise _cli.UsageError("--run is required: the run workdir to export from, e.g. "
+                          "--run=runs/hopper-random/mombo-elite_spread/s0x1.")
   from mombo_jax import policy as policy_lib
-  from mombo_jax.errors import UserError
-  try:
-    policy = policy_lib.export_policy(FLAGS.run, FLAGS.seed, FLAGS.out, step=FLAGS.step,
-                                      allow_diverged=FLAGS.allow_diverged)
-  except UserError as e:
-    sys.exit(f"error: {policy_lib.as_flags(str(e))}")   # the API's seed= in the CLI's words
+  policy = policy_lib.export_policy(FLAGS.run, FLAGS.seed, FLAGS.out, step=FLAGS.step,
+                                    allow_diverged=FLAGS.allow_diverged)
   print(f"wrote {FLAGS.out}: {policy!r}")
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _cli.run(main, define_flags, flag_names={"path": "out", "workdir": "run"})

@@ -22,12 +22,10 @@ whose rebuild command makes the same dataset again). The last line printed is th
 written. The import is mombo_jax.d4rl's (import_file); this program only
 parses the flags.
 """
-import sys
+from absl import flags, logging
 
-from absl import app, flags, logging
-
+from experiments import _cli
 from mombo_jax.d4rl import TIMEOUT_MODES, import_file
-from mombo_jax.errors import UserError
 
 FLAGS = flags.FLAGS
 
@@ -51,25 +49,22 @@ def define_flags():
                     "(--nocheck_quality silences it).")
 
 
+# import_file's parameters whose flag has another name (its errors speak Python).
+FLAG_NAMES = {"path": "file", "name": "env"}
+
+
 def main(argv):
-  from mombo_jax.errors import stray_words
-  if stray_words(argv):
-    sys.exit(stray_words(argv))
+  del argv
   logging.set_verbosity(logging.WARNING)
   if not FLAGS.file or not FLAGS.env:
-    sys.exit("error: --file and --env are required, e.g. --file=hopper_medium_replay-v2.hdf5 "
-             "--env=hopper-medium-replay.")
-  try:
-    dataset_id = import_file(FLAGS.file, FLAGS.env, FLAGS.dataset_id, FLAGS.overwrite,
-                             FLAGS.drop_nonfinite, timeouts=FLAGS.timeouts,
-                             check_physics=FLAGS.check_physics,
-                             check_quality=FLAGS.check_quality)
-  except UserError as e:
-    sys.exit(f"error: {e}")
+    raise _cli.UsageError("--file and --env are required, e.g. "
+                          "--file=hopper_medium_replay-v2.hdf5 --env=hopper-medium-replay.")
+  dataset_id = import_file(FLAGS.file, FLAGS.env, FLAGS.dataset_id, FLAGS.overwrite,
+                           FLAGS.drop_nonfinite, timeouts=FLAGS.timeouts,
+                           check_physics=FLAGS.check_physics, check_quality=FLAGS.check_quality)
   print(f"Train on it with: python -m experiments.run --env={FLAGS.env} --dataset={dataset_id}")
   print(dataset_id)
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _cli.run(main, define_flags, flag_names=FLAG_NAMES)

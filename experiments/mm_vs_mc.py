@@ -14,9 +14,9 @@ of a state's repeated MC estimates, averaged over the states). A run whose datas
 replaced since it trained is refused, naming the change (as training refuses it). The experiment
 is mombo_jax.mm_vs_mc's; this program only parses the flags.
 """
-import sys
+from absl import flags, logging
 
-from absl import app, flags, logging
+from experiments import _cli
 
 FLAGS = flags.FLAGS
 
@@ -34,26 +34,22 @@ def define_flags():
 
 
 def main(argv):
-  from mombo_jax.errors import stray_words
-  if stray_words(argv):
-    sys.exit(stray_words(argv))
+  del argv
   logging.set_verbosity(logging.WARNING)
   if not FLAGS.run:
-    sys.exit("error: --run is required (a workdir of experiments.run).")
+    raise _cli.UsageError("--run is required (a workdir of experiments.run).")
   try:
     ns = sorted({int(n) for n in FLAGS.n_samples})
   except ValueError:
-    sys.exit(f"error: --n_samples must be integers, got {','.join(FLAGS.n_samples)}.")
-  if not ns or ns[0] < 1:
-    sys.exit("error: --n_samples must be integers >= 1.")
+    raise _cli.UsageError(f"--n_samples must be integers, got {','.join(FLAGS.n_samples)}.") \
+        from None
+  if ns[0] < 1:
+    raise _cli.UsageError("--n_samples must be integers >= 1.")
   for name in ("num_states", "repeats"):
     if getattr(FLAGS, name) < 1:
-      sys.exit(f"error: --{name} must be >= 1, got {getattr(FLAGS, name)}.")
+      raise _cli.UsageError(f"--{name} must be >= 1, got {getattr(FLAGS, name)}.")
   from mombo_jax import mm_vs_mc     # jax: imported once the flags are known to be good
-  try:
-    trained, transitions = mm_vs_mc.load_seed(FLAGS.run, FLAGS.seed_index, FLAGS.elite_rank)
-  except (ValueError, FileNotFoundError) as e:       # errors.DatasetNotFoundError is one
-    sys.exit(f"error: {e}")
+  trained, transitions = mm_vs_mc.load_seed(FLAGS.run, FLAGS.seed_index, FLAGS.elite_rank)
   out = FLAGS.out or FLAGS.run
   result = mm_vs_mc.run_experiment(trained, transitions, out, ns, FLAGS.num_states, FLAGS.repeats,
                                    FLAGS.seed_index, FLAGS.elite_rank, FLAGS.seed)
@@ -62,5 +58,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _cli.run(main, define_flags)

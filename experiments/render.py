@@ -9,9 +9,9 @@ libosmesa6 provides one). Each frame shows the step, the running return and its 
 score; the last frame of an episode shows the final ones, which are printed too. .mp4 needs an
 ffmpeg program (apt-get install ffmpeg, or pip install imageio-ffmpeg); .gif needs nothing more.
 """
-import sys
+from absl import flags, logging
 
-from absl import app, flags, logging
+from experiments import _cli
 
 FLAGS = flags.FLAGS
 
@@ -35,30 +35,23 @@ def define_flags():
 
 
 def main(argv):
-  from mombo_jax.errors import stray_words
-  if stray_words(argv):
-    sys.exit(stray_words(argv))
+  del argv
   logging.set_verbosity(logging.WARNING)
   if bool(FLAGS.run) == bool(FLAGS.policy):
-    sys.exit("error: pass one of --run=DIR (a run workdir) or --policy=FILE (of "
-             "experiments.export).")
+    raise _cli.UsageError("pass one of --run=DIR (a run workdir) or --policy=FILE (of "
+                          "experiments.export).")
   if not FLAGS.out:
-    sys.exit("error: --out is required, e.g. --out=hopper.gif or --out=hopper.mp4.")
+    raise _cli.UsageError("--out is required, e.g. --out=hopper.gif or --out=hopper.mp4.")
   from mombo_jax import policy as policy_lib, render
-  from mombo_jax.errors import UserError
-  try:
-    render.check_out(FLAGS.out)
-    render.choose_backend()            # before MuJoCo is imported: it reads MUJOCO_GL then
-    policy = policy_lib.load_policy(FLAGS.run or FLAGS.policy, FLAGS.seed, step=FLAGS.step,
-                                    allow_diverged=FLAGS.allow_diverged)
-    render.render(policy, FLAGS.out, episodes=FLAGS.episodes, env_seed=FLAGS.env_seed,
-                  width=FLAGS.width, height=FLAGS.height, max_steps=FLAGS.max_steps,
-                  overlay=FLAGS.overlay)
-  except UserError as e:
-    sys.exit(f"error: {policy_lib.as_flags(str(e))}")   # the API's seed= in the CLI's words
+  render.check_out(FLAGS.out)
+  render.choose_backend()            # before MuJoCo is imported: it reads MUJOCO_GL then
+  policy = policy_lib.load_policy(FLAGS.run or FLAGS.policy, FLAGS.seed, step=FLAGS.step,
+                                  allow_diverged=FLAGS.allow_diverged)
+  render.render(policy, FLAGS.out, episodes=FLAGS.episodes, env_seed=FLAGS.env_seed,
+                width=FLAGS.width, height=FLAGS.height, max_steps=FLAGS.max_steps,
+                overlay=FLAGS.overlay)
   print(f"wrote {FLAGS.out}")
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _cli.run(main, define_flags)

@@ -35,7 +35,9 @@ in one line, before anything is read).
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
+
+from experiments import _cli
 
 FLAGS = flags.FLAGS
 
@@ -48,24 +50,19 @@ def define_flags():
 def main(argv):
   dirs = argv[1:]
   if not dirs:
-    sys.exit("error: pass one or more folders holding runs, e.g. "
-             "`python -m experiments.report runs/`.")
+    raise _cli.UsageError("pass one or more folders holding runs, e.g. "
+                          "`python -m experiments.report runs/`.")
   # Words are folders; one that is not is a typo or an option without its dashes (`out=x`):
   # refused whole, as the other entry points refuse stray words.
   stray = [d for d in dirs if not os.path.isdir(d)]
   if stray:
-    sys.exit(f"error: {' '.join(stray)}: not a folder. Every word names a folder of runs, and "
-             "every option is a --flag (e.g. --out=DIR; see --help).")
+    raise _cli.UsageError(f"{' '.join(stray)}: not a folder. Every word names a folder of runs, "
+                          "and every option is a --flag (e.g. --out=DIR; see --help).")
   from mombo_jax import report
-  from mombo_jax.errors import UserError
-  try:
-    result = report.write_report(dirs, FLAGS.out, log=lambda m: print(m, file=sys.stderr))
-  except UserError as e:
-    sys.exit(f"error: {e}")
+  result = report.write_report(dirs, FLAGS.out, log=lambda m: print(m, file=sys.stderr))
   print(f"{len(result['runs'])} run(s) in {len(result['groups'])} group(s); wrote "
         + ", ".join(result["files"]))
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _cli.run(main, define_flags, words=True)

@@ -10,8 +10,9 @@ learning_curve.png.
 """
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
+from experiments import _cli
 from mombo_jax.compilation_cache import DEFAULT_COMPILATION_CACHE
 
 FLAGS = flags.FLAGS
@@ -119,36 +120,29 @@ def _overrides():
   return out
 
 
-def _resume_command() -> str:
-  import shlex
-  return " ".join([shlex.quote(sys.executable), "-m", "experiments.run"]
-                  + [shlex.quote(a) for a in sys.argv[1:]])
+# Python parameters / config fields whose flag has another name (errors speak Python).
+FLAG_NAMES = {"num_seeds": "seeds", "dyn_max_epochs": "dynamics_max_epochs",
+              "keep": "keep_checkpoints", "log_to": "log", "auto": "distributed",
+              "timeout": "init_timeout"}
 
 
 def main(argv):
-  from mombo_jax.errors import stray_words
-  if stray_words(argv):
-    sys.exit(stray_words(argv))
+  del argv
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
   from mombo_jax import (compilation_cache, config as config_lib, console, distributed, runner,
                          stops)
   from mombo_jax import groups as groups_lib, workdir as workdir_lib
-  from mombo_jax.errors import Interrupted, UserError
   stop = stops.StopFlag()
   stop.install()
-  try:   # before anything touches JAX's devices
-    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
-                           auto=FLAGS.distributed, timeout=FLAGS.init_timeout)
-  except ValueError as e:
-    sys.exit(f"error: {e}")
-  try:
+  # before anything touches JAX's devices
+  distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                         auto=FLAGS.distributed, timeout=FLAGS.init_timeout)
+  with _cli.as_user_error(ValueError):     # a field's value, named by the config's check
     config = config_lib.make_config(FLAGS.env, FLAGS.algo, FLAGS.preset, **_overrides())
-  except ValueError as e:
-    sys.exit(f"error: {e}")
   grid = FLAGS.datasets is not None or FLAGS.betas is not None
   if grid and (FLAGS.dataset or FLAGS.beta is not None):
-    sys.exit("error: pass --dataset / --beta for one run, or --datasets / --betas for a grid, "
-             "not both.")
+    raise _cli.UsageError("pass --dataset / --beta for one run, or --datasets / --betas for a "
+                          "grid, not both.")
   preset = config_lib.PRESETS[FLAGS.preset]
   build = preset.build_missing if FLAGS.build_missing is None else FLAGS.build_missing
   options = dict(build_missing=build, build_steps=FLAGS.build_steps or preset.build_steps,
@@ -156,29 +150,22 @@ def main(argv):
                  require_full=preset.require_full and not FLAGS.allow_small_dataset,
                  allow_epochs_change=FLAGS.allow_epochs_change, should_stop=stop,
                  log_to=FLAGS.log, eval_workers=FLAGS.eval_workers)
-  try:
-    if grid:
-      try:
-        betas = [float(b) for b in FLAGS.betas] if FLAGS.betas is not None else None
-      except ValueError:
-        raise UserError(f"--betas={','.join(FLAGS.betas)}: not all numbers.") from None
-      groups = groups_lib.plan_groups(FLAGS.env, FLAGS.algo, FLAGS.preset, _overrides(),
-                                  FLAGS.datasets, betas, FLAGS.workdir or "runs",
-                                  FLAGS.dynamics_dir)
-    else:
-      dataset = FLAGS.dataset or FLAGS.env
-      workdir = FLAGS.workdir or workdir_lib.run_dir("runs", dataset, FLAGS.algo, FLAGS.target,
-                                                FLAGS.seed, FLAGS.seeds,
-                                                reference=config.reference)
-      groups = [groups_lib.Group(config, dataset, workdir, FLAGS.dynamics_dir)]
-    compilation_cache.enable_compilation_cache(FLAGS.compilation_cache)
-    summaries = runner.train_grid(groups, **options)
-  except UserError as e:
-    sys.exit(f"error: {e}")
-  except Interrupted as e:
-    print(f"Stopped at {e.where}. Resume with:\n  {_resume_command()}", file=sys.stderr,
-          flush=True)
-    sys.exit(128 + (e.signum or 2))
+  if grid:
+    try:
+      betas = [float(b) for b in FLAGS.betas] if FLAGS.betas is not None else None
+    except ValueError:
+      raise _cli.UsageError(f"--betas={','.join(FLAGS.betas)}: not all numbers.") from None
+    groups = groups_lib.plan_groups(FLAGS.env, FLAGS.algo, FLAGS.preset, _overrides(),
+                                    FLAGS.datasets, betas, FLAGS.workdir or "runs",
+                                    FLAGS.dynamics_dir)
+  else:
+    dataset = FLAGS.dataset or FLAGS.env
+    workdir = FLAGS.workdir or workdir_lib.run_dir("runs", dataset, FLAGS.algo, FLAGS.target,
+                                                   FLAGS.seed, FLAGS.seeds,
+                                                   reference=config.reference)
+    groups = [groups_lib.Group(config, dataset, workdir, FLAGS.dynamics_dir)]
+  compilation_cache.enable_compilation_cache(FLAGS.compilation_cache)
+  summaries = runner.train_grid(groups, **options)
   failed = [(g, s) for g, s in zip(groups, summaries) if s and s.get("diverged")]
   for g, summary in failed:
     seeds = ", ".join(f"seed {d['seed']} (epoch {d['epoch']}, {d['quantity']})"
@@ -188,10 +175,8 @@ def main(argv):
           "(docs/protocol.md; `*_healthy` leaves them out). Their last healthy checkpoints are in "
           f"{workdir_lib.Workdir(g.workdir).checkpoints}; a smaller --beta often helps.",
           file=sys.stderr, flush=True)
-  if failed:
-    sys.exit(console.EXIT_DIVERGED)
+  return console.EXIT_DIVERGED if failed else 0
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _cli.run(main, define_flags, flag_names=FLAG_NAMES)

@@ -34,12 +34,11 @@ only experiments.run's flags that do not change the setup (--keep_checkpoints,
 --eval_workers, --allow_epochs_change: it continues finished cells to a larger --epochs). Any other word is
 refused. The cells and their launch are mombo_jax.sweep's; this program only parses the flags.
 """
-import shlex
 import sys
 
-from absl import app, flags
+from absl import flags
 
-from mombo_jax.errors import UserError, stray_words
+from experiments import _cli
 from mombo_jax.sweep import (BUDGET_FLAGS, Launcher, check_cells, dynamics_plan, exit_code, plan,
                              run_sweep, summary)
 
@@ -62,33 +61,28 @@ def main(argv):
   # absl drops `--` and leaves the words after it, and any stray word before it, in argv: only
   # --flags (checked by plan) may be passed on; a bare word is a mistake.
   extra = argv[1:]
-  line = stray_words([argv[0]] + [w for w in extra if not w.startswith("-")])
+  line = _cli.stray_words([w for w in extra if not w.startswith("-")])
   if line:
-    sys.exit(line)
-  try:
-    cells = plan(FLAGS.envs, FLAGS.algos, FLAGS.seeds, FLAGS.seed, FLAGS.out,
-                 {k: getattr(FLAGS, k) for k in BUDGET_FLAGS}, extra)
-    budget = {k: getattr(FLAGS, k) for k in BUDGET_FLAGS}
-    # Comment lines: a dry run's output stays a list of shell commands.
-    for line in dynamics_plan(cells, budget):
-      print("# " + line, flush=True)
-    if FLAGS.dry_run:
-      check_cells(cells)
-      for cell in cells:
-        print(("# finished: " if cell.finished else "") + cell.command_line)
-      return
-    launcher = Launcher()
-    launcher.install()
-    result = run_sweep(cells, FLAGS.out, runner=launcher)
-  except UserError as e:
-    sys.exit(f"error: {e}")
+    raise _cli.UsageError(line)
+  cells = plan(FLAGS.envs, FLAGS.algos, FLAGS.seeds, FLAGS.seed, FLAGS.out,
+               {k: getattr(FLAGS, k) for k in BUDGET_FLAGS}, extra)
+  budget = {k: getattr(FLAGS, k) for k in BUDGET_FLAGS}
+  # Comment lines: a dry run's output stays a list of shell commands.
+  for line in dynamics_plan(cells, budget):
+    print("# " + line, flush=True)
+  if FLAGS.dry_run:
+    check_cells(cells)
+    for cell in cells:
+      print(("# finished: " if cell.finished else "") + cell.command_line)
+    return 0
+  launcher = Launcher()
+  launcher.install()
+  result = run_sweep(cells, FLAGS.out, runner=launcher)
   print(summary(result, FLAGS.out))
   if result["status"] == "interrupted":
-    resume = [sys.executable, "-m", "experiments.sweep"] + sys.argv[1:]
-    print("Resume with:\n  " + " ".join(shlex.quote(a) for a in resume), file=sys.stderr)
-  sys.exit(exit_code(result))
+    print("Resume with:\n  " + _cli.resume_command(main, sys.argv), file=sys.stderr)
+  return exit_code(result)
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _cli.run(main, define_flags, words=True)

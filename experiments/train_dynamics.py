@@ -9,11 +9,9 @@ The result lands in <workdir>/seed<seed>x<seeds>-<tag> (default workdir runs/dyn
 --algo's and --reference's settings for the dataset, its --preset and --dynamics_max_epochs); seed i's key is the one
 run.py derives (fold_in(PRNGKey(seed + i), 0)), so both entry points train identical models.
 """
-import sys
+from absl import flags, logging
 
-from absl import app, flags, logging
-
-from mombo_jax.errors import Interrupted, UserError
+from experiments import _cli
 
 FLAGS = flags.FLAGS
 
@@ -41,26 +39,17 @@ def define_flags():
 
 
 def main(argv):
-  from mombo_jax.errors import stray_words
-  if stray_words(argv):
-    sys.exit(stray_words(argv))
+  del argv
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
   from mombo_jax import dynamics_store, stops
   stop = stops.StopFlag()
   stop.install()
-  try:
-    dynamics_store.train_dynamics(
-        env=FLAGS.env, dataset=FLAGS.dataset, seeds=FLAGS.seeds, seed=FLAGS.seed,
-        max_epochs=FLAGS.max_epochs, preset=FLAGS.preset, workdir=FLAGS.workdir,
-        overwrite=FLAGS.overwrite, log_fn=lambda s: print(s, flush=True),
-        should_stop=stop, algo=FLAGS.algo, reference=FLAGS.reference)
-  except UserError as e:
-    sys.exit(f"error: {e}")
-  except Interrupted as e:
-    print(f"Stopped at {e.where}; the same command resumes.", file=sys.stderr, flush=True)
-    sys.exit(128 + (stop.signum or 2))
+  dynamics_store.train_dynamics(
+      env=FLAGS.env, dataset=FLAGS.dataset, seeds=FLAGS.seeds, seed=FLAGS.seed,
+      max_epochs=FLAGS.max_epochs, preset=FLAGS.preset, workdir=FLAGS.workdir,
+      overwrite=FLAGS.overwrite, log_fn=lambda s: print(s, flush=True),
+      should_stop=stop, algo=FLAGS.algo, reference=FLAGS.reference)
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _cli.run(main, define_flags)

@@ -74,9 +74,10 @@ The experiment's runs and outputs are mombo_jax.uncertainty_runs's, the per-tupl
 scores mombo_jax.quantifier_quality's; this program only parses the flags.
 """
 import os
-import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
+
+from experiments import _cli
 
 from mombo_jax import uncertainty_runs
 
@@ -109,26 +110,20 @@ def define_flags():
 
 
 def main(argv):
-  from mombo_jax.errors import stray_words
-  if stray_words(argv):
-    sys.exit(stray_words(argv))
+  del argv
   logging.set_verbosity(logging.WARNING)
   if not FLAGS.runs:
-    sys.exit("error: --runs is required (run workdirs or folders holding them).")
+    raise _cli.UsageError("--runs is required (run workdirs or folders holding them).")
   for name in ("episodes", "every", "num_states", "draws", "num_policy", "chunk"):
     if getattr(FLAGS, name) < 1:
-      sys.exit(f"error: --{name} must be >= 1, got {getattr(FLAGS, name)}.")
-  try:
-    run_dirs = uncertainty_runs.find_run_dirs(FLAGS.runs)
-    rows = uncertainty_runs.evaluate_runs(
-        run_dirs, FLAGS.states, FLAGS.episodes, FLAGS.every, FLAGS.num_states, FLAGS.draws,
-        FLAGS.num_policy, FLAGS.seed, FLAGS.max_episode_steps, FLAGS.chunk)
-  except (ValueError, FileNotFoundError) as e:       # errors.DatasetNotFoundError is one
-    sys.exit(f"error: {e}")
+      raise _cli.UsageError(f"--{name} must be >= 1, got {getattr(FLAGS, name)}.")
+  run_dirs = uncertainty_runs.find_run_dirs(FLAGS.runs)
+  rows = uncertainty_runs.evaluate_runs(
+      run_dirs, FLAGS.states, FLAGS.episodes, FLAGS.every, FLAGS.num_states, FLAGS.draws,
+      FLAGS.num_policy, FLAGS.seed, FLAGS.max_episode_steps, FLAGS.chunk)
   csv_path, md_path = uncertainty_runs.write_outputs(rows, FLAGS.out or FLAGS.runs[0], FLAGS.states)
   print(f"wrote {csv_path} and {os.path.basename(md_path)}")
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _cli.run(main, define_flags, flag_names={"dirs": "runs"})

@@ -115,7 +115,8 @@ def check(arrays: Dict[str, np.ndarray], env: str) -> int:
                           f"observations {obs.shape}.")
   if obs.shape[1] != OBS_DIM[env] or act.shape[1] != ACTION_DIM[env]:
     raise D4RLFormatError(f"The file holds obs dim {obs.shape[1]} and action dim {act.shape[1]}, "
-                          f"but {env} has {OBS_DIM[env]} and {ACTION_DIM[env]}: is --env right?")
+                          f"but {env} has {OBS_DIM[env]} and {ACTION_DIM[env]}: is the short name "
+                          "right?")
   return n
 
 
@@ -227,17 +228,19 @@ def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_non
   except ValueError as e:
     raise UserError(str(e)) from None
   if timeouts not in TIMEOUT_MODES:
-    raise UserError(f"--timeouts={timeouts}: expected one of {', '.join(TIMEOUT_MODES)}.")
+    raise UserError(f"timeouts={timeouts}: expected one of {', '.join(TIMEOUT_MODES)}.",
+                    params=("timeouts",))
   dataset_id = dataset_id or default_id(name)
   try:
     names.resolve(dataset_id)
   except ValueError as e:
-    raise UserError(f"--dataset_id: {e}") from None
+    raise UserError(f"`dataset_id`: {e}", params=("dataset_id",)) from None
   if not os.path.isfile(path):
-    raise UserError(f"--file={path} does not exist. D4RL's files are at {url(name)} "
-                    "(download it once on a machine with network access).")
+    raise UserError(f"path={path} does not exist. D4RL's files are at {url(name)} "
+                    "(download it once on a machine with network access).", params=("path",))
   if minari_io.exists_locally(dataset_id) and not overwrite:
-    raise UserError(f"Dataset {dataset_id} already exists; pass --overwrite to replace it.")
+    raise UserError(f"Dataset {dataset_id} already exists; pass overwrite=True to replace it.",
+                    params=("overwrite",))
   try:
     arrays = read_hdf5(path)
     n = check(arrays, env)
@@ -246,7 +249,8 @@ def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_non
   bad = nonfinite_rows(arrays)
   if bad.any() and not drop_nonfinite:
     raise UserError(f"{path} has {int(bad.sum())} row(s) holding NaN/inf (first at row "
-                    f"{int(np.argmax(bad))}); pass --drop_nonfinite to drop them.")
+                    f"{int(np.argmax(bad))}); pass drop_nonfinite=True to drop them.",
+                    params=("drop_nonfinite",))
   if bad.any():
     log_fn(f"Dropping {int(bad.sum())} row(s) holding NaN/inf (--drop_nonfinite).")
   physics_note = _physics(arrays, path, name, env, ~bad, log_fn) if check_physics \
@@ -303,18 +307,20 @@ def _physics(arrays, path, name, env, keep, log_fn) -> str:
     return f"passed: {result.note}"
   if result.obs_error is not None and result.obs_error <= OBS_TOLERANCE:
     raise UserError(f"{path} holds {env}'s physics but not its rewards: {result.note}; were they "
-                    "rescaled or shifted? Pass --nocheck_physics to import it anyway.")
+                    "rescaled or shifted? Pass check_physics=False to import it anyway.",
+                    params=("check_physics",))
   others = same_shaped_envs(env)
   matches = [e for e in others if replay_check(arrays, e, keep).status == "match"]
   quality = name.partition("-")[2]
   if matches:
-    found = (f"they replay as {' and '.join(matches)}'s (--env={matches[0]}-{quality}?)")
+    found = (f"they replay as {' and '.join(matches)}'s (name={matches[0]}-{quality}?)")
   elif others:
     found = f"nor as {' or '.join(others)}'s, the other env(s) of these dims"
   else:
     found = f"no other env has {OBS_DIM[env]}/{ACTION_DIM[env]} dims"
   raise UserError(f"{path} is not {name}'s data: expected {env}'s physics, but {result.note}; "
-                  f"{found}. Pass --nocheck_physics to import it anyway.")
+                  f"{found}. Pass check_physics=False to import it anyway.",
+                  params=("check_physics", "name"))
 
 
 def _quality(episodes, path, name, log_fn) -> str:

@@ -26,7 +26,11 @@ import os
 import sys
 from typing import Any, Optional
 
+from mombo_jax.errors import InvalidArgument
 
+
+# initialize's parameters that say how to join (errors name them; the CLI names its flags)
+_JOIN_PARAMS = ("coordinator_address", "num_processes", "process_id", "auto")
 EXIT_INIT_TIMEOUT = 4   # the other processes did not all connect within the init timeout
 # JAX's own connect deadline is ours plus this: it aborts the process (C++ stack), ours reports.
 _JAX_DEADLINE_MARGIN = 60
@@ -55,16 +59,17 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
   if not any(given) and not auto:
     return False
   if any(given) and not all(given):
-    raise ValueError("--coordinator_address, --num_processes and --process_id go together: pass "
-                     "all three (or --distributed alone, to read them from the cluster).")
+    raise InvalidArgument("`coordinator_address`, `num_processes` and `process_id` go together: "
+                          "pass all three (or auto=True alone, to read them from the cluster).",
+                          params=_JOIN_PARAMS)
   if not (timeout > 0 and math.isfinite(timeout)):
-    raise ValueError(f"--init_timeout={timeout:g} must be > 0 (seconds to wait for the other "
-                     "processes).")
+    raise InvalidArgument(f"timeout={timeout:g} must be > 0 (seconds to wait for the other "
+                          "processes).", params=("timeout",))
   local_devices = None
   if all(given):
     if num_processes < 1 or not 0 <= process_id < num_processes:
-      raise ValueError(f"--process_id={process_id} must be in [0, --num_processes="
-                       f"{num_processes}).")
+      raise InvalidArgument(f"process_id={process_id} must be in [0, num_processes="
+                            f"{num_processes}).", params=("process_id", "num_processes"))
     _port(coordinator_address)
   else:
     coordinator_address, num_processes, process_id, local_devices = _detect(timeout)
@@ -100,8 +105,8 @@ def _port(address: str) -> int:
   """The port of 'host:port' (ValueError naming the flag when there is none)."""
   host, _, port = address.rpartition(":")
   if not host or not port.isdigit() or not 0 < int(port) < 65536:
-    raise ValueError(f"--coordinator_address={address} must be host:port (e.g. host0:1234), the "
-                     "same on every process.")
+    raise InvalidArgument(f"coordinator_address={address} must be host:port (e.g. host0:1234), "
+                          "the same on every process.", params=("coordinator_address",))
   return int(port)
 
 
@@ -123,8 +128,9 @@ def _detect(timeout: float):
 
 
 def _no_cluster(why) -> ValueError:
-  return ValueError(f"--distributed found no cluster to join ({why}); outside SLURM, Open MPI or "
-                    "a TPU pod pass --coordinator_address, --num_processes and --process_id.")
+  return InvalidArgument(f"auto=True found no cluster to join ({why}); outside SLURM, Open MPI "
+                         "or a TPU pod pass `coordinator_address`, `num_processes` and "
+                         "`process_id`.", params=_JOIN_PARAMS)
 
 
 def _check_port_free(address: str):
@@ -145,12 +151,14 @@ def _check_port_free(address: str):
         return
       except OSError as e:
         if e.errno == errno.EADDRINUSE:
-          raise ValueError(f"--coordinator_address={address}: port {port} is already in use on "
-                           "this host, where process 0 serves the coordinator; pass a free port "
-                           "(the same on every process).") from None
+          raise InvalidArgument(f"coordinator_address={address}: port {port} is already in use "
+                                "on this host, where process 0 serves the coordinator; pass a "
+                                "free port (the same on every process).",
+                                params=("coordinator_address",)) from None
         if e.errno in (errno.EACCES,):
-          raise ValueError(f"--coordinator_address={address}: port {port} cannot be opened "
-                           f"here ({e.strerror}); pass a port above 1023.") from None
+          raise InvalidArgument(f"coordinator_address={address}: port {port} cannot be opened "
+                                f"here ({e.strerror}); pass a port above 1023.",
+                                params=("coordinator_address",)) from None
   # Neither family could bind for another reason: let JAX try (and report) itself.
 
 

@@ -63,7 +63,8 @@ def check_legacy_dynamics(dynamics_dir: str, config):
         f"{config.seed + config.num_seeds - 1} saved by an earlier mombo_jax, which did not "
         "record their training settings (dyn_max_epochs, dyn_lr, ...): they cannot be shown to be "
         "what this run would train and are not reused; delete them to have this run train its "
-        f"own in {dynamics_path(dynamics_dir, config)}, or pass another --dynamics_dir.")
+        f"own in {dynamics_path(dynamics_dir, config)}, or pass another `dynamics_dir`.",
+        params=("dynamics_dir",))
 
 
 # ------------------------------------------------------------------------------ get or train
@@ -117,7 +118,8 @@ def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop,
     if differs:
       raise UserError(f"The dynamics ensembles in {path} were trained for another setup "
                       f"({saved_dynamics.format_mismatch(differs)}). "
-                      f"Pass another --dynamics_dir, or delete {path} to retrain them.")
+                      f"Pass another `dynamics_dir`, or delete {path} to retrain them.",
+                      params=("dynamics_dir",))
     log(f"Reusing the dynamics ensembles in {path}.")
     return dyn
   if distributed.is_multiprocess():
@@ -254,7 +256,8 @@ def dynamics_task(env, dataset):
   """(config env short name, dataset name or id, note for the log or None)."""
   from mombo_jax import config as config_lib, names
   if env is None and dataset is None:
-    raise UserError("Pass --env=<short name> (e.g. hopper-medium) or --dataset=<Minari id>.")
+    raise UserError("Pass env=<short name> (e.g. hopper-medium) or dataset=<Minari id>.",
+                    params=("env", "dataset"))
   dataset = dataset or env
   if env is None:
     env = dataset if "/" not in dataset else names.short_name(dataset)
@@ -286,11 +289,11 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
   if note:
     log_fn(note)
   if seeds < 1:
-    raise UserError(f"--seeds must be >= 1, got {seeds}.")
+    raise UserError(f"`seeds` must be >= 1, got {seeds}.", params=("seeds",))
   overrides = dict(seed=seed, num_seeds=seeds, reference=reference)
   if max_epochs is not None:
     if max_epochs < 1:
-      raise UserError(f"--max_epochs must be >= 1, got {max_epochs}.")
+      raise UserError(f"`max_epochs` must be >= 1, got {max_epochs}.", params=("max_epochs",))
     overrides["dyn_max_epochs"] = max_epochs
   try:
     config = config_lib.make_config(env, algo, preset, **overrides)
@@ -300,7 +303,8 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
   check_legacy_dynamics(workdir, config)
   path = dynamics_path(workdir, config)
   if os.path.exists(path) and not overwrite:
-    raise UserError(f"{path} already exists; pass --overwrite to replace it, or another --workdir.")
+    raise UserError(f"{path} already exists; pass overwrite=True to replace it, or another "
+                    "`workdir`.", params=("overwrite", "workdir"))
   with dynamics_lock(workdir, config):       # before any work: one writer
     try:
       transitions = data.load_transitions(dataset)

@@ -47,11 +47,12 @@ def plan_groups(env, algo, preset, overrides, datasets=None, betas=None, root="r
   workdir keeps its own, as a plain run does). Raises UserError for a bad name or value."""
   from mombo_jax import config as config_lib
   if (datasets is not None and not list(datasets)) or (betas is not None and not list(betas)):
-    raise UserError("--datasets / --betas given empty; pass at least one value, or leave the "
-                    "flag out.")
+    raise UserError("`datasets` / `betas` given empty; pass at least one value, or None.",
+                    params=("datasets", "betas"))
   datasets = list(datasets or [env])
   if len(set(datasets)) != len(datasets) or (betas and len(set(betas)) != len(betas)):
-    raise UserError("--datasets and --betas must not repeat a value.")
+    raise UserError("`datasets` and `betas` must not repeat a value.",
+                    params=("datasets", "betas"))
   groups = []
   for dataset in datasets:
     task = dataset if dataset in config_lib.valid_names() else env
@@ -93,8 +94,8 @@ def check_groups(groups):
   first = shared(groups[0].config)
   envs = {g.config.env_name for g in groups}
   if len(envs) > 1:
-    raise UserError(f"--datasets of one launch must share an environment, got {sorted(envs)}: "
-                    "launch one per environment.")
+    raise UserError(f"`datasets` of one launch must share an environment, got {sorted(envs)}: "
+                    "launch one per environment.", params=("datasets",))
   for g in groups[1:]:
     other = shared(g.config)
     diff = {k: (first[k], v) for k, v in other.items() if first[k] != v}

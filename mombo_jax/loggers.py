@@ -66,18 +66,20 @@ def parse(spec) -> Tuple[str, ...]:
   words = spec.split(",") if isinstance(spec, str) else list(spec or ())
   words = [w.strip() for w in words if w.strip()]
   if not words:
-    raise UserError(f"--log is empty: name one or more of {', '.join(KINDS)} (csv is always on).")
+    raise UserError(f"`log_to` is empty: name one or more of {', '.join(KINDS)} (csv is always "
+                    "on).", params=("log_to",))
   unknown = [w for w in words if w not in KINDS]
   if unknown:
-    raise UserError(f"--log: unknown logger(s) {', '.join(unknown)}; valid: {', '.join(KINDS)}.")
+    raise UserError(f"`log_to`: unknown logger(s) {', '.join(unknown)}; valid: "
+                    f"{', '.join(KINDS)}.", params=("log_to",))
   for w in words:
     if w in _MODULES and importlib.util.find_spec(_MODULES[w]) is None:
-      raise UserError(_missing(w))
+      raise UserError(_missing(w), params=("log_to",))
   return tuple(dict.fromkeys(["csv"] + words))
 
 
 def _missing(kind: str) -> str:
-  return (f"--log={kind} needs the {_MODULES[kind]} package, which is not installed: "
+  return (f"log_to={kind} needs the {_MODULES[kind]} package, which is not installed: "
           f"pip install -e .[{kind}] (in the repository).")
 
 
@@ -133,7 +135,7 @@ class RunLoggers:
     except ImportError as e:
       self.close()
       kind = next((k for k, m in _MODULES.items() if m in str(e)), None)
-      raise UserError(_missing(kind) if kind else f"--log: {e}") from None
+      raise UserError(_missing(kind) if kind else f"`log_to`: {e}", params=("log_to",)) from None
     except BaseException:
       self.close()
       raise
@@ -273,9 +275,9 @@ class _WandB:
       except wandb.errors.Error as e:
         self.close()
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"--log=wandb: W&B could not start the run of seed {s} ({first}); "
+        raise UserError(f"log_to=wandb: W&B could not start the run of seed {s} ({first}); "
                         "set WANDB_MODE=offline to log offline (upload later with wandb sync), "
-                        "or fix the W&B login / network.") from None
+                        "or fix the W&B login / network.", params=("log_to",)) from None
       self.runs[s] = run
       # W&B steps only increase: a run the server already holds resumes at its next step.
       self.next_step[s] = int(getattr(run, "starting_step", 0) or 0)

@@ -153,8 +153,8 @@ def write_dataset(name: str, episodes: Sequence[dict], description: str, algorit
   path = os.path.join(datasets_root(), dataset_id)
   if os.path.exists(path):
     if not overwrite:
-      raise UserError(f"Dataset {dataset_id} already exists at {path}; pass --overwrite to "
-                      "rebuild it.")
+      raise UserError(f"Dataset {dataset_id} already exists at {path}; pass overwrite=True to "
+                      "rebuild it.", params=("overwrite",))
     shutil.rmtree(path)
   env = envs.make_env(eval_env or env_id, max_episode_steps=max_episode_steps)
   spec, eval_env = eval_env, envs.make_env(eval_env or env_id)

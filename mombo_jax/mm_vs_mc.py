@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mombo_jax import dynamics, labels, outputs
+from mombo_jax.errors import InvalidArgument
 from mombo_jax.trained import SeedNets, load_data, load_run
 
 
@@ -187,10 +188,12 @@ def load_seed(run_dir: str, seed_index: int = 0, elite_rank: int = 0, log=print)
   the checkpoint read and the peak memory (TrainedRun.memory_line)."""
   trained = load_run(run_dir)
   if not 0 <= seed_index < len(trained.nets):
-    raise ValueError(f"--seed_index={seed_index}: the run has {len(trained.nets)} seed(s).")
+    raise InvalidArgument(f"seed_index={seed_index}: the run has {len(trained.nets)} seed(s).",
+                          params=("seed_index",))
   elites = int(trained.nets[seed_index].dyn.elites.shape[0])
   if not 0 <= elite_rank < elites:
-    raise ValueError(f"--elite_rank={elite_rank}: the model has {elites} elites.")
+    raise InvalidArgument(f"elite_rank={elite_rank}: the model has {elites} elites.",
+                          params=("elite_rank",))
   transitions = load_data(trained)
   log(f"{run_dir}: {trained.memory_line()}")
   return trained, transitions

@@ -185,9 +185,10 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]
   insert, sac_updates = _jitted(config)
   if train_every < 1:
-    raise UserError(f"--train_every must be >= 1, got {train_every}.")
+    raise UserError(f"`train_every` must be >= 1, got {train_every}.", params=("train_every",))
   if medium_consecutive < 1:
-    raise UserError(f"--medium_consecutive must be >= 1, got {medium_consecutive}.")
+    raise UserError(f"`medium_consecutive` must be >= 1, got {medium_consecutive}.",
+                    params=("medium_consecutive",))
   settings = _run_settings(env, seed, start_steps)
   ckpt = _SacCheckpoints(workdir, config, total_steps, settings) if workdir else None
 

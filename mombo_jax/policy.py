@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import zlib
 from typing import Any, Optional
 
@@ -164,7 +163,8 @@ class Policy:
     except OSError as e:
       if os.path.isfile(tmp):
         os.remove(tmp)
-      raise UserError(f"Cannot write the policy to {path} ({e}); pass a writable --out.") from None
+      raise UserError(f"Cannot write the policy to {path} ({e}); pass a writable `path`.",
+                      params=("path",)) from None
     return path
 
   def __repr__(self):
@@ -192,18 +192,10 @@ def load_policy(source: str, seed: Optional[int] = None, *, step: Optional[int] 
   if os.path.isfile(source):
     if step is not None:
       raise UserError(f"{source} is a saved policy: it holds one checkpoint, so step= does not "
-                      "apply; pass a run workdir to choose a step.")
+                      "apply; pass a run workdir to choose a step.", params=("step",))
     return _from_file(source, seed)
   raise UserError(f"{source} does not exist; pass a run workdir (of experiments.run) or a policy "
                   f"file ({_EXPORT_HINT}).")
-
-
-def as_flags(message: str) -> str:
-  """A load_policy / export_policy error in the words of the command line (experiments.export,
-  experiments.render): the API's keyword arguments seed=, step=, allow_diverged=True become
-  --seed=, --step=, --allow_diverged."""
-  message = re.sub(r"(?<![\w-])(seed|step)=", r"--\1=", message)
-  return re.sub(r"(?<![\w-])allow_diverged=True", "--allow_diverged", message)
 
 
 def export_policy(workdir: str, seed: Optional[int], out: str, *, step: Optional[int] = None,
@@ -238,7 +230,7 @@ def _from_workdir(path: str, seed: Optional[int], step: Optional[int],
   if not first <= seed <= last:
     raise UserError(f"{path} holds seeds {first}..{last}; seed {seed} is not one of them. Pass "
                     + (f"one of seed={first} .. seed={last}." if last > first else
-                       f"seed={first}."))
+                       f"seed={first}."), params=("seed",))
   if step is not None:
     ckpt = wd.checkpointer(keep=None) if os.path.isdir(wd.checkpoints) else None
     steps = ckpt.steps() if ckpt else []
@@ -256,7 +248,8 @@ def _from_workdir(path: str, seed: Optional[int], step: Optional[int],
     d = diverged[seed]
     raise UserError(f"Seed {seed} of {path} diverged at epoch {d.get('epoch')} "
                     f"({d.get('quantity')}); its actor is frozen at its last healthy state. Pick "
-                    "another seed, or pass allow_diverged=True to load it anyway.")
+                    "another seed, or pass allow_diverged=True to load it anyway.",
+                    params=("allow_diverged",))
   import jax
   params = _to_numpy(jax.tree.map(lambda x: x[seed - first], part["agent"]["actor"]["params"]))
   low, high, dtype = _action_space(config.env_name)

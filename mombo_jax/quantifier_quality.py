@@ -40,6 +40,7 @@ import numpy as np
 from mombo_jax import buffer, dynamics, envs, targets, termination
 # The targets' own terminal rule (selection: a NaN behind a terminal stays out), not a copy.
 from mombo_jax.targets import _continue
+from mombo_jax.errors import InvalidArgument
 from mombo_jax.trained import SeedNets
 
 
@@ -280,7 +281,7 @@ def uncertainty_quality(nets: SeedNets, batch: dict, key, num_draws: int = 100,
                                                            "done")}
   n = arrays["reward"].shape[0]
   if n == 0:
-    raise ValueError("No tuples to evaluate the uncertainty quantifier on.")
+    raise InvalidArgument("No tuples to evaluate the uncertainty quantifier on.")
   size = _chunk_rows(n, chunk)
   parts = []
   for i, lo in enumerate(range(0, n, size)):
@@ -330,7 +331,7 @@ def dataset_states(transitions, num_states: int = 1000, seed: int = 0) -> dict:
   truncations bootstrap) and index [B] (row in the dataset, sorted)."""
   n = len(transitions.rewards)
   if n == 0:
-    raise ValueError("The dataset holds no transitions.")
+    raise InvalidArgument("The dataset holds no transitions.")
   idx = np.sort(np.random.default_rng(seed).choice(n, min(int(num_states), n), replace=False))
   return dict(obs=np.asarray(transitions.observations[idx], np.float32),
               action=np.asarray(transitions.actions[idx], np.float32),

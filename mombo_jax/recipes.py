@@ -141,8 +141,9 @@ class Builder:
 
   def __init__(self, opts: Options, log_fn=_print, should_stop=None):
     if opts.from_actors and opts.actors_only:
-      raise UserError("--from_actors records datasets from saved actors; --actors_only exports "
-                      "actors from a SAC checkpoint: pass one of them.")
+      raise UserError("`from_actors` records datasets from saved actors; `actors_only` exports "
+                      "actors from a SAC checkpoint: pass one of them.",
+                      params=("from_actors", "actors_only"))
     self.opts = opts
     self.log = log_fn
     # A stop request (stops.StopFlag): the SAC run checkpoints where it is, a recording is
@@ -226,8 +227,9 @@ class Builder:
     env, quality = parse_name(name)
     wanted = saved_actors.ACTORS_OF.get(quality)
     if not wanted:
-      raise UserError(f"{name} is recorded from no SAC actor: --actors_only exports the actors "
-                      "behind medium, medium-replay, expert and medium-expert.")
+      raise UserError(f"{name} is recorded from no SAC actor: `actors_only` exports the actors "
+                      "behind medium, medium-replay, expert and medium-expert.",
+                      params=("actors_only",))
     workdir = os.path.join(o.workdir, env, "sac")
     if env not in self._sac:
       result = restore_sac(lambda: envs.make_env(env, max_episode_steps=o.max_episode_steps),
@@ -235,21 +237,22 @@ class Builder:
                            start_steps=o.start_steps, seed=o.seed + SEED_OFFSETS["sac"],
                            workdir=workdir)
       if result is None:
-        raise UserError(f"No SAC checkpoint in {workdir}: pass the --workdir (and the network "
-                        f"flags) of the build that trained the {env} SAC run.")
+        raise UserError(f"No SAC checkpoint in {workdir}: pass the `workdir` (and the network "
+                        f"flags) of the build that trained the {env} SAC run.", params=("workdir",))
       self._sac[env] = result
     result = self._sac[env]
     if "medium" in wanted:
       if result.medium_step < 0:
         raise UserError(f"The SAC run in {workdir} has not reached its medium point yet (step "
                         f"{result.steps_done}): build {env}-medium-replay or {env}-medium first, "
-                        "without --actors_only.")
+                        "without `actors_only`.", params=("actors_only",))
       self._save_actor(env, "medium", result)
     if "expert" in wanted:
       if result.steps_done < o.sac_steps:
         raise UserError(f"The SAC run in {workdir} is at step {result.steps_done}, not "
-                        f"--sac_steps={o.sac_steps}: build {env}-expert first (it resumes the "
-                        "run), without --actors_only, or pass the --sac_steps it was run to.")
+                        f"sac_steps={o.sac_steps}: build {env}-expert first (it resumes the "
+                        "run), without `actors_only`, or pass the `sac_steps` it was run to.",
+                        params=("sac_steps", "actors_only"))
       self._save_actor(env, "expert", result)
     return None
 
@@ -259,8 +262,9 @@ class Builder:
     --actors_only with a quality that has no actor."""
     env, quality = parse_name(name)
     if self.opts.actors_only and quality not in saved_actors.ACTORS_OF:
-      raise UserError(f"{name} is recorded from no SAC actor: --actors_only exports the actors "
-                      "behind medium, medium-replay, expert and medium-expert.")
+      raise UserError(f"{name} is recorded from no SAC actor: `actors_only` exports the actors "
+                      "behind medium, medium-replay, expert and medium-expert.",
+                      params=("actors_only",))
     if not self.opts.from_actors:
       return
     if quality == "random":
@@ -269,12 +273,12 @@ class Builder:
     if quality == "medium-replay":
       raise UserError(f"{name} is the replay buffer of the SAC run up to its medium point, which "
                       "no saved actor holds: it needs the SAC run (build it without "
-                      "--from_actors).")
+                      "`from_actors`).", params=("from_actors",))
     if quality not in saved_actors.ACTORS_OF:
       partner = quality.split("-")[1]
       raise UserError(f"{name} mixes {env}-random with {env}-{partner}: build {env}-{partner} "
-                      f"with --from_actors first, then {name} without --from_actors (it reuses "
-                      "the existing ingredients).")
+                      f"with `from_actors` first, then {name} without `from_actors` (it reuses "
+                      "the existing ingredients).", params=("from_actors",))
     for q in saved_actors.ACTORS_OF[quality]:
       saved_actors.check_saved(self.opts.from_actors, q, env, name)
 
@@ -351,8 +355,9 @@ class Builder:
       raise UserError(
           f"The SAC run on {env} never reached the medium point ({self.opts.medium_fraction:.3g} x "
           f"expert return) in {self.opts.sac_steps} steps (best evaluation {ret:.1f} at step "
-          f"{step}). Run again with a larger --sac_steps (the run resumes, and its later "
-          "evaluations are checked), or with a lower --medium_fraction and a fresh --workdir.")
+          f"{step}). Run again with a larger `sac_steps` (the run resumes, and its later "
+          "evaluations are checked), or with a lower `medium_fraction` and a fresh `workdir`.",
+          params=("sac_steps", "medium_fraction", "workdir"))
     return result
 
   def _policy_episodes(self, env: str, actor_params, config, seed_key: str) -> List[dict]:

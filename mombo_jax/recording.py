@@ -12,7 +12,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from mombo_jax.envs import finish_episode, new_episode, record_step, step
-from mombo_jax.errors import Interrupted
+from mombo_jax.errors import Interrupted, InvalidArgument
 
 
 def rollout(make_env: Callable, policy: Callable, num_steps: int, seed: int,
@@ -27,7 +27,7 @@ def rollout(make_env: Callable, policy: Callable, num_steps: int, seed: int,
   kept (a recording is seeded: recording again gives the same episodes).
   """
   if num_steps < 1:
-    raise ValueError(f"num_steps must be >= 1, got {num_steps}.")
+    raise InvalidArgument(f"`num_steps` must be >= 1, got {num_steps}.", params=("num_steps",))
   num_envs = max(1, min(num_envs, num_steps))
   envs = [make_env() for _ in range(num_envs)]
   seeds = np.random.SeedSequence(seed).generate_state(num_envs * 2)

@@ -170,7 +170,7 @@ def check_out(path: str) -> Optional[str]:
     os.makedirs(folder, exist_ok=True)
   except OSError as e:
     raise UserError(f"Cannot create the folder {folder} of {path} ({e.strerror or e}); pass "
-                    "another --out.") from None
+                    "another `out`.", params=("out",)) from None
   if suffix == ".gif":
     return None
   program = _ffmpeg()

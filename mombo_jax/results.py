@@ -246,7 +246,7 @@ def check_duplicates(runs: Sequence[Run]):
       if other != r.path:
         raise UserError(f"Seed {s} of {r.algo} on {r.dataset} (one setup) is in two run folders, "
                         f"{other} and {r.path}, and a seed counts once: leave one of them out of "
-                        "the folders searched, or train one with another --seed.")
+                        "the folders searched, or train one with another `seed`.", params=("seed",))
 
 
 def group_runs(runs: Sequence[Run]) -> Tuple[Dict[tuple, Pool], List[str]]:

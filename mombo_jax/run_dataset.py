@@ -27,8 +27,8 @@ def load_or_build(dataset, config, build_missing, build_steps, download=False, r
       quality = None                  # a Minari id: nothing here can build it
     if not quality or not (build_missing is True or (build_missing and quality == "random")):
       hint = ("" if not quality or quality == "random" else
-              " Or pass --build_missing to have this run build it (an online SAC run first).")
-      raise UserError(str(e) + hint) from None
+              " Or pass build_missing=True to have this run build it (an online SAC run first).")
+      raise UserError(str(e) + hint, params=("build_missing",)) from None
     recipe = "mixed" if quality.endswith("pct") else quality
     sac = "" if quality == "random" else (
         "; it needs an online SAC run up to its medium point (about 20 minutes for hopper on a "
@@ -55,7 +55,7 @@ def load_or_build(dataset, config, build_missing, build_steps, download=False, r
       raise UserError(f"Building {dataset} failed: {' '.join(cmd)}") from None
     transitions = data.load_transitions(dataset)
   except ValueError as e:
-    raise UserError(f"--dataset={dataset}: {e}") from None
+    raise UserError(f"dataset={dataset}: {e}", params=("dataset",)) from None
   small = provenance.smaller_than_recipe(dataset)
   if small and require_full:
     raise UserError(small + " (paper settings expect the full dataset)")
@@ -66,5 +66,5 @@ def load_or_build(dataset, config, build_missing, build_steps, download=False, r
       transitions.observations.shape[1] != envs.OBS_DIM[env]:
     raise UserError(f"Dataset {dataset} has obs dim {transitions.observations.shape[1]} and action "
                     f"dim {transitions.actions.shape[1]}, but {env} needs {envs.OBS_DIM[env]} and "
-                    f"{envs.ACTION_DIM[env]}; check --dataset / --env.")
+                    f"{envs.ACTION_DIM[env]}; check `dataset` / `env`.", params=("dataset", "env"))
   return transitions

@@ -93,7 +93,8 @@ class _SacCheckpoints:
       return None, None
     if meta.get("settings") != self._settings():
       raise UserError(f"The SAC checkpoint in {self.directory} was made with {meta.get('settings')}"
-                      f", not {self._settings()}; use another --workdir or the same settings.")
+                      f", not {self._settings()}; use another `workdir` or the same settings.",
+                      params=("workdir",))
     capacity = int(meta["capacity"])
     agent = sac.init_agent(jax.random.key(0), obs_dim, action_dim, self.config, self.total_steps)
     template = dict(agent=agent, key=np.asarray(jax.random.key_data(jax.random.key(0))),

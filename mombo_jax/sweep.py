@@ -146,13 +146,14 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
   (<algo>[-<target>]-<reference>; an algorithm without that source is refused)."""
   from mombo_jax import config as config_lib, workdir as workdir_lib
   if not envs:
-    raise UserError("--envs is required, e.g. --envs=hopper-random,hopper-medium-replay.")
+    raise UserError("`envs` is required, e.g. envs=hopper-random,hopper-medium-replay.",
+                    params=("envs",))
   if not out:
-    raise UserError("--out is required: the folder the sweep's runs go into.")
+    raise UserError("`out` is required: the folder the sweep's runs go into.", params=("out",))
   if seeds < 1:
-    raise UserError(f"--seeds must be >= 1, got {seeds}.")
+    raise UserError(f"`seeds` must be >= 1, got {seeds}.", params=("seeds",))
   if len(set(envs)) != len(envs) or len(set(algos)) != len(algos):
-    raise UserError("--envs and --algos must not repeat a name.")
+    raise UserError("`envs` and `algos` must not repeat a name.", params=("envs", "algos"))
   budget = {k: v for k, v in budget.items() if v is not None}
   unknown = sorted(set(budget) - set(BUDGET_FLAGS))
   if unknown:
@@ -242,9 +243,9 @@ def check_cells(cells: Sequence[SweepCell]) -> Set[str]:
     raise UserError(
         f"{len(problems)} cell(s) hold a run of another setup than asked, so nothing was "
         f"launched: {'; '.join(parts)}. Ask for the setup they were run with (sweep.json has "
-        "their commands), pass another --out, or delete those cells' folders to run them again"
-        + ("; or pass `-- --allow_epochs_change` to continue them to the new --epochs"
-           if only_epochs else "") + ".")
+        "their commands), pass another `out`, or delete those cells' folders to run them again"
+        + ("; or pass experiments.run's `-- --allow_epochs_change` to continue them to the new "
+           "`epochs`" if only_epochs else "") + ".", params=("out", "epochs"))
   return extend
 
 

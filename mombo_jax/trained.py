@@ -106,7 +106,7 @@ def peak_rss() -> int:
 
 def load_run(workdir: str, step: Optional[int] = None) -> TrainedRun:
   """A run's config and newest (or `step`'s) checkpoint. Raises ValueError with what is missing."""
-  from mombo_jax.errors import UserError
+  from mombo_jax.errors import InvalidArgument, UserError
   from mombo_jax.workdir import Workdir
   from mombo_jax import checkpoint
   wd = Workdir(workdir)
@@ -130,7 +130,7 @@ def load_run(workdir: str, step: Optional[int] = None) -> TrainedRun:
     finally:
       ckpt.close()
   except UserError as e:
-    raise ValueError(str(e)) from None
+    raise InvalidArgument(str(e), params=e.params) from None
   agent = part["agent"]
   num = int(np.shape(agent["log_alpha"]["params"]["log_alpha"])[0])
   nets = []
@@ -160,7 +160,8 @@ def check_data(trained: TrainedRun, transitions) -> None:
   changes = provenance.identity_changes(
       trained.data, provenance.dataset_identity(trained.dataset, transitions))
   if changes:
-    raise ValueError(
+    from mombo_jax.errors import InvalidArgument
+    raise InvalidArgument(
         f"{trained.workdir} was trained on other data than {trained.dataset} holds now "
         f"({changes}): the dataset was rebuilt or replaced since, and analysing the run on it "
         "would mix the run with data it never saw. Put back the data it was trained on, or "

@@ -10,6 +10,8 @@ scores are mombo_jax.quantifier_quality's.
 """
 import os
 
+from mombo_jax.errors import InvalidArgument, UserError
+
 # jax, numpy and the other modules are imported where they are used: experiments.uncertainty imports
 # this module before parsing its flags, and --help should not wait for jax.
 
@@ -19,13 +21,12 @@ STATES = ("policy", "dataset")
 def find_run_dirs(dirs):
   """Run workdirs under `dirs` holding config.json and checkpoints/ (sorted); ValueError if none."""
   from mombo_jax import run_search, workdir
-  from mombo_jax.errors import UserError
   try:
     found, _ = run_search.find_runs(dirs, need=(workdir.CONFIG, workdir.CHECKPOINTS))
   except UserError as e:
-    raise ValueError(f"--runs: {e}") from None
+    raise InvalidArgument(f"`dirs`: {e}", params=("dirs",)) from None
   if not found:
-    raise ValueError(f"No runs (config.json + checkpoints/) found under {', '.join(dirs)}.")
+    raise InvalidArgument(f"No runs (config.json + checkpoints/) found under {', '.join(dirs)}.")
   return found
 
 
@@ -67,7 +68,8 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
   import jax
   from mombo_jax import algorithms, quantifier_quality, results, trained as trained_lib
   if states not in STATES:
-    raise ValueError(f"--states={states}: choose one of {', '.join(STATES)}.")
+    raise InvalidArgument(f"states={states}: choose one of {', '.join(STATES)}.",
+                          params=("states",))
   rows, datasets, loaded = [], {}, {}
   for path in run_dirs:
     trained = trained_lib.load_run(path)

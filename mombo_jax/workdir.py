@@ -130,7 +130,8 @@ class Workdir:
       if self.checkpointer_steps():
         raise UserError(f"{self.checkpoints} holds checkpoints but {path} is missing: what they "
                         "were trained on (config, data) cannot be told. Delete "
-                        f"{self.checkpoints} to start the run afresh, or pass another --workdir.")
+                        f"{self.checkpoints} to start the run afresh, or pass another `workdir`.",
+                        params=("workdir",))
       return new, []
     from mombo_jax import references
     try:
@@ -149,7 +150,8 @@ class Workdir:
               "started with, pass" if "reference" in changed and old.get("reference") else "Pass")
       raise UserError(f"{self.path} holds a run with another config "
                       f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in sorted(changed.items()))}). "
-                      f"{hint} another --workdir, or delete that folder to start over.")
+                      f"{hint} another `workdir`, or delete that folder to start over.",
+                      params=("workdir",))
     notes, history = [], list(old.get("epochs_changes", []))
     if "reference" not in written and "reference" in old:
       notes.append(f"config.json did not record its settings' source (written before "
@@ -162,10 +164,11 @@ class Workdir:
       how = (f"unchanged: it spans schedule_epochs={new['schedule_epochs']} epochs whatever "
              "--epochs says" if fixed else "re-spanned over the new total from the current step on")
       if not allow_epochs_change:
-        raise UserError(f"{self.path} holds a run of --epochs={old.get('epochs')}, not "
-                        f"{new['epochs']}. Pass --allow_epochs_change to continue it to "
+        raise UserError(f"{self.path} holds a run of epochs={old.get('epochs')}, not "
+                        f"{new['epochs']}. Pass `allow_epochs_change` to continue it to "
                         f"{new['epochs']} epochs (the actor's cosine learning-rate schedule is "
-                        f"then {how}), or another --workdir.")
+                        f"then {how}), or another `workdir`.",
+                        params=("epochs", "allow_epochs_change", "workdir"))
       history.append({"from": old.get("epochs"), "to": new["epochs"],
                       "actor_lr_schedule": ("unchanged: spans schedule_epochs" if fixed else
                                             "re-spanned: the cosine continues from the current "
@@ -201,8 +204,8 @@ class Workdir:
     if changes:
       raise UserError(
           f"{self.path} was trained on other data than {record.get('dataset')} holds now "
-          f"({changes}): the dataset was rebuilt or replaced. Pass another --workdir, or delete "
-          f"{self.path} to train on the new data from the start.")
+          f"({changes}): the dataset was rebuilt or replaced. Pass another `workdir`, or delete "
+          f"{self.path} to train on the new data from the start.", params=("workdir",))
     return record, []
 
   def checkpointer_steps(self) -> List[str]:

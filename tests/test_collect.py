@@ -82,7 +82,7 @@ def test_build_random(root):
   assert (low, high) == scores.D4RL_REF_SCORES["hopper"] and "metadata" in source
   assert envs.make_env(dataset_id).spec.max_episode_steps == 1000  # evaluation env: standard
   # Never silently overwritten; --overwrite rebuilds.
-  with pytest.raises(errors.UserError, match="--overwrite"):
+  with pytest.raises(errors.UserError, match="overwrite=True"):
     recipes.build_random("hopper-random", steps=10, log_fn=lambda *_: None)
   recipes.build_random("hopper-random", steps=50, seed=1, log_fn=lambda *_: None, overwrite=True)
   assert len(data.load_transitions("hopper-random").rewards) == 50  # not the cached 300 rows
@@ -213,7 +213,7 @@ def test_sac_qualities_end_to_end(root, tmp_path):
   np.testing.assert_array_equal(result2.replay["obs"], result.replay["obs"])
   # Other network settings do not silently reuse the checkpoint.
   other = recipes.Options(**{**opts.__dict__, "hidden": (8, 8)})
-  with pytest.raises(errors.UserError, match="another --workdir"):
+  with pytest.raises(errors.UserError, match="another `workdir`"):
     recipes.Builder(other, log_fn=logs.append).sac_run("hopper")
 
 
@@ -242,7 +242,7 @@ def test_medium_builds_stop_the_sac_run_at_the_medium_point(tmp_path):
     assert (actors / "medium.msgpack").read_bytes() == medium_bytes
     assert not any(line.startswith("SAC step") for line in logs), logs
     assert not minari_io.exists_locally("hopper-medium")
-    with pytest.raises(errors.UserError, match="is at step 100, not --sac_steps=300"):
+    with pytest.raises(errors.UserError, match="is at step 100, not sac_steps=300"):
       recipes.Builder(only, log_fn=logs.append).build("hopper-expert")
     logs.clear()
     recipes.Builder(opts, log_fn=logs.append).build("hopper-expert")
@@ -495,7 +495,7 @@ def test_from_actors_and_actors_only_refusals(tmp_path):
                         ("hopper-medium-expert", "no saved actor file .*expert.msgpack"),
                         ("hopper-medium-replay", "replay buffer .*needs the SAC run"),
                         ("hopper-random", "needs no saved actor"),
-                        ("hopper-random-medium-5pct", "with --from_actors first"),
+                        ("hopper-random-medium-5pct", "with `from_actors` first"),
                         ("walker2d-medium", "actor for hopper, not walker2d")]:
     with pytest.raises(errors.UserError, match=message):
       builder.check(name)

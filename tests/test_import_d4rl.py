@@ -145,14 +145,14 @@ def test_refusals(minari_root, tmp_path):
   arrays["rewards"][4] = np.nan
   arrays["observations"][8, 3] = np.inf
   path = _write(tmp_path / "c.hdf5", arrays)
-  with pytest.raises(errors.UserError, match="2 row.*NaN/inf.*first at row 4.*--drop_nonfinite"):
+  with pytest.raises(errors.UserError, match="2 row.*NaN/inf.*first at row 4.*drop_nonfinite=True"):
     d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2", **quiet)
   d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2", drop_nonfinite=True,
                           **quiet)
   got = data.load_transitions("test-d4rl/hopper/nan-v2")
   # less the 2 NaN/inf rows, the timed-out rows 6 and 9 and the last row (--timeouts=drop)
   assert len(got.rewards) == 12 - 2 - 3 and np.all(np.isfinite(got.observations))
-  with pytest.raises(errors.UserError, match="already exists.*--overwrite"):
+  with pytest.raises(errors.UserError, match="already exists.*overwrite=True"):
     d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2", drop_nonfinite=True,
                             **quiet)
   with pytest.raises(errors.UserError, match="Unknown dataset name"):
@@ -241,12 +241,12 @@ def test_physics_names_the_env_a_file_replays_as(minari_root, tmp_path, simulate
   # 17 / 6 dims fit walker2d too: only the physics tells.
   with pytest.raises(errors.UserError, match=r"halfcheetah_medium-v2.hdf5 is not walker2d-medium's "
                      r"data: expected walker2d's physics, but .*next observations off by .* they "
-                     r"replay as halfcheetah's \(--env=halfcheetah-medium\?\)\. Pass "
-                     r"--nocheck_physics") as e:
+                     r"replay as halfcheetah's \(name=halfcheetah-medium\?\)\. Pass "
+                     r"check_physics=False") as e:
     d4rl.import_file(cheetah, "walker2d-medium", "test-d4rl/walker2d/wrong-v2", log_fn=lines.append)
   assert "\n" not in str(e.value)
   assert not minari_io.exists_locally("test-d4rl/walker2d/wrong-v2")
-  with pytest.raises(errors.UserError, match=r"replay as walker2d's \(--env=walker2d-expert\?\)"):
+  with pytest.raises(errors.UserError, match=r"replay as walker2d's \(name=walker2d-expert\?\)"):
     d4rl.import_file(walker, "halfcheetah-expert", "test-d4rl/halfcheetah/wrong-v2",
                      log_fn=lines.append)
   # The right env passes, and the card says so.
@@ -270,7 +270,7 @@ def test_physics_refuses_rewards_not_of_the_env(minari_root, tmp_path, simulated
   arrays = dict(simulated["walker2d"], rewards=simulated["walker2d"]["rewards"] * 2 + 1)
   path = _write_d4rl(tmp_path / "rescaled.hdf5", arrays)
   with pytest.raises(errors.UserError, match=r"rescaled.hdf5 holds walker2d's physics but not its "
-                     r"rewards: .*rewards of \d+ non-terminal rows by .*--nocheck_physics"):
+                     r"rewards: .*rewards of \d+ non-terminal rows by .*check_physics=False"):
     d4rl.import_file(path, "walker2d-medium", "test-d4rl/walker2d/rescaled-v2",
                      log_fn=lambda *_: None)
 

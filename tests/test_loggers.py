@@ -45,7 +45,7 @@ def test_parse_keeps_csv_first_and_refuses_unknown_or_empty_names():
                      "wandb"):
     loggers.parse("csv,tensorbord")
   for empty in ("", [], ",", None):
-    with pytest.raises(UserError, match="--log is empty"):
+    with pytest.raises(UserError, match="`log_to` is empty"):
       loggers.parse(empty)
 
 

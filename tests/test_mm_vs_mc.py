@@ -105,9 +105,9 @@ def test_member_q_picks_each_states_critic(tiny_run):
 
 def test_load_seed_refuses_a_seed_or_elite_the_run_lacks(tiny_run):
   workdir, _ = tiny_run
-  with pytest.raises(ValueError, match=r"--seed_index=2: the run has 2 seed\(s\)"):
+  with pytest.raises(ValueError, match=r"seed_index=2: the run has 2 seed\(s\)"):
     mm_vs_mc.load_seed(workdir, seed_index=2)
-  with pytest.raises(ValueError, match="--elite_rank=-1: the model has"):
+  with pytest.raises(ValueError, match="elite_rank=-1: the model has"):
     mm_vs_mc.load_seed(workdir, elite_rank=-1)
 
 def test_the_figure_and_console_name_the_target_and_define_spread(tiny_run, tmp_path,

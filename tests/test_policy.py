@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from experiments import _cli as cli_shell
 from mombo_jax import policy as policy_lib, render, sac
 from mombo_jax.errors import UserError
 from mombo_jax.workdir import Workdir
@@ -93,12 +94,13 @@ def test_export_round_trip(tiny_run, policy, tmp_path):
 def test_bad_seeds_steps_and_diverged_seeds_are_refused(tiny_run, tmp_path):
   workdir, state = tiny_run
   for seed in (2, -1):
-    # The API speaks Python (seed=), the command lines their flags (policy.as_flags).
+    # The API speaks Python (seed=), the command lines their flags (experiments/_cli.py).
     with pytest.raises(UserError, match=r"holds seeds 0\.\.1; seed .* is not one of them\. Pass "
                        r"one of seed=0 \.\. seed=1\.$") as e:
       policy_lib.load_policy(workdir, seed=seed)
     assert _one_line(e) and "--" not in str(e.value)
-    assert policy_lib.as_flags(str(e.value)).endswith("Pass one of --seed=0 .. --seed=1.")
+    assert e.value.params == ("seed",)
+    assert cli_shell.in_flags(e.value, known=["seed"]).endswith("Pass one of --seed=0 .. --seed=1.")
   with pytest.raises(UserError, match=r"no checkpoint step 7 \(it has \[2\]\)"):
     policy_lib.load_policy(workdir, step=7)
   with pytest.raises(UserError, match="does not exist"):
@@ -115,7 +117,7 @@ def test_bad_seeds_steps_and_diverged_seeds_are_refused(tiny_run, tmp_path):
                      "to load it") as e:
     policy_lib.load_policy(wd.path, seed=1)
   assert _one_line(e) and "--" not in str(e.value)
-  assert "pass --allow_diverged to load it" in policy_lib.as_flags(str(e.value))
+  assert "pass --allow_diverged to load it" in cli_shell.in_flags(e.value, known=["allow_diverged"])
   assert policy_lib.load_policy(wd.path, seed=1, allow_diverged=True).seed == 1
   assert policy_lib.load_policy(wd.path, seed=0).seed == 0
 
@@ -277,6 +279,6 @@ def test_render_creates_the_folder_of_its_out(tmp_path):
   assert gif.parent.is_dir() and not gif.exists()
   (tmp_path / "file").write_text("")
   with pytest.raises(UserError, match=r"Cannot create the folder .*file/sub of .*; pass another "
-                     r"--out\.") as e:
+                     r"`out`\.") as e:
     render.check_out(str(tmp_path / "file" / "sub" / "x.gif"))
   assert _one_line(e)

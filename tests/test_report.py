@@ -635,11 +635,11 @@ def test_writes_are_atomic_and_refused_in_one_line(tmp_path, monkeypatch):
     report.write_report([str(tmp_path / "runs")], str(path / "out"), log=lambda *_: None)
 
 
-@pytest.mark.parametrize("args, match", [
-    (["RUNS", "out=x"], "error: out=x: not a folder"),
-    (["RUNS", "--out=FILE/report"], "error: Cannot write FILE/report: Not a directory"),
+@pytest.mark.parametrize("args, match, code", [
+    (["RUNS", "out=x"], "error: out=x: not a folder", 2),
+    (["RUNS", "--out=FILE/report"], "error: Cannot write FILE/report: Not a directory", 1),
 ])
-def test_cli_refuses_stray_words_and_an_unwritable_out_in_one_line(tmp_path, args, match):
+def test_cli_refuses_stray_words_and_an_unwritable_out_in_one_line(tmp_path, args, match, code):
   runs = tmp_path / "runs"
   _write_run(str(runs / "r"), "hopper-random", "mopo", [0], np.full((2, 1), 5.0))
   blocker = tmp_path / "file"
@@ -648,6 +648,6 @@ def test_cli_refuses_stray_words_and_an_unwritable_out_in_one_line(tmp_path, arg
   got = subprocess.run([sys.executable, "-m", "experiments.report"] + args, capture_output=True,
                        text=True, timeout=120)
   lines = got.stderr.strip().splitlines()
-  assert got.returncode == 1 and len(lines) == 1, got.stderr
+  assert got.returncode == code and len(lines) == 1, got.stderr
   assert lines[0].startswith(match.replace("FILE", str(blocker))), lines[0]
   assert not (runs / "report.md").exists()

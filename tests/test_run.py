@@ -210,7 +210,7 @@ def test_missing_sac_datasets_are_built_only_when_asked(minari_root, tmp_path, m
   calls = []
   monkeypatch.setattr(run_dataset, "run_child", lambda cmd, *a: calls.append(cmd) or 1)
   config = _config("mombo")
-  with pytest.raises(UserError, match="--build_missing"):
+  with pytest.raises(UserError, match="build_missing=True"):
     run_dataset.load_or_build("hopper-random-medium-1pct", config, "random", 5000)
   assert calls == []
   with pytest.raises(UserError, match="Building hopper-random-medium-1pct failed"):
@@ -272,8 +272,8 @@ def test_reduced_build_refused_with_paper_settings(dataset, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(keep=0), "--keep_checkpoints"), (dict(stop_after=0), "--stop_after"),
-    (dict(build_steps=0), "--build_steps")])
+    (dict(keep=0), "`keep`"), (dict(stop_after=0), "`stop_after`"),
+    (dict(build_steps=0), "`build_steps`")])
 def test_bad_run_arguments_are_refused(tmp_path, kwargs, match):
   with pytest.raises(UserError, match=match):
     preflight.validate(_config("mombo"), DATASET, str(tmp_path), **kwargs)
@@ -282,11 +282,11 @@ def test_bad_run_arguments_are_refused(tmp_path, kwargs, match):
 def test_bad_workdirs_are_refused(tmp_path):
   afile = tmp_path / "afile"
   afile.write_text("x")
-  with pytest.raises(UserError, match="--workdir=.*is a file"):
+  with pytest.raises(UserError, match="workdir=.*is a file"):
     preflight.validate(_config("mombo"), DATASET, str(afile))
-  with pytest.raises(UserError, match="--workdir=.*cannot be created"):
+  with pytest.raises(UserError, match="workdir=.*cannot be created"):
     preflight.validate(_config("mombo"), DATASET, str(afile / "sub"))
-  with pytest.raises(UserError, match="--dynamics_dir=.*is a file"):
+  with pytest.raises(UserError, match="dynamics_dir=.*is a file"):
     preflight.validate(_config("mombo"), DATASET, str(tmp_path / "ok"), dynamics_dir=str(afile))
   with pytest.raises(UserError, match="Unknown dataset name"):
     preflight.validate(_config("mombo"), "hopper-randm", str(tmp_path / "ok"))
@@ -314,17 +314,18 @@ def test_cli_refuses_bad_flags_in_one_line_before_any_work(tmp_path, flag):
 
 
 def test_stray_words_are_refused_naming_the_boolean_trap(tmp_path):
-  """absl leaves words it does not parse in argv; every entry point refuses them (errors.stray_words)
+  """absl leaves words it does not parse in argv; every entry point refuses them (_cli.stray_words)
   instead of ignoring them. `--allow_epochs_change false` set the flag to True and left "false"."""
-  from mombo_jax.errors import stray_words
-  assert stray_words(["prog"]) is None
-  assert "unexpected argument(s) stray" in stray_words(["prog", "stray"])
-  assert "boolean" not in stray_words(["prog", "stray"])
-  assert "--flag=false" in stray_words(["prog", "False"])
+  from experiments._cli import stray_words
+  assert stray_words([]) is None
+  assert "unexpected argument(s) stray" in stray_words(["stray"])
+  assert "boolean" not in stray_words(["stray"])
+  assert "--flag=false" in stray_words(["False"])
   out = _run_cli(["--env=hopper-random", "--allow_epochs_change", "false",
                   f"--workdir={tmp_path / 'w'}"], {"MINARI_DATASETS_PATH": str(tmp_path / "e")})
   assert out.returncode != 0 and "Traceback" not in out.stderr
-  assert out.stderr.strip().splitlines() == [stray_words(["prog", "false"])], out.stderr
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines() == ["error: " + stray_words(["false"])], out.stderr
   assert not (tmp_path / "w").exists()
 
 
@@ -332,7 +333,7 @@ def test_epochs_change_needs_consent_and_is_recorded(tmp_path):
   first, _ = Workdir(str(tmp_path)).check_config(_config("mombo"), DATASET)
   (tmp_path / "config.json").write_text(json.dumps(first))
   longer = _config("mombo", epochs=5, eval_every=2)
-  with pytest.raises(UserError, match="--allow_epochs_change"):
+  with pytest.raises(UserError, match="allow_epochs_change"):
     Workdir(str(tmp_path)).check_config(longer, DATASET)
   new, notes = Workdir(str(tmp_path)).check_config(longer, DATASET, allow_epochs_change=True)
   assert new["epochs"] == 5 and new["epochs_changes"][0]["from"] == 2

@@ -192,7 +192,7 @@ def test_seed_count_not_divisible_by_devices_is_refused(tmp_path):
   lines = dict(line.split(": ", 1) for line in out.strip().splitlines() if ": " in line)
   for where in ("train", "run"):
     assert "3 seed(s)" in lines[where] and "4 cpu device(s)" in lines[where], out
-  assert "--seeds" in lines["run"] and "multiple of 4" in lines["run"], out
+  assert "num_seeds" in lines["run"] and "multiple of 4" in lines["run"], out
   # The command line: one `error:` line, before any work.
   err = _finish(cli, ok=False).strip().splitlines()
   assert len(err) == 1 and err[0].startswith("error: --seeds=3: 3 seed(s)"), err

@@ -102,7 +102,7 @@ def dynamics_lock(dynamics_dir: str, config, shared: bool = False):
 def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop, overwrite, log):
   import numpy as np
   from mombo_jax import checkpoint, distributed, dynamics_training, provenance, saved_dynamics
-  from mombo_jax.workdir import cell_keys
+  from mombo_jax.keys import cell_keys
   key = saved_dynamics.reuse_key(config, transitions, provenance.dataset_identity(dataset, transitions))
   if os.path.exists(path) and not overwrite:
     try:

@@ -39,8 +39,9 @@ from typing import Dict, List, Optional, Sequence
 
 from mombo_jax import envs, minari_io, names, saved_actors
 from mombo_jax.config import parse_name
+from mombo_jax.dataset_writer import write_dataset
 from mombo_jax.errors import UserError
-from mombo_jax.minari_io import read_episodes, write_dataset
+from mombo_jax.minari_io import read_episodes
 from mombo_jax.online_sac import (SEED_OFFSETS, SacResult, _print, online_config, restore_sac,
                                   train_sac)
 from mombo_jax.scores import D4RL_REF_SCORES
@@ -186,7 +187,7 @@ class Builder:
     evals = [[int(s), float(r)] for s, r in result.evals if s <= result.medium_step]
     return dict(medium_step=int(result.medium_step), medium_fraction=o.medium_fraction,
                 medium_return=o.medium_fraction * D4RL_REF_SCORES[
-                    names.env_name(result.config.env)][1],
+                    minari_io.env_name(result.config.env)][1],
                 medium_consecutive=o.medium_consecutive, eval_episodes=o.eval_episodes,
                 qualifying_evals=evals[-o.medium_consecutive:])
 

@@ -141,7 +141,7 @@ def prepare(groups, records, keep, should_stop, data_options):
   import numpy as np
   from mombo_jax import (buffer, checkpoint, data, distributed, envs, outputs, provenance,
                          scores, train as train_lib)
-  from mombo_jax.workdir import cell_keys
+  from mombo_jax.keys import cell_keys
 
   names = list(dict.fromkeys(g.dataset for g in groups))      # distinct datasets, in order
   transitions, dataset_scores = {}, {}

@@ -17,7 +17,7 @@ mombo_jax.dynamics_store, re-exported here). No other module spells a path insid
       tb/seed<s>/          TensorBoard events per seed (--log=tensorboard; loggers.py)
       wandb/               offline W&B runs per seed + runs.json (--log=wandb)
 
-The key scheme of a run lives here too (`cell_keys`): experiments.run and
+The key scheme of a run (`cell_keys`, mombo_jax.keys, re-exported here): experiments.run and
 experiments.train_dynamics derive seed i's dynamics key the same way, so both train identical
 ensembles and either's can be reused by the other.
 """
@@ -34,6 +34,7 @@ from typing import List, Optional, Sequence, Tuple
 from mombo_jax.dynamics_store import (  # noqa: F401
     check_legacy_dynamics, dynamics_lock, dynamics_path, get_dynamics, legacy_dynamics_path)
 from mombo_jax.errors import UserError
+from mombo_jax.keys import cell_keys  # noqa: F401 (re-exported)
 
 CONFIG = "config.json"
 METRICS = "metrics.csv"
@@ -70,16 +71,6 @@ def grid_dynamics_dir(root: str, dataset: str, dynamics_dir: Optional[str] = Non
 def default_dynamics_root(dataset: str, root: str = "runs") -> str:
   """experiments.train_dynamics' default folder of saved ensembles: runs/dynamics/<dataset>."""
   return os.path.join(root, DYNAMICS, dataset.replace("/", "_"))
-
-
-def cell_keys(config):
-  """The run's key scheme: (dynamics, init, epoch) keys [S] of seeds config.seed ...: seed i's
-  are fold_in(PRNGKey(config.seed + i), 0 / 1 / 2)."""
-  import jax
-  import jax.numpy as jnp
-  seeds = jnp.arange(config.seed, config.seed + config.num_seeds)
-  seed_keys = jax.vmap(jax.random.PRNGKey)(seeds)
-  return tuple(jax.vmap(lambda k, i=i: jax.random.fold_in(k, i))(seed_keys) for i in range(3))
 
 
 def config_record(config, dataset: str) -> dict:

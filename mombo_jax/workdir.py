@@ -27,7 +27,6 @@ import dataclasses
 import datetime
 import json
 import os
-import shutil
 from typing import List, Optional, Sequence, Tuple
 
 # The ensembles' folder scheme and get-or-train, part of a run's layout (re-exported).

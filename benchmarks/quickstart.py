@@ -215,7 +215,7 @@ def run_lines(run) -> list:
   if not run:
     return ["(no run folder found)"]
   c, s = run["config"], run["summary"]
-  return [f"budget (config.json): " + ", ".join(f"{k}={fmt_value(c.get(k))}" for k in BUDGET),
+  return ["budget (config.json): " + ", ".join(f"{k}={fmt_value(c.get(k))}" for k in BUDGET),
           f"per seed: final normalised score {[round(x, 1) for x in s['final_normalized_score']]}"
           f" at epochs {s['epochs']}",
           f"{run['workdir']}/learning_curve.png "

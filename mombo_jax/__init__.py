@@ -1,6 +1,39 @@
-"""mombo_jax: MOMBO, MOBILE and MOPO for offline RL in JAX/Flax."""
-from mombo_jax.moments import mc_moments, mm_linear, mm_relu
-from mombo_jax.policy import load_policy   # light: its heavy imports happen on first use
+"""mombo_jax: MOMBO, MOBILE and MOPO for offline RL in JAX/Flax.
 
-__all__ = ["mm_relu", "mm_linear", "mc_moments", "load_policy"]
+The public API is importable from here, lazily: `import mombo_jax` imports none of JAX's heavy
+neighbours (orbax, minari, gymnasium); each name loads its module on first use. The package's
+layers (docs/architecture.md) are its subpackages.
+"""
+import importlib
+
 __version__ = "0.1.0"
+
+# name -> the module that defines it (imported on first access)
+_API = {
+    "mm_relu": "mombo_jax.moments",
+    "mm_linear": "mombo_jax.moments",
+    "mc_moments": "mombo_jax.moments",
+    "load_policy": "mombo_jax.policy",
+    "Transitions": "mombo_jax.data",
+    "load_transitions": "mombo_jax.data",
+    "normalized_score": "mombo_jax.scores",
+    "ref_scores": "mombo_jax.scores",
+    "termination_fn": "mombo_jax.termination",
+    "model_done": "mombo_jax.termination",
+    "make_epoch": "mombo_jax.train",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name):
+  module = _API.get(name)
+  if module is None:
+    raise AttributeError(f"module 'mombo_jax' has no attribute {name!r}")
+  value = getattr(importlib.import_module(module), name)
+  globals()[name] = value          # later accesses skip this function
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_API))

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from mombo_jax import d4rl, envs, minari_io, names, provenance, scores
+from mombo_jax import d4rl_stats, envs, minari_io, names, provenance, scores
 
 
 def episode_stats(name: str, episodes: Optional[Sequence[dict]] = None) -> dict:
@@ -25,7 +25,7 @@ def episode_stats(name: str, episodes: Optional[Sequence[dict]] = None) -> dict:
     rewards = np.asarray(ep["rewards"], np.float64)
     returns.append(float(rewards.sum()))
     lengths.append(len(rewards))
-  return dict(dataset_id=names.resolve(name), env=names.env_name(name),
+  return dict(dataset_id=names.resolve(name), env=minari_io.env_name(name),
               returns=np.asarray(returns), lengths=np.asarray(lengths, np.int64))
 
 
@@ -44,7 +44,7 @@ def _short_name(stats: dict) -> Optional[str]:
   parts = stats["dataset_id"].split("/")
   quality = parts[-1].rpartition("-v")[0]
   candidate = f"{stats['env']}-{quality}"
-  return candidate if candidate in d4rl.PUBLISHED else None
+  return candidate if candidate in d4rl_stats.PUBLISHED else None
 
 
 def card_text(name: str, stats: Optional[dict] = None) -> str:
@@ -76,7 +76,7 @@ def card_text(name: str, stats: Optional[dict] = None) -> str:
                                                ("mean", "std", "min", "q25", "median", "q75",
                                                 "max")) + " |")
   short = _short_name(stats)
-  published = d4rl.PUBLISHED.get(short) if short else None
+  published = d4rl_stats.PUBLISHED.get(short) if short else None
   lines.append("")
   if published:
     rows, mean, std = published

@@ -43,7 +43,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from mombo_jax import config as config_lib
-from mombo_jax import d4rl_stats, envs, minari_io, names
+from mombo_jax import d4rl_stats, dataset_writer, envs, minari_io, names
 from mombo_jax.d4rl_physics import OBS_TOLERANCE, replay_check, same_shaped_envs
 from mombo_jax.envs import ACTION_DIM, OBS_DIM
 from mombo_jax.errors import UserError
@@ -280,7 +280,7 @@ def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_non
                 "nonfinite_rows_dropped": int(bad.sum()),
                 "physics_check": physics_note, "quality_check": quality_note}
   try:
-    return minari_io.write_dataset(
+    return dataset_writer.write_dataset(
         dataset_id, episodes, f"D4RL's {name}-v2 file ({os.path.basename(path)}), imported with "
         f"experiments/import_d4rl.py (--timeouts={timeouts}).", "D4RL", overwrite=overwrite,
         provenance=provenance, ref_scores=D4RL_REF_SCORES[env], env_name=env,

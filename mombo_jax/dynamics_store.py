@@ -254,7 +254,7 @@ def sharing_plan(cells: Sequence[tuple], preset: str = "paper", flags: Dict[str,
 
 def dynamics_task(env, dataset):
   """(config env short name, dataset name or id, note for the log or None)."""
-  from mombo_jax import config as config_lib, names
+  from mombo_jax import config as config_lib, minari_io, names
   if env is None and dataset is None:
     raise UserError("Pass env=<short name> (e.g. hopper-medium) or dataset=<Minari id>.",
                     params=("env", "dataset"))
@@ -265,7 +265,7 @@ def dynamics_task(env, dataset):
   if env is None:
     # A foreign Minari id: the dynamics settings are the same for every task of an environment
     # (except walker2d-medium's epoch cap), so any short name of that environment gives them.
-    env = f"{names.env_name(dataset)}-random"
+    env = f"{minari_io.env_name(dataset)}-random"
     note = f"{dataset} is not one of the project's datasets: using {env}'s dynamics settings."
   config_lib.parse_name(env)   # ValueError listing the valid names
   return env, dataset, note

@@ -43,7 +43,7 @@ D4RL_MODELS = {"halfcheetah": "half_cheetah.xml", "hopper": "hopper.xml",
 RIGHT_FOOT_GEOM = "foot_geom"
 RIGHT_FOOT_FRICTION = {"walker2d.xml": 0.9, "walker2d_v5.xml": 1.9}
 # Minari metadata key of an imported dataset's evaluation env: a JSON string of eval_env_spec's
-# dict (written by d4rl.import_file through minari_io.write_dataset).
+# dict (written by d4rl.import_file through dataset_writer.write_dataset).
 EVAL_ENV_KEY = "mombo_eval_env"
 _warned = set()          # datasets whose missing EVAL_ENV_KEY was warned about (once each)
 # MuJoCo's compiler warns that gymnasium's half_cheetah.xml uses the deprecated `settotalmass`
@@ -94,11 +94,11 @@ def eval_env_spec(name: str) -> dict:
     v5 env in its own model (standard_env_spec).
   """
   if not names.is_dataset_id(name):
-    return standard_env_spec(names.env_name(name))
+    return standard_env_spec(minari_io.env_name(name))
   meta = minari_io.local_metadata(names.resolve(name))
   if meta and meta.get(EVAL_ENV_KEY):
     return _recorded(meta[EVAL_ENV_KEY], name)
-  env = names.env_name(name)
+  env = minari_io.env_name(name)
   prov = _provenance(meta)
   if prov.get("recipe") == "d4rl-import" or (meta is None and name.startswith("d4rl/")):
     spec = d4rl_env_spec(env)
@@ -174,7 +174,7 @@ def make_env(name: Union[str, dict], **kwargs):
   elif names.is_dataset_id(name):
     spec = eval_env_spec(name)
   else:
-    return gym.make(GYM_IDS[names.env_name(name)], **kwargs)
+    return gym.make(GYM_IDS[minari_io.env_name(name)], **kwargs)
   env = gym.make(spec["id"], **{**spec.get("kwargs", {}), **kwargs})
   want = spec.get("right_foot_friction")
   if want is not None:

@@ -17,6 +17,8 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mombo_jax import algorithms, paper_setup
+# Setups alike exactly when their keys are; defined beside the paper setup it compares against.
+from mombo_jax.paper_setup import setup_key as _setup_key
 
 # The paper's column order (baselines first); MOMBO's targets in docs/spec.md section 3's order.
 _BASE_ORDER = ("MOPO", "MOBILE", "MOMBO")
@@ -86,22 +88,6 @@ def setup_of(config: dict) -> dict:
   """A run's setup: its config.json without the NOT_SETUP fields (JSON values: lists for
   tuples; 'data', the dataset's identity, included where recorded)."""
   return {k: v for k, v in config.items() if k not in NOT_SETUP}
-
-
-def _setup_key(setup: dict) -> str:
-  """Setups alike exactly when their keys are: JSON of the canonical values (1 and 1.0 alike: a
-  flag typed as an integer changes nothing)."""
-  return json.dumps(_canonical(setup), sort_keys=True, default=str)
-
-
-def _canonical(value):
-  if isinstance(value, dict):
-    return {k: _canonical(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_canonical(v) for v in value]
-  if isinstance(value, float) and value.is_integer():
-    return int(value)
-  return value
 
 
 def value_text(name: str, value) -> str:

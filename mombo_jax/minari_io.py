@@ -1,6 +1,7 @@
-"""Local Minari datasets: where they live, their metadata, loading one, and episodes
-(mombo_jax.recording) written as datasets (write_dataset, with their reference returns, provenance
-and dataset card) and read back (read_episodes).
+"""Local Minari datasets, the read side: where they live, their metadata (and the environment it
+records: env_name), loading one, and a dataset's episodes (read_episodes). The write side, episodes
+written as datasets with their reference returns, provenance and card, is
+mombo_jax.dataset_writer.
 
 Local first: datasets are read from MINARI_DATASETS_PATH (default ~/.minari/datasets). Only a
 missing dataset with `download=True` contacts Minari's server, after a quick reachability check,
@@ -10,18 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import threading
-import warnings
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import numpy as np
 
 from mombo_jax import names
-from mombo_jax.errors import DatasetNotFoundError, UserError
+from mombo_jax.errors import DatasetNotFoundError
 
-AUTHOR = "mombo_jax experiments/collect.py"
 # Minari metadata key of the datasets built or imported here: a JSON string of {"recipe", "steps",
 # "recipe_steps", "command"} (mombo_jax.recipes.provenance_for; read by provenance.provenance).
 PROVENANCE_KEY = "mombo_provenance"
@@ -63,6 +61,16 @@ def local_metadata(dataset_id: str) -> Optional[dict]:
 def spec_id(spec_json: str) -> str:
   """The env id in a stored EnvSpec JSON (plain JSON parsing works across gymnasium versions)."""
   return str(json.loads(spec_json).get("id", ""))
+
+
+def env_name(name: str) -> str:
+  """The environment (halfcheetah | hopper | walker2d) of a short name, env name or dataset id: an
+  id's from the env spec in its local metadata (eval env first), else from the id itself
+  (names.env_of)."""
+  meta = local_metadata(name) if names.is_dataset_id(name) else None
+  spec_ids = [spec_id(meta[key]) for key in ("eval_env_spec", "env_spec")
+              if meta and meta.get(key)]
+  return names.env_of(name, spec_ids)
 
 
 # ------------------------------------------------------------------------------------ loading
@@ -131,60 +139,6 @@ def load_dataset(name: str, download: bool = False):
 
 
 # ------------------------------------------------------------------------------------ episodes
-
-def write_dataset(name: str, episodes: Sequence[dict], description: str, algorithm: str,
-                  max_episode_steps: Optional[int] = None, overwrite: bool = False, *,
-                  provenance: Optional[dict] = None, ref_scores: Optional[tuple] = None,
-                  env_name: Optional[str] = None, extra_metadata: Optional[dict] = None,
-                  eval_env: Optional[dict] = None):
-  """Write episodes as a Minari dataset: `name` is a short name (-> names.minari_id) or a full
-  Minari id (used as it is; its env from `env_name`, else from the id). Metadata: the env and its
-  eval env (gymnasium v5; `eval_env`, an envs.eval_env_spec dict, makes both and is recorded under
-  envs.EVAL_ENV_KEY: an import's D4RL physics), reference returns (`ref_scores` (min, max),
-  default D4RL's for the env), `provenance` (see recipes.provenance_for) under PROVENANCE_KEY, and
-  `extra_metadata` (JSON-encoded values). episodes: dicts of observations [T+1, S], actions
-  [T, A], rewards, terminations, truncations [T]."""
-  import minari
-  from minari.data_collector import EpisodeBuffer
-  # These read datasets through this module, so they are imported here, not at the top.
-  from mombo_jax import cards, envs, scores
-  dataset_id = name if names.is_dataset_id(name) else names.minari_id(name)
-  env_id = env_name or names.env_name(name)
-  path = os.path.join(datasets_root(), dataset_id)
-  if os.path.exists(path):
-    if not overwrite:
-      raise UserError(f"Dataset {dataset_id} already exists at {path}; pass overwrite=True to "
-                      "rebuild it.", params=("overwrite",))
-    shutil.rmtree(path)
-  env = envs.make_env(eval_env or env_id, max_episode_steps=max_episode_steps)
-  spec, eval_env = eval_env, envs.make_env(eval_env or env_id)
-  low, high = ref_scores or scores.D4RL_REF_SCORES[names.env_name(env_id)]
-  buffers = [EpisodeBuffer(id=i, observations=ep["observations"], actions=ep["actions"],
-                           rewards=ep["rewards"], terminations=ep["terminations"],
-                           truncations=ep["truncations"]) for i, ep in enumerate(episodes)]
-  try:
-    with warnings.catch_warnings():
-      warnings.filterwarnings("ignore", message=".*is set to None.*")
-      minari.create_dataset_from_buffers(
-          dataset_id, buffers, env=env, eval_env=eval_env.spec, algorithm_name=algorithm,
-          author=AUTHOR, code_permalink="experiments/collect.py", ref_min_score=low,
-          ref_max_score=high, description=description)
-    extra = {k: json.dumps(v) for k, v in (extra_metadata or {}).items()}
-    if spec is not None:
-      extra[envs.EVAL_ENV_KEY] = json.dumps(spec)
-    if provenance is not None:
-      extra[PROVENANCE_KEY] = json.dumps(provenance)
-    if extra:
-      minari.load_dataset(dataset_id).storage.update_metadata(extra)
-    cards.write_card(dataset_id, episodes=episodes)   # dataset_card.md + returns_hist.png
-  except BaseException:
-    shutil.rmtree(path, ignore_errors=True)  # no half-written dataset blocks the next attempt
-    raise
-  finally:
-    env.close()
-    eval_env.close()
-  return dataset_id
-
 
 def read_episodes(name: str) -> List[dict]:
   """The episodes of a local dataset, as recording.rollout records them."""

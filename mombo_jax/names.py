@@ -1,12 +1,13 @@
 """Dataset names. A short name `<env>-<quality>` (config.valid_names(), e.g.
 `walker2d-medium-replay`, `hopper-random-expert-5pct`) maps to the local Minari id that
 `experiments/collect.py` writes: `mombo/<env>/<quality>-v0` (`minari_id`). Any Minari dataset id
-(`mujoco/hopper/medium-v0`, `test/hopper/tiny-v0`) is used as it is (`resolve`). `env_name` tells
-the environment of either.
+(`mujoco/hopper/medium-v0`, `test/hopper/tiny-v0`) is used as it is (`resolve`). `env_of` tells
+the environment of either from the name and the env ids its metadata records
+(`minari_io.env_name` reads them): this module does no I/O.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from mombo_jax.config import ENVS, parse_name, valid_names
 
@@ -63,21 +64,18 @@ def _env_from_text(text: str) -> Optional[str]:
   return None
 
 
-def env_name(name: str) -> str:
-  """The environment (halfcheetah | hopper | walker2d) of a short name, env name or dataset id (an
-  id's from the env spec in its local metadata, else from the id itself)."""
+def env_of(name: str, spec_ids: Sequence[str]) -> str:
+  """The environment (halfcheetah | hopper | walker2d) of a short name, env name or dataset id. An
+  id's comes from `spec_ids` (the env ids its metadata records, eval env first; empty when it has
+  none: minari_io.env_name reads them), else from the id itself."""
   if name in ENVS:
     return name
   if not is_dataset_id(name):
     return parse_name(name)[0]
-  # minari_io resolves names through this module, so it is imported here, not at the top.
-  from mombo_jax import minari_io
-  meta = minari_io.local_metadata(name)
-  for key in ("eval_env_spec", "env_spec"):
-    if meta and meta.get(key):
-      env = _env_from_text(minari_io.spec_id(meta[key]))
-      if env:
-        return env
+  for spec_id in spec_ids:
+    env = _env_from_text(spec_id) if spec_id else None
+    if env:
+      return env
   env = _env_from_text(name)
   if env is None:
     raise ValueError(f"Cannot tell the environment of dataset {name!r}: its id names none of "

@@ -23,8 +23,8 @@ import numpy as np
 from mombo_jax import algorithms, envs
 from mombo_jax.actor_policy import numpy_actor
 from mombo_jax.errors import Interrupted, UserError
-from mombo_jax.sac_checkpoints import (_REPLAY_FIELDS, _SacCheckpoints, _empty_replay,
-                                       _run_settings, restore_sac)  # noqa: F401 (re-exported)
+from mombo_jax.sac_checkpoints import (_REPLAY_FIELDS, SacResult, _empty_replay,  # noqa: F401
+                                       _run_settings, _SacCheckpoints, restore_sac)
 
 
 def _print(msg: str):
@@ -136,20 +136,6 @@ def evaluate(make_env: Callable, mode_fn: Callable, episodes: int, seed: int,
   return np.asarray([sum(float(r) for r in ep["rewards"])
                      for ep in envs.run_episodes(make_env, mode_fn, episodes, seed,
                                                  should_stop=should_stop)])
-
-
-@dataclasses.dataclass
-class SacResult:
-  """What the datasets need from a SAC run. replay_* arrays hold the first `medium_size` rows."""
-  config: object
-  final_actor: object                 # actor variables at the end of training
-  steps_done: int                     # env steps trained (< total steps: stopped at medium)
-  medium_actor: Optional[object]      # actor variables at the medium point (None: never reached)
-  medium_step: int                    # env step of the medium point (-1: never reached)
-  medium_size: int                    # replay rows up to the medium point
-  replay: dict                        # host arrays, rows [0, medium_size)
-  evals: list                         # [(step, mean return), ...]
-  best_eval: tuple                    # (step, mean return)
 
 
 def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int, eval_every: int,

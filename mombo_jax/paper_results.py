@@ -1,4 +1,4 @@
-"""The paper's published numbers, to print beside ours (mombo_jax.report) and to compare with.
+r"""The paper's published numbers, to print beside ours (mombo_jax.report) and to compare with.
 
 Source: A. Akgül, M. Haußmann, M. Kandemir, "Deterministic Uncertainty Propagation for Improved
 Model-Based Offline Reinforcement Learning", NeurIPS 2024 (its LaTeX source is

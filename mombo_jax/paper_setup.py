@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 from typing import List, Optional
 
 # The fields that pick a task's reference table rather than take a value from it: passed to
@@ -73,10 +74,10 @@ def recipe_size(dataset: str) -> Optional[int]:
   its id mombo/<env>/<quality>-v0): recipes.RECIPE_STEPS; None where the recipe fixes no size
   (medium-replay: the SAC run's buffer) or the dataset is not built here (D4RL's imported files
   are its files, whole; Minari's own datasets)."""
-  from mombo_jax import recipes, results
+  from mombo_jax import recipes
   if "/" in dataset and not dataset.startswith("mombo/"):
     return None
-  name = results.paper_dataset(dataset)
+  name = paper_dataset(dataset)
   quality = (name or "").partition("-")[2]
   if not quality:
     return None
@@ -154,6 +155,34 @@ def token(name: str, setup: dict, paper: Optional[dict]):
 
 
 def _same(a, b) -> bool:
-  """Equal as the report compares setups (labels._setup_key: 1 and 1.0 alike)."""
-  from mombo_jax import labels
-  return labels._setup_key({"v": a}) == labels._setup_key({"v": b})
+  """Equal as the report compares setups (setup_key: 1 and 1.0 alike)."""
+  return setup_key({"v": a}) == setup_key({"v": b})
+
+
+def setup_key(setup: dict) -> str:
+  """Setups alike exactly when their keys are: JSON of the canonical values (1 and 1.0 alike: a
+  flag typed as an integer changes nothing)."""
+  return json.dumps(_canonical(setup), sort_keys=True, default=str)
+
+
+def _canonical(value):
+  if isinstance(value, dict):
+    return {k: _canonical(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_canonical(v) for v in value]
+  if isinstance(value, float) and value.is_integer():
+    return int(value)
+  return value
+
+
+def paper_dataset(dataset: str) -> Optional[str]:
+  """The paper's name of the data a run trained on, or None: a short name is itself; D4RL's own
+  files imported by experiments.import_d4rl ('d4rl/hopper/medium-replay-v2') and the datasets
+  built here ('mombo/hopper/random-v0') are '<env>-<quality>'."""
+  if "/" not in dataset:
+    return dataset
+  m = re.fullmatch(r"(?:d4rl/([a-z0-9]+)/(.+)-v2|mombo/([a-z0-9]+)/(.+)-v\d+)", dataset)
+  if not m:
+    return None
+  env, quality = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+  return f"{env}-{quality}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import List, Sequence
 
+import mombo_jax
 from mombo_jax import outputs
 from mombo_jax.errors import UserError
 from mombo_jax.results import Run
@@ -14,7 +15,8 @@ from mombo_jax.results import Run
 
 def protocol_doc() -> str:
   """The path of docs/protocol.md in this checkout (it may be absent from an installed copy)."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(outputs.__file__)))
+  # The checkout holds the package folder, wherever in it this module sits.
+  root = os.path.dirname(os.path.dirname(os.path.abspath(mombo_jax.__file__)))
   return os.path.join(root, outputs.PROTOCOL_DOC)
 
 

@@ -49,7 +49,7 @@ def dataset_env(name: str) -> Optional[str]:
   """The environment a dataset belongs to, from its short name, or for an id from its local
   metadata (eval env spec, env spec) or the id itself; None when nothing tells."""
   try:
-    return names.env_name(name)
+    return minari_io.env_name(name)
   except ValueError:
     return None
 

@@ -39,8 +39,9 @@ from typing import Dict, List, Optional, Sequence
 
 from mombo_jax import envs, minari_io, names, saved_actors
 from mombo_jax.config import parse_name
+from mombo_jax.dataset_writer import write_dataset
 from mombo_jax.errors import UserError
-from mombo_jax.minari_io import read_episodes, write_dataset
+from mombo_jax.minari_io import read_episodes
 from mombo_jax.online_sac import (SEED_OFFSETS, SacResult, _print, online_config, restore_sac,
                                   train_sac)
 from mombo_jax.scores import D4RL_REF_SCORES

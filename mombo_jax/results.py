@@ -26,13 +26,13 @@ sort in the paper's order (`label_key`, TYPE_ORDER, ENV_ORDER).
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from mombo_jax import outputs, paper_setup
 from mombo_jax.errors import UserError
+from mombo_jax.paper_setup import paper_dataset  # noqa: F401 (re-exported)
 # Labels and setups live in mombo_jax.labels; these names stay importable from here.
 from mombo_jax.labels import (NOT_SETUP, _labels, _setup_key, algo_label,  # noqa: F401
                               base_algo, field_text, label_key, setup_of, value_text)
@@ -164,19 +164,6 @@ def dataset_type(dataset: str) -> str:
   own type."""
   env, _, quality = dataset.partition("-")
   return quality if env in ENV_ORDER and quality else dataset
-
-
-def paper_dataset(dataset: str) -> Optional[str]:
-  """The paper's name of the data a run trained on, or None: a short name is itself; D4RL's own
-  files imported by experiments.import_d4rl ('d4rl/hopper/medium-replay-v2') and the datasets
-  built here ('mombo/hopper/random-v0') are '<env>-<quality>'."""
-  if "/" not in dataset:
-    return dataset
-  m = re.fullmatch(r"(?:d4rl/([a-z0-9]+)/(.+)-v2|mombo/([a-z0-9]+)/(.+)-v\d+)", dataset)
-  if not m:
-    return None
-  env, quality = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-  return f"{env}-{quality}"
 
 
 # ---------------------------------------------------------------------------------- discovery

@@ -1,17 +1,33 @@
 """What a collector's online SAC run (mombo_jax.online_sac) keeps in its checkpoints: the replay
 layout, the settings a checkpoint must match to be resumed, the Orbax checkpoints themselves
-(_SacCheckpoints) and reading them back without training (restore_sac, for exporting actors).
+(_SacCheckpoints), the run's result (SacResult, what online_sac.train_sac returns too) and
+reading them back without training (restore_sac, for exporting actors).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
 from mombo_jax.errors import UserError
 
 _REPLAY_FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
+
+
+@dataclasses.dataclass
+class SacResult:
+  """What the datasets need from a SAC run. replay_* arrays hold the first `medium_size` rows."""
+  config: object
+  final_actor: object                 # actor variables at the end of training
+  steps_done: int                     # env steps trained (< total steps: stopped at medium)
+  medium_actor: Optional[object]      # actor variables at the medium point (None: never reached)
+  medium_step: int                    # env step of the medium point (-1: never reached)
+  medium_size: int                    # replay rows up to the medium point
+  replay: dict                        # host arrays, rows [0, medium_size)
+  evals: list                         # [(step, mean return), ...]
+  best_eval: tuple                    # (step, mean return)
 
 
 def _empty_replay(capacity: int, obs_dim: int, action_dim: int) -> dict:
@@ -30,14 +46,13 @@ def _run_settings(env, seed: int, start_steps: int) -> dict:
 
 def restore_sac(make_env: Callable, config, total_steps: int, *, start_steps: int, seed: int,
                 workdir: str):
-  """The SAC run checkpointed in workdir (online_sac.SacResult), as train_sac (same arguments)
+  """The SAC run checkpointed in workdir (SacResult), as train_sac (same arguments)
   would resume it, without training or evaluating anything: for exporting its actors (`collect
   --actors_only`). None when workdir holds no checkpoint. final_actor is the actor of the
   checkpoint's step (steps_done); a checkpoint a stop took amid a step's gradient steps counts
   that step as not done (its actor is half-way through them).
   Not beside a process still writing checkpoints there: opening the Orbax manager removes
   unfinished temporary checkpoint folders."""
-  from mombo_jax.online_sac import SacResult
   if not os.path.isdir(workdir):
     return None   # nothing to read, and nothing created
   env = make_env()

@@ -31,7 +31,7 @@ def ref_scores(name: str) -> Tuple[float, float, str]:
     if meta and meta.get("ref_min_score") is not None and meta.get("ref_max_score") is not None:
       return (float(meta["ref_min_score"]), float(meta["ref_max_score"]),
               f"metadata of {dataset_id}")
-  env = names.env_name(name)
+  env = minari_io.env_name(name)
   low, high = D4RL_REF_SCORES[env]
   return low, high, f"D4RL reference returns for {env} (no reference scores in dataset metadata)"
 

@@ -55,7 +55,7 @@ _SEVERITY = ("finished", "diverged", "failed", "interrupted")
 @dataclasses.dataclass(frozen=True)
 class SweepCell:
   """One experiments.run launch: all seeds of one algorithm on one dataset. config: the Config
-  the command trains (what its config.json must say); allow_epochs_change: `-- 
+  the command trains (what its config.json must say); allow_epochs_change: `--
   --allow_epochs_change` was passed (a finished cell of fewer --epochs is continued)."""
   env: str
   algo: str

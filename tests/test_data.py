@@ -134,8 +134,8 @@ def test_names():
   assert names.minari_id("hopper-random") == "mombo/hopper/random-v0"
   assert names.minari_id("walker2d-random-expert-50pct") == "mombo/walker2d/random-expert-50pct-v0"
   assert names.short_name("mujoco/hopper/medium-v0") is None
-  assert names.env_name("mujoco/halfcheetah/expert-v0") == "halfcheetah"
-  assert names.env_name("walker2d-medium") == "walker2d"
+  assert minari_io.env_name("mujoco/halfcheetah/expert-v0") == "halfcheetah"
+  assert minari_io.env_name("walker2d-medium") == "walker2d"
 
 
 @pytest.mark.parametrize("name", ["hopper-foo", "ant-random", "hopper", ""])

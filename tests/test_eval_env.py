@@ -13,7 +13,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from mombo_jax import cards, envs, evaluate, minari_io, recording
+from mombo_jax import cards, dataset_writer, envs, evaluate, minari_io, recording
 from mombo_jax.config import make_config
 from tests.test_import_d4rl import _simulate, _write_d4rl
 
@@ -38,7 +38,7 @@ def datasets(minari_root, tmp_path_factory):
   d4rl.import_file(path, "walker2d-medium", IMPORTED, overwrite=True, log_fn=lambda *_: None)
   episodes = recording.rollout(lambda: envs.make_env("walker2d", max_episode_steps=20),
                                lambda obs: np.zeros((len(obs), 6), np.float32), 20, seed=0)
-  minari_io.write_dataset(SELF_BUILT, episodes, "tiny", "zeros", env_name="walker2d",
+  dataset_writer.write_dataset(SELF_BUILT, episodes, "tiny", "zeros", env_name="walker2d",
                           overwrite=True)
   return IMPORTED, SELF_BUILT
 

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from mombo_jax import buffer, config as config_lib, minari_io, runner
+from mombo_jax import buffer, config as config_lib, dataset_writer, minari_io, runner
 from mombo_jax import groups as groups_lib
 from mombo_jax.errors import UserError
 from mombo_jax.workdir import LOCK, Workdir
@@ -28,7 +28,7 @@ def datasets(hopper_random_2000):
       break
     keep.append(ep)
     n += len(ep["rewards"])
-  minari_io.write_dataset(SHORT, keep, "test: the first episodes of hopper-random",
+  dataset_writer.write_dataset(SHORT, keep, "test: the first episodes of hopper-random",
                           "uniform random", env_name="hopper", overwrite=True)
   return hopper_random_2000, SHORT
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mombo_jax import (cards, d4rl, d4rl_physics, d4rl_stats, data, envs, errors, minari_io,
-                       names, provenance, scores)
+                       provenance, scores)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 S, A = 11, 3
@@ -113,7 +113,7 @@ def test_round_trip_equals_the_loaders(minari_root, tmp_path, next_obs, timeouts
       np.testing.assert_array_equal(got[field], _d4rl_qlearning(arrays)[field])
   if timeouts == "drop" and not next_obs:
     assert len(got.rewards) == len(_d4rl_qlearning(arrays)[2]) - 1   # less the terminal row
-  assert names.env_name(dataset_id) == "hopper"
+  assert minari_io.env_name(dataset_id) == "hopper"
   assert scores.ref_scores(dataset_id)[:2] == scores.D4RL_REF_SCORES["hopper"]
   prov = provenance.provenance(dataset_id)
   assert prov["recipe"] == "d4rl-import" and prov["timeouts"] == timeouts

@@ -13,7 +13,6 @@ the checks are deterministic; their tolerances are ~4 sampling standard errors.
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict

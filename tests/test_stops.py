@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from mombo_jax import config as config_lib
-from mombo_jax import dynamics_training, envs, errors, minari_io, online_sac, recipes, stops
+from mombo_jax import (dataset_writer, dynamics_training, envs, errors, minari_io, online_sac,
+                       recipes, stops)
 from tests.conftest import minari_root_at
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,7 +105,7 @@ def _synthetic_hopper(n_episodes, length=1000):
               actions=rng.uniform(-1, 1, (length, 3)).astype(np.float32),
               rewards=rng.normal(size=length), terminations=np.zeros(length, bool),
               truncations=np.arange(length) == length - 1) for _ in range(n_episodes)]
-  minari_io.write_dataset("hopper-random", eps, "synthetic", "synthetic", overwrite=True)
+  dataset_writer.write_dataset("hopper-random", eps, "synthetic", "synthetic", overwrite=True)
 
 
 @pytest.mark.slow

@@ -1,0 +1,81 @@
+"""The package's shape: `import mombo_jax` is light and gives the public API lazily, and no two
+modules import each other, at the top or inside functions (a cycle hides which layer a module
+belongs to; `lint-imports` keeps the layers themselves, .importlinter)."""
+import ast
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "mombo_jax")
+API = ("mm_relu", "mm_linear", "mc_moments", "load_policy", "load_transitions", "Transitions",
+       "normalized_score", "ref_scores", "termination_fn", "model_done", "make_epoch")
+
+
+def test_import_is_lazy_and_the_api_loads():
+  code = ("import sys, mombo_jax\n"
+          "heavy = [m for m in ('orbax', 'minari', 'gymnasium', 'jax') if m in sys.modules]\n"
+          "assert not heavy, heavy\n"
+          f"for name in {API!r}:\n"
+          "  assert callable(getattr(mombo_jax, name)), name\n"
+          "assert set(mombo_jax.__all__) == set(" + repr(API) + ")\n"
+          "print('ok')\n")
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, env=env)
+  assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def _modules():
+  """{dotted module name: path} of every module of the package."""
+  out = {}
+  for top, _, files in os.walk(PACKAGE):
+    for f in files:
+      if f.endswith(".py"):
+        rel = os.path.relpath(os.path.join(top, f), ROOT)[:-3].split(os.sep)
+        out[".".join(rel[:-1] if rel[-1] == "__init__" else rel)] = os.path.join(top, f)
+  return out
+
+
+def _imports(path, modules):
+  """The package's modules that the file imports anywhere in it (functions included)."""
+  found = set()
+  for node in ast.walk(ast.parse(open(path).read())):
+    if isinstance(node, ast.Import):
+      found |= {a.name for a in node.names if a.name in modules}
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+      subs = {f"{node.module}.{a.name}" for a in node.names}
+      found |= (subs & set(modules)) or {node.module}
+  return found
+
+
+def test_no_import_cycle():
+  modules = _modules()
+  graph = {m: _imports(p, modules) - {m, "mombo_jax"} for m, p in modules.items()}
+  index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+  def visit(v):                       # Tarjan's strongly connected components
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in graph[v]:
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        cycles.append(sorted(component))
+
+  for m in sorted(graph):
+    if m not in index:
+      visit(m)
+  assert not cycles, f"modules that import each other: {cycles}"

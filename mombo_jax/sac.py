@@ -15,7 +15,7 @@ Shapes: B = batch rows, S = observation dim, A = action dim, E = config.num_crit
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import chex
 import flax.struct as struct
@@ -25,10 +25,12 @@ import optax
 from flax.training.train_state import TrainState
 
 from mombo_jax.buffer import Batch
-if TYPE_CHECKING:    # Config or config.EpochSettings; config imports this module (algorithms)
-  from mombo_jax.config import Config
 from mombo_jax.critics import (CriticEnsemble, TanhGaussianActor, actor_layer_names,
                                deterministic_action, sample_tanh_gaussian)
+
+# A Config or an EpochSettings (or online SAC's settings): read by attribute names only, so the
+# core imports no settings module.
+Config = Any
 
 TargetFn = Callable[["AgentState", Batch, jax.Array], Tuple[jax.Array, Dict[str, jax.Array]]]
 

@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax import buffer, config as config_lib, dynamics, rollout, sac, termination
+from mombo_jax import buffer, dynamics, rollout, sac, termination
+from mombo_jax.epoch_settings import EpochSettings, epoch_settings
 
 
 class TrainState(struct.PyTreeNode):
@@ -240,8 +241,8 @@ def make_epoch(config, per_cell=()):
   scalars, quantity in DIVERGENCE_CHECKS: which check failed THIS epoch on a healthy seed).
   """
   per_cell = _settings(per_cell)
-  if isinstance(config, config_lib.Config):
-    config = config_lib.epoch_settings(config)
+  if not isinstance(config, EpochSettings):
+    config = epoch_settings(config)
   target = config.algorithm.target
   term_fn = termination.termination_fn(config.env_name)
 
@@ -395,7 +396,7 @@ def make_cells_epoch(config, num_cells: int, per_cell=()):
   """
   check_cell_count(num_cells)
   per_cell = _settings(per_cell)
-  return _cells_epoch(config_lib.epoch_settings(config, per_cell), per_cell)
+  return _cells_epoch(epoch_settings(config, per_cell), per_cell)
 
 
 def make_cells_chunk(config, num_cells: int, max_epochs: int, per_cell=()):
@@ -419,7 +420,7 @@ def make_cells_chunk(config, num_cells: int, max_epochs: int, per_cell=()):
     raise ValueError(f"max_epochs={max_epochs}: a chunk runs at least one epoch.")
   check_cell_count(num_cells)
   per_cell = _settings(per_cell)
-  return _cells_chunk(config_lib.epoch_settings(config, per_cell), int(max_epochs), per_cell)
+  return _cells_chunk(epoch_settings(config, per_cell), int(max_epochs), per_cell)
 
 
 _P = jax.sharding.PartitionSpec

@@ -76,7 +76,7 @@ def test_epoch_settings_hold_what_the_epoch_computes_with():
 
 
 def test_a_registered_toy_algorithm_trains_with_the_tiny_preset(hopper_random_2000, tmp_path):
-  """The toy algorithm, registered above from outside the package, through runner.train (the
+  """The toy algorithm, registered above from outside the package, through runner.train_run (the
   library path of experiments.run): one epoch and its evaluation, its compiled epoch built from
   its EpochSettings alone (train.make_cells_chunk); its label names the workdir, its config.json
   records it, its results are finite."""
@@ -86,7 +86,7 @@ def test_a_registered_toy_algorithm_trains_with_the_tiny_preset(hopper_random_20
   workdir = run_dir(str(tmp_path), hopper_random_2000, "toy_bonus", config.target, config.seed,
                     config.num_seeds)
   assert os.path.join(hopper_random_2000, TOY.label, "s0x1") in workdir
-  summary = runner.train(config, hopper_random_2000, workdir)
+  summary = runner.train_run(config, hopper_random_2000, workdir)
   with open(os.path.join(workdir, "config.json")) as f:
     assert json.load(f)["algo"] == "toy_bonus"
   assert np.isfinite(summary["final_normalized_score"]).all()

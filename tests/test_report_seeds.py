@@ -149,7 +149,7 @@ def test_one_seed_in_two_folders_is_refused(tmp_path):
     _report(tmp_path, tmp_path / "runs")
   message = str(e.value)
   assert str(tmp_path / "runs" / "a") in message and str(tmp_path / "runs" / "copy_of_a") in message
-  assert "counts once" in message and "--seed" in message and "\n" not in message
+  assert "counts once" in message and "`seed`" in message and "\n" not in message
   assert not (tmp_path / "out").exists()
   # The library refuses too: no caller can pool it twice.
   runs = [results.read_run(str(tmp_path / "runs" / s)) for s in ("a", "copy_of_a")]

@@ -13,7 +13,8 @@ this file's budget): the claims between two runs of one compiled program on the 
 resumed from its checkpoint, test_run; stops resumed, test_stops; a diverged seed's neighbour in
 one epoch, test_train), which optimisation does not make differ, and two claims between programs
 of a kind the marked ones cover at less cost: a grid cell vs its single run (test_grid; per-cell
-vs plain here) and dynamics seeds vmapped vs alone (test_dynamics).
+vs plain here), two processes vs one (test_distributed; 4 devices vs 1 here) and dynamics seeds
+vmapped vs alone (test_dynamics).
 """
 import os
 import re

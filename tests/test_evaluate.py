@@ -294,16 +294,16 @@ def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path,
 
   alone = group_runs("alone", lambda runs, done: [evaluate_alone(r, done) for r in runs])
 
-  def evaluate_in_the_loop(runs, done):
+  def evaluate_in_the_loop(runs, epoch):
     """What runner.loop does at an evaluation point (on process 0)."""
     snaps = [group_run.snapshot(r) for r in runs]
     group_run.build_evaluators(runs, workers=2)
     before = [len(r.rows) for r in runs]
-    point = group_run.Evaluation(runs, actors, last, done, snaps, rate=1.0, eta=0.0)
+    point = group_run.Evaluation(runs, actors, last, epoch, snaps, rate=1.0, eta=0.0)
     point.join()
     # The thread computes returns only: the main thread records them (finish).
     assert point.error is None and [len(r.rows) for r in runs] == before
-    point.finish(many=True)
+    point.finish(several_groups=True)
 
   together = group_runs("together", evaluate_in_the_loop)
   assert together[0].evaluator is together[1].evaluator is not together[2].evaluator

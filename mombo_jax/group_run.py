@@ -87,21 +87,6 @@ def open_loggers(r: GroupRun, start: int):
     r.loggers.open(r.group.workdir, r.workdir.read_record(), r.seeds, r.rows, start, log=log)
 
 
-def evaluate_all(runs, actors, last, done, workers=0):
-  """Evaluates every group's actors in one pass and appends each group's metrics.csv rows (and
-  hands them to r.loggers; sets r.scores [S, episodes]): one Evaluator (one set of envs over `workers` processes, 0:
-  env_pool.auto_workers) for all the launch's cells x episodes, built at the first evaluation and
-  shared by the groups (their r.evaluator; closing it twice is harmless), one policy call per time
-  step for every cell, each group's envs reset with the seeds of its own evaluation (eval_seed),
-  so each group's returns are those an Evaluator of its own gives it. Groups with another
-  eval_episodes or another eval env (envs.eval_env_spec of their dataset) get their own Evaluator.
-  The training loop runs the two halves apart (build_evaluators + returns_all in a thread while
-  the device trains, then record)."""
-  build_evaluators(runs, workers)
-  for r, returns in zip(runs, returns_all(runs, actors, done)):
-    record(r, returns, last, done)
-
-
 def build_evaluators(runs, workers=0):
   """Gives every group its Evaluator (shared by the groups of one eval_episodes and one eval env:
   envs.eval_env_spec of the group's dataset, so that an imported D4RL walker is evaluated in

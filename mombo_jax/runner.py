@@ -303,7 +303,8 @@ def chunk_length(epoch, end, eval_every, seconds_per_epoch=None) -> int:
 
 def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> bool:
   """Trains from program.start to config.epochs (or stop_after epochs of this launch), evaluating
-  (all groups in one pass over `eval_workers` processes, group_run.evaluate_all) and checkpointing
+  (all groups in one pass over `eval_workers` processes: group_run.build_evaluators, then a
+  group_run.Evaluation in a thread while the device trains on) and checkpointing
   every eval_every epochs. Returns False when stop_after ended it early; raises Interrupted when
   should_stop fired (after a checkpoint).
 

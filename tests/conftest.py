@@ -26,10 +26,31 @@ def _session_compilation_cache():
 _session_compilation_cache()
 # XLA's backend optimisations cost most of a tiny test program's compile and buy nothing at these
 # sizes: off for the session and the entry points it launches (what a test compares is compiled
-# under the same setting on both sides). JAX_DISABLE_MOST_OPTIMIZATIONS=0 turns them back on.
+# under the same setting on both sides). JAX_DISABLE_MOST_OPTIMIZATIONS=0 turns them back on; the
+# tests marked bit_identity run again with them on in any case (tests/test_optimised.py).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import pytest  # noqa: E402
+
+BIT_IDENTITY = "bit_identity"
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", f"{BIT_IDENTITY}: a claim that two computations give the same numbers (sharded vs "
+      "one device, per-cell vs plain program, chunk vs single epochs, resume); run once more with "
+      "XLA's optimisations on by tests/test_optimised.py")
+
+
+def xla_optimised() -> bool:
+  """Whether this process compiles with XLA's optimisations (JAX_DISABLE_MOST_OPTIMIZATIONS, read
+  by jax at import)."""
+  import jax
+  return not jax.config.read("jax_disable_most_optimizations")
+
+
+def pytest_report_header(config):
+  return f"XLA optimisations: {'on' if xla_optimised() else 'off'}"
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """evaluate.py: shapes, determinism, a hand-stepped constant-action check, masking, aulc; env_pool's
 worker processes (same returns for any number, errors, no child left) and the evaluation of all a
-launch's groups at once (group_run.evaluate_all)."""
+launch's groups at once, as the training loop does it (group_run.build_evaluators, then
+group_run.Evaluation's background thread and its finish)."""
 import os
 import signal
 
@@ -244,10 +245,13 @@ def test_auto_workers(monkeypatch):
   assert env_pool.auto_workers(48 * 10, cores=2) == 2
 
 
-def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path, monkeypatch):
-  """group_run.evaluate_all (one Evaluator for every cell, here over 2 workers) writes each
-  group's metrics.csv rows exactly as group_run.evaluate (the group's own Evaluator) does; a group
-  with another eval_episodes gets its own Evaluator, the others share one."""
+def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path, monkeypatch,
+                                                               capsys):
+  """The training loop's evaluation (runner.loop: group_run.build_evaluators, one Evaluator for
+  every cell, here over 2 workers; a group_run.Evaluation computing the returns in its thread,
+  then its finish recording them in the main thread) writes each group's metrics.csv rows exactly
+  as an Evaluator of the group's own does; a group with another eval_episodes gets its own
+  Evaluator, the others share one."""
   import dataclasses
   import functools
   from mombo_jax import group_run, overestimation
@@ -289,8 +293,19 @@ def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path,
                                         seed=group_run.eval_seed(r, done)), last, done)
 
   alone = group_runs("alone", lambda runs, done: [evaluate_alone(r, done) for r in runs])
-  together = group_runs("together", lambda runs, done: group_run.evaluate_all(
-      runs, actors, last, done, workers=2))
+
+  def evaluate_in_the_loop(runs, epoch):
+    """What runner.loop does at an evaluation point (on process 0)."""
+    snaps = [group_run.snapshot(r) for r in runs]
+    group_run.build_evaluators(runs, workers=2)
+    before = [len(r.rows) for r in runs]
+    point = group_run.Evaluation(runs, actors, last, epoch, snaps, rate=1.0, eta=0.0)
+    point.join()
+    # The thread computes returns only: the main thread records them (finish).
+    assert point.error is None and [len(r.rows) for r in runs] == before
+    point.finish(several_groups=True)
+
+  together = group_runs("together", evaluate_in_the_loop)
   assert together[0].evaluator is together[1].evaluator is not together[2].evaluator
   assert together[0].evaluator.workers == 2
   for a, b in zip(alone, together):
@@ -298,3 +313,7 @@ def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path,
     assert a.rows == b.rows
     assert Workdir(b.workdir.path).read_rows() == a.workdir.read_rows()
   assert len({r["return_mean"] for r in together[0].rows + together[2].rows}) == 8
+  # finish's log line, one per group and evaluation point, names the group's cell.
+  lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("epoch ")]
+  assert len(lines) == 2 * len(configs), lines
+  assert lines[1].startswith("epoch 1/") and "[hopper-random beta=2 seeds 7..7]" in lines[1]

@@ -167,7 +167,7 @@ def renderer():
 
 
 def test_render_a_gif(policy, renderer, tmp_path):
-  from PIL import Image
+  from PIL import Image, ImageSequence
   out = str(tmp_path / "ep.gif")
   results = render.render(policy, out, episodes=2, env_seed=5, width=64, height=48, max_steps=3,
                           log=lambda *a: None)
@@ -175,14 +175,57 @@ def test_render_a_gif(policy, renderer, tmp_path):
   assert all(r["length"] == 3 and r["ended"] == "max_steps" for r in results)
   assert all(np.isfinite(r["return"]) and np.isfinite(r["normalized_score"]) for r in results)
   with Image.open(out) as gif:
-    assert gif.size == (64, 48) and gif.n_frames > 1
+    assert gif.size == (64, 48)
+    frames = [np.asarray(f.convert("RGB"), np.float64) for f in ImageSequence.Iterator(gif)]
+    played = sum(f.info["duration"] for f in ImageSequence.Iterator(gif))
+  # Two pictures an episode (t=0, then t=3 held for HOLD_SECONDS): Pillow stores a held frame
+  # once with the summed duration. Played: (2 + 31) frames an episode at 31.25 fps (hopper's dt
+  # 0.008 s, every 4th step; see test_render_an_mp4), GIF durations in 10 ms units.
+  assert len(frames) == 4 and abs(played - 2 * 33 * 32) <= 10 * len(frames), (len(frames), played)
+  assert all(f.std() > 10 for f in frames)                          # not blank
+  assert not np.array_equal(frames[0], frames[1]) and not np.array_equal(frames[0], frames[2])
+
+
+def _decode(program, path):
+  """The video's frames [N, H, W, 3] uint8, decoded by the ffmpeg program that wrote it; (W, H)
+  as ffmpeg reads the stream's header."""
+  import re
+  probe = subprocess.run([program, "-hide_banner", "-i", str(path)], capture_output=True,
+                         text=True)
+  size = re.search(r"Video: h264\b.*?, (\d+)x(\d+)", probe.stderr)
+  assert size, probe.stderr
+  w, h = int(size.group(1)), int(size.group(2))
+  raw = subprocess.run([program, "-v", "error", "-i", str(path), "-f", "rawvideo", "-pix_fmt",
+                        "rgb24", "-"], capture_output=True, check=True).stdout
+  assert len(raw) % (w * h * 3) == 0, (len(raw), w, h)
+  return np.frombuffer(raw, np.uint8).reshape(-1, h, w, 3), (w, h)
 
 
 @pytest.mark.skipif(render._ffmpeg() is None, reason="no ffmpeg program (apt-get install ffmpeg)")
-def test_render_an_mp4(policy, renderer, tmp_path):
+def test_render_an_mp4(policy, renderer, tmp_path, monkeypatch):
+  """The video holds the frames rendered: their number (hopper: dt 0.008 s, so every 4th step is
+  kept for 30 fps, 31.25 fps played; max_steps=2 gives the first frame and step 2's, then step
+  2's held for round(HOLD_SECONDS * 31.25) = 31 more), their size (an odd width padded to even
+  for H.264's 4:2:0), and their picture (not blank; what the renderer drew, up to H.264's loss)."""
+  drawn = []
+  add = render._Mp4.add
+  monkeypatch.setattr(render._Mp4, "add", lambda self, frame: (drawn.append(np.array(frame)),
+                                                              add(self, frame)))
   out = tmp_path / "ep.mp4"
   render.render(policy, str(out), width=33, height=24, max_steps=2, log=lambda *a: None)
-  assert out.stat().st_size > 0
+  frames, size = _decode(render._ffmpeg(), out)
+  assert len(drawn) == 2 + 31 and drawn[0].shape == (24, 33, 3)
+  assert size == (34, 24) and frames.shape == (len(drawn), 24, 34, 3)
+  frames = frames[:, :, :33].astype(np.float64)               # the padded column dropped
+  drawn = np.stack(drawn).astype(np.float64)
+  # Not blank: a scene and its overlay, not one flat colour (a flat frame has std 0; these ~50).
+  assert np.all(drawn.std(axis=(1, 2, 3)) > 10) and np.all(frames.std(axis=(1, 2, 3)) > 10)
+  assert not np.array_equal(drawn[0], drawn[1])               # t=0, then t=2
+  np.testing.assert_array_equal(drawn[2:], drawn[1:-1])       # then t=2 held
+  # Each decoded frame is the one drawn, up to H.264's loss (mean absolute error on the 0-255
+  # scale: ~3 measured; a flat frame of the mean colour is ~40 away).
+  error = np.abs(frames - drawn).mean(axis=(1, 2, 3))
+  assert np.all(error < 8), error
 
 
 class _BrokenGL:

@@ -1,9 +1,8 @@
 """experiments.report and the modules behind it: the table rule (bold, underline, ranks;
 mombo_jax.tables) on fixed tables, including the paper's own Table 1; the statistics (bootstrap
 interval, mean of the last evaluations), labels and grouping (MOMBO's target, beta never pooled;
-mombo_jax.results); the paper's columns; and the writer (mombo_jax.report) end to end on run
-folders written in the real on-disk format by mombo_jax.outputs' writers."""
-import csv
+mombo_jax.results); the paper's columns; the writer's faults. Its run folders in the real on-disk
+format (_write_run); the writer end to end on them: tests/test_report_written.py."""
 import dataclasses
 import json
 import os
@@ -131,40 +130,6 @@ def _write_run(path, env, algo, seeds, scores, target="lcb", diverged=(), preset
   atomic.write_json(os.path.join(path, "summary.json"), outputs.summarise(rows, seeds, bad))
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  """Two hopper tasks x three algorithms (MOMBO with the lcb target, + a MOMBO elite_spread column
-  on one task), one group split over two launches, one diverged seed, one unfinished run folder
-  and one walker2d run; 12 evaluations each (more than LAST_K). Returns (root, {(dataset, label):
-  per-seed scores [T, S], every seed}, the unfinished folder)."""
-  root = tmp_path_factory.mktemp("runs")
-  rng = np.random.default_rng(0)
-  truth = {}
-
-  def add(sub, env, algo, seeds, label, target="lcb", diverged=(), level=50.0):
-    scores = level + rng.normal(0, 5, (12, len(seeds))) + np.arange(12)[:, None]
-    _write_run(str(root / sub), env, algo, seeds, scores, target, diverged)
-    old = truth.get((env, label))
-    truth[(env, label)] = scores if old is None else np.hstack([old, scores])
-
-  add("hopper-random/mombo/s0x2", "hopper-random", "mombo", [0, 1], "MOMBO (lcb)", level=60)
-  add("hopper-random/mombo/s2x2", "hopper-random", "mombo", [2, 3], "MOMBO (lcb)", level=60)
-  add("hopper-random/mobile/s0x3", "hopper-random", "mobile", [0, 1, 2], "MOBILE", diverged=(1,),
-      level=55)
-  add("hopper-random/mopo/s0x2", "hopper-random", "mopo", [0, 1], "MOPO", level=30)
-  add("hopper-medium/mombo/s0x2", "hopper-medium", "mombo", [0, 1], "MOMBO (lcb)", level=70)
-  add("hopper-medium/mombo-es/s0x2", "hopper-medium", "mombo", [0, 1], "MOMBO (elite_spread)",
-      target="elite_spread", level=72)
-  add("hopper-medium/mobile/s0x2", "hopper-medium", "mobile", [0, 1], "MOBILE", level=71)
-  add("hopper-medium/mopo/s0x2", "hopper-medium", "mopo", [0, 1], "MOPO", level=40)
-  add("walker2d-random/mombo/s0x2", "walker2d-random", "mombo", [0, 1], "MOMBO (lcb)", level=20)
-  # An unfinished run: config.json and metrics.csv, no summary.json yet.
-  unfinished = root / "hopper-random" / "mopo" / "s9x1"
-  _write_run(str(unfinished), "hopper-random", "mopo", [9], np.zeros((2, 1)))
-  os.remove(unfinished / "summary.json")
-  return root, truth, str(unfinished)
-
-
 def _md_block(text, name):
   """{(type, env): [cell strings]} of one block of report.md, plus the summary rows by label."""
   block = text.split(f"## {name}")[1].split("\n## ")[0]
@@ -184,146 +149,6 @@ def _number(cell):
   ci = re.search(r"\[(-?[\d.]+), (-?[\d.]+)\]", cell)
   return (float(m.group(1)), float(m.group(2)), cell.startswith("**"), cell.startswith("<u>"),
           (float(ci.group(1)), float(ci.group(2))) if ci else None)
-
-
-# The table prints one decimal: numbers are checked to half a unit of it (plus float slack).
-HALF = 0.05 + 1e-9
-BLOCKS = {"Normalised score (final evaluation)": ("final", lambda s: s[-1]),
-          "Normalised score (mean of the last 10 evaluations)": ("last",
-                                                                 lambda s: s[-10:].mean(axis=0)),
-          "AULC": ("aulc", lambda s: s.mean(axis=0))}
-OURS = ["MOPO", "MOBILE", "MOMBO (lcb)", "MOMBO (elite_spread)"]
-
-
-@pytest.mark.slow
-def test_report_numbers_match_a_direct_computation(runs, tmp_path):
-  root, truth, unfinished = runs
-  logged = []
-  result = report.write_report([str(root)], str(tmp_path), log=logged.append)
-  # The unfinished run is skipped with a warning that names it and what it lacks.
-  assert any(unfinished in w and "summary.json" in w for w in logged), logged
-  assert len(result["runs"]) == 9
-  text = (tmp_path / "report.md").read_text()
-  for name, (metric, fn) in BLOCKS.items():
-    columns, cells = _md_block(text, name)
-    # Our columns in the paper's order, each algorithm's followed by the paper's where the paper
-    # reports the metric (final, AULC; not the mean of the last 10).
-    assert [c for c in columns if not c.endswith("(paper)")] == OURS
-    if metric == "last":
-      assert columns == OURS
-    else:
-      assert columns == ["MOPO", "MOPO (paper)", "MOBILE", "MOBILE (paper)", "MOMBO (lcb)",
-                         "MOMBO (elite_spread)", "MOMBO (paper)"]
-    algos = OURS
-    ours = [columns.index(a) for a in algos]
-    means = {}
-    for (dataset, label), scores in truth.items():
-      per_seed = fn(scores)
-      env, _, dtype = dataset.partition("-")
-      mean, std, _, _, ci = _number(cells[(dtype, env)][columns.index(label)])
-      assert abs(mean - per_seed.mean()) <= HALF, (name, dataset, label)
-      assert abs(std - per_seed.std()) <= HALF, (name, dataset, label)
-      # The interval is the bootstrap's of these seeds, and holds the mean.
-      lo, hi = results.bootstrap_ci(per_seed)
-      assert ci[0] == pytest.approx(lo, abs=HALF) and ci[1] == pytest.approx(hi, abs=HALF)
-      assert lo <= per_seed.mean() <= hi
-      means[(dataset, label)] = per_seed.mean()
-    # Bold / underline / ranks as the rule gives them on the true numbers, our columns only.
-    for dataset in ("hopper-random", "hopper-medium"):
-      m = np.array([means.get((dataset, a), NAN) for a in algos])
-      s = np.array([fn(truth[(dataset, a)]).std() if (dataset, a) in truth else NAN
-                    for a in algos])
-      bold, under = tables.mark_row(m, s)
-      row = [cells[(dataset.partition("-")[2], "hopper")][j] for j in ours]
-      for j, cell in enumerate(row):
-        if np.isnan(m[j]):
-          assert cell == report.MISSING
-        else:
-          assert _number(cell)[2:4] == (bool(bold[j]), bool(under[j])), (dataset, algos[j])
-    # The paper's columns: its numbers, never bold or underlined; the dagger of its footnote.
-    for j, c in enumerate(columns):
-      if c.endswith("(paper)"):
-        base = c.split()[0]
-        for (dtype, env), row in cells.items():
-          if env in ("hopper", "walker2d"):
-            want = paper_results.lookup(metric, f"{env}-{dtype}", base)
-            assert row[j] == f"{want[0]:.1f} ± {want[1]:.1f}" + (
-                " †" if (metric, base, dtype, env) == ("final", "MOMBO", "random", "hopper")
-                else "")
-    # Average score over all three tasks. Only MOMBO (lcb) ran on every task (walker2d-random has
-    # it alone, hopper-medium has MOMBO (elite_spread) besides): the other averages are marked *
-    # and may not take the bold from a column that covers every task.
-    avg = cells[("**Average score**", "")]
-    tasks = ("hopper-random", "hopper-medium", "walker2d-random")
-    for j, a in zip(ours, algos):
-      vals = [means[(d, a)] for d in tasks if (d, a) in means]
-      assert float(avg[j].strip("*\\")) == pytest.approx(np.mean(vals), abs=HALF)
-    assert ["\\*" in avg[j] for j in ours] == [True, True, False, True]
-    assert [c.startswith("**") for c in avg] == [c == "MOMBO (lcb)" for c in columns]
-    # The paper's averages are over the tasks where we ran its algorithm (MOPO and MOBILE: not
-    # walker2d-random), so that they read against ours; unranked.
-    for j, c in enumerate(columns):
-      if c.endswith("(paper)"):
-        base = c.split()[0]
-        ran = [d for d in tasks if any((d, a) in means for a in algos if a.startswith(base))]
-        want = np.mean([paper_results.lookup(metric, d, base)[0] for d in ran])
-        assert float(avg[j].strip("*\\")) == pytest.approx(want, abs=HALF)
-        assert ("\\*" in avg[j]) == (len(ran) < len(tasks)) and not avg[j].startswith("**")
-        assert cells[("**Average rank**", "")][j] == report.MISSING
-    # The average rank, recomputed: ranks per task among the algorithms present.
-    table = np.array([[means.get((d, a), NAN) for a in algos] for d in tasks])
-    want = tables.average_ranks(table)
-    got = [float(cells[("**Average rank**", "")][j].strip("*\\")) for j in ours]
-    np.testing.assert_allclose(got, want, atol=HALF)
-    np.testing.assert_allclose(want, [np.mean([tables.ranks(r)[j] for r in table
-                                               if not np.isnan(r[j])]) for j in range(4)])
-  # The footnote says which MOMBO the paper's is.
-  assert "MOMBO (paper)* is the paper's MOMBO" in text and "`elite_spread`" in text
-  assert "† MOMBO on hopper-random: high std from one failed repetition" in text
-  # The pooled MOMBO (lcb) hopper-random group holds seeds 0-3 of two launches; MOBILE's seed 1
-  # diverged and counts (at its frozen policy), marked.
-  groups = result["groups"]
-  assert sorted(groups[("hopper", "hopper-random", "MOMBO (lcb)")].seeds) == [0, 1, 2, 3]
-  assert groups[("hopper", "hopper-random", "MOBILE")].seeds == [0, 1, 2]
-  assert groups[("hopper", "hopper-random", "MOBILE")].diverged == {1: 1}
-  beta = groups[("hopper", "hopper-random", "MOMBO (lcb)")].beta
-  assert f"| hopper-random | MOMBO (lcb) | {beta:g} | 4 (0, 1, 2, 3) | 12 |" in text.split(
-      "## Runs")[1]
-  assert "| hopper-random | MOBILE | 5 | 3 (0, 1‡, 2), 1 diverged | 12 |" in text
-  for env in ("hopper", "walker2d"):
-    assert (tmp_path / f"curves_{env}.png").stat().st_size > 10_000
-  tex = (tmp_path / "report.tex").read_text()
-  assert tex.count(r"\bf ") >= 4 and tex.count(r"\begin{tabular}") == 3
-  assert "Average Ranking" in tex and r"\texttt{MOMBO (paper)}" in tex
-  assert r"\texttt{MOMBO (elite\_spread)}" in tex and r"$25.4 \sd{\pm 10.2}{}^{\dagger}$" in tex
-  assert r"\texttt{elite\_spread}" in tex   # the footnote
-  # report.csv: every printed number, ours with its interval, the paper's with its table.
-  with open(tmp_path / "report.csv") as f:
-    rows = list(csv.DictReader(f))
-  got = {(r["dataset"], r["column"], r["metric"]): r for r in rows}
-  r = got[("hopper-random", "MOMBO (lcb)", "last")]
-  per_seed = truth[("hopper-random", "MOMBO (lcb)")][-10:].mean(axis=0)
-  assert float(r["mean"]) == pytest.approx(per_seed.mean(), rel=1e-9)
-  assert float(r["ci_low"]) <= float(r["mean"]) <= float(r["ci_high"]) and r["source"] == "ours"
-  r = got[("hopper-medium", "MOBILE (paper)", "aulc")]
-  assert (float(r["mean"]), float(r["std"])) == (82.2, 7.3) and r["source"].startswith("Table 1")
-  assert ("hopper-medium", "MOBILE (paper)", "last") not in got
-
-
-@pytest.mark.slow
-def test_cli_writes_into_the_first_folder_and_warns(runs, tmp_path):
-  root, _, unfinished = runs
-  out = subprocess.run([sys.executable, "-m", "experiments.report", str(root)],
-                       capture_output=True, text=True, timeout=120)
-  assert out.returncode == 0, out.stderr
-  assert f"warning: skipping {unfinished}" in out.stderr
-  assert (root / "report.md").exists() and (root / "curves_hopper.png").exists()
-  empty = tmp_path / "empty"
-  empty.mkdir()
-  out = subprocess.run([sys.executable, "-m", "experiments.report", str(empty), str(tmp_path)],
-                       capture_output=True, text=True, timeout=120)
-  assert out.returncode != 0 and "Traceback" not in out.stderr
-  assert f"No runs found under {empty}, {tmp_path}" in out.stderr
 
 
 def test_missing_folder_and_no_runs_are_clear_errors(tmp_path):

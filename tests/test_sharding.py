@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 SEEDS, EPOCHS, S_DIM, A_DIM, N = 4, 2, 11, 3, 128
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -159,6 +160,7 @@ def _finish(proc, ok=True):
   return out + err
 
 
+@pytest.mark.bit_identity
 def test_seeds_sharded_over_4_devices_train_as_on_1(tmp_path):
   # Both processes at once: each is mostly single-threaded compilation.
   procs = {d: _spawn(d, "train", str(tmp_path / f"d{d}.npz")) for d in (4, 1)}

@@ -146,7 +146,11 @@ def _np_elites(dyn, batch, cfg, term_fn):
   return s_mean, s_var, r_mean, r_var, done.astype(np.float64)
 
 
-def _np_per_elite(agent, batch, key, dyn, cfg, term_fn):
+def _np_per_elite(agent, batch, key, dyn, cfg, term_fn, alpha=None):
+  """Per-elite targets T_e and their MM variances [E, B]. alpha: a soft backup's temperature (None:
+  the deterministic backup): elite e's next value gains the bonus -alpha log pi(a'_e|s'_e), a'_e
+  drawn with the elite's key (the critic picked by the smaller MM mean, which the bonus, the
+  same for both critics, leaves as it is)."""
   s_mean, s_var, r_mean, r_var, done = _np_elites(dyn, batch, cfg, term_fn)
   keys = jax.random.split(key, s_mean.shape[0])
   p = agent.target_critic_params
@@ -157,15 +161,34 @@ def _np_per_elite(agent, batch, key, dyn, cfg, term_fn):
     pick = np.argmin([mom[0][0], mom[1][0]], axis=0)
     m = np.where(pick == 0, mom[0][0], mom[1][0])
     v = np.where(pick == 0, mom[0][1], mom[1][1])
+    if alpha is not None:
+      m = m - alpha * _logp(agent, jnp.asarray(s_mean[e]), keys[e], cfg)
     t.append(r_mean[e] + cfg.gamma * (1 - done[e]) * m)
     tv.append(r_var[e] + cfg.gamma**2 * (1 - done[e]) * v)
   return np.array(t), np.array(tv)
 
 
-def _np_plain(agent, batch, key, cfg):
+def _np_plain(agent, batch, key, cfg, alpha=None):
+  """r + g (1-d) min_j Q'(s', a') [B] (alpha: minus alpha log pi(a'|s') in the next value)."""
   a = np.asarray(sac.policy_sample(agent, batch.next_obs, key, cfg))
   nb = jax.tree.map(np.asarray, batch)
-  return nb.reward + cfg.gamma * (1 - nb.done) * np_min_q(agent, nb.next_obs, a)
+  value = np_min_q(agent, nb.next_obs, a)
+  if alpha is not None:
+    value = value - alpha * _logp(agent, batch.next_obs, key, cfg)
+  return nb.reward + cfg.gamma * (1 - nb.done) * value
+
+
+def _np_elite_target(agent, batch, key, dyn, cfg, term_fn, mode, alpha=None):
+  """MOMBO elite_spread / mixture's target [B] in float64: the plain backup on the leading real
+  rows, the elites' mean minus beta times their spread on model rows (alpha: a soft backup)."""
+  k_model, k_real = jax.random.split(key)
+  t, tv = _np_per_elite(agent, batch, k_model, dyn, cfg, term_fn, alpha)
+  if mode == "elite_spread":
+    model_y = t.mean(0) - cfg.beta * t.std(0, ddof=1)
+  else:
+    model_y = t.mean(0) - cfg.beta * np.sqrt(tv.mean(0) + t.var(0))
+  n_real = int(B * cfg.real_ratio)
+  return np.concatenate([_np_plain(agent, batch, k_real, cfg, alpha)[:n_real], model_y[n_real:]])
 
 
 @pytest.mark.parametrize("mode", ["elite_spread", "mixture"])
@@ -174,14 +197,7 @@ def test_mombo_elite_modes(cfg, agent, batch, dyn, mode):
   key = jax.random.PRNGKey(6)
   y, _ = targets.get_target(dataclasses.replace(cfg, target=mode))(
       agent, batch, key, dyn=dyn, config=cfg, term_fn=term_fn)
-  k_model, k_real = jax.random.split(key)
-  t, tv = _np_per_elite(agent, batch, k_model, dyn, cfg, term_fn)
-  if mode == "elite_spread":
-    model_y = t.mean(0) - cfg.beta * t.std(0, ddof=1)
-  else:
-    model_y = t.mean(0) - cfg.beta * np.sqrt(tv.mean(0) + t.var(0))
-  n_real = int(B * cfg.real_ratio)
-  expected = np.concatenate([_np_plain(agent, batch, k_real, cfg)[:n_real], model_y[n_real:]])
+  expected = _np_elite_target(agent, batch, key, dyn, cfg, term_fn, mode)
   np.testing.assert_allclose(np.asarray(y), expected, rtol=RTOL, atol=ATOL)
 
 
@@ -278,7 +294,12 @@ def test_soft_backup_is_honoured_by_mombo_and_mobile(cfg, agent, batch, dyn):
   np.testing.assert_allclose(np.asarray(y_soft) - np.asarray(y_det),
                              mob.gamma * (1 - nb.done) * bonus, rtol=1e-3, atol=1e-3)
 
-  term_fn = termination.termination_fn("hopper")
+  # elite_spread / mixture: each elite's next value gains its own bonus, so the elites' spread
+  # (the penalty) moves too; real rows gain the plain backup's. The soft target and what the
+  # soft backup adds to the deterministic one, each against the float64 recomputation.
+  # halfcheetah's termination ends no finite state: with hopper's, every elite's prediction at
+  # these random states is terminal and bootstraps nothing, so no bonus would reach a model row.
+  term_fn = termination.termination_fn("halfcheetah")
   for mode in ("elite_spread", "mixture"):
     det_cfg = dataclasses.replace(cfg, target=mode)
     y_det, _ = targets.get_target(det_cfg)(agent, batch, key, dyn=dyn, config=det_cfg,
@@ -286,8 +307,15 @@ def test_soft_backup_is_honoured_by_mombo_and_mobile(cfg, agent, batch, dyn):
     soft_cfg = dataclasses.replace(det_cfg, deterministic_backup=False)
     y_soft, _ = targets.get_target(soft_cfg)(agent, batch, key, dyn=dyn, config=soft_cfg,
                                              term_fn=term_fn)
-    assert np.all(np.isfinite(np.asarray(y_soft)))
-    assert not np.allclose(np.asarray(y_soft), np.asarray(y_det))
+    want_det = _np_elite_target(agent, batch, key, dyn, det_cfg, term_fn, mode)
+    want_soft = _np_elite_target(agent, batch, key, dyn, soft_cfg, term_fn, mode, alpha)
+    np.testing.assert_allclose(np.asarray(y_soft), want_soft, rtol=RTOL, atol=ATOL, err_msg=mode)
+    bonus = want_soft - want_det
+    np.testing.assert_allclose(np.asarray(y_soft) - np.asarray(y_det), bonus, rtol=1e-3,
+                               atol=1e-3, err_msg=mode)
+    n_real = int(B * cfg.real_ratio)
+    for rows in (slice(0, n_real), slice(n_real, B)):     # the check has teeth on both kinds
+      assert np.any(np.abs(bonus[rows]) > 1e-2), (mode, rows)
 
 
 def test_nan_behind_a_terminal_never_reaches_the_target(cfg, agent, batch, dyn):

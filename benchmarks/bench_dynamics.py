@@ -19,9 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax import buffer, critics, dynamics, dynamics_training, rollout, termination
-from mombo_jax import config as config_lib
-from mombo_jax.data import Transitions
+from mombo_jax.core import buffer, critics, dynamics, rollout, termination
+from mombo_jax.run import dynamics_training
+from mombo_jax.settings import config as config_lib
+from mombo_jax.data.transitions import Transitions
 
 OBS_DIM, ACTION_DIM = 11, 3
 

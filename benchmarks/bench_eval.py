@@ -35,7 +35,9 @@ import jax
 import numpy as np
 
 from benchmarks import common
-from mombo_jax import actor_policy, config as config_lib, env_pool, envs, evaluate
+from mombo_jax.core import actor_policy
+from mombo_jax.env import env_pool, envs, evaluate
+from mombo_jax.settings import config as config_lib
 
 EPISODES, HORIZON = config_lib.Config.eval_episodes, 1000
 EVAL_EVERY = config_lib.Config.eval_every

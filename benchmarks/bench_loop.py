@@ -1,5 +1,5 @@
-"""Host overhead of the training loop: what a real launch (mombo_jax.runner.train_run) spends per epoch
-beyond the compiled epoch's own time.
+"""Host overhead of the training loop: what a real launch (mombo_jax.run.runner.train_run) spends
+per epoch beyond the compiled epoch's own time.
 
   python3 -m benchmarks.bench_loop --out=/tmp/bench_loop.txt               # ~4-8 min, 2 cores
   benchmarks/compare_loop.sh OLD_TREE NEW_TREE OUT    # this script on two source trees in a row
@@ -50,7 +50,9 @@ import numpy as np
 
 import mombo_jax
 from benchmarks import common
-from mombo_jax import buffer, config as config_lib, runner, train
+from mombo_jax.core import buffer, train
+from mombo_jax.run import runner
+from mombo_jax.settings import config as config_lib
 
 SCRIPT = os.path.join("benchmarks", "bench_loop.py")
 

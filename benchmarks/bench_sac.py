@@ -1,4 +1,5 @@
-"""Benchmark: the online SAC behind the medium / expert datasets (mombo_jax.online_sac), on CPU.
+"""Benchmark: the online SAC behind the medium / expert datasets (mombo_jax.build.online_sac), on
+CPU.
 
   nice -n 10 python -m benchmarks.bench_sac --steps=250000 --workdir=/tmp/sac_long  # bench_sac.txt
   python -m benchmarks.bench_sac --steps=3000 --start_steps=1000 --eval_every=1000   # smoke test
@@ -23,8 +24,9 @@ import jax
 import numpy as np
 
 from benchmarks import common
-from mombo_jax import online_sac, recipes
-from mombo_jax import envs, scores
+from mombo_jax.build import online_sac, recipes
+from mombo_jax.data import scores
+from mombo_jax.env import envs
 
 def _load() -> str:
   one, five, fifteen = os.getloadavg()
@@ -39,7 +41,7 @@ def compute_bound(config, obs_dim: int, action_dim: int, seconds: float = 5.0) -
     (benchmarks.common.matmul_gflops).
   updates_per_s_bound: matmul_gflops / flops, an upper bound for env steps/s with one update each.
   """
-  from mombo_jax import sac
+  from mombo_jax.core import sac
   _, train = online_sac._make_jitted(config)
   agent = sac.init_agent(jax.random.key(0), obs_dim, action_dim, config, 1)
   n = 1024

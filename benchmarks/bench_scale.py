@@ -67,8 +67,10 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.bench_train import ACT, OBS, _filled_ring, _real
-from mombo_jax import buffer, config as config_lib, dynamics, envs, moments, sac, targets
-from mombo_jax import termination, train
+from mombo_jax.core import buffer, dynamics, moments, sac, targets
+from mombo_jax.env import envs
+from mombo_jax.settings import config as config_lib
+from mombo_jax.core import termination, train
 
 # name -> (algo, MOMBO target; MOBILE and MOPO ignore the target), the order of the tables.
 ALGOS = {"mombo": ("mombo", "elite_spread"), "mombo_lcb": ("mombo", "lcb"),
@@ -417,8 +419,8 @@ def env_step_seconds(env_name: str, steps: int, seed: int = 0) -> float:
 def policy_call_seconds(env_name: str, calls: int = 200) -> float:
   """Seconds per call of the evaluation's jitted actor (evaluate.Evaluator's: tanh(mean) of
   SEEDS actors on [SEEDS, EPISODES, obs]) on this device, observation copied in and action out."""
-  from mombo_jax import actor_policy
-  from mombo_jax.critics import TanhGaussianActor
+  from mombo_jax.core import actor_policy
+  from mombo_jax.core.critics import TanhGaussianActor
   c = config_lib.Config()
   obs_dim, act_dim = envs.OBS_DIM[env_name], envs.ACTION_DIM[env_name]
   actor = TanhGaussianActor(c.actor_hidden, act_dim, c.log_std_min, c.log_std_max)

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from mombo_jax import buffer, config as config_lib, dynamics, sac, targets, termination, train
+from mombo_jax.core import buffer, dynamics, sac, targets, termination, train
+from mombo_jax.settings import config as config_lib
 
 OBS, ACT = 17, 6
 

@@ -189,7 +189,7 @@ def read_run(clone, lines) -> dict:
 
 ZERO_TORQUE = """
 import gymnasium as gym, numpy as np
-from mombo_jax import scores
+from mombo_jax.data import scores
 env, returns = gym.make("Hopper-v5"), []
 for seed in range({episodes}):
   env.reset(seed=seed)

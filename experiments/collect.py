@@ -5,9 +5,9 @@ r"""Build D4RL-recipe datasets as local Minari datasets (docs/spec.md section 7)
       --env=hopper-medium-replay,hopper-medium,hopper-expert,hopper-medium-expert
   python -m experiments.collect --env=walker2d-random-expert-5pct
 
-The recipes (D4RL's, and the paper's mixed datasets) are in mombo_jax/recipes.py, the online SAC
-behind the medium / medium-replay / expert qualities in mombo_jax/online_sac.py, the saved actors
-in mombo_jax/saved_actors.py. Datasets are written under MINARI_DATASETS_PATH as
+The recipes (D4RL's, and the paper's mixed datasets) are in mombo_jax/build/recipes.py, the online
+SAC behind the medium / medium-replay / expert qualities in mombo_jax/build/online_sac.py, the saved
+actors in mombo_jax/build/saved_actors.py. Datasets are written under MINARI_DATASETS_PATH as
 `mombo/<env>/<quality>-v0`; an existing one is never overwritten (it is skipped, with a message)
 unless --overwrite.
 
@@ -52,7 +52,7 @@ import dataclasses
 from absl import flags, logging
 
 from experiments import _cli
-from mombo_jax.recipes import Builder, Options
+from mombo_jax.build.recipes import Builder, Options
 
 FLAGS = flags.FLAGS
 
@@ -107,11 +107,11 @@ def main(argv):
   del argv
   # Orbax reports every checkpoint write at INFO; progress lines are printed instead.
   logging.set_verbosity(logging.WARNING)
-  from mombo_jax import config as config_lib
+  from mombo_jax.settings import config as config_lib
   if not FLAGS.env:
     raise _cli.UsageError("--env is required, e.g. --env=hopper-random. Valid names: "
                           f"{', '.join(config_lib.valid_names())}")
-  from mombo_jax import stops
+  from mombo_jax.env import stops
   # SIGINT / SIGTERM (and SIGUSR1: a launch that builds data through this process passes its
   # stop on) stop within seconds: the SAC run checkpoints where it is (the same command then
   # resumes it bit for bit), a recording is dropped (recorded again: the same episodes).
@@ -125,7 +125,7 @@ def main(argv):
   builder = Builder(options_from_flags(), should_stop=stop)
   for name in FLAGS.env:
     builder.check(name)  # --from_actors / --actors_only: refusals before anything runs
-  from mombo_jax import minari_io
+  from mombo_jax.data import minari_io
   print(f"Minari root: {minari_io.datasets_root()}", flush=True)
   for name in FLAGS.env:
     stops.check(stop, f"before building {name}")

@@ -30,7 +30,7 @@ def main(argv):
   if not FLAGS.run:
     raise _cli.UsageError("--run is required: the run workdir to export from, e.g. "
                           "--run=runs/hopper-random/mombo-elite_spread/s0x1.")
-  from mombo_jax import policy as policy_lib
+  from mombo_jax.analysis import policy as policy_lib
   policy = policy_lib.export_policy(FLAGS.run, FLAGS.seed, FLAGS.out, step=FLAGS.step,
                                     allow_diverged=FLAGS.allow_diverged)
   print(f"wrote {FLAGS.out}: {policy!r}")

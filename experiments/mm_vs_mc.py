@@ -12,7 +12,7 @@ and the first line printed name the run (its algorithm as the reports label it, 
 target; dataset, seed, epoch), the second defines the "spread" the lines after it report (the std
 of a state's repeated MC estimates, averaged over the states). A run whose dataset was rebuilt or
 replaced since it trained is refused, naming the change (as training refuses it). The experiment
-is mombo_jax.mm_vs_mc's; this program only parses the flags.
+is mombo_jax.analysis.mm_vs_mc's; this program only parses the flags.
 """
 from absl import flags, logging
 
@@ -48,7 +48,7 @@ def main(argv):
   for name in ("num_states", "repeats"):
     if getattr(FLAGS, name) < 1:
       raise _cli.UsageError(f"--{name} must be >= 1, got {getattr(FLAGS, name)}.")
-  from mombo_jax import mm_vs_mc     # jax: imported once the flags are known to be good
+  from mombo_jax.analysis import mm_vs_mc  # jax: imported once the flags are known to be good
   trained, transitions = mm_vs_mc.load_seed(FLAGS.run, FLAGS.seed_index, FLAGS.elite_rank)
   out = FLAGS.out or FLAGS.run
   result = mm_vs_mc.run_experiment(trained, transitions, out, ns, FLAGS.num_states, FLAGS.repeats,

@@ -42,7 +42,7 @@ def main(argv):
                           "experiments.export).")
   if not FLAGS.out:
     raise _cli.UsageError("--out is required, e.g. --out=hopper.gif or --out=hopper.mp4.")
-  from mombo_jax import policy as policy_lib, render
+  from mombo_jax.analysis import policy as policy_lib, render
   render.check_out(FLAGS.out)
   render.choose_backend()            # before MuJoCo is imported: it reads MUJOCO_GL then
   policy = policy_lib.load_policy(FLAGS.run or FLAGS.policy, FLAGS.seed, step=FLAGS.step,

@@ -15,8 +15,8 @@ name: different setups are never pooled), and writes
   over seeds, best of our columns in bold, within one std of the best underlined, averages and
   average ranks; a cell below the paper's setup (fewer gradient steps, a smaller preset, a reduced
   dataset) marked with a footnote and, beside the paper's numbers, never bold; the paper's
-  published number (mombo_jax.paper_results) in a column beside each algorithm's, with footnotes
-  saying what it is (the paper's MOMBO is the released code's target, elite_spread);
+  published number (mombo_jax.report.paper_results) in a column beside each algorithm's, with
+  footnotes saying what it is (the paper's MOMBO is the released code's target, elite_spread);
   report.md also lists the runs, seeds, budget and dataset size of every cell;
 - report.csv: every number of the tables, ours with its interval, seeds, diverged seeds, the
   healthy seeds' mean and std and what falls short of the paper's setup, the paper's with its
@@ -24,7 +24,8 @@ name: different setups are never pooled), and writes
 - curves_<env>.png: learning curves, mean +- std over seeds;
 - with the optional extra `report` (rliable): report.md's section *Across tasks (rliable)* (IQM,
   median, mean, optimality gap with stratified-bootstrap intervals, probability of improvement)
-  and performance_profile.png (mombo_jax.aggregates); without it, one line naming the install.
+  and performance_profile.png (mombo_jax.report.aggregates); without it, one line naming the
+  install.
 report.md links docs/protocol.md, which says what every number is. Refused in one line, before
 anything is written: a run whose summary.json names a protocol the report cannot read, one seed of
 one setup in two folders, a seed without a finite score.
@@ -58,7 +59,7 @@ def main(argv):
   if stray:
     raise _cli.UsageError(f"{' '.join(stray)}: not a folder. Every word names a folder of runs, "
                           "and every option is a --flag (e.g. --out=DIR; see --help).")
-  from mombo_jax import report
+  from mombo_jax.report import report
   result = report.write_report(dirs, FLAGS.out, log=lambda m: print(m, file=sys.stderr))
   print(f"{len(result['runs'])} run(s) in {len(result['groups'])} group(s); wrote "
         + ", ".join(result["files"]))

@@ -13,7 +13,7 @@ import sys
 from absl import flags, logging
 
 from experiments import _cli
-from mombo_jax.compilation_cache import DEFAULT_COMPILATION_CACHE
+from mombo_jax.run.compilation_cache import DEFAULT_COMPILATION_CACHE
 
 FLAGS = flags.FLAGS
 
@@ -37,7 +37,7 @@ def define_flags():
                     "those betas (see benchmarks/learning/README.md for its matched beta); "
                     "mixture: law of total variance over the elites.")
   flags.DEFINE_string("reference", None, "Whose settings the per-task values follow "
-                      "(config.json's `reference`; mombo_jax/references.py). mombo: authors "
+                      "(config.json's `reference`; mombo_jax/settings/references.py). mombo: authors "
                       "(adinlab/MOMBO configs, default). mobile: offlinerl_kit (default: OfflineRL-Kit "
                       "run_example/run_mobile.py, whose logs are the paper's MOBILE column) or "
                       "authors (yihaosun1124/mobile configs). mopo: offlinerl_kit (run_mopo.py, "
@@ -90,7 +90,7 @@ def define_flags():
                     "environment (SLURM, Open MPI, TPU pods: jax.distributed.initialize()).")
   flags.DEFINE_float("init_timeout", 300, "Multi-process run: seconds to wait for every process "
                      "to connect; then one error line naming the missing ones, exit "
-                     "4 (mombo_jax.distributed.EXIT_INIT_TIMEOUT).")
+                     "4 (mombo_jax.run.distributed.EXIT_INIT_TIMEOUT).")
   flags.DEFINE_list("log", ["csv"], "Where the metrics go besides metrics.csv (always written): "
                     "csv, tensorboard (<workdir>/tb/seed<s>/; needs pip install -e "
                     ".[tensorboard]), wandb (one W&B run per seed under <workdir>/wandb/, offline "
@@ -129,9 +129,10 @@ FLAG_NAMES = {"num_seeds": "seeds", "dyn_max_epochs": "dynamics_max_epochs",
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
-  from mombo_jax import (compilation_cache, config as config_lib, console, distributed, runner,
-                         stops)
-  from mombo_jax import groups as groups_lib, workdir as workdir_lib
+  from mombo_jax.env import stops
+  from mombo_jax.run import compilation_cache, console, distributed, runner
+  from mombo_jax.settings import config as config_lib
+  from mombo_jax.run import groups as groups_lib, workdir as workdir_lib
   stop = stops.StopFlag()
   stop.install()
   # before anything touches JAX's devices

@@ -14,7 +14,7 @@ and the others reuse them. An algorithm whose reference source sets other dynami
 dataset (e.g. another epoch cap) trains its own beside them. Before anything runs (and with
 --dry_run) the sweep prints, per dataset, which cells share an ensemble, the dynamics settings each
 ensemble follows and where each value comes from (flag, preset, the algorithm's reference source
-in mombo_jax/references.py, or the Config default).
+in mombo_jax/settings/references.py, or the Config default).
 
 Resumable: a cell whose summary.json exists is finished and skipped; any other cell is launched
 again and resumes from its own checkpoints. Run the same command again after an interruption.
@@ -32,15 +32,15 @@ so does a --reference that is not the algorithm's default source); after `--` go
 only experiments.run's flags that do not change the setup (--keep_checkpoints,
 --compilation_cache, --build_missing, --build_steps, --download, --allow_small_dataset, --log,
 --eval_workers, --allow_epochs_change: it continues finished cells to a larger --epochs). Any other word is
-refused. The cells and their launch are mombo_jax.sweep's; this program only parses the flags.
+refused. The cells and their launch are mombo_jax.run.sweep's; this program only parses the flags.
 """
 import sys
 
 from absl import flags
 
 from experiments import _cli
-from mombo_jax.sweep import (BUDGET_FLAGS, Launcher, check_cells, dynamics_plan, exit_code, plan,
-                             run_sweep, summary)
+from mombo_jax.run.sweep import (BUDGET_FLAGS, Launcher, check_cells, dynamics_plan, exit_code,
+                                 plan, run_sweep, summary)
 
 FLAGS = flags.FLAGS
 

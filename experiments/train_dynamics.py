@@ -23,7 +23,7 @@ def define_flags():
   flags.DEFINE_string("dataset", None,
                       "Dataset to train on (short name or Minari id); default --env.")
   flags.DEFINE_enum("algo", "mombo", ["mombo", "mobile", "mopo"], "Whose dynamics settings for "
-                    "--env (mombo_jax/references.py: the references differ, e.g. in "
+                    "--env (mombo_jax/settings/references.py: the references differ, e.g. in "
                     "walker2d-medium's epoch cap); runs of every algorithm with the same settings "
                     "reuse the ensembles.")
   flags.DEFINE_string("reference", None, "The source of --algo's settings (as experiments.run's "
@@ -41,7 +41,8 @@ def define_flags():
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
-  from mombo_jax import dynamics_store, stops
+  from mombo_jax.env import stops
+  from mombo_jax.run import dynamics_store
   stop = stops.StopFlag()
   stop.install()
   dynamics_store.train_dynamics(

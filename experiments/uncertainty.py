@@ -22,7 +22,7 @@ each averaged over --draws model draws per tuple, then over the tuples, then (un
 the run's target critics, pi its policy. Averaging B^ Q over draws would remove the single-sample
 error U is meant to cover, so only B Q is an expectation.
 
-U is exactly the per-row penalty the run's training subtracts (mombo_jax.targets.get_penalty,
+U is exactly the per-row penalty the run's training subtracts (mombo_jax.core.targets.get_penalty,
 the functions the targets themselves call), redrawn with every model draw:
   MOMBO lcb           beta sqrt(var_r + gamma^2 (1-d^) v*) of the Gaussian of the elite that drew
                       s^' (what a rollout row stores), v* the MM variance of the target critic with
@@ -51,8 +51,8 @@ the one chosen, and both alternatives are measured on the same draws, in their o
 States (--states):
   policy   the paper's: each seed's own --episodes evaluation episodes of its deterministic policy
            in the real environment (the run's evaluation env: an imported D4RL walker dataset's is
-           D4RL's walker model, mombo_jax.envs.eval_env_spec), every --every-th transition and the
-           last of each;
+           D4RL's walker model, mombo_jax.env.envs.eval_env_spec), every --every-th transition and
+           the last of each;
   dataset  the same --num_states transitions of the dataset the run trained on for every algorithm
            and seed (drawn with --seed), so no policy-quality confound.
 
@@ -70,8 +70,8 @@ A run whose dataset was rebuilt or replaced since it trained (config.json record
 its data) is refused in one line naming the change, as training refuses to resume it; with
 --states=policy a dataset that is not local is not needed.
 
-The experiment's runs and outputs are mombo_jax.uncertainty_runs's, the per-tuple backups and
-scores mombo_jax.quantifier_quality's; this program only parses the flags.
+The experiment's runs and outputs are mombo_jax.analysis.uncertainty_runs's, the per-tuple backups
+and scores mombo_jax.analysis.quantifier_quality's; this program only parses the flags.
 """
 import os
 
@@ -79,7 +79,7 @@ from absl import flags, logging
 
 from experiments import _cli
 
-from mombo_jax import uncertainty_runs
+from mombo_jax.analysis import uncertainty_runs
 
 FLAGS = flags.FLAGS
 

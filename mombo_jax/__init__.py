@@ -10,17 +10,17 @@ __version__ = "0.1.0"
 
 # name -> the module that defines it (imported on first access)
 _API = {
-    "mm_relu": "mombo_jax.moments",
-    "mm_linear": "mombo_jax.moments",
-    "mc_moments": "mombo_jax.moments",
-    "load_policy": "mombo_jax.policy",
-    "Transitions": "mombo_jax.data",
-    "load_transitions": "mombo_jax.data",
-    "normalized_score": "mombo_jax.scores",
-    "ref_scores": "mombo_jax.scores",
-    "termination_fn": "mombo_jax.termination",
-    "model_done": "mombo_jax.termination",
-    "make_epoch": "mombo_jax.train",
+    "mm_relu": "mombo_jax.core.moments",
+    "mm_linear": "mombo_jax.core.moments",
+    "mc_moments": "mombo_jax.core.moments",
+    "load_policy": "mombo_jax.analysis.policy",
+    "Transitions": "mombo_jax.data.transitions",
+    "load_transitions": "mombo_jax.data.transitions",
+    "normalized_score": "mombo_jax.data.scores",
+    "ref_scores": "mombo_jax.data.scores",
+    "termination_fn": "mombo_jax.core.termination",
+    "model_done": "mombo_jax.core.termination",
+    "make_epoch": "mombo_jax.core.train",
 }
 
 __all__ = sorted(_API)

@@ -1,14 +1,14 @@
-"""The report's across-task aggregates (mombo_jax.aggregates, rliable): point estimates against a
-direct numpy computation, intervals that hold them and repeat, the probability of improvement,
-the report's section and figure, and the one line asked for when rliable is missing. Few
-bootstrap resamples throughout (the `reps` arguments), so that the file stays fast."""
+"""The report's across-task aggregates (mombo_jax.report.aggregates, rliable): point estimates
+against a direct numpy computation, intervals that hold them and repeat, the probability of
+improvement, the report's section and figure, and the one line asked for when rliable is missing.
+Few bootstrap resamples throughout (the `reps` arguments), so that the file stays fast."""
 import re
 import sys
 
 import numpy as np
 import pytest
 
-from mombo_jax import aggregates, report
+from mombo_jax.report import aggregates, report
 from tests.test_report import _write_run
 
 REPS = 300

@@ -1,4 +1,4 @@
-"""Algorithms as values (mombo_jax.algorithms) and the epoch's settings (config.EpochSettings).
+"""Algorithms as values (mombo_jax.core.algorithms) and the epoch's settings (config.EpochSettings).
 
 A toy algorithm registered from outside the package trains end to end with the tiny preset, its
 compiled epoch built from its EpochSettings alone (so the epoch reads nothing else of the
@@ -10,8 +10,10 @@ import os
 import numpy as np
 import pytest
 
-from mombo_jax import algorithms, config as config_lib, runner, targets
-from mombo_jax.workdir import run_dir
+from mombo_jax.core import algorithms, targets
+from mombo_jax.run import runner
+from mombo_jax.settings import config as config_lib
+from mombo_jax.run.workdir import run_dir
 
 
 # --- a toy algorithm, as a user writes it (docs/architecture.md, "Add an algorithm") -----------
@@ -96,7 +98,7 @@ def test_a_registered_toy_algorithm_trains_with_the_tiny_preset(hopper_random_20
 
 
 def test_online_sac_is_plain_sac_with_its_own_env():
-  from mombo_jax import online_sac
+  from mombo_jax.build import online_sac
   settings = online_sac.online_config("hopper", (16, 16), 32)
   assert settings.algorithm is algorithms.SAC and algorithms.SAC.penalty is None
   assert settings.env_name == "hopper" and not hasattr(settings, "env")

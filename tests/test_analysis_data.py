@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from mombo_jax import data, provenance, trained
-from mombo_jax.workdir import Workdir
+from mombo_jax.analysis import trained
+from mombo_jax.data import transitions as data, provenance
+from mombo_jax.run.workdir import Workdir
 from tests.conftest import minari_root_at
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401  (session fixture)
 
@@ -21,7 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def rebuilt(tiny_run, tmp_path_factory):
   """(a copy of the tiny run, a Minari root whose hopper-random was rebuilt with other contents,
   the run's recorded identity)."""
-  from mombo_jax import recipes
+  from mombo_jax.build import recipes
   workdir, _ = tiny_run
   recorded = Workdir(workdir).read_record()["data"]             # as experiments.run records it
   assert recorded == provenance.dataset_identity(DATASET, data.load_transitions(DATASET))

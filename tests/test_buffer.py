@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax import buffer
+from mombo_jax.core import buffer
 
 S, A = 3, 2
 

@@ -4,8 +4,9 @@ import re
 
 import numpy as np
 
-from mombo_jax import cards, d4rl, minari_io, scores
-from mombo_jax.minari_io import read_episodes
+from mombo_jax.build import cards, d4rl
+from mombo_jax.data import minari_io, scores
+from mombo_jax.data.minari_io import read_episodes
 from tests.test_import_d4rl import _arrays, _write
 
 

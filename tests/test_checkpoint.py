@@ -11,7 +11,7 @@ import optax
 import pytest
 from flax.training import train_state
 
-from mombo_jax import checkpoint as ckpt
+from mombo_jax.storage import checkpoint as ckpt
 
 NUM_SEEDS = 3
 

@@ -1,4 +1,4 @@
-"""Dataset building (mombo_jax.recipes, behind experiments.collect): recipes on tiny budgets,
+"""Dataset building (mombo_jax.build.recipes, behind experiments.collect): recipes on tiny budgets,
 written as real Minari datasets, read back; the robust medium point; saved actors and datasets
 rebuilt from them (--from_actors)."""
 import dataclasses
@@ -13,8 +13,11 @@ from xml.etree import ElementTree
 import numpy as np
 import pytest
 
-from mombo_jax import (actor_policy, data, envs, errors, minari_io, online_sac, provenance,
-                       recipes, recording, saved_actors, scores)
+from mombo_jax import errors
+from mombo_jax.build import online_sac, recipes, recording, saved_actors
+from mombo_jax.core import actor_policy
+from mombo_jax.data import transitions as data, minari_io, provenance, scores
+from mombo_jax.env import envs
 from tests.conftest import minari_root_at
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -479,7 +482,7 @@ def test_from_actors_builds_the_same_datasets_twice(tmp_path):
       f"--max_episode_steps=20 --from_actors={actors} --overwrite")
   with minari_root_at(tmp_path / "a"):
     assert sha["expert"] in minari_io.load_dataset("hopper-expert").storage.metadata["description"]
-    from mombo_jax import cards
+    from mombo_jax.build import cards
     card = cards.card_text("hopper-expert")
   assert f"`{actors / 'expert.msgpack'}` (sha256 `{sha['expert']}`, SAC step 2)" in card
   assert "--from_actors=" in card

@@ -1,5 +1,5 @@
-"""Moment-matching critics (mombo_jax.critics) against Monte Carlo with 1e6 samples, and exactly
-against the plain critic at zero input variance.
+"""Moment-matching critics (mombo_jax.core.critics) against Monte Carlo with 1e6 samples, and
+exactly against the plain critic at zero input variance.
 
 What is exact and what is not. Moment matching replaces every layer's input by independent
 Gaussians with matched means and variances (a diagonal Gaussian). Given such an input, one
@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax.critics import CriticEnsemble, MMCritic, MMDense
-from mombo_jax.moments import mc_moments, mm_linear, mm_relu
+from mombo_jax.core.critics import CriticEnsemble, MMCritic, MMDense
+from mombo_jax.core.moments import mc_moments, mm_linear, mm_relu
 
 S, A, B = 5, 2, 2
 N_MC = 1_000_000

@@ -8,8 +8,10 @@ import minari
 import numpy as np
 import pytest
 
-from mombo_jax import config as config_lib
-from mombo_jax import data, envs, errors, minari_io, names, scores
+from mombo_jax.settings import config as config_lib
+from mombo_jax import errors
+from mombo_jax.data import transitions as data, minari_io, names, scores
+from mombo_jax.env import envs
 from tests.conftest import minari_root_at
 
 TINY_ID = "test/hopper/tiny-v0"
@@ -84,7 +86,7 @@ def test_round_trip(tiny):
 def test_episode_returns_split_at_terminations_and_truncations(tiny):
   """The returns the run's final line compares with (the dataset's own episodes): one per recorded
   episode, ended by a termination or a time-limit truncation, as the card counts them."""
-  from mombo_jax import cards
+  from mombo_jax.build import cards
   t = data.load_transitions(TINY_ID)
   _, _, reward, _, terminated, truncated = map(np.asarray, zip(*tiny))
   ends = np.flatnonzero(terminated | truncated)

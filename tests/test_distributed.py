@@ -1,5 +1,5 @@
-"""Several processes, one program (mombo_jax.distributed): two CPU processes on localhost joined by
-jax.distributed train the seeds of one run as one process does, write the outputs once, and leave
+"""Several processes, one program (mombo_jax.run.distributed): two CPU processes on localhost joined
+by jax.distributed train the seeds of one run as one process does, write the outputs once, and leave
 a checkpoint that a run of another process count resumes. Joining is bounded: a process whose peers
 never come ends in one line at --init_timeout, a stop signal while waiting ends it at once, and
 once joined the run's own SIGTERM handler is back (JAX's preemption notifier takes it over)."""
@@ -14,7 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from mombo_jax import checkpoint, config as config_lib, distributed, runner
+from mombo_jax.run import distributed, runner
+from mombo_jax.settings import config as config_lib
+from mombo_jax.storage import checkpoint
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -189,7 +191,7 @@ def test_coordinator_port_in_use_is_refused_in_one_line():
 
 _JOIN_THEN_SIGTERM = """
 import os, signal, sys, time
-from mombo_jax import distributed
+from mombo_jax.run import distributed
 got = []
 signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
 distributed.initialize(sys.argv[1], 2, int(sys.argv[2]), timeout=60)

@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax import config as config_lib
-from mombo_jax import dynamics, dynamics_training, saved_dynamics, termination
-from mombo_jax.data import Transitions
+from mombo_jax.settings import config as config_lib
+from mombo_jax.core import dynamics, termination
+from mombo_jax.run import dynamics_training, saved_dynamics
+from mombo_jax.data.transitions import Transitions
 
 # Tiny ensemble: 3 members, 2 elites, 2 x 32 hidden.
 TINY = dict(dyn_hidden=(32, 32), dyn_weight_decay=(2.5e-5, 5e-5, 1e-4), dyn_members=3,
@@ -182,7 +183,7 @@ def test_save_load_round_trip(fitted, tmp_path):
 def _legacy_save(path, dyn, cfg, **meta_changes):
   """Writes dyn as dynamics.save did before saved_dynamics: a plain dict tree, metadata with the
   reuse key under "identity"; meta_changes: None drops a field, anything else sets it."""
-  from mombo_jax import checkpoint
+  from mombo_jax.storage import checkpoint
   meta = dict(dyn_members=cfg.dyn_members, dyn_elites=cfg.dyn_elites,
               dyn_hidden=list(cfg.dyn_hidden), dyn_weight_decay=list(cfg.dyn_weight_decay),
               dyn_max_logvar_init=cfg.dyn_max_logvar_init,
@@ -197,7 +198,7 @@ def _legacy_save(path, dyn, cfg, **meta_changes):
 def test_load_restores_earlier_saves_against_a_typed_template(tmp_path):
   """Saves written before the split load as a DynamicsState (seed axis from num_seeds); metadata
   that cannot build the template, or that disagrees with the arrays, is refused in one error."""
-  from mombo_jax import checkpoint
+  from mombo_jax.storage import checkpoint
   cfg = _config()
   dyn = jax.vmap(lambda k: dynamics.init_state(k, 3, 2, cfg))(jax.random.split(
       jax.random.PRNGKey(0), 2))
@@ -327,7 +328,8 @@ def test_termination_of_non_finite_and_far_states():
 def test_train_dynamics_cli(tmp_path, monkeypatch):
   """experiments.train_dynamics' work (dynamics_store.train_dynamics) end to end on a tiny
   in-memory dataset (no Minari, no network)."""
-  from mombo_jax import data as data_lib, dynamics_store, provenance
+  from mombo_jax.data import transitions as data_lib, provenance
+  from mombo_jax.run import dynamics_store
   from mombo_jax.errors import UserError
   rng = np.random.default_rng(0)
   n, s, a = 300, 11, 3
@@ -361,7 +363,7 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
 def test_interrupted_training_resumes_to_the_same_ensemble(fitted, tmp_path):
   """should_stop -> checkpoint + Interrupted; the same call resumes and ends bit for bit where an
   uninterrupted call ends (same compiled functions, same machine). Another reuse key is refused."""
-  from mombo_jax import checkpoint
+  from mombo_jax.storage import checkpoint
   _, data, _, _ = fitted
   cfg = _config(dyn_patience=10, dyn_max_epochs=6, dyn_checkpoint_every_s=0.0)
   keys = jax.random.split(jax.random.PRNGKey(4), 2)

@@ -14,11 +14,13 @@ import jax
 import numpy as np
 import pytest
 
-from mombo_jax import (checkpoint, config as config_lib, dynamics, dynamics_store,
-                       dynamics_training, key_scheme, provenance, saved_dynamics,
-                       workdir as workdir_lib)
-from mombo_jax.config import Config
-from mombo_jax.data import Transitions
+from mombo_jax.core import dynamics, key_scheme
+from mombo_jax.data import provenance
+from mombo_jax.run import dynamics_store, dynamics_training, saved_dynamics, workdir as workdir_lib
+from mombo_jax.settings import config as config_lib
+from mombo_jax.storage import checkpoint
+from mombo_jax.settings.config import Config
+from mombo_jax.data.transitions import Transitions
 from mombo_jax.errors import UserError
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401
 
@@ -177,8 +179,8 @@ def test_a_resume_takes_its_dynamics_from_its_checkpoint(tiny_run, tmp_path,  # 
                                                         monkeypatch):
   """A run with checkpoints needs no saved ensemble (its TrainState holds the dynamics): resuming
   neither trains nor reads one, and a legacy save in its dynamics folder does not stop it."""
-  from mombo_jax import runner
-  from mombo_jax.groups import Group
+  from mombo_jax.run import runner
+  from mombo_jax.run.groups import Group
   workdir, state = tiny_run
   run = str(tmp_path / "run")
   shutil.copytree(workdir, run)

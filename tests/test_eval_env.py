@@ -13,8 +13,10 @@ import mujoco
 import numpy as np
 import pytest
 
-from mombo_jax import cards, dataset_writer, envs, evaluate, minari_io, recording
-from mombo_jax.config import make_config
+from mombo_jax.build import cards, dataset_writer, recording
+from mombo_jax.data import minari_io
+from mombo_jax.env import envs, evaluate
+from mombo_jax.settings.config import make_config
 from tests.test_import_d4rl import _simulate, _write_d4rl
 
 IMPORTED = "test-eval/walker2d/medium-v2"
@@ -32,7 +34,7 @@ def _friction(env) -> float:
 def datasets(minari_root, tmp_path_factory):
   """A tiny D4RL-style walker2d file imported as IMPORTED, and SELF_BUILT, episodes written the
   way the collector writes them (no eval env given: v5)."""
-  from mombo_jax import d4rl
+  from mombo_jax.build import d4rl
   path = _write_d4rl(tmp_path_factory.mktemp("d4rl") / "walker2d_medium-v2.hdf5",
                      _simulate("walker2d", rows=120))
   d4rl.import_file(path, "walker2d-medium", IMPORTED, overwrite=True, log_fn=lambda *_: None)
@@ -101,7 +103,7 @@ def test_each_group_of_a_launch_is_evaluated_in_its_datasets_env(datasets):
   """group_run.build_evaluators gives groups of datasets with other physics their own Evaluator
   (and shares one between groups of the same)."""
   from types import SimpleNamespace
-  from mombo_jax import group_run
+  from mombo_jax.run import group_run
   config = make_config("walker2d-medium", preset="tiny", actor_hidden=(8,), num_seeds=1,
                        eval_episodes=1)
   runs = [SimpleNamespace(group=SimpleNamespace(dataset=d), config=config, evaluator=None)
@@ -121,7 +123,7 @@ def test_each_group_of_a_launch_is_evaluated_in_its_datasets_env(datasets):
 def test_table2_and_rendering_meet_the_datasets_env(datasets, monkeypatch, tmp_path):
   """quantifier_quality.real_transitions and render.render build the env of the dataset (a policy
   loaded from a run records it; an older policy file is resolved from its dataset)."""
-  from mombo_jax import quantifier_quality, render
+  from mombo_jax.analysis import quantifier_quality, render
   seen = []
 
   def fake_run_episodes(make_env, policy, episodes, seed):

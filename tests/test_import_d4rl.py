@@ -11,8 +11,10 @@ import h5py
 import numpy as np
 import pytest
 
-from mombo_jax import (cards, d4rl, d4rl_physics, d4rl_stats, data, envs, errors, minari_io,
-                       provenance, scores)
+from mombo_jax import errors
+from mombo_jax.build import cards, d4rl, d4rl_physics
+from mombo_jax.data import d4rl_stats, transitions as data, minari_io, provenance, scores
+from mombo_jax.env import envs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 S, A = 11, 3
@@ -122,7 +124,7 @@ def test_round_trip_equals_the_loaders(minari_root, tmp_path, next_obs, timeouts
   assert f"(--timeouts={timeouts}" in card
   assert envs.make_env(dataset_id).spec.id == "Hopper-v5"
   if next_obs:
-    from mombo_jax.minari_io import read_episodes
+    from mombo_jax.data.minari_io import read_episodes
     episodes = read_episodes(dataset_id)
     # keep: terminal | timeout | cut by the broken chain | timeout | trailing rows
     # drop: the timed-out rows 6 and 9 and the last row 11 go, the chain still cuts after row 7

@@ -1,4 +1,4 @@
-"""Initial parameter values against the references' formulas (mombo_jax/inits.py).
+"""Initial parameter values against the references' formulas (mombo_jax/core/inits.py).
 
 Actor and critics: torch.nn.Linear's default, kernel and bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))
 (adinlab/MOMBO models/nets.py, models/dist.py). Dynamics members: EnsembleLinear's kernel
@@ -18,7 +18,8 @@ import pytest
 from flax.traverse_util import flatten_dict
 from scipy import stats
 
-from mombo_jax import config as config_lib, dynamics, inits, sac
+from mombo_jax.core import dynamics, inits, sac
+from mombo_jax.settings import config as config_lib
 
 OBS, ACT = 17, 6          # walker2d / halfcheetah sizes
 KEYS = 16                 # initialisations pooled per layer

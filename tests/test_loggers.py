@@ -1,4 +1,4 @@
-"""The loggers besides metrics.csv (mombo_jax.loggers, experiments.run --log): names validated
+"""The loggers besides metrics.csv (mombo_jax.run.loggers, experiments.run --log): names validated
 before any work, TensorBoard event files and an offline W&B run read back, and a resumed run that
 appends without duplicating a step. runner.train_run with --log=tensorboard end to end: test_run.py."""
 import glob
@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from mombo_jax import loggers
+from mombo_jax.run import loggers
 from mombo_jax.errors import UserError
 
 RECORD = dict(dataset="hopper-random", algo="mombo", target="elite_spread", beta=0.5,

@@ -1,6 +1,6 @@
-"""Moment matching vs Monte Carlo (mombo_jax.mm_vs_mc, experiments.mm_vs_mc): with a linear critic,
-where moment matching is exact, the Monte Carlo estimates converge to the MM mean with an error
-that shrinks like sqrt(v / N); the script runs end to end on a run folder."""
+"""Moment matching vs Monte Carlo (mombo_jax.analysis.mm_vs_mc, experiments.mm_vs_mc): with a linear
+critic, where moment matching is exact, the Monte Carlo estimates converge to the MM mean with an
+error that shrinks like sqrt(v / N); the script runs end to end on a run folder."""
 import csv
 import os
 import subprocess
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mombo_jax import mm_vs_mc, trained
-from mombo_jax.critics import MMCritic
+from mombo_jax.analysis import mm_vs_mc, trained
+from mombo_jax.core.critics import MMCritic
 from tests.conftest_runs import tiny_run  # noqa: F401  (session fixture)
 
 NS = (2, 10, 100, 1000, 10000)

@@ -7,7 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from mombo_jax import buffer, outputs, overestimation, runner
+from mombo_jax.core import buffer
+from mombo_jax.run import outputs, overestimation, runner
 
 
 def _batch(rewards):
@@ -86,7 +87,7 @@ def test_a_run_flags_critics_above_a_tiny_bound(hopper_random_2000, tmp_path, mo
   """A run whose bound is forced below any Q (shifted by -1e6: an untrained critic's mean Q may
   have either sign): every seed passes it, each is warned about once, flagged in metrics.csv and
   summary.json, and the run finishes as usual (no divergence)."""
-  from mombo_jax import config as config_lib
+  from mombo_jax.settings import config as config_lib
   real_bound = overestimation.return_bound
   monkeypatch.setattr(overestimation, "return_bound",
                       lambda rewards, gamma: real_bound(rewards, gamma) - 1e6)

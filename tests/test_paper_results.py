@@ -1,13 +1,13 @@
-"""mombo_jax.paper_results: the paper's published numbers, pinned cell by cell against the paper
-(a few by hand below; all of them against the LaTeX source when it is on this machine) and checked
-against the paper's own average rows."""
+"""mombo_jax.report.paper_results: the paper's published numbers, pinned cell by cell against the
+paper (a few by hand below; all of them against the LaTeX source when it is on this machine) and
+checked against the paper's own average rows."""
 import os
 import re
 
 import numpy as np
 import pytest
 
-from mombo_jax import paper_results as pr
+from mombo_jax.report import paper_results as pr
 
 # Where a copy of the paper's LaTeX source may be: a test oracle only (paper_results' numbers
 # are typed from the paper's tables, not read from it); the test skips when there is none.

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from experiments import _cli as cli_shell
-from mombo_jax import policy as policy_lib, render, sac
+from mombo_jax.analysis import policy as policy_lib, render
+from mombo_jax.core import sac
 from mombo_jax.errors import UserError
-from mombo_jax.workdir import Workdir
+from mombo_jax.run.workdir import Workdir
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401
 
 
@@ -79,7 +80,7 @@ def test_export_round_trip(tiny_run, policy, tmp_path):
                 "config", "log_std_min", "log_std_max", "action_dtype", "eval_env"):
     assert getattr(loaded, field) == getattr(exported, field), field
   # The env its run was evaluated in travels with it (rendering builds it; tests/test_eval_env.py).
-  from mombo_jax import envs
+  from mombo_jax.env import envs
   assert loaded.eval_env == envs.standard_env_spec("hopper") == envs.eval_env_spec(DATASET)
   np.testing.assert_array_equal(loaded.action_low, policy.action_low)
   obs = np.random.default_rng(2).normal(size=(7, 11))
@@ -243,7 +244,7 @@ class _BrokenGL:
 
 
 def test_video_and_renderer_problems_are_one_line(policy, tmp_path, monkeypatch):
-  from mombo_jax import envs
+  from mombo_jax.env import envs
   with pytest.raises(UserError, match="written as .gif or .mp4") as e:
     render.render(policy, str(tmp_path / "ep.avi"))
   assert _one_line(e)

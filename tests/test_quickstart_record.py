@@ -7,7 +7,7 @@ import re
 import pytest
 
 from benchmarks import quickstart
-from mombo_jax import config as config_lib
+from mombo_jax.settings import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMAND = ("python3 -m pip install -r requirements.txt -e . && python3 -m experiments.run "

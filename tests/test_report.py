@@ -1,8 +1,8 @@
 """experiments.report and the modules behind it: the table rule (bold, underline, ranks;
-mombo_jax.tables) on fixed tables, including the paper's own Table 1; the statistics (bootstrap
-interval, mean of the last evaluations), labels and grouping (MOMBO's target, beta never pooled;
-mombo_jax.results); the paper's columns; the writer's faults. Its run folders in the real on-disk
-format (_write_run); the writer end to end on them: tests/test_report_written.py."""
+mombo_jax.report.tables) on fixed tables, including the paper's own Table 1; the statistics
+(bootstrap interval, mean of the last evaluations), labels and grouping (MOMBO's target, beta never
+pooled; mombo_jax.report.results); the paper's columns; the writer's faults. Its run folders in the
+real on-disk format (_write_run); the writer end to end on them: tests/test_report_written.py."""
 import dataclasses
 import json
 import os
@@ -13,8 +13,10 @@ import sys
 import numpy as np
 import pytest
 
-from mombo_jax import (atomic, config as config_lib, outputs, paper_results, report, results,
-                       tables)
+from mombo_jax.report import paper_results, report, results, tables
+from mombo_jax.run import outputs
+from mombo_jax.settings import config as config_lib
+from mombo_jax.storage import atomic
 from mombo_jax.errors import UserError
 
 NAN = np.nan
@@ -94,7 +96,8 @@ def test_the_rule_reproduces_the_papers_table(cells, bold, under, avg_rank):
 
 @pytest.mark.parametrize("cells, metric", [(PAPER_FINAL, "final"), (PAPER_AULC, "aulc")])
 def test_paper_results_agree_with_this_files_transcription(cells, metric):
-  """Two transcriptions of Table 1 made independently (this file's, mombo_jax.paper_results')."""
+  """Two transcriptions of Table 1 made independently (this file's,
+  mombo_jax.report.paper_results')."""
   tasks = [f"{e}-{q}" for q in ("random", "medium", "medium-replay", "medium-expert")
            for e in ("halfcheetah", "hopper", "walker2d")]
   for task, row in zip(tasks, cells):
@@ -108,7 +111,7 @@ def _write_run(path, env, algo, seeds, scores, target="lcb", diverged=(), preset
                data=None, **overrides):
   """A run workdir exactly as experiments.run leaves it: config.json (the config's fields plus
   the dataset, and `data`, the dataset's record, when given), metrics.csv (one row per seed per
-  evaluation) and summary.json, through the writers in mombo_jax.outputs. scores [T, S]: T
+  evaluation) and summary.json, through the writers in mombo_jax.run.outputs. scores [T, S]: T
   evaluations spread over the preset's epochs (the paper's full budget by default: the report
   marks a run below it)."""
   os.makedirs(path, exist_ok=True)

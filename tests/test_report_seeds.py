@@ -11,11 +11,13 @@ import os
 import numpy as np
 import pytest
 
-from mombo_jax import (atomic, config as config_lib, group_run, outputs, overestimation, report,
-                       results)
+from mombo_jax.report import report, results
+from mombo_jax.run import group_run, outputs, overestimation
+from mombo_jax.settings import config as config_lib
+from mombo_jax.storage import atomic
 from mombo_jax.errors import UserError
-from mombo_jax.groups import Group
-from mombo_jax.workdir import Workdir
+from mombo_jax.run.groups import Group
+from mombo_jax.run.workdir import Workdir
 from tests.test_report import _md_block, _number, _write_run
 
 FINAL = "Normalised score (final evaluation)"
@@ -171,7 +173,7 @@ def _record(env="hopper-random", algo="mombo", preset="paper", **fields):
 
 
 def test_what_falls_short_of_the_papers_setup():
-  from mombo_jax import paper_setup
+  from mombo_jax.report import paper_setup
   assert paper_setup.shortfalls(_record(data={"num_transitions": 1_000_000})) == []
   assert paper_setup.shortfalls(dict(_record(), epochs=300)) == [
       "300,000 gradient steps (paper: 3,000,000)"]

@@ -1,5 +1,5 @@
-"""experiments.report's writer end to end (mombo_jax.report) on run folders written in the real
-on-disk format by mombo_jax.outputs' writers (tests.test_report._write_run): one report of
+"""experiments.report's writer end to end (mombo_jax.report.report) on run folders written in the
+real on-disk format by mombo_jax.run.outputs' writers (tests.test_report._write_run): one report of
 synthetic runs whose per-seed scores are known, written once (the `written` fixture), and one
 proposition of it per test: columns, numbers, marks, averages, ranks, footnotes, pooling, figures,
 LaTeX, CSV; then the command line."""
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from mombo_jax import paper_results, report, results, tables
+from mombo_jax.report import paper_results, report, results, tables
 from tests.test_report import NAN, _md_block, _number, _write_run
 
 

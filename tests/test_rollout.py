@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax import buffer, dynamics, rollout
-from mombo_jax import config as config_lib
+from mombo_jax.core import buffer, dynamics, rollout
+from mombo_jax.settings import config as config_lib
 
 S, A, N, K = 3, 2, 64, 4
 TERM_THRESHOLD = 0.3     # the test's termination: action[0] > 0.3 (about 35 % per step)

@@ -13,12 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax import (buffer, compilation_cache, config as config_lib, data, dynamics,
-                       dynamics_store, outputs, preflight, provenance, run_dataset, runner, sac,
-                       scores)
-from mombo_jax import train as train_lib
+from mombo_jax.core import buffer, dynamics, sac
+from mombo_jax.data import transitions as data, provenance, scores
+from mombo_jax.run import compilation_cache, dynamics_store, outputs, preflight, run_dataset, runner
+from mombo_jax.settings import config as config_lib
+from mombo_jax.core import train as train_lib
 from mombo_jax.errors import UserError
-from mombo_jax.workdir import Workdir
+from mombo_jax.run.workdir import Workdir
 
 DATASET = "hopper-random"
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -478,7 +479,8 @@ def test_the_loaded_policy_reproduces_the_runs_evaluation_returns(mombo_run):
   a plain env with its actions, returns what the run's last evaluation recorded in metrics.csv, on
   the env seeds that evaluation used (group_run.evaluate: Evaluator.run(actors, seed=10_000 *
   config.seed + epoch), env (s, e) reset with evaluate.env_seeds(that, S, episodes)[s, e])."""
-  from mombo_jax import envs, evaluate, load_policy
+  from mombo_jax import load_policy
+  from mombo_jax.env import envs, evaluate
   workdir, _ = mombo_run
   wd = Workdir(str(workdir))
   config, _ = wd.read_config()
@@ -510,7 +512,7 @@ def test_tensorboard_logger_follows_metrics_csv_across_a_resume(dataset, dyn_dir
   """runner.train_run(log_to=("csv", "tensorboard")) stopped after epoch 1 and resumed: each seed's
   TensorBoard run (<workdir>/tb/seed<s>) holds every metrics.csv evaluation once, at its gradient
   step (the purge of a killed launch's events: test_loggers.py)."""
-  from mombo_jax import loggers
+  from mombo_jax.run import loggers
   config, log = _config("mombo", num_seeds=2), ("csv", "tensorboard")
   assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1,
                           log_to=log) is None
@@ -571,7 +573,7 @@ def test_evaluation_overlaps_the_next_device_call(dataset, dyn_dir, tmp_path, mo
   epoch 2 is dispatched: the fake returns wait for that dispatch (a sequential loop would make
   them time out). The rows are the same as an uninterrupted run's."""
   import threading
-  from mombo_jax import group_run
+  from mombo_jax.run import group_run
   straight, _ = mombo_run
   dispatched, waited = threading.Event(), {}
   compile_chunk, returns_all = runner.compile_chunk, group_run.returns_all

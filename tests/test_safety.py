@@ -14,9 +14,11 @@ import sys
 
 import pytest
 
-from mombo_jax import (checkpoint, config as config_lib, dynamics_store, locks, run_dataset, runner)
+from mombo_jax.run import dynamics_store, run_dataset, runner
+from mombo_jax.settings import config as config_lib
+from mombo_jax.storage import checkpoint, locks
 from mombo_jax.errors import UserError
-from mombo_jax.workdir import Workdir
+from mombo_jax.run.workdir import Workdir
 
 DATASET = "hopper-random"
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -32,7 +34,7 @@ def _env(**extra):
 
 def _hold(folder, name=".lock"):
   """A real second process holding the lock of `folder` until killed."""
-  code = ("import sys, time; from mombo_jax import locks; "
+  code = ("import sys, time; from mombo_jax.storage import locks; "
           f"locks.FolderLock({str(folder)!r}, {name!r}).acquire(); print('held', flush=True); "
           "time.sleep(600)")
   proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
@@ -146,7 +148,7 @@ def test_a_refused_grid_leaves_no_folder_and_stale_saves_are_removed(hopper_rand
   """A --datasets grid refused when its second dataset is missing creates no cell folder; an
   unfinished checkpoint folder a killed save left is removed by the next launch (holding the
   lock), a reader never removes it."""
-  from mombo_jax import groups as groups_lib
+  from mombo_jax.run import groups as groups_lib
   root = tmp_path / "runs"
   groups = groups_lib.plan_groups("hopper-random", "mombo", "tiny", dict(TINY),
                                   ["hopper-random", "hopper-medium"], None, str(root))
@@ -213,7 +215,7 @@ def test_empty_lists_are_refused_in_one_line(tmp_path):
     line = _one_error_line(out)
     assert flag in line and "empty" in line
   assert not (tmp_path / "w").exists()
-  from mombo_jax import groups as groups_lib
+  from mombo_jax.run import groups as groups_lib
   with pytest.raises(UserError, match="empty"):
     groups_lib.plan_groups("hopper-random", "mombo", "tiny", {}, None, [], str(tmp_path))
 
@@ -234,7 +236,7 @@ def test_a_failed_checkpoint_save_is_one_error_and_leaves_nothing(tmp_path, monk
   is removed and the earlier checkpoint restores."""
   import numpy as np
   import orbax.checkpoint as ocp
-  from mombo_jax import checkpoint
+  from mombo_jax.storage import checkpoint
   ckpt = checkpoint.RunCheckpointer(str(tmp_path / "ck"))
   state = {"w": np.arange(4, dtype=np.float32)}
   ckpt.save(1, state, {"epoch": 1})
@@ -270,7 +272,7 @@ def test_a_save_that_cannot_fit_is_refused_before_orbax_writes(tmp_path, monkeyp
   Orbax writes anything (its mid-write failures come with pages of tensorstore noise)."""
   import collections
   import numpy as np
-  from mombo_jax import checkpoint
+  from mombo_jax.storage import checkpoint
   ckpt = checkpoint.RunCheckpointer(str(tmp_path / "ck"))
   usage = collections.namedtuple("usage", "total used free")
   monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(10**9, 10**9, 1000))
@@ -283,7 +285,7 @@ def test_a_save_that_cannot_fit_is_refused_before_orbax_writes(tmp_path, monkeyp
 def test_a_second_sweep_into_one_folder_is_refused(tmp_path):
   """sweep.json has one writer: a sweep into a folder another sweep holds is refused naming it,
   before any cell is launched."""
-  from mombo_jax import sweep
+  from mombo_jax.run import sweep
   holder = _hold(tmp_path / "out", ".sweep.lock")
   launched = []
   try:

@@ -17,7 +17,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _tiny_config(num_seeds):
-  from mombo_jax import config as config_lib
+  from mombo_jax.settings import config as config_lib
   return config_lib.make_config(
       "hopper-random", "mombo", preset="tiny", num_seeds=num_seeds, steps_per_epoch=2,
       rollout_batch_size=8, rollout_length=2, batch_size=8, actor_hidden=(8,), critic_hidden=(8,),
@@ -29,8 +29,8 @@ def _train(out_path):
   restored checkpoint; saves the state and metrics leaves of both."""
   import jax
   import jax.numpy as jnp
-  from mombo_jax import buffer, dynamics
-  from mombo_jax import train as train_lib
+  from mombo_jax.core import buffer, dynamics
+  from mombo_jax.core import train as train_lib
 
   cfg = _tiny_config(SEEDS)
   rng = np.random.default_rng(0)
@@ -55,7 +55,7 @@ def _train(out_path):
   chunk_fn = train_lib.make_cells_chunk(cfg, SEEDS, EPOCHS)
   state, first = chunk_fn(state, real, keys, cells, 0, EPOCHS)
   # A run checkpoint restores onto the template's sharding, ready for the compiled program.
-  from mombo_jax import checkpoint
+  from mombo_jax.storage import checkpoint
   ckpt = checkpoint.RunCheckpointer(out_path + ".ckpt")
   ckpt.save(EPOCHS, state)
   _check_shards(ckpt, EPOCHS, state)
@@ -80,8 +80,8 @@ def _check_shards(ckpt, step, state):
   bytes disagree is named on restore. A group's cells (train.take_cells) stay where they are."""
   import json
   import jax
-  from mombo_jax import checkpoint
-  from mombo_jax import train as train_lib
+  from mombo_jax.storage import checkpoint
+  from mombo_jax.core import train as train_lib
   devices = len(jax.devices())
   step_dir = ckpt.path(step)
   with open(os.path.join(step_dir, "meta", "metadata")) as f:
@@ -128,7 +128,8 @@ def _check_shards(ckpt, step, state):
 def _refuse():
   """make_cells_epoch and the launch's validate (experiments.run's checks) refuse 3 seeds on 4
   devices."""
-  from mombo_jax import preflight, train as train_lib
+  from mombo_jax.core import train as train_lib
+  from mombo_jax.run import preflight
   from mombo_jax.errors import UserError
   try:
     train_lib.make_cells_epoch(_tiny_config(3), 3)

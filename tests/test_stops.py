@@ -1,5 +1,5 @@
-"""Every stop in seconds, and every stop resumes exactly (mombo_jax.stops): dynamics training stops
-between device calls of about stops.CHUNK_SECONDS inside an epoch, the collector's online SAC
+"""Every stop in seconds, and every stop resumes exactly (mombo_jax.env.stops): dynamics training
+stops between device calls of about stops.CHUNK_SECONDS inside an epoch, the collector's online SAC
 between env steps, amid a chunk of gradient steps and amid an evaluation, a recording between its
 rounds; what each saves resumes bit for bit (same machine, same process kind)."""
 import os
@@ -12,9 +12,12 @@ import jax
 import numpy as np
 import pytest
 
-from mombo_jax import config as config_lib
-from mombo_jax import (dataset_writer, dynamics_training, envs, errors, minari_io, online_sac,
-                       recipes, stops)
+from mombo_jax.settings import config as config_lib
+from mombo_jax import errors
+from mombo_jax.build import dataset_writer, online_sac, recipes
+from mombo_jax.data import minari_io
+from mombo_jax.env import envs, stops
+from mombo_jax.run import dynamics_training
 from tests.conftest import minari_root_at
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,7 +62,7 @@ def _watch(proc, triggers, deadline_s, sig, delay_s=0.0):
 # ------------------------------------------------------------------------------------- dynamics
 
 def _hetero(n, seed=0):
-  from mombo_jax.data import Transitions
+  from mombo_jax.data.transitions import Transitions
   rng = np.random.default_rng(seed)
   s = rng.uniform(-1, 1, (n, 2)).astype(np.float32)
   a = rng.uniform(-1, 1, (n, 1)).astype(np.float32)
@@ -129,7 +132,7 @@ def test_sigterm_mid_dynamics_epoch_stops_within_seconds(tmp_path):
   assert "minibatches an epoch" in out and "dynamics epoch 1:" not in out, out
   assert "Traceback" not in out and "the same command resumes" in out, out
   import glob
-  from mombo_jax import checkpoint
+  from mombo_jax.storage import checkpoint
   found = glob.glob(str(tmp_path / "dyn" / "seed0x4*.partial"))   # <path>.partial (workdir)
   assert len(found) == 1, found
   partial = checkpoint.RunCheckpointer(found[0])
@@ -237,7 +240,7 @@ def test_sigterm_mid_sac_chunk_stops_within_seconds_and_resumes_bit_for_bit(tmp_
   again = launch("stopped")
   out = again.communicate(timeout=300)[0]
   assert again.returncode == 0 and "resumed the SAC run at step 1600" in out, out
-  from mombo_jax import data
+  from mombo_jax.data import transitions as data
   read = {}
   for name in ("straight", "stopped"):
     with minari_root_at(tmp_path / name):
@@ -271,8 +274,9 @@ def test_a_stop_during_an_evaluation_does_not_wait_for_it_and_resumes_bit_for_bi
   (its checkpoint holds what its rows need), writes that evaluation's rows and ends with the
   metrics, summary and parameters of an uninterrupted run."""
   import threading
-  from mombo_jax import env_pool, runner
-  from mombo_jax.workdir import Workdir
+  from mombo_jax.env import env_pool
+  from mombo_jax.run import runner
+  from mombo_jax.run.workdir import Workdir
   cfg = config_lib.make_config(hopper_random_2000, "mombo", preset="tiny", epochs=2,
                                steps_per_epoch=5, rollout_batch_size=32, eval_every=1,
                                eval_episodes=1)
@@ -309,9 +313,9 @@ def test_a_launch_passes_its_stop_on_to_the_collector_it_started(tmp_path):
   sent to the launch alone reaches the child as a stop request (SIGUSR1 to its StopFlag), which
   stops as from a first signal (143) and is not taken as a second one (no abort)."""
   import threading
-  from mombo_jax import stops
+  from mombo_jax.env import stops
   ready = tmp_path / "ready"
-  child = ("import sys, time\nfrom mombo_jax import stops\nf = stops.StopFlag()\nf.install()\n"
+  child = ("import sys, time\nfrom mombo_jax.env import stops\nf = stops.StopFlag()\nf.install()\n"
            f"open({str(ready)!r}, 'w').close()\n"
            "while not f():\n  time.sleep(0.02)\nf._passed_on(None, None)\n"   # a 2nd: no abort
            "sys.exit(128 + f.signum)\n")

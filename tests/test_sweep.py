@@ -1,4 +1,4 @@
-"""mombo_jax/sweep.py (behind experiments.sweep): the grid of cells, shared dynamics,
+"""mombo_jax/run/sweep.py (behind experiments.sweep): the grid of cells, shared dynamics,
 skip-when-finished, failure and interruption records, the status history, finished cells of
 another setup refused, only validated flags passed on, SIGTERM's exit status, an unwritable --out;
 one real tiny sweep through the CLI."""
@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from mombo_jax import errors, sweep
+from mombo_jax import errors
+from mombo_jax.run import sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET = dict(preset="tiny", epochs=1, steps_per_epoch=5, rollout_batch_size=32, eval_episodes=1,
@@ -29,7 +30,7 @@ def _cells(out, envs=("hopper-random", "walker2d-random"), algos=("mombo", "mopo
 def _finish(cell, diverged=()):
   """What experiments.run leaves in a finished cell's folder, as far as the sweep reads it: the
   config.json of the cell's config and a summary.json."""
-  from mombo_jax import workdir
+  from mombo_jax.run import workdir
   wd = workdir.Workdir(cell.workdir)
   wd.write_config(workdir.config_record(cell.config, cell.env))
   wd.write_summary({"diverged": [{"seed": s, "epoch": 1, "quantity": "params"}
@@ -71,7 +72,8 @@ def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_
   dynamics settings for it (e.g. an epoch cap), so which cells share is computed from the cells'
   configs, not assumed. Cells with equal settings share one folder, others do not; the plan
   names each ensemble's cells, the settings that keep them apart and each value's source."""
-  from mombo_jax import config as config_lib, references, saved_dynamics
+  from mombo_jax.run import saved_dynamics
+  from mombo_jax.settings import config as config_lib, references
   env, algos = "walker2d-medium", ("mombo", "mobile", "mopo")
   cells = sweep.plan([env], list(algos), seeds=3, seed=0, out=str(tmp_path),
                      budget={"preset": preset})
@@ -287,7 +289,7 @@ _CHILD = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sy
           "print('ready', flush=True); time.sleep(60)")
 _SWEEP = """
 import sys
-from mombo_jax import sweep
+from mombo_jax.run import sweep
 out = sys.argv[1]
 child = (sys.executable, "-c", sys.argv[2])
 cells = [sweep.SweepCell("hopper-random", a, f"{out}/{a}", f"{out}/dynamics", child)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from mombo_jax import buffer, config as config_lib, dynamics, sac, targets, termination
+from mombo_jax.core import buffer, dynamics, sac, targets, termination
+from mombo_jax.settings import config as config_lib
 
 B, S, A = 16, 5, 2
 RTOL, ATOL = 2e-4, 2e-4
@@ -126,7 +127,7 @@ def test_mopo_soft_target(cfg, agent, batch):
   key = jax.random.PRNGKey(5)
   y, _ = targets.get_target(mopo_cfg)(agent, batch, key, dyn=None, config=mopo_cfg, term_fn=None)
   mean, log_std = agent.actor.apply_fn(agent.actor.params, batch.next_obs)
-  from mombo_jax.critics import sample_tanh_gaussian
+  from mombo_jax.core.critics import sample_tanh_gaussian
   a, logp = map(np.asarray, sample_tanh_gaussian(mean, log_std, key))
   nb = jax.tree.map(np.asarray, batch)
   alpha = np.exp(mopo_cfg.log_alpha_init)
@@ -264,7 +265,7 @@ def test_mobile(cfg, agent, batch, dyn):
 
 
 def _logp(agent, obs, key, cfg):
-  from mombo_jax.critics import sample_tanh_gaussian
+  from mombo_jax.core.critics import sample_tanh_gaussian
   mean, log_std = agent.actor.apply_fn(agent.actor.params, obs)
   return np.asarray(sample_tanh_gaussian(mean, log_std, key)[1], np.float64)
 

@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax import buffer, config as config_lib, dynamics
-from mombo_jax import train as train_lib
+from mombo_jax.core import buffer, dynamics
+from mombo_jax.settings import config as config_lib
+from mombo_jax.core import train as train_lib
 
 S_DIM, A_DIM, N = 11, 3, 256
 SEEDS = 2

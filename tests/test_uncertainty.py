@@ -1,4 +1,4 @@
-"""The uncertainty-quantifier experiment (mombo_jax.uncertainty_runs, quantifier_quality;
+"""The uncertainty-quantifier experiment (mombo_jax.analysis.uncertainty_runs, quantifier_quality;
 the paper's Table 2, docs/protocol.md "Table 2 (uncertainty quantifiers): the reading"): the scores
 on known Bellman errors, the definition against a closed form (linear critic, Gaussian policy and
 model), U against what the run's own target subtracts, the two alternative readings (the real
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from mombo_jax import (buffer, dynamics, quantifier_quality, targets, termination, trained,
-                       uncertainty_runs)
+from mombo_jax.analysis import quantifier_quality, trained, uncertainty_runs
+from mombo_jax.core import buffer, dynamics, targets, termination
 from tests.conftest_runs import tiny_run  # noqa: F401  (session fixture)
 
 
@@ -318,7 +318,7 @@ def test_policy_states_are_recorded_in_the_runs_dataset_env(tiny_run, monkeypatc
 
 
 def test_dataset_states_are_one_fixed_draw():
-  from mombo_jax import data
+  from mombo_jax.data import transitions as data
   n = 50
   t = data.Transitions(observations=np.arange(n * 2, dtype=np.float32).reshape(n, 2),
                        actions=np.zeros((n, 1), np.float32), rewards=np.arange(n, dtype=np.float32),
@@ -341,7 +341,7 @@ def test_table_has_the_papers_numbers_beside_the_as_trained_blocks():
   """Table 2's own numbers (paper_results) stand in their own columns beside the as-trained
   accuracy and tightness on the paper's datasets only, never in the U / beta blocks, with the
   note saying what they compare with; ours keep the bold / underline rule to themselves."""
-  from mombo_jax import paper_results
+  from mombo_jax.report import paper_results
   rows = [dict(run="r", env="hopper", dataset=dataset, algo=algo, target="", states="policy",
                seed=seed, epoch=1, beta=2.0, transitions=10, draws=5, num_policy=7,
                accuracy=0.1 * (seed + 1), tightness=-1.0 - seed, accuracy_unscaled=0.05,
@@ -374,7 +374,7 @@ def test_table_has_the_readings_blocks_and_columns(tmp_path):
   ones only; MOMBO's U as eq. (1) is MOMBO's (–, never a number, for MOBILE); no background
   document is cited."""
   import csv
-  from mombo_jax import paper_results
+  from mombo_jax.report import paper_results
   base = dict(run="r", env="hopper", dataset="hopper-random", target="", states="policy", epoch=1,
               beta=2.0, transitions=10, draws=5, num_policy=7, accuracy=0.5, tightness=-1.0,
               accuracy_unscaled=0.05, tightness_unscaled=-2.0, penalty_mean=2.0,
@@ -444,7 +444,7 @@ def test_help_describes_the_definition():
 @pytest.mark.slow
 @pytest.mark.parametrize("states", ["policy", "dataset"])
 def test_experiment_end_to_end(tiny_run, tmp_path, states):
-  from mombo_jax import paper_results
+  from mombo_jax.report import paper_results
   workdir, _ = tiny_run
   assert uncertainty_runs.find_run_dirs([workdir, workdir + "/"]) == [workdir]
   with pytest.raises(ValueError, match=f"No runs.*found under {tmp_path}"):
@@ -508,7 +508,7 @@ def test_experiment_end_to_end(tiny_run, tmp_path, states):
   with open(csv_path) as f:
     assert len(f.read().strip().splitlines()) == 1 + len(rows)
   if states == "dataset":
-    from mombo_jax import data
+    from mombo_jax.data import transitions as data
     picked = quantifier_quality.dataset_states(data.load_transitions(rows[0]["dataset"]), 8, 0)
     assert len(picked["index"]) == 8             # the same 8 for every seed and algorithm
   assert os.path.isdir(workdir)

@@ -7,10 +7,11 @@ import jax
 import numpy as np
 import pytest
 
-from mombo_jax import (config as config_lib, dynamics_store, key_scheme, run_search, saved_dynamics,
-                       train as train_lib, workdir as workdir_lib)
+from mombo_jax.core import key_scheme, train as train_lib
+from mombo_jax.run import dynamics_store, run_search, saved_dynamics, workdir as workdir_lib
+from mombo_jax.settings import config as config_lib
 from mombo_jax.errors import UserError
-from mombo_jax.workdir import Workdir
+from mombo_jax.run.workdir import Workdir
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401
 
 

@@ -1,0 +1,1 @@
+"""Trained runs looked into: runs, policies, videos, Figure 1 (MM vs MC), Table 2."""

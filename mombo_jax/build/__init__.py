@@ -1,0 +1,1 @@
+"""Making datasets: the writer, recipes, recording, online SAC, actors, cards, D4RL."""

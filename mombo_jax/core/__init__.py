@@ -1,0 +1,1 @@
+"""The compiled core, pure JAX: moments, SAC, targets, dynamics, rollouts, the epoch."""

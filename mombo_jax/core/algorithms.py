@@ -1,0 +1,159 @@
+"""Algorithms as values: one frozen record per algorithm, and the registry that names them.
+
+An `Algorithm` holds everything that tells one model-based offline RL algorithm from another; the
+training core (train, sac, rollout, targets) reads its fields, never an algorithm's name:
+
+  target          the Bellman target, targets' signature: target(agent, batch, key, *, dyn,
+                  config, term_fn, beta=None, real_rows=None, auto_alpha=None) -> (y [B], aux)
+  penalty         its uncertainty U(s, a) [B], unscaled (targets' penalty_<algo> signature), or
+                  None for an algorithm without one (plain SAC)
+  penalize_reward rollouts subtract beta x dynamics.step's mopo_penalty from the model reward
+                  (MOPO) instead of the target penalising
+  moment_matching the critics see the state's variance: the actor is trained on their moment-
+                  matched mean at the batch's obs_var (adinlab/MOMBO policies/mombo.py), and the
+                  quantifier study reports eq. (1)'s U beside the run's own (MOMBO)
+  references      the key of its reference settings tables in references.SOURCES that
+                  config.make_config fills a run from (another algorithm's, for one that borrows
+                  them); None: none, the Config defaults
+  min_elites      the elites its penalty needs (a std over elites needs two)
+  coefficient     what beta is called for it ("lambda" for MOPO)
+  origin          one phrase: where this variant comes from (groups.describe_algorithm)
+
+A run names its algorithm by Config.algo and, for an algorithm with several variants (MOMBO's
+Bellman targets), Config.target; `get(algo, target)` / `Config.algorithm` give the record. The
+"algo[-target]" names runs carry (workdirs, titles, report columns) come from `label` alone.
+docs/architecture.md ("Add an algorithm") shows how to register one from outside the package.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, Optional, Tuple
+
+from mombo_jax.core import targets
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+  """One algorithm (one variant of it). Hashable: a static argument of the compiled epoch."""
+  name: str
+  target: Callable
+  penalty: Optional[Callable] = None
+  variant: str = ""
+  penalize_reward: bool = False
+  moment_matching: bool = False
+  references: Optional[str] = None
+  min_elites: int = 1
+  coefficient: str = "beta"
+  origin: str = ""
+
+  def __post_init__(self):
+    if not self.name or not self.name.replace("_", "").isalnum() or self.name != self.name.lower():
+      raise ValueError(f"Algorithm name {self.name!r}: use lower-case letters, digits and _.")
+    if not callable(self.target):
+      raise ValueError(f"Algorithm {self.name!r}: target must be a function, got {self.target!r}.")
+
+  @property
+  def label(self) -> str:
+    """'mombo-elite_spread', 'mobile': label(name, variant)."""
+    return label(self.name, self.variant)
+
+
+_REGISTRY: Dict[str, Dict[str, Algorithm]] = {}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+  """Adds `algorithm` under (name, variant); registering an equal record again is a no-op.
+  ValueError when another record holds that name and variant, or when a name would hold both a
+  plain record and variants."""
+  have = _REGISTRY.setdefault(algorithm.name, {})
+  old = have.get(algorithm.variant)
+  if old is not None and old != algorithm:
+    raise ValueError(f"An algorithm {algorithm.label!r} is registered already; pick another name.")
+  if have and ("" in have) != (algorithm.variant == ""):
+    raise ValueError(f"{algorithm.name!r} mixes a plain record and variants; give every record "
+                     "of one name a variant, or none.")
+  if have and next(iter(have.values())).references != algorithm.references:
+    raise ValueError(f"The variants of {algorithm.name!r} must share one references table key.")
+  have[algorithm.variant] = algorithm
+  return algorithm
+
+
+def names() -> Tuple[str, ...]:
+  """The registered algorithm names, in registration order."""
+  return tuple(_REGISTRY)
+
+
+def variants(name: str) -> Tuple[str, ...]:
+  """The variants (targets) registered for `name`; () for a plain algorithm or an unknown name."""
+  return tuple(v for v in _REGISTRY.get(name, ()) if v)
+
+
+def get(name: str, target: Optional[str] = None) -> Algorithm:
+  """The record of algorithm `name` (its variant `target` where it has variants; ignored where it
+  has none). ValueError naming the registered ones."""
+  if name not in _REGISTRY:
+    raise ValueError(f"Unknown algo {name!r}; choose one of {', '.join(names())} (or register "
+                     "one: mombo_jax.core.algorithms.register).")
+  have = _REGISTRY[name]
+  if "" in have:
+    return have[""]
+  if target not in have:
+    raise ValueError(f"Unknown target {target!r} for {name}; choose one of "
+                     f"{', '.join(variants(name))}.")
+  return have[target]
+
+
+def tables(name: str) -> Optional[str]:
+  """The references.SOURCES key of algorithm `name`'s settings tables (shared by its variants),
+  None for none. ValueError for an unknown name."""
+  return get(name, next(iter(variants(name)), None)).references
+
+
+def label(algo: str, target: Optional[str] = None, form: str = "name") -> str:
+  """The one label builder of a run's algorithm (a config's algo and target; an unregistered name
+  counts as having no variants, so old or foreign runs still get a label):
+
+  form "name":   'mombo-elite_spread', 'mobile' (workdir names);
+  form "title":  'mombo (elite_spread)', 'mobile' (plot titles, logger lines);
+  form "column": 'MOMBO (elite_spread)', 'MOBILE' (the report's columns; a variant algorithm's
+                 config without its target gives 'MOMBO (target?)', never a guess).
+  """
+  has = bool(variants(algo))
+  variant = (target or "target?") if has else ""
+  if form == "name":
+    return algo + (f"-{variant}" if variant else "")
+  if form == "title":
+    return algo + (f" ({variant})" if variant else "")
+  if form == "column":
+    return algo.upper() + (f" ({variant})" if variant else "")
+  raise ValueError(f"label form {form!r}: choose name, title or column.")
+
+
+def variant_of(algo: str, target: Optional[str]) -> str:
+  """target where `algo` has variants, else '' (a run's variant as tables record it)."""
+  return (target or "") if variants(algo) else ""
+
+
+# ------------------------------------------------------------------------------ the built-ins
+
+# MOMBO: the adinlab/MOMBO code (policies/mombo.py) and the paper; its Bellman target is the
+# variant (config.target). The per-task tables are the authors' (adinlab/MOMBO configs/gym).
+MOMBO_LCB = register(Algorithm(
+    "mombo", targets.mombo_lcb, targets.penalty_mombo_lcb, variant="lcb", moment_matching=True,
+    references="mombo", origin="the paper's eq. (1)"))
+MOMBO_ELITE_SPREAD = register(Algorithm(
+    "mombo", targets.mombo_elite_spread, targets.penalty_elite_spread, variant="elite_spread",
+    moment_matching=True, references="mombo", min_elites=2, origin="the released code's"))
+MOMBO_MIXTURE = register(Algorithm(
+    "mombo", targets.mombo_mixture, targets.penalty_mixture, variant="mixture",
+    moment_matching=True, references="mombo", min_elites=2, origin="law of total variance"))
+# MOBILE (OfflineRL-Kit offlinerlkit/policy/model_based/mobile.py): a std over elites.
+MOBILE = register(Algorithm("mobile", targets.mobile, targets.penalty_mobile, references="mobile",
+                            min_elites=2))
+# MOPO (OfflineRL-Kit offlinerlkit/policy/model_based/mopo.py): the reward is penalised in the
+# rollouts, the target is plain SAC's; beta is its lambda.
+MOPO = register(Algorithm("mopo", targets.mopo, targets.penalty_mopo, penalize_reward=True,
+                          references="mopo", coefficient="lambda"))
+# Plain SAC, no penalty: online SAC's (mombo_jax.build.online_sac builds datasets with it). Not
+# registered: it is no offline algorithm, so make_config refuses algo="sac".
+SAC = Algorithm("sac", targets.plain)

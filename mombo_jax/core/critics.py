@@ -1,0 +1,153 @@
+"""Networks: a critic whose one set of parameters runs plain or moment-matching, the critic
+ensemble (nn.vmap over a leading member axis) and the tanh-Gaussian actor.
+
+Every layer starts as torch.nn.Linear does (kernel and bias U(+-1/sqrt(fan_in)), inits.py), as the
+references' actor and critics do. Knows moments, nothing of RL losses.
+"""
+from typing import List, Optional, Sequence, Tuple
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from mombo_jax.core import inits
+from mombo_jax.core.moments import mm_linear, mm_relu
+
+
+class MMDense(nn.Module):
+  """Dense layer that maps either an array or a diagonal Gaussian (mean, var).
+
+  __call__(x [..., I]) -> (y [..., F], None)
+  __call__(x [..., I], var [..., K]) -> (mean [..., F], var [..., F]), K <= I: var holds the
+  variances of the first K inputs and the other I - K inputs are exact (zero variance), so their
+  kernel rows stay out of the variance matmul (the critic's actions).
+
+  Initial values: torch.nn.Linear's (adinlab/MOMBO models/nets.py MMDetLayer wraps an nn.Linear;
+  inits.torch_linear_kernel / torch_linear_bias).
+  """
+  features: int
+  kernel_init: nn.initializers.Initializer = inits.torch_linear_kernel
+
+  @nn.compact
+  def __call__(self, x, var=None):
+    kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
+    bias = self.param("bias", inits.torch_linear_bias(x.shape[-1]), (self.features,), jnp.float32)
+    if var is None:
+      return x @ kernel + bias, None
+    chex.assert_equal_shape_prefix([x, var], x.ndim - 1)
+    num_var = var.shape[-1]
+    if num_var > x.shape[-1]:
+      raise ValueError(f"MMDense got variances for {num_var} inputs but only {x.shape[-1]} inputs; "
+                       "pass var [..., K] with K <= the input size.")
+    if num_var == x.shape[-1]:
+      # The mean path is the plain path verbatim, so zero variance reproduces it bit for bit.
+      return mm_linear(x, var, kernel, bias)
+    rows = kernel[:num_var]
+    return x @ kernel + bias, var @ (rows * rows)
+
+
+class MMCritic(nn.Module):
+  """Q(s, a) as a ReLU MLP with a linear scalar head.
+
+  __call__(obs [..., S], action [..., A]) -> q [...]
+  __call__(obs, action, obs_var [..., S]) -> (mean [...], var [...]): moment-matched through the
+  same parameters; the action enters with zero variance.
+  """
+  hidden_dims: Sequence[int] = (256, 256)
+
+  @nn.compact
+  def __call__(self, obs, action, obs_var: Optional[jax.Array] = None):
+    chex.assert_equal_shape_prefix([obs, action], obs.ndim - 1)
+    x = jnp.concatenate([obs, action], axis=-1)
+    var = None
+    if obs_var is not None:
+      chex.assert_equal_shape([obs, obs_var])
+      # The action inputs come after the state's and have zero variance: MMDense leaves their
+      # kernel rows out of the variance matmul (23 -> 17 rows at walker2d's sizes).
+      var = obs_var
+    for width in self.hidden_dims:
+      x, var = MMDense(width)(x, var)
+      if var is None:
+        x = nn.relu(x)
+      else:
+        x, var = mm_relu(x, var)
+    x, var = MMDense(1)(x, var)
+    if var is None:
+      return x[..., 0]
+    return x[..., 0], var[..., 0]
+
+
+class CriticEnsemble(nn.Module):
+  """`num_critics` MMCritics with a leading parameter axis.
+
+  Returns q [E, ...] (plain) or (mean [E, ...], var [E, ...]) (moment matching).
+  """
+  hidden_dims: Sequence[int] = (256, 256)
+  num_critics: int = 2
+
+  @nn.compact
+  def __call__(self, obs, action, obs_var=None):
+    # Every member sees the same inputs. They are broadcast to the member axis rather than shared
+    # (in_axes=None): with shared inputs XLA merges the members' first layers into one
+    # [B, S+A] @ [S+A, E*H] matmul whose [B, E, H] output then needs a transpose in every consumer
+    # (~4% of a MOMBO training step on CPU, where the moment-matched layer has many consumers).
+    size = self.num_critics
+    tile = lambda x: None if x is None else jnp.broadcast_to(x, (size,) + x.shape)  # noqa: E731
+    ensemble = nn.vmap(MMCritic, variable_axes={"params": 0}, split_rngs={"params": True},
+                       in_axes=0, out_axes=0, axis_size=size)
+    return ensemble(self.hidden_dims, name="members")(tile(obs), tile(action), tile(obs_var))
+
+
+def _torch_dense(features: int, x, name: Optional[str] = None):
+  """nn.Dense(features)(x) [..., F] initialised as torch.nn.Linear(x.shape[-1], features); called
+  inside a compact module, so Flax names it Dense_<i> there unless `name` is given."""
+  return nn.Dense(features, kernel_init=inits.torch_linear_kernel,
+                  bias_init=inits.torch_linear_bias(x.shape[-1]), name=name)(x)
+
+
+def actor_layer_names(num_hidden: int) -> Tuple[List[str], str, str]:
+  """(hidden layers, mean head, log-std head): the names of TanhGaussianActor's Dense layers, the
+  one place that spells them. They are the names Flax gave the layers when they were unnamed
+  (Dense_<i> in call order), kept so that every checkpoint and saved actor still loads."""
+  names = [f"Dense_{i}" for i in range(num_hidden + 2)]
+  return names[:num_hidden], names[num_hidden], names[num_hidden + 1]
+
+
+class TanhGaussianActor(nn.Module):
+  """pi(a | s): ReLU MLP -> (mean [..., A], log_std [..., A]) of the pre-tanh Gaussian.
+
+  log_std is clamped to [log_std_min, log_std_max]. Layers (named by actor_layer_names: hidden,
+  mean head, log-std head) start as torch.nn.Linear does: adinlab/MOMBO models/nets.py MLP
+  and models/dist.py TanhDiagGaussian (mu and sigma are nn.Linear, conditioned_sigma=True).
+  """
+  hidden_dims: Sequence[int]
+  action_dim: int
+  log_std_min: float = -5.0
+  log_std_max: float = 2.0
+
+  @nn.compact
+  def __call__(self, obs):
+    hidden, mean_head, log_std_head = actor_layer_names(len(self.hidden_dims))
+    x = obs
+    for width, name in zip(self.hidden_dims, hidden):
+      x = nn.relu(_torch_dense(width, x, name))
+    mean = _torch_dense(self.action_dim, x, mean_head)
+    log_std = jnp.clip(_torch_dense(self.action_dim, x, log_std_head), self.log_std_min,
+                       self.log_std_max)
+    return mean, log_std
+
+
+def sample_tanh_gaussian(mean, log_std, key):
+  """Reparameterised a = tanh(mean + std * eps) and log pi(a|s) [...] with the tanh correction."""
+  eps = jax.random.normal(key, mean.shape, mean.dtype)
+  pre = mean + jnp.exp(log_std) * eps
+  action = jnp.tanh(pre)
+  log_prob = jnp.sum(-0.5 * eps**2 - log_std - 0.5 * jnp.log(2 * jnp.pi), axis=-1)
+  log_prob -= jnp.sum(jnp.log(1.0 - action**2 + 1e-6), axis=-1)
+  return action, log_prob
+
+
+def deterministic_action(mean):
+  """The evaluation action tanh(mean)."""
+  return jnp.tanh(mean)

@@ -1,0 +1,194 @@
+"""The Gaussian dynamics ensemble (docs/spec.md section 5): the model, its predictions and one model
+step, which is what rollouts and the Bellman targets use.
+
+One Flax module holds all members (nn.vmap, a leading member axis M on every member parameter);
+seeds are a second, outer axis added by jax.vmap. The model maps standardised (obs, action) to the
+mean and log-variance of (next_obs - obs, reward); means returned by `predict` / `step` are already
+next-state means (obs + delta).
+
+Elsewhere: training in dynamics_training.py, termination functions in termination.py, saving /
+loading and the reuse key in saved_dynamics.py.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import chex
+import flax.linen as nn
+import flax.struct as struct
+import jax
+import jax.numpy as jnp
+
+from mombo_jax.core import inits
+
+
+# ----------------------------------------------------------------------------------------------
+# Model
+
+def _ensemble_dense(features: int, name: str) -> nn.Dense:
+  return nn.Dense(features, kernel_init=inits.ensemble_linear_kernel,
+                  bias_init=inits.ensemble_linear_bias, name=name)
+
+
+class _Member(nn.Module):
+  """One member: SiLU MLP [..., D] -> (mean [..., O], raw log-variance [..., O]).
+
+  Layers start as the reference's EnsembleLinear (inits.ensemble_linear_kernel / _bias).
+  """
+  hidden_dims: Sequence[int]
+  out_dim: int
+
+  @nn.compact
+  def __call__(self, x):
+    for i, width in enumerate(self.hidden_dims):
+      x = nn.silu(_ensemble_dense(width, f"layer_{i}")(x))
+    x = _ensemble_dense(2 * self.out_dim, "out")(x)
+    return x[..., :self.out_dim], x[..., self.out_dim:]
+
+
+class EnsembleDynamics(nn.Module):
+  """All members at once. __call__(x [M, B, D] standardised) -> (mean [M, B, O], logvar [M, B, O]).
+
+  O = obs_dim + 1: (delta_obs, reward). The log-variance is soft-clamped between learned bounds
+  max_logvar / min_logvar [O] shared by all members, initialised to max_logvar_init /
+  min_logvar_init (0.5 / -10 by default: adinlab/MOMBO models/dynamics_model.py).
+  """
+  hidden_dims: Sequence[int]
+  out_dim: int
+  num_members: int
+  max_logvar_init: float = 0.5
+  min_logvar_init: float = -10.0
+
+  @nn.compact
+  def __call__(self, x):
+    members = nn.vmap(_Member, variable_axes={"params": 0}, split_rngs={"params": True},
+                      in_axes=0, out_axes=0, axis_size=self.num_members)
+    mean, logvar = members(tuple(self.hidden_dims), self.out_dim, name="members")(x)
+    max_lv = self.param("max_logvar", nn.initializers.constant(self.max_logvar_init),
+                        (self.out_dim,), jnp.float32)
+    min_lv = self.param("min_logvar", nn.initializers.constant(self.min_logvar_init),
+                        (self.out_dim,), jnp.float32)
+    logvar = max_lv - jax.nn.softplus(max_lv - logvar)
+    logvar = min_lv + jax.nn.softplus(logvar - min_lv)
+    return mean, logvar
+
+
+def make_module(config, obs_dim: int, num_members: Optional[int] = None) -> EnsembleDynamics:
+  """The ensemble of config.dyn_members members (or num_members: a subset's parameters)."""
+  return EnsembleDynamics(hidden_dims=tuple(config.dyn_hidden), out_dim=obs_dim + 1,
+                          num_members=num_members or config.dyn_members,
+                          max_logvar_init=config.dyn_max_logvar_init,
+                          min_logvar_init=config.dyn_min_logvar_init)
+
+
+class DynamicsState(struct.PyTreeNode):
+  """A trained ensemble (one seed; vmapping stacks a leading seed axis on every field).
+
+  params: EnsembleDynamics params ({"members": leading member axis M, "max_logvar" [O],
+  "min_logvar" [O]}); input_mean, input_std [S + A]: training-split statistics of (obs, action);
+  elites int32 [num_elites]: member indices, best holdout MSE first.
+  """
+  params: dict
+  input_mean: jax.Array
+  input_std: jax.Array
+  elites: jax.Array
+
+
+class StepResult(struct.PyTreeNode):
+  """One model step of B rows (attribute or dict-style access: r.next_obs == r["next_obs"]).
+
+  next_obs [B, S], reward [B]: samples from the chosen elite's Gaussian;
+  next_obs_mean, next_obs_var [B, S], reward_mean, reward_var [B]: that elite's Gaussian;
+  elite int32 [B]: the member index used per row;
+  mopo_penalty [B]: max over all members of the L2 norm of the std over (next-state, reward) dims
+  (None when step ran with penalty=False).
+  """
+  next_obs: jax.Array
+  reward: jax.Array
+  next_obs_mean: jax.Array
+  next_obs_var: jax.Array
+  reward_mean: jax.Array
+  reward_var: jax.Array
+  elite: jax.Array
+  mopo_penalty: Optional[jax.Array]
+
+  def __getitem__(self, name):
+    return getattr(self, name)
+
+  def keys(self):
+    return [f.name for f in self.__dataclass_fields__.values()]
+
+
+def apply(config, params, x_std):
+  """Raw module call on standardised inputs x_std [M, B, D] (M: the members in params).
+
+  Returns (mean [M, B, O], log-variance [M, B, O]) of (delta_obs, reward), O = S + 1.
+  """
+  obs_dim = params["max_logvar"].shape[-1] - 1
+  return make_module(config, obs_dim, x_std.shape[0]).apply({"params": params}, x_std)
+
+
+def predict(dyn: DynamicsState, obs, action, config, members=None):
+  """All members' Gaussians at (obs [B, S], action [B, A]), or those of `members` only.
+
+  members: int32 [K] member indices (e.g. dyn.elites), None for all M; only those members'
+  networks run.
+  Returns next_obs_mean [K, B, S] (obs + predicted delta), next_obs_var [K, B, S],
+  reward_mean [K, B], reward_var [K, B] (K = M for members=None).
+  """
+  chex.assert_rank([obs, action], 2)
+  chex.assert_equal_shape_prefix([obs, action], 1)
+  obs_dim = obs.shape[-1]
+  if dyn.params["max_logvar"].shape[-1] != obs_dim + 1:
+    raise ValueError(f"The dynamics model predicts {dyn.params['max_logvar'].shape[-1] - 1} state "
+                     f"dims but obs has {obs_dim}: train or load a model for this environment.")
+  params, num = dyn.params, config.dyn_members
+  if members is not None:
+    params = dict(params, members=jax.tree.map(lambda p: p[members], params["members"]))
+    num = members.shape[0]
+  x = (jnp.concatenate([obs, action], axis=-1) - dyn.input_mean) / dyn.input_std
+  x = jnp.broadcast_to(x, (num,) + x.shape)
+  mean, logvar = apply(config, params, x)
+  var = jnp.exp(logvar)
+  return obs + mean[..., :obs_dim], var[..., :obs_dim], mean[..., obs_dim], var[..., obs_dim]
+
+
+def step(dyn: DynamicsState, obs, action, key, config, penalty: bool = True) -> StepResult:
+  """One model transition per row with a uniformly random elite per row. See StepResult.
+
+  penalty: compute mopo_penalty, which needs every member's network; False runs the elites' only
+  (E of M networks) and leaves mopo_penalty None. Either way the same key picks the same elite
+  and noise per row.
+  """
+  batch, obs_dim = obs.shape
+  k_elite, k_noise = jax.random.split(key)
+  slot = jax.random.randint(k_elite, (batch,), 0, dyn.elites.shape[0])    # index into elites
+  elite = dyn.elites[slot]
+  rows = jnp.arange(batch)
+  if penalty:
+    s_mean, s_var, r_mean, r_var = predict(dyn, obs, action, config)
+    pick = lambda a: a[elite, rows]  # noqa: E731
+  else:
+    s_mean, s_var, r_mean, r_var = predict(dyn, obs, action, config, members=dyn.elites)
+    pick = lambda a: a[slot, rows]  # noqa: E731
+  mean_s, var_s, mean_r, var_r = pick(s_mean), pick(s_var), pick(r_mean), pick(r_var)
+  noise = jax.random.normal(k_noise, (batch, obs_dim + 1), obs.dtype)
+  next_obs = mean_s + jnp.sqrt(var_s) * noise[:, :obs_dim]
+  reward = mean_r + jnp.sqrt(var_r) * noise[:, obs_dim]
+  mopo = None
+  if penalty:
+    all_var = jnp.concatenate([s_var, r_var[..., None]], axis=-1)          # [M, B, S + 1]
+    mopo = jnp.max(jnp.linalg.norm(jnp.sqrt(all_var), axis=-1), axis=0)
+  return StepResult(next_obs=next_obs, reward=reward, next_obs_mean=mean_s, next_obs_var=var_s,
+                    reward_mean=mean_r, reward_var=var_r, elite=elite.astype(jnp.int32),
+                    mopo_penalty=mopo)
+
+
+
+def init_state(key, obs_dim: int, action_dim: int, config) -> DynamicsState:
+  """An untrained ensemble (identity normaliser, elites 0..E-1): for tests and shape templates."""
+  params = make_module(config, obs_dim).init(
+      key, jnp.zeros((config.dyn_members, 1, obs_dim + action_dim)))["params"]
+  return DynamicsState(params=params, input_mean=jnp.zeros((obs_dim + action_dim,)),
+                       input_std=jnp.ones((obs_dim + action_dim,)),
+                       elites=jnp.arange(config.dyn_elites, dtype=jnp.int32))

@@ -1,0 +1,492 @@
+"""The offline training epoch: one model rollout into the ring buffer, then `lax.scan` over the
+epoch's gradient steps on mixed real/synthetic batches. Pure; jit-compiled once, vmapped over cells
+(a cell: one seed of one dataset and beta), several epochs per device call in make_cells_chunk.
+
+Never imports gymnasium, Minari, Orbax or absl: data comes in as arrays.
+
+Divergence is handled per seed inside the compiled epoch: after the gradient steps, a seed whose
+step losses (critic, actor, alpha) went non-finite or beyond +-config.max_abs_loss, or whose agent
+(parameters, target parameters, optimiser states) holds a non-finite value, keeps the agent it
+entered the epoch with (its last healthy one) and is marked `diverged` for good. The selection is a
+per-seed `jnp.where`, so the other seeds' computations are untouched (no lax.cond under vmap). A
+diverged seed's step metrics may be NaN: consumers mask them with metrics["diverged"].
+"""
+import dataclasses
+import functools
+import math
+
+import chex
+import flax.struct as struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mombo_jax.core import buffer, dynamics, rollout, sac, termination
+from mombo_jax.core.epoch_settings import EpochSettings, epoch_settings
+
+
+class TrainState(struct.PyTreeNode):
+  """Everything of one seed that changes during training (vmapped: a leading seed axis)."""
+  agent: sac.AgentState
+  buffer: buffer.RingBuffer
+  dynamics: dynamics.DynamicsState
+  epoch: jax.Array          # int32 scalar: epochs completed
+  diverged: jax.Array       # bool scalar: frozen at its last healthy agent (see module docstring)
+
+
+def init(key, config, real: buffer.Batch, dyn) -> TrainState:
+  """Fresh state of one seed. real: the real dataset as a Batch [N, ...]; dyn: this seed's model."""
+  obs_dim, action_dim = real.obs.shape[-1], real.action.shape[-1]
+  agent = sac.init_agent(key, obs_dim, action_dim, config, total_steps=config.schedule_steps)
+  ring = buffer.init_ring(config.synthetic_capacity, obs_dim, action_dim)
+  return TrainState(agent=agent, buffer=ring, dynamics=dyn, epoch=jnp.zeros((), jnp.int32),
+                    diverged=jnp.zeros((), bool))
+
+
+def init_cells(keys, config, real, dyn):
+  """init vmapped over cells: keys [C, 2], dyn with a leading cell axis C -> TrainState [C]."""
+  return jax.vmap(init, in_axes=(0, None, None, 0))(keys, config, real, dyn)
+
+
+class Cell(struct.PyTreeNode):
+  """What may differ between the cells (seeds x datasets x betas x their datasets' paper settings)
+  of one compiled program; vmapped with the state (leading cell axis). Every other setting is the
+  program config's, shared by all cells."""
+  dataset: jax.Array        # int32 scalar: which of the stacked datasets (buffer.stack) it trains on
+  size: jax.Array           # int32 scalar: that dataset's real transitions (rows past it: padding)
+  beta: jax.Array           # f32 scalar: MOMBO / MOBILE beta, MOPO lambda
+  # Its rollout length k <= the program's config.rollout_length K (the scan's static length; the
+  # ring holds K's capacity, the cell uses capacity(config, k) of it).
+  rollout_length: jax.Array  # int32 scalar
+  real_rows: jax.Array      # int32 scalar: real rows per batch, buffer.real_rows(batch, ratio)
+  auto_alpha: jax.Array     # bool scalar: learns its temperature (else config.alpha)
+
+
+def make_cells(dataset, size, configs) -> Cell:
+  """Cell with arrays [C]: dataset and size per cell (sequences, or numbers broadcast), the other
+  fields from each cell's own config (`configs`: one per cell, or one Config for all): its beta,
+  rollout_length, real_rows = int(batch_size * real_ratio) and auto_alpha."""
+  n = max(np.size(dataset), np.size(size), 1 if dataclasses.is_dataclass(configs)
+          else len(configs))
+  if dataclasses.is_dataclass(configs):
+    configs = [configs] * n
+  as_ = lambda x, t: np.broadcast_to(np.asarray(x, t), (n,)).copy()  # noqa: E731
+  per = lambda f: as_([f(c) for c in configs], None)                  # noqa: E731
+  return Cell(dataset=as_(dataset, np.int32), size=as_(size, np.int32),
+              beta=per(lambda c: c.beta).astype(np.float32),
+              rollout_length=per(lambda c: c.rollout_length).astype(np.int32),
+              real_rows=per(lambda c: buffer.real_rows(c.batch_size, c.real_ratio)).astype(
+                  np.int32),
+              auto_alpha=per(lambda c: c.auto_alpha).astype(bool))
+
+
+def capacity(config, rollout_length=None):
+  """Ring rows of a cell with rollout length k (default config.rollout_length): retain_epochs x
+  rollout_batch_size x k, config.synthetic_capacity at k. int, or int32 when k is traced."""
+  k = config.rollout_length if rollout_length is None else rollout_length
+  return config.buffer_retain_epochs * config.rollout_batch_size * k
+
+
+def resize_rings(state: TrainState, rows: int) -> TrainState:
+  """state [C] with its ring buffers cut or zero-padded to `rows` slots (ptr, count untouched).
+
+  A program's ring has its longest rollout's capacity; a cell with a shorter one uses only its
+  first capacity(config, k) slots (ptr, count < that), so its checkpoint holds what a plain run
+  of its group saves (cut before saving), and restores onto the program's ring (padded with the
+  zeros init_ring writes)."""
+  def one(x):
+    chex.assert_rank(x, {2, 3})                  # [C, capacity] or [C, capacity, dim]
+    have = x.shape[1]
+    if have >= rows:
+      return x[:, :rows]
+    pad = [(0, 0)] * x.ndim
+    pad[1] = (0, rows - have)
+    return np.pad(x, pad) if isinstance(x, np.ndarray) else jnp.pad(x, pad)
+  return state.replace(buffer=state.buffer.replace(data=jax.tree.map(one, state.buffer.data)))
+
+
+def take_cells(state: TrainState, cells: slice, rows: int) -> TrainState:
+  """state [C] -> state [cells] with its ring buffers cut or zero-padded to `rows` slots: what a
+  plain run of those cells' group checkpoints (resize_rings of the slice).
+
+  Moves no data it need not: a leaf sharded over its cell axis (a launch's state, on the devices
+  of every process) becomes an array over the devices that hold the cells asked for, each keeping
+  its own part (a device-local slice; nothing crosses devices or processes), so that every process
+  then writes its own shards of the checkpoint. Only where those parts differ in size (a group
+  straddling shard boundaries unevenly, e.g. cells 1..3 of 2 a device), or, in a multi-process
+  run, where the cells asked for are on some processes only (Orbax writes no array that a process
+  holds no part of), is the slice one jitted call over all the leaf's devices: the cells spread
+  over them (copies where they do not divide). Every process calls this together. Numpy and
+  single-device leaves: plain slicing."""
+  a, b, step = cells.indices(len(jax.tree.leaves(state)[0]))
+  if step != 1 or b <= a:
+    raise ValueError(f"take_cells needs a non-empty slice of consecutive cells, got {cells}.")
+  take = lambda rows: lambda x: _take_cells(x, a, b, rows)  # noqa: E731
+  rest = jax.tree.map(take(None), state.replace(buffer=state.buffer.replace(data=())))
+  return rest.replace(buffer=rest.buffer.replace(data=jax.tree.map(take(rows),
+                                                                    state.buffer.data)))
+
+
+def _cut(x, rows):
+  """x [n, capacity, ...] with axis 1 cut or zero-padded to `rows` (None: x as it is)."""
+  if rows is None or x.shape[1] == rows:
+    return x
+  if x.shape[1] > rows:
+    return x[:, :rows]
+  pad = [(0, 0)] * x.ndim
+  pad[1] = (0, rows - x.shape[1])
+  return np.pad(x, pad) if isinstance(x, np.ndarray) else jnp.pad(x, pad)
+
+
+def _cell_spans(x):
+  """[(device, start, stop)] of a jax.Array whose devices each hold a distinct block of the
+  leading axis (and all of the other axes), by start; None for any other placement (one device,
+  copies, other axes split)."""
+  if not isinstance(x, jax.Array) or x.ndim == 0 or len(x.sharding.device_set) < 2:
+    return None
+  spans = []
+  for device, index in x.sharding.devices_indices_map(x.shape).items():
+    if any(i.indices(n)[:2] != (0, n) for i, n in zip(index[1:], x.shape[1:])):
+      return None
+    spans.append((device, *index[0].indices(x.shape[0])[:2]))
+  spans.sort(key=lambda s: s[1])
+  if [s[1] for s in spans[1:]] != [s[2] for s in spans[:-1]]:      # overlapping: copies
+    return None
+  return spans
+
+
+@functools.lru_cache(maxsize=32)
+def _jitted_take(a: int, b: int, rows, out):
+  """jit of x -> _cut(x[a:b], rows) placed on `out`: one function per group and placement, so a
+  launch's checkpoints compile it once per leaf shape."""
+  return jax.jit(lambda x: _cut(x[a:b], rows), out_shardings=out)
+
+
+def _take_cells(x, a: int, b: int, rows):
+  """x[a:b] (its axis 1 as _cut makes it), placed as take_cells says."""
+  spans = _cell_spans(x)
+  if spans is None:
+    return _cut(x[a:b], rows)
+  pieces = [(d, max(s, a), min(e, b), s, e) for d, s, e in spans if max(s, a) < min(e, b)]
+  shape = (b - a,) + x.shape[1:]
+  if rows is not None:
+    shape = shape[:1] + (rows,) + shape[2:]
+  if (len({hi - lo for _, lo, hi, _, _ in pieces}) > 1
+      or len({d.process_index for d, *_ in pieces}) < jax.process_count()):
+    # Parts of unequal size (no sharding describes them), or not on every process (Orbax writes
+    # an array of a multi-process run only when every process holds a part of it): one jitted
+    # slice over the leaf's own devices (in their order, as jit requires), the cells split over
+    # as many as divide them, copies on the others.
+    devices = np.asarray([d for d, *_ in spans])
+    split = math.gcd(b - a, len(devices))
+    mesh = jax.sharding.Mesh(devices.reshape(split, -1), (CELL_AXIS, "copies"))
+    return _jitted_take(a, b, rows, jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(CELL_AXIS)))(x)
+  mesh = jax.sharding.Mesh(np.asarray([d for d, *_ in pieces]), (CELL_AXIS,))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(CELL_AXIS))
+  local = {shard.device: shard.data for shard in x.addressable_shards}
+  parts = [_cut(local[d] if (lo, hi) == (s, e) else local[d][lo - s:hi - s], rows)
+           for d, lo, hi, s, e in pieces if d in local]
+  return jax.make_array_from_single_device_arrays(shape, sharding, parts, dtype=x.dtype)
+
+
+def single_dataset(real: buffer.Batch, config, cells: int = None):
+  """(real stacked [1, N, ...], Cell [cells]) for seeds of one dataset at config's settings: the
+  datasets and cells arguments of make_cells_epoch's function for a plain run. cells: default
+  config.num_seeds."""
+  n = real.reward.shape[0]
+  cells = config.num_seeds if cells is None else cells
+  return jax.tree.map(lambda x: x[None], real), make_cells(np.zeros(cells), n, config)
+
+
+# Settings the cells of one program may differ in beside the dataset and beta (their datasets'
+# paper settings differ in these within an env: config.TASKS), read from train.Cell when listed
+# in a program's `per_cell`. A program whose cells agree in one reads it from the config (static):
+# the same compiled epoch, bit for bit, as before cells could differ in it.
+CELL_SETTINGS = ("rollout_length", "real_ratio", "auto_alpha")
+
+
+def per_cell_settings(configs) -> tuple:
+  """The CELL_SETTINGS in which `configs` (the cells' or groups' configs) differ: the per_cell
+  argument of their program (make_cells_chunk)."""
+  return tuple(f for f in CELL_SETTINGS if len({getattr(c, f) for c in configs}) > 1)
+
+
+def _settings(per_cell) -> tuple:
+  """per_cell checked and in CELL_SETTINGS' order (a cache key)."""
+  unknown = set(per_cell) - set(CELL_SETTINGS)
+  if unknown:
+    raise ValueError(f"per_cell {sorted(unknown)}: cells may differ only in {CELL_SETTINGS}.")
+  return tuple(f for f in CELL_SETTINGS if f in per_cell)
+
+
+def make_epoch(config, per_cell=()):
+  """Returns a pure epoch(state, real, key, cell=None) -> (state, metrics) of one cell (one seed).
+
+  config: a Config or its config.EpochSettings (what the epoch reads: the algorithm's record
+  among them, which supplies the Bellman target).
+
+  real: the real dataset, Batch [N, ...], with cell None (then beta, rollout length, real rows
+  and auto_alpha are config's); or datasets stacked [D, N_max, ...] (buffer.stack) with a Cell
+  saying which one, its size and the cell's own settings (Cell). Shared by all cells: vmap it
+  with in_axes None. per_cell (names of CELL_SETTINGS): the settings read from the Cell, not the
+  config (default none). With "rollout_length", config.rollout_length is the longest cell's (the
+  rollout scan's length and the ring's capacity); a shorter cell's rollout writes and reports
+  what a program of its own length would (rollout.run), into the first capacity(config, k) slots
+  of its ring. "real_ratio": Cell.real_rows real rows per batch; "auto_alpha": Cell.auto_alpha.
+  metrics: {name: [steps_per_epoch]} per gradient step (sac.update's, e.g. `q_mean`: the critics'
+  mean Q on the step's batch, which the runner watches against the return bound), plus rollout
+  statistics (scalars),
+  `diverged` (bool scalar: the seed is frozen, this epoch or before) and `diverged/<quantity>` (bool
+  scalars, quantity in DIVERGENCE_CHECKS: which check failed THIS epoch on a healthy seed).
+  """
+  per_cell = _settings(per_cell)
+  if not isinstance(config, EpochSettings):
+    config = epoch_settings(config)
+  target = config.algorithm.target
+  term_fn = termination.termination_fn(config.env_name)
+
+  def epoch(state: TrainState, real: buffer.Batch, key, cell: Cell = None):
+    if cell is None:
+      chex.assert_rank(real.obs, 2)
+      dataset, size, beta, k, auto_alpha = None, real.obs.shape[0], None, None, None
+      n_real = buffer.real_rows(config.batch_size, config.real_ratio)
+    else:
+      chex.assert_rank(real.obs, 3)
+      chex.assert_rank([cell.rollout_length, cell.real_rows, cell.auto_alpha], 0)
+      dataset, size, beta = cell.dataset, cell.size, cell.beta
+      # Python values where the cells agree: the static program of a plain run.
+      own = lambda f, value, static: value if f in per_cell else static  # noqa: E731
+      k = own("rollout_length", cell.rollout_length, None)
+      n_real = (cell.real_rows if "real_ratio" in per_cell
+                else buffer.real_rows(config.batch_size, config.real_ratio))
+      auto_alpha = own("auto_alpha", cell.auto_alpha, None)
+    k_start, k_roll, k_steps = jax.random.split(key, 3)
+    agent, dyn = state.agent, state.dynamics
+    start = jax.random.randint(k_start, (config.rollout_batch_size,), 0, size)
+    policy_fn = functools.partial(_policy, agent, config)
+    ring, roll_metrics = rollout.run(k_roll, policy_fn, dyn,
+                                     buffer.take(real, start, dataset).obs, state.buffer, config,
+                                     term_fn, beta=beta, length=k,
+                                     capacity=None if k is None else capacity(config, k))
+    target_fn = functools.partial(target, dyn=dyn, config=config, term_fn=term_fn, beta=beta,
+                                  real_rows=n_real, auto_alpha=auto_alpha)
+
+    def step(agent, key):
+      k_batch, k_update = jax.random.split(key)
+      batch = buffer.sample_mixed(real, ring, k_batch, config.batch_size, n_real, dataset, size)
+      return sac.update(agent, batch, k_update, target_fn, config, auto_alpha)
+
+    agent, step_metrics = jax.lax.scan(step, agent,
+                                       jax.random.split(k_steps, config.steps_per_epoch))
+    failed = health_checks(agent, step_metrics, config)
+    newly = functools.reduce(jnp.logical_or, failed.values())
+    diverged = state.diverged | newly
+    # Selection per seed: the frozen seed keeps its input agent; its ring buffer may take the new
+    # rows (it is never trained on again) so no second copy of the large buffer is kept.
+    agent = jax.tree.map(lambda new, old: jnp.where(diverged, old, new), agent, state.agent)
+    metrics = dict(step_metrics)
+    metrics.update({f"rollout/{k}": v for k, v in roll_metrics.items()})
+    metrics["diverged"] = diverged
+    metrics.update({f"diverged/{k}": v & ~state.diverged for k, v in failed.items()})
+    return state.replace(agent=agent, buffer=ring, epoch=state.epoch + 1,
+                         diverged=diverged), metrics
+
+  return epoch
+
+
+DIVERGENCE_CHECKS = ("critic_loss", "actor_loss", "alpha_loss", "params")
+
+
+def health_checks(agent: sac.AgentState, step_metrics: dict, config) -> dict:
+  """{quantity: bool scalar, True = failed} for one seed after an epoch's gradient steps.
+
+  step_metrics[name]: [steps] losses of the epoch; a loss fails when any step is non-finite or
+  beyond +-config.max_abs_loss (a finite explosion, e.g. beta=1e18, is a divergence too).
+  `params`: any non-finite floating leaf of the agent (parameters, targets, optimiser states).
+  """
+  failed = {}
+  for name in DIVERGENCE_CHECKS[:-1]:
+    x = step_metrics[name]
+    failed[name] = ~jnp.all(jnp.isfinite(x) & (jnp.abs(x) <= config.max_abs_loss))
+  leaves = [x for x in jax.tree.leaves(agent) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  failed["params"] = ~functools.reduce(jnp.logical_and,
+                                       [jnp.all(jnp.isfinite(x)) for x in leaves])
+  return failed
+
+
+def _policy(agent, config, obs, key):
+  return sac.policy_sample(agent, obs, key, config)
+
+
+CELL_AXIS = "cells"
+
+
+def cell_mesh():
+  """1-D Mesh over all devices (of every process, in a multi-process run), axis CELL_AXIS: the
+  cell axis is split over it."""
+  return jax.sharding.Mesh(np.asarray(jax.devices()), (CELL_AXIS,))
+
+
+def cell_shardings():
+  """(sharding of a leading cell axis split over all devices, replicated sharding)."""
+  mesh = cell_mesh()
+  return (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(CELL_AXIS)),
+          jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+
+def check_cell_count(num_cells: int, fix: str = ""):
+  """Raises ValueError unless num_cells splits evenly over the devices (of all processes).
+
+  The message speaks of seeds, the cells a user asks for (--seeds) in a plain run. fix: the advice
+  that ends the message (default: use a multiple of the device count, or make fewer devices
+  visible).
+  """
+  devices = jax.devices()
+  n = len(devices)
+  if num_cells % n:
+    where = "" if jax.process_count() == 1 else f" of {jax.process_count()} processes"
+    fix = fix or (f"use a multiple of {n} seeds, or make fewer devices visible "
+                  "(CUDA_VISIBLE_DEVICES, or XLA_FLAGS=--xla_force_host_platform_device_count "
+                  "on CPU)")
+    raise ValueError(f"{num_cells} seed(s) do not split evenly over the {n} "
+                     f"{devices[0].platform} device(s){where} the seed axis is sharded over: {fix}.")
+
+
+def _place(tree, sharding):
+  if jax.process_count() == 1:
+    return jax.device_put(tree, sharding)
+
+  # Several processes: every process holds the whole value on the host and contributes the part
+  # that lives on its own devices (device_put cannot address other processes' devices).
+  def one(x):
+    if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+      impl = jax.random.key_impl(x)
+      return jax.random.wrap_key_data(one(jax.random.key_data(x)), impl=impl)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+  return jax.tree.map(one, tree)
+
+
+def shard_cells(tree):
+  """`tree` (every leaf with a leading cell axis) placed as make_cells_epoch / make_cells_chunk
+  expect it."""
+  return _place(tree, cell_shardings()[0])
+
+
+def replicate(tree):
+  """`tree` (e.g. the real dataset) copied onto every device."""
+  return _place(tree, cell_shardings()[1])
+
+
+def make_cells_epoch(config, num_cells: int, per_cell=()):
+  """jit(shard_map(vmap(epoch))) over a leading cell axis of state, key and cells; the datasets
+  are shared: fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C])
+    -> (state [C], metrics {name: [C, ...]} as make_epoch's, with the cell axis first).
+
+  A cell is one seed of one (dataset, beta); a plain run has C = config.num_seeds cells of one
+  dataset (single_dataset builds its arguments) and passes num_cells=config.num_seeds. The cell
+  axis of state, key, cells, new state and metrics is sharded over all devices (cell_shardings),
+  each device training C / devices cells; the datasets are replicated. Pass arrays placed with
+  shard_cells / replicate (or uncommitted ones): a committed array on another placement is refused
+  by jit. num_cells is C and must split evenly over the devices (check_cell_count). The state
+  argument is donated: its buffers (the ring buffer above all) are reused in place. Cached per
+  config's EpochSettings (config.epoch_settings: what the epoch reads), so runs in one process
+  share the compiled function.
+  """
+  check_cell_count(num_cells)
+  per_cell = _settings(per_cell)
+  return _cells_epoch(epoch_settings(config, per_cell), per_cell)
+
+
+def make_cells_chunk(config, num_cells: int, max_epochs: int, per_cell=()):
+  """jit(shard_map(fori_loop over epochs of vmap(epoch))):
+  fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C], start: int32 [], n: int32 [])
+    -> (state [C], metrics {name: [max_epochs, C]})
+  Runs epochs start .. start+n-1 (1 <= n <= max_epochs; n and start are traced, so ONE compile
+  serves every chunk length), epoch e using per-cell key fold_in(keys[c], e): exactly what calling
+  make_cells_epoch's function n times with jax.vmap(fold_in, (0, None))(keys, e) does.
+  metrics row i < n: epoch start+i's metrics, each reduced over its trailing axes to one value
+  per cell (per-step arrays -> their mean over the epoch; bool flags such as `diverged` and
+  `diverged/<check>` stay bool); rows >= n are zeros/False. The state is donated.
+
+  Several epochs per device call: the host is not involved between them (no dispatch, no metrics
+  transfer per epoch). Placement, num_cells and caching as make_cells_epoch's; start and n are
+  replicated scalars (Python ints or int32 arrays). n beyond max_epochs runs max_epochs epochs
+  (the new state's `epoch` counts what ran), as the metrics hold no more rows. per_cell: the
+  settings the cells carry themselves (make_epoch; per_cell_settings of their configs).
+  """
+  if max_epochs < 1:
+    raise ValueError(f"max_epochs={max_epochs}: a chunk runs at least one epoch.")
+  check_cell_count(num_cells)
+  per_cell = _settings(per_cell)
+  return _cells_chunk(epoch_settings(config, per_cell), int(max_epochs), per_cell)
+
+
+_P = jax.sharding.PartitionSpec
+# Arguments (state, real, keys, cells): the datasets replicated, everything else split by cell.
+_EPOCH_SPECS = (_P(CELL_AXIS), _P(), _P(CELL_AXIS), _P(CELL_AXIS))
+
+
+def _over_cells(per_device, in_specs, out_specs):
+  """jit(shard_map(per_device)) on cell_mesh, the state (argument 0) donated.
+
+  shard_map, not sharding propagation alone: each device runs per_device on its own cells, and
+  nothing is left to the partitioner that could add cross-device traffic (cells never meet). One
+  device: the same program as a plain jit(per_device), bit for bit."""
+  mesh = cell_mesh()
+  named = lambda spec: jax.sharding.NamedSharding(mesh, spec)  # noqa: E731
+  fn = jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                     check_vma=False)
+  return jax.jit(fn, donate_argnums=0, in_shardings=tuple(map(named, in_specs)),
+                 out_shardings=tuple(map(named, out_specs)))
+
+
+@functools.lru_cache(maxsize=16)
+def _cells_epoch(config, per_cell):
+  return _over_cells(jax.vmap(make_epoch(config, per_cell), in_axes=(0, None, 0, 0)), _EPOCH_SPECS,
+                     (_P(CELL_AXIS), _P(CELL_AXIS)))
+
+
+def _per_cell(metrics: dict) -> dict:
+  """One cell's epoch metrics, one value each: per-step arrays averaged (as the runner logs
+  them), bool flags any-reduced so they stay bool; scalars as they are."""
+  def one(x):
+    if x.ndim == 0:
+      return x
+    return jnp.any(x) if x.dtype == jnp.bool_ else jnp.mean(x)
+  return {k: one(v) for k, v in metrics.items()}
+
+
+# The cache key needs no cell count: the jitted function specialises on its arguments' shapes.
+@functools.lru_cache(maxsize=16)
+def _cells_chunk(config, max_epochs, per_cell):
+  vepoch = jax.vmap(make_epoch(config, per_cell), in_axes=(0, None, 0, 0))
+  fold = jax.vmap(jax.random.fold_in, in_axes=(0, None))
+
+  # jit: the eval_shape below and the loop body then share one trace of the epoch (jit's trace
+  # cache); XLA inlines the call, so the loop body is the plain vmapped epoch.
+  @jax.jit
+  def one(state, real, keys, cells, epoch):
+    state, metrics = vepoch(state, real, fold(keys, epoch), cells)
+    return state, jax.vmap(_per_cell)(metrics)
+
+  def chunk(state, real, keys, cells, start, n):
+    # This device's cells: state [C / devices], metrics buffer [max_epochs, C / devices].
+    start = jnp.asarray(start, jnp.int32)
+    shapes = jax.eval_shape(one, state, real, keys, cells, start)[1]
+    rows = jax.tree.map(lambda s: jnp.zeros((max_epochs,) + s.shape, s.dtype), shapes)
+
+    def body(i, carry):
+      state, rows = carry
+      state, metrics = one(state, real, keys, cells, start + i)
+      rows = jax.tree.map(lambda r, m: jax.lax.dynamic_update_index_in_dim(r, m, i, 0), rows,
+                          metrics)
+      return state, rows
+
+    # A traced trip count: one while loop serves every n (no recompile per chunk length).
+    n = jnp.clip(jnp.asarray(n, jnp.int32), 0, max_epochs)
+    return jax.lax.fori_loop(0, n, body, (state, rows))
+
+  return _over_cells(chunk, _EPOCH_SPECS + (_P(), _P()), (_P(CELL_AXIS), _P(None, CELL_AXIS)))
+

@@ -1,0 +1,1 @@
+"""Datasets read: names (no I/O), Minari reading, transitions, provenance, scores."""

@@ -1,0 +1,1 @@
+"""Real environments: MuJoCo envs, their worker pool, evaluation, stop and resume."""

@@ -1,0 +1,1 @@
+"""The report: results pooled from runs, labels, tables, aggregates, the paper's."""

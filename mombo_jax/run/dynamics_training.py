@@ -1,0 +1,415 @@
+"""Training of the dynamics ensemble (dynamics.py): the loss, the train / holdout split and
+bootstrap, the compiled epoch, early stopping, elites, and resumable partial training
+(checkpoint_dir / should_stop -> DynamicsTrainingStopped).
+
+Training follows the MBPO/OfflineRL-Kit recipe: holdout split, per-member bootstrap, per-member
+snapshots on > 1 % holdout improvement, patience-based early stopping, elites = best holdout MSE.
+An epoch is three compiled pieces: its minibatch order (_plan), its minibatch steps (_steps, a
+fori_loop with traced bounds, run in device calls of about stops.CHUNK_SECONDS each) and its end
+(_end: holdout evaluation, snapshot and stopping bookkeeping). The Python loop polls should_stop
+between the calls, so a stop takes about that long, not an epoch; how the steps are split
+into calls changes no bit of the result. A stop mid-epoch checkpoints the state before the epoch
+(the partial epoch is dropped and trained again on resume, from the same order: exact). The loop
+between epochs logs and checks whether every seed has stopped. Stopped seeds are frozen with a
+select (no lax.cond on per-seed state: under vmap it would run both branches anyway).
+"""
+from __future__ import annotations
+
+import functools
+import time
+from typing import Callable, NamedTuple, Optional
+
+import chex
+import flax.struct as struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from mombo_jax.env import stops
+from mombo_jax.run import saved_dynamics
+from mombo_jax.storage import checkpoint
+from mombo_jax.core.dynamics import DynamicsState, apply, make_module
+
+# Holdout loss of a member before its first epoch: any finite loss is a > 1 % improvement on it.
+_INITIAL_BEST = 1e10
+# Inputs whose training-split std is below this are not scaled (constant features).
+_MIN_STD = 1e-12
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss and one epoch of training
+
+def _decay(config, params):
+  """sum_l wd_l * 0.5 * ||W_l||^2 over all members (kernels only, no biases)."""
+  members = params["members"]
+  names = [f"layer_{i}" for i in range(len(config.dyn_hidden))] + ["out"]
+  return sum(wd * 0.5 * jnp.sum(jnp.square(members[n]["kernel"]))
+             for wd, n in zip(config.dyn_weight_decay, names))
+
+
+def loss_fn(config, params, x_std, y, weight):
+  """Training loss of one minibatch: x_std [M, B, D] standardised inputs, y [M, B, O] targets,
+  weight [M, B] (1 for real rows, 0 for padding). Returns a scalar."""
+  mean, logvar = apply(config, params, x_std)
+  w = weight[..., None]
+  denom = jnp.maximum(jnp.sum(weight, axis=1), 1.0) * y.shape[-1]            # [M]
+  mse_inv = jnp.sum(w * jnp.square(mean - y) * jnp.exp(-logvar), axis=(1, 2)) / denom
+  var_loss = jnp.sum(w * logvar, axis=(1, 2)) / denom
+  loss = jnp.sum(mse_inv + var_loss) + _decay(config, params)
+  return loss + config.dyn_logvar_coef * (jnp.sum(params["max_logvar"])
+                                          - jnp.sum(params["min_logvar"]))
+
+
+class _SeedTrain(struct.PyTreeNode):
+  """Training state of one seed's ensemble (vmapped: a leading seed axis)."""
+  params: dict
+  opt_state: optax.OptState
+  snapshot: dict            # members' params at their best holdout loss (leading member axis)
+  best: jax.Array           # [M] best holdout MSE so far
+  since: jax.Array          # int32: epochs since any member improved
+  epoch: jax.Array          # int32: epochs trained
+  active: jax.Array         # bool: still training
+  key: jax.Array
+  boot: jax.Array           # int32 [M, T]: each member's bootstrap sample (indices into the data)
+  holdout: jax.Array        # int32 [H]
+  input_mean: jax.Array     # [D]
+  input_std: jax.Array      # [D]
+
+
+def split_sizes(n: int, config) -> tuple:
+  """(train size, holdout size) for n transitions."""
+  holdout = min(int(n * config.dyn_holdout_ratio), config.dyn_max_holdout)
+  return n - holdout, holdout
+
+
+def _seed_keys(key):
+  """(permutation, bootstrap, init, training) keys of one seed."""
+  return jax.random.split(key, 4)
+
+
+def split_indices(key, n: int, config) -> tuple:
+  """(train_idx [n - H], holdout_idx [H]): the split train_ensemble / train_seeds use for this seed
+  key."""
+  n_train, n_hold = split_sizes(n, config)
+  perm = jax.random.permutation(_seed_keys(key)[0], n).astype(jnp.int32)
+  return perm[n_hold:], perm[:n_hold]
+
+
+def _init_seed(config, key, inputs, targets) -> _SeedTrain:
+  n = inputs.shape[0]
+  n_train, _ = split_sizes(n, config)
+  _, k_boot, k_init, k_train = _seed_keys(key)
+  train_idx, holdout = split_indices(key, n, config)
+  boot = train_idx[jax.random.randint(k_boot, (config.dyn_members, n_train), 0, n_train)]
+  x_train = inputs[train_idx]
+  mu = jnp.mean(x_train, axis=0)
+  std = jnp.std(x_train, axis=0)
+  std = jnp.where(std < _MIN_STD, 1.0, std)
+  module = make_module(config, targets.shape[-1] - 1)
+  params = module.init(k_init, jnp.zeros((config.dyn_members, 1, inputs.shape[-1])))["params"]
+  opt_state = optax.adam(config.dyn_lr).init(params)
+  return _SeedTrain(params=params, opt_state=opt_state, snapshot=params["members"],
+                    best=jnp.full((config.dyn_members,), _INITIAL_BEST, jnp.float32),
+                    since=jnp.zeros((), jnp.int32), epoch=jnp.zeros((), jnp.int32),
+                    active=jnp.ones((), bool), key=k_train, boot=boot, holdout=holdout,
+                    input_mean=mu, input_std=std)
+
+
+def holdout_mse(config, params, st: _SeedTrain, inputs, targets):
+  """[M] MSE of each member's mean prediction on the seed's holdout split."""
+  x = (inputs[st.holdout] - st.input_mean) / st.input_std
+  x = jnp.broadcast_to(x, (config.dyn_members,) + x.shape)
+  mean, _ = apply(config, params, x)
+  return jnp.mean(jnp.square(mean - targets[st.holdout]), axis=(1, 2))
+
+
+def _num_batches(n_train: int, config) -> int:
+  return -(-n_train // config.dyn_batch_size)
+
+
+def _plan(config, st: _SeedTrain):
+  """The order of one epoch's minibatches: int32 [n_batches, M, bs], each member visiting its own
+  bootstrap sample in a fresh order (from st.key); the last batch is zero-padded (_steps gives
+  the padding weight 0)."""
+  members, n_train = st.boot.shape
+  bs = config.dyn_batch_size
+  n_batches = _num_batches(n_train, config)
+  pad = n_batches * bs - n_train
+  _, k_perm = jax.random.split(st.key)
+  order = jax.vmap(jax.random.permutation)(jax.random.split(k_perm, members), st.boot)
+  order = jnp.pad(order, ((0, 0), (0, pad)))
+  return order.reshape(members, n_batches, bs).swapaxes(0, 1)
+
+
+def _steps(config, st: _SeedTrain, params, opt_state, inputs, targets, order, start, stop):
+  """Minibatches start .. stop-1 of the epoch `order` (_plan) from (params, opt_state); returns
+  the new (params, opt_state). start / stop are traced int32 scalars: one compilation serves every
+  chunk of an epoch, and a chunk's minibatches compute exactly what they compute in any other
+  split of the epoch (the same loop body, the carry passed on unchanged)."""
+  members, n_train = st.boot.shape
+  bs = config.dyn_batch_size
+  tx = optax.adam(config.dyn_lr)
+  grad_fn = jax.value_and_grad(functools.partial(loss_fn, config))
+
+  def minibatch(i, carry):
+    params, opt_state = carry
+    idx = order[i]                                                    # [M, bs]
+    w = jnp.broadcast_to((i * bs + jnp.arange(bs) < n_train).astype(jnp.float32), (members, bs))
+    x = (inputs[idx] - st.input_mean) / st.input_std
+    _, grads = grad_fn(params, x, targets[idx], w)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  return jax.lax.fori_loop(start, stop, minibatch, (params, opt_state))
+
+
+def _end(config, st: _SeedTrain, params, opt_state, inputs, targets, max_epochs):
+  """The end of one epoch of one seed, after all its minibatches (_steps) gave (params,
+  opt_state): holdout evaluation, snapshot, stopping.
+
+  max_epochs: int32 [] (an argument, not a compile-time constant, so one compilation serves
+  every dyn_max_epochs).
+
+  A stopped seed (st.active False) comes back unchanged, by select rather than cond.
+  Returns (new state, holdout MSE [M] of this epoch's parameters; a stopped seed: its best).
+  """
+  members = st.boot.shape[0]
+  key, _ = jax.random.split(st.key)
+  mse = holdout_mse(config, params, st, inputs, targets)
+  improved = ((st.best - mse) / st.best > config.dyn_improvement) & st.active
+  sel_m = lambda new, old: jnp.where(  # noqa: E731
+      improved.reshape((members,) + (1,) * (new.ndim - 1)), new, old)
+  snapshot = jax.tree.map(sel_m, params["members"], st.snapshot)
+  best = jnp.where(improved, mse, st.best)
+  since = jnp.where(jnp.any(improved), 0, st.since + 1)
+  epoch = st.epoch + 1
+  stop = (since >= config.dyn_patience) | (epoch >= max_epochs)
+  new = st.replace(params=params, opt_state=opt_state, snapshot=snapshot, best=best, since=since,
+                   epoch=epoch, active=~stop, key=key)
+  out = jax.tree.map(lambda a, b: jnp.where(st.active, a, b), new, st)
+  # A stopped seed reports its kept (snapshot) losses, not those of the discarded update.
+  return out, jnp.where(st.active, mse, st.best)
+
+
+def _finish(config, st: _SeedTrain) -> DynamicsState:
+  """Snapshot members + the final shared log-variance bounds; elites by best holdout MSE."""
+  params = dict(st.params, members=st.snapshot)
+  elites = jnp.argsort(st.best)[:config.dyn_elites].astype(jnp.int32)
+  return DynamicsState(params=params, input_mean=st.input_mean, input_std=st.input_std,
+                       elites=elites)
+
+
+class _Fns(NamedTuple):
+  """The jitted pieces of training (one seed, or vmapped over a leading seed axis)."""
+  init: Callable       # (keys, inputs, targets) -> _SeedTrain
+  plan: Callable       # (st) -> order [(S,) n_batches, M, bs]
+  steps: Callable      # (st, params, opt_state, inputs, targets, order, start, stop)
+                       #   -> (params, opt_state)
+  end: Callable        # (st, params, opt_state, inputs, targets, max_epochs) -> (st, mse)
+  finish: Callable     # (st) -> DynamicsState
+  config: object       # the (_dyn_config) config they were built for
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(config, batched: bool) -> _Fns:
+  """The training functions (_Fns) jitted for one seed or vmapped over a leading seed axis."""
+  fns = [functools.partial(f, config) for f in (_init_seed, _plan, _steps, _end, _finish)]
+  if batched:
+    axes = [(0, None, None), 0, (0, 0, 0, None, None, 0, None, None), (0, 0, 0, None, None, None),
+            0]
+    fns = [jax.vmap(f, in_axes=a) for f, a in zip(fns, axes)]
+  return _Fns(*map(jax.jit, fns), config=config)
+
+
+def run_epoch(fns: _Fns, st, inputs, targets, max_epochs):
+  """One whole epoch in three device calls (plan, all minibatches, end); what _fit's chunks of
+  the same epoch compute. Returns (st, mse)."""
+  n_train = st.boot.shape[-1]
+  n_batches = _num_batches(n_train, fns.config)
+  order = fns.plan(st)
+  params, opt_state = fns.steps(st, st.params, st.opt_state, inputs, targets, order, 0, n_batches)
+  return fns.end(st, params, opt_state, inputs, targets, max_epochs)
+
+
+def _dyn_config(config):
+  """Only the dyn_* fields matter for training: key the compile cache on those alone
+  (dyn_max_epochs is a runtime argument). The algorithm is kept: the Config's checks depend on it
+  (elite_spread needs >= 2 elites; MOPO may run with one)."""
+  from mombo_jax.settings.config import Config
+  fields = {f: getattr(config, f) for f in Config.__dataclass_fields__ if f.startswith("dyn_")}
+  fields["dyn_max_epochs"] = None
+  fields.pop("dyn_checkpoint_every_s")
+  return Config(algo=config.algo, target=config.target, **fields)
+
+
+def make_arrays(transitions):
+  """Transitions -> (inputs [N, S + A], targets [N, S + 1]) float32 device arrays.
+
+  targets = (next_obs - obs, reward).
+  """
+  obs = np.asarray(transitions.observations, np.float32)
+  act = np.asarray(transitions.actions, np.float32)
+  nxt = np.asarray(transitions.next_observations, np.float32)
+  rew = np.asarray(transitions.rewards, np.float32).reshape(-1, 1)
+  if obs.ndim != 2 or act.ndim != 2 or nxt.shape != obs.shape or len(rew) != len(obs) \
+      or len(act) != len(obs):
+    raise ValueError("Transitions must hold observations [N, S], actions [N, A], "
+                     "next_observations [N, S] and rewards [N]; got shapes "
+                     f"{obs.shape}, {act.shape}, {nxt.shape}, {rew.shape[:1]}.")
+  inputs = np.concatenate([obs, act], axis=1)
+  targets = np.concatenate([nxt - obs, rew], axis=1)
+  if not (np.all(np.isfinite(inputs)) and np.all(np.isfinite(targets))):
+    raise ValueError("Transitions contain NaN or inf values; clean the dataset first.")
+  return jnp.asarray(inputs), jnp.asarray(targets)
+
+
+class DynamicsTrainingStopped(Exception):
+  """Dynamics training stopped on request (should_stop) after checkpointing the state after epoch
+  `epoch`; `mid_epoch`: the request came during epoch `epoch` + 1, whose minibatches so far were
+  dropped (the resume trains that epoch again, from its start: the same result). Calling
+  train_ensemble / train_seeds again with the same checkpoint_dir resumes from there."""
+
+  def __init__(self, epoch: int, checkpoint_dir: str, mid_epoch: bool = False):
+    during = f" during epoch {epoch + 1} (redone from its start on resume)" if mid_epoch else ""
+    super().__init__(f"dynamics training stopped after epoch {epoch}{during}; its state is in "
+                     f"{checkpoint_dir} and the same call resumes from it")
+    self.epoch = epoch
+    self.checkpoint_dir = checkpoint_dir
+    self.mid_epoch = mid_epoch
+
+
+def _resume(ckpt, st, reuse_key):
+  """The checkpointed training state (template st) if there is one; refuses another reuse key."""
+  if ckpt is None or ckpt.latest_step() is None:
+    return st, False
+  restored, meta = ckpt.restore(st)
+  differs = saved_dynamics.reuse_mismatch(meta, reuse_key or {})
+  if differs:
+    raise checkpoint.CheckpointError(
+        f"The unfinished dynamics training in {ckpt.directory} belongs to another setup "
+        f"({saved_dynamics.format_mismatch(differs)}); delete that folder to train from scratch, "
+        "or pass another --dynamics_dir.")
+  return restored, True
+
+
+def _train_epoch(fns, st, inputs, targets, max_epochs, chunks, should_stop):
+  """One epoch in device calls of chunks.next() minibatches (stops.Chunks), should_stop polled
+  before each. Returns (st, mse) after the epoch, or None when should_stop fired (st, the state
+  before the epoch, is untouched: nothing of the epoch is kept)."""
+  order = fns.plan(st)
+  params, opt_state, done = st.params, st.opt_state, 0
+  while done < chunks.total:
+    if should_stop is not None and should_stop():
+      return None
+    n = chunks.next(chunks.total - done)
+    params, opt_state = chunks.run(
+        lambda a, b: fns.steps(st, params, opt_state, inputs, targets, order, a, b), done, n)
+    done += n
+  return fns.end(st, params, opt_state, inputs, targets, max_epochs)
+
+
+def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_dir=None,
+         should_stop=None, reuse_key=None) -> DynamicsState:
+  inputs, targets = make_arrays(transitions)
+  n_train, n_hold = split_sizes(inputs.shape[0], config)
+  if n_hold < 1 or n_train < 1:
+    raise ValueError(f"{inputs.shape[0]} transitions are too few to split off a holdout set "
+                     f"(holdout ratio {config.dyn_holdout_ratio}); pass more data.")
+  fns = _compiled(_dyn_config(config), batched)
+  st = fns.init(keys, inputs, targets)
+  ckpt = None
+  if checkpoint_dir is not None:
+    ckpt = checkpoint.RunCheckpointer(checkpoint_dir, keep=2, kind="dynamics training")
+  st, resumed = _resume(ckpt, st, reuse_key)
+  if resumed:
+    log_fn(f"dynamics: resumed unfinished training from {checkpoint_dir} at epoch "
+           f"{int(np.max(jax.device_get(st.epoch)))}")
+  last_save = time.time()
+  saved = int(np.max(jax.device_get(st.epoch))) if resumed else None   # epoch of the last save
+  max_epochs = jnp.asarray(np.iinfo(np.int32).max if config.dyn_max_epochs is None
+                           else config.dyn_max_epochs, jnp.int32)
+  num_seeds = keys.shape[0] if batched else 1
+  n_batches = _num_batches(n_train, config)
+
+  def announce(pace):                 # a long epoch (no line for minutes otherwise) is told
+    if pace * n_batches >= 10.0:
+      log_fn(f"dynamics: {n_batches} minibatches an epoch, about {pace * n_batches:.0f} s an "
+             f"epoch at this pace (a stop request waits about {stops.CHUNK_SECONDS:g} s)")
+  chunks = stops.Chunks(n_batches, on_pace=announce)
+  t0 = time.time()
+
+  def save(ep):
+    nonlocal last_save, saved
+    if ckpt is not None and saved != ep:
+      ckpt.save(ep, st, {saved_dynamics.REUSE_KEY_FIELD: reuse_key or {}})
+      last_save, saved = time.time(), ep
+
+  while True:
+    done = _train_epoch(fns, st, inputs, targets, max_epochs, chunks, should_stop)
+    if done is None:               # stopped mid-epoch: the state before it is what resumes
+      ep = int(np.max(jax.device_get(st.epoch)))
+      save(ep)
+      raise DynamicsTrainingStopped(ep, checkpoint_dir, mid_epoch=True)
+    st, mse = done
+    mse, best, active, since, ep = jax.device_get((mse, st.best, st.active, st.since, st.epoch))
+    mse, best = (np.reshape(a, (num_seeds, -1)) for a in (mse, best))
+    active, since, ep = (np.reshape(a, (num_seeds,)) for a in (active, since, ep))
+    if history is not None:
+      history.append(dict(epoch=ep, holdout_mse=mse, best=best, active=active))
+    left = int(np.max(np.where(active, config.dyn_patience - since, 0)))
+    if config.dyn_max_epochs is not None:
+      left = min(left, config.dyn_max_epochs - int(ep.max()))
+    per_seed = " | ".join(
+        f"seed {s}{'' if active[s] else ' (stopped)'}: " + " ".join(f"{v:.4g}" for v in mse[s])
+        for s in range(num_seeds))
+    log_fn(f"dynamics epoch {int(ep.max())}: holdout mse {per_seed}; "
+           f"{time.time() - t0:.1f} s elapsed; {int(active.sum())}/{num_seeds} seed(s) training, "
+           f"at most {left} epoch(s) left unless a member improves")
+    if not active.any():
+      break
+    stop = should_stop is not None and should_stop()
+    if stop or time.time() - last_save >= config.dyn_checkpoint_every_s:
+      save(int(ep.max()))
+    if stop:
+      raise DynamicsTrainingStopped(int(ep.max()), checkpoint_dir)
+  return fns.finish(st)
+
+
+def train_ensemble(key, transitions, config, log_fn: Callable = print,
+                   history: Optional[list] = None, **resume) -> DynamicsState:
+  """Trains one seed's ensemble on data.Transitions (numpy). key: PRNG key [2].
+
+  log_fn gets one progress line per epoch. history: if a list, one dict per epoch is appended
+  (epoch [1], holdout_mse [1, M], best [1, M], active [1]; numpy). `resume`: checkpoint_dir,
+  should_stop, reuse_key as in train_seeds.
+  """
+  chex.assert_shape(key, (2,))
+  return _fit(key, transitions, config, log_fn, False, history, **resume)
+
+
+def train_seeds(keys, transitions, config, log_fn: Callable = print,
+                history: Optional[list] = None, *, checkpoint_dir: Optional[str] = None,
+                should_stop: Optional[Callable[[], bool]] = None,
+                reuse_key: Optional[dict] = None) -> DynamicsState:
+  """Trains len(keys) seeds' ensembles in one vmapped call per epoch. keys [N, 2].
+
+  Returns a DynamicsState with a leading seed axis N. Each seed stops on its own; stopped seeds
+  stay frozen while the others finish, so seed i's result equals train_ensemble(keys[i], ...).
+  history: as in `train_ensemble`, with N rows per array (only the epochs of this call after a
+  resume).
+
+  checkpoint_dir: the training state is saved there (every config.dyn_checkpoint_every_s seconds,
+  and when stopping), and a call with the same checkpoint_dir resumes from it, ending with the same
+  result as an uninterrupted call; a checkpoint of another `reuse_key` (saved_dynamics.reuse_key)
+  is refused.
+  should_stop: polled between device calls (about every stops.CHUNK_SECONDS; after each epoch);
+  when it returns True the state after the last whole epoch is checkpointed and
+  `DynamicsTrainingStopped` raised (needs checkpoint_dir); the minibatches of an unfinished epoch
+  are dropped.
+  """
+  chex.assert_rank(keys, 2)
+  if should_stop is not None and checkpoint_dir is None:
+    raise ValueError("should_stop needs a checkpoint_dir to save the interrupted training in.")
+  return _fit(keys, transitions, config, log_fn, True, history, checkpoint_dir, should_stop,
+              reuse_key)

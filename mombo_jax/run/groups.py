@@ -1,0 +1,109 @@
+"""What a launch trains: its Groups (one workdir each: a dataset, a beta, its seeds), planned from
+the --datasets x --betas flags and checked to share one compiled program. mombo_jax.run.runner
+trains them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Optional
+
+from mombo_jax.errors import UserError
+from mombo_jax.run.workdir import grid_dynamics_dir, run_dir
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  """One workdir of a launch: config.num_seeds seeds (from config.seed) of one dataset at
+  config.beta. dynamics_dir: where its ensembles are saved / reused (default <workdir>/dynamics)."""
+  config: Any
+  dataset: str
+  workdir: str
+  dynamics_dir: Optional[str] = None
+
+  def label(self) -> str:
+    c = self.config
+    return f"{self.dataset} beta={c.beta:g} seeds {c.seed}..{c.seed + c.num_seeds - 1}"
+
+
+def describe_algorithm(config, betas=None) -> str:
+  """One line naming the algorithm and, for MOMBO, which target (the variant matters: see README
+  "Which MOMBO"); betas: the launch's betas (a --betas grid), default config.beta."""
+  values = ", ".join(f"{b:g}" for b in (betas or [config.beta]))
+  alg = config.algorithm
+  coef = alg.coefficient + ("s" if betas and len(betas) > 1 else "")
+  if alg.variant:
+    origin = f" ({alg.origin})" if alg.origin else ""
+    return f"{alg.name.upper()}, target {alg.variant}{origin}, {coef} {values}"
+  return f"{alg.name.upper()}, {coef} {values}"
+
+
+def plan_groups(env, algo, preset, overrides, datasets=None, betas=None, root="runs",
+                dynamics_dir=None):
+  """The Groups of a --datasets x --betas launch (datasets default [env], betas default each
+  dataset's own paper beta or overrides["beta"]). A short dataset name brings its own paper
+  settings (config.make_config); a Minari id trains with env's. Workdirs: run_dir under root.
+  With betas, a dataset's groups share their dynamics (workdir.grid_dynamics_dir; without, each
+  workdir keeps its own, as a plain run does). Raises UserError for a bad name or value."""
+  from mombo_jax.settings import config as config_lib
+  if (datasets is not None and not list(datasets)) or (betas is not None and not list(betas)):
+    raise UserError("`datasets` / `betas` given empty; pass at least one value, or None.",
+                    params=("datasets", "betas"))
+  datasets = list(datasets or [env])
+  if len(set(datasets)) != len(datasets) or (betas and len(set(betas)) != len(betas)):
+    raise UserError("`datasets` and `betas` must not repeat a value.",
+                    params=("datasets", "betas"))
+  groups = []
+  for dataset in datasets:
+    task = dataset if dataset in config_lib.valid_names() else env
+    for beta in (betas or [None]):
+      values = dict(overrides) if beta is None else dict(overrides, beta=beta)
+      try:
+        config = config_lib.make_config(task, algo, preset, **values)
+      except ValueError as e:
+        raise UserError(f"{dataset}: {e}") from None
+      workdir = run_dir(root, dataset, algo, config.target, config.seed, config.num_seeds,
+                        None if not betas else beta, config.reference)
+      dyn = grid_dynamics_dir(root, dataset, dynamics_dir) if betas else None
+      groups.append(Group(config, dataset, workdir, dyn))
+  return groups
+
+
+# Config fields the launch's host loop reads once for all groups (runner.loop: the first group's).
+_LOOP = ("epochs", "eval_every")
+
+
+def check_groups(groups):
+  """Refuses groups that cannot share one compiled epoch (their config.EpochSettings differ
+  beyond the settings each cell carries: beta and train.CELL_SETTINGS (rollout_length,
+  real_ratio, auto_alpha; the program's rollout scan and ring take the longest rollout_length,
+  runner.program_config)), or one host loop (_LOOP), or one folder."""
+  from mombo_jax.core import train as train_lib
+  from mombo_jax.settings import config as config_lib
+  if not groups:
+    raise UserError("Nothing to train: no dataset / beta given.")
+  dirs = [os.path.abspath(g.workdir) for g in groups]
+  if len(set(dirs)) != len(dirs):
+    raise UserError(f"Two cells of this launch would share a workdir ({', '.join(dirs)}); give "
+                    "each (dataset, beta) its own.")
+  def shared(c):
+    settings = config_lib.epoch_settings(dataclasses.replace(c, rollout_length=1),
+                                         train_lib.CELL_SETTINGS)
+    out = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    out["algorithm"] = settings.algorithm.label
+    return dict(out, **{k: getattr(c, k) for k in _LOOP})
+  first = shared(groups[0].config)
+  envs = {g.config.env_name for g in groups}
+  if len(envs) > 1:
+    raise UserError(f"`datasets` of one launch must share an environment, got {sorted(envs)}: "
+                    "launch one per environment.", params=("datasets",))
+  for g in groups[1:]:
+    other = shared(g.config)
+    diff = {k: (first[k], v) for k, v in other.items() if first[k] != v}
+    if diff:
+      what = ", ".join(f"{k}: {a!r} for {groups[0].dataset} vs {b!r} for {g.dataset}"
+                       for k, (a, b) in sorted(diff.items()))
+      raise UserError(f"{groups[0].dataset} and {g.dataset} cannot train in one program: their "
+                      "settings differ beyond those each cell carries (the dataset, "
+                      f"beta, {', '.join(train_lib.CELL_SETTINGS)}) ({what}). Pass flags that "
+                      "set these fields for all, or launch them apart.")

@@ -1,0 +1,74 @@
+"""Everything a launch of experiments.run can check before any data or model work: the flags'
+ranges, the seeds against the devices, the dataset against --env, and that the folders can be
+written. Errors are errors.UserError naming the flag."""
+import os
+
+from mombo_jax.errors import UserError
+
+
+def _check_dir(path: str, flag: str):
+  """`path` is a writable folder, or one that can be created (its nearest existing parent is a
+  writable folder); else UserError. Creates nothing: a refused launch leaves no empty folder."""
+  import tempfile
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise UserError(f"{flag}={path} is a file, not a folder; pass another `{flag}`.",
+                    params=(flag,))
+  parent = os.path.abspath(path)
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise UserError(f"{flag}={path} cannot be created: {parent} is a file; pass another "
+                    f"`{flag}`.", params=(flag,))
+  try:
+    with tempfile.TemporaryFile(dir=parent):
+      pass
+  except OSError as e:
+    raise UserError(f"{flag}={path} cannot be {'written' if parent == os.path.abspath(path) else 'created'} "
+                    f"({e.strerror or e}: {parent}); pass a writable `{flag}`.",
+                    params=(flag,)) from None
+
+
+def check_dataset_env(dataset: str, config):
+  """Refuses a dataset of another environment than --env's (by name, or by its local metadata)."""
+  from mombo_jax.data import names, provenance
+  try:
+    names.resolve(dataset)
+  except ValueError as e:
+    raise UserError(f"`dataset`: {e}", params=("dataset",)) from None
+  found = provenance.dataset_env(dataset)
+  if found is not None and found != config.env_name:
+    raise UserError(f"dataset={dataset} holds {found} data, but env={config.env} trains and "
+                    f"evaluates in {config.env_name}: pass a {config.env_name} dataset, or an "
+                    f"`env` of {found}.", params=("dataset", "env"))
+
+
+def check_seeds_fit_devices(num_seeds: int):
+  """The seed axis is sharded over all devices (of every process): --seeds must be a multiple of
+  their count."""
+  import jax
+  from mombo_jax.core import train as train_lib
+  n = jax.device_count()
+  try:
+    train_lib.check_cell_count(num_seeds, fix=(
+        f"pass `num_seeds` a multiple of {n}, or make fewer devices visible (e.g. "
+        "CUDA_VISIBLE_DEVICES=0, or XLA_FLAGS=--xla_force_host_platform_device_count on CPU)"))
+  except ValueError as e:
+    raise UserError(f"num_seeds={num_seeds}: {e}", params=("num_seeds",)) from None
+
+
+def validate(config, dataset, workdir, dynamics_dir=None, keep=3, stop_after=None,
+             build_steps=None, cells=None):
+  """Everything checkable before any data or model work; raises UserError naming the flag.
+  cells: how many cells the launch trains in one program (default config.num_seeds)."""
+  if keep is None or keep < 1:
+    raise UserError(f"`keep` must be >= 1, got {keep}.", params=("keep",))
+  if stop_after is not None and stop_after < 1:
+    raise UserError(f"`stop_after` must be >= 1 (or None), got {stop_after}.",
+                    params=("stop_after",))
+  if build_steps is not None and build_steps < 1:
+    raise UserError(f"`build_steps` must be >= 1, got {build_steps}.", params=("build_steps",))
+  check_seeds_fit_devices(config.num_seeds if cells is None else cells)
+  check_dataset_env(dataset, config)
+  _check_dir(workdir, "workdir")
+  if dynamics_dir is not None:
+    _check_dir(dynamics_dir, "dynamics_dir")

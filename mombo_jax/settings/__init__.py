@@ -1,0 +1,1 @@
+"""What a run is set to: the Config, its presets, the reference settings tables."""

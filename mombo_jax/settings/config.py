@@ -1,0 +1,334 @@
+"""One frozen, hashable config per run, filled from each algorithm's reference tables
+(mombo_jax/settings/references.py; docs/spec.md sections 4 and 6).
+
+`make_config(env, algo, **overrides)` is the only way runs get their hyperparameters; absl flags in
+`experiments/` only pass overrides. Magic numbers live here and nowhere else.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+from mombo_jax.core import algorithms
+from mombo_jax.settings import references
+# What the compiled epoch reads (core's), projected from a Config: re-exported for the host side.
+from mombo_jax.core.epoch_settings import EpochSettings, epoch_settings  # noqa: F401
+
+ENVS = ("halfcheetah", "hopper", "walker2d")
+D4RL_QUALITIES = ("random", "medium", "medium-replay", "medium-expert", "expert")
+MIXED_PARTNERS = ("medium", "expert")
+MIXED_PERCENTS = (1, 5, 10, 50)
+ALGOS = ("mombo", "mobile", "mopo")      # the paper's (the CLI's --algo); any registered name
+                                        # (mombo_jax.core.algorithms) trains from the Python API
+TARGETS = ("lcb", "elite_spread", "mixture")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Every hyperparameter of one run (all seeds share it)."""
+  # What runs.
+  env: str = "hopper-random"          # short dataset name, e.g. walker2d-medium-replay
+  algo: str = "mombo"                 # mombo | mobile | mopo, or a registered name (algorithms)
+  # MOMBO's target. elite_spread (default): the released code (adinlab/MOMBO policies/mombo.py),
+  # which produced the paper's numbers and for which the per-task betas were tuned; lcb: the
+  # paper's written eq. (1); mixture: both uncertainties by the law of total variance (targets.py).
+  # The per-task betas are elite_spread's: lcb penalises less at them (hopper-medium-replay: 2.7x
+  # less, matched beta ~0.45 vs 0.15; benchmarks/learning/README.md), so lcb needs its own --beta.
+  target: str = "elite_spread"
+  # Whose settings the per-task values follow (mombo_jax/settings/references.py): mombo authors;
+  # mobile offlinerl_kit (the paper's MOBILE column) or authors; mopo offlinerl_kit. make_config
+  # fills the algorithm's default; None: a Config built by hand from no reference table.
+  reference: Optional[str] = None
+  seed: int = 0                       # first seed; seeds are seed .. seed + num_seeds - 1
+  num_seeds: int = 1
+
+  # SAC (docs/spec.md section 6).
+  gamma: float = 0.99
+  tau: float = 0.005
+  batch_size: int = 256
+  actor_hidden: Tuple[int, ...] = (256, 256)
+  critic_hidden: Tuple[int, ...] = (256, 256)
+  num_critics: int = 2
+  actor_lr: float = 1e-4
+  critic_lr: float = 3e-4
+  alpha_lr: float = 1e-4
+  auto_alpha: bool = True
+  alpha_max: Optional[float] = 1.0    # the MOMBO, MOBILE and MOPO references clamp alpha <= 1; None: uncapped
+  alpha: float = 0.2                  # the fixed alpha when auto_alpha is False
+  log_alpha_init: float = 0.0
+  target_entropy: Optional[float] = None   # None -> -dim(A)
+  log_std_min: float = -5.0
+  log_std_max: float = 2.0
+  # Cosine-anneal the actor lr to 0 over schedule_epochs (references: CosineAnnealingLR(actor_optim,
+  # args.epoch) in adinlab/MOMBO train.py; stepped per epoch there, per gradient step here).
+  actor_cosine_schedule: bool = True
+  deterministic_backup: bool = True   # no entropy term in the target (MOMBO, MOBILE); MOPO: False
+  clip_target_min: Optional[float] = 0.0   # reference code clamps targets at >= 0; None disables
+
+  # Offline loop.
+  epochs: int = 3000                  # when the run stops
+  # What the actor's cosine schedule spans, apart from the stop: the paper preset fixes it to the
+  # paper's 3000 epochs, so `--epochs=300` trains the first tenth of the paper's run. None: --epochs.
+  schedule_epochs: Optional[int] = None
+  steps_per_epoch: int = 1000
+  real_ratio: float = 0.05
+  rollout_batch_size: int = 50_000
+  rollout_length: int = 5
+  buffer_retain_epochs: int = 5
+  # Model rule beside the gymnasium-faithful termination functions (termination.model_done): a
+  # model next state with any |x| >= this is terminal, in rollouts (the branch ends with a terminal
+  # row) and in MOMBO's per-elite targets, as in the references' termination code for all three
+  # envs (adinlab/MOMBO utils/termination_fns.py). Real envs never get there; a runaway model does.
+  rollout_obs_limit: Optional[float] = 100.0
+  beta: float = 1.0                   # MOMBO beta / MOBILE beta / MOPO lambda, per algo
+  mobile_num_samples: int = 10
+  eval_every: int = 10                # epochs between evaluations
+  eval_episodes: int = 10
+  # A seed whose loss leaves [-max_abs_loss, max_abs_loss] (or turns non-finite) counts as diverged:
+  # a finite but exploding run (e.g. beta=1e18 gives critic losses ~1e37) must not run on silently.
+  max_abs_loss: float = 1e12
+
+  # Dynamics ensemble (docs/spec.md section 5).
+  dyn_members: int = 7
+  dyn_elites: int = 5
+  dyn_hidden: Tuple[int, ...] = (200, 200, 200, 200)
+  dyn_weight_decay: Tuple[float, ...] = (2.5e-5, 5e-5, 7.5e-5, 7.5e-5, 1e-4)
+  dyn_lr: float = 1e-3
+  dyn_batch_size: int = 256
+  dyn_holdout_ratio: float = 0.2
+  dyn_max_holdout: int = 1000
+  dyn_improvement: float = 0.01       # a snapshot is kept on > 1% relative improvement
+  dyn_patience: int = 5               # epochs without improvement before stopping
+  dyn_max_epochs: Optional[int] = None     # None: train until patience runs out
+  dyn_max_logvar_init: float = 0.5
+  dyn_min_logvar_init: float = -10.0
+  dyn_logvar_coef: float = 0.01
+  dyn_checkpoint_every_s: float = 60.0     # seconds between checkpoints of dynamics training
+
+  def __post_init__(self):
+    _validate(self)
+
+  @property
+  def env_name(self) -> str:
+    """The environment part of the dataset name: halfcheetah | hopper | walker2d."""
+    return parse_name(self.env)[0]
+
+  @property
+  def algorithm(self) -> algorithms.Algorithm:
+    """The record of algo (and, for MOMBO, target): what the training core reads."""
+    return algorithms.get(self.algo, self.target)
+
+  @property
+  def schedule_steps(self) -> int:
+    """Gradient steps the actor's cosine schedule spans."""
+    return (self.schedule_epochs or self.epochs) * self.steps_per_epoch
+
+  @property
+  def synthetic_capacity(self) -> int:
+    """Ring-buffer rows: retain_epochs x rollout_batch_size x k."""
+    return self.buffer_retain_epochs * self.rollout_batch_size * self.rollout_length
+
+
+_POSITIVE_INTS = ("num_seeds", "batch_size", "num_critics", "epochs", "steps_per_epoch",
+                  "rollout_batch_size", "rollout_length", "buffer_retain_epochs",
+                  "mobile_num_samples", "eval_every", "eval_episodes", "dyn_members", "dyn_elites",
+                  "dyn_batch_size", "dyn_max_holdout", "dyn_patience")
+_POSITIVE_FLOATS = ("gamma", "actor_lr", "critic_lr", "alpha_lr", "dyn_lr", "max_abs_loss")
+_NONNEG_FLOATS = ("tau", "alpha", "beta", "dyn_improvement", "dyn_logvar_coef",
+                  "dyn_checkpoint_every_s")
+_FINITE_FLOATS = ("log_alpha_init", "log_std_min", "log_std_max", "dyn_max_logvar_init",
+                  "dyn_min_logvar_init")
+
+
+def _validate(c: "Config"):
+  """Every field checked once, here, so a bad flag is refused before any data or model work.
+  Each message names the field (= the flag where one exists) and what it must be."""
+  import math
+
+  def is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+  def is_num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+  algorithm = algorithms.get(c.algo, c.target)      # ValueError naming the registered ones
+  if not algorithms.variants(c.algo) and c.target not in TARGETS:
+    raise ValueError(f"Unknown target {c.target!r}; choose one of {', '.join(TARGETS)}.")
+  if c.reference is not None:
+    _reference(c.algo, c.reference)
+  parse_name(c.env)
+  for name in _POSITIVE_INTS:
+    v = getattr(c, name)
+    if not is_int(v) or v < 1:
+      raise ValueError(f"{name} must be a positive integer, got {v!r}.")
+  if not is_int(c.seed) or c.seed < 0:
+    raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}.")
+  for name in _POSITIVE_FLOATS:
+    v = getattr(c, name)
+    if not is_num(v) or v <= 0:
+      raise ValueError(f"{name} must be a finite number > 0, got {v!r}.")
+  for name in _NONNEG_FLOATS:
+    v = getattr(c, name)
+    if not is_num(v) or v < 0:
+      raise ValueError(f"{name} must be a finite number >= 0, got {v!r}.")
+  for name in _FINITE_FLOATS:
+    v = getattr(c, name)
+    if not is_num(v):
+      raise ValueError(f"{name} must be a finite number, got {v!r}.")
+  if not c.gamma <= 1.0:
+    raise ValueError(f"gamma must lie in (0, 1], got {c.gamma}.")
+  if not c.tau <= 1.0:
+    raise ValueError(f"tau must lie in [0, 1], got {c.tau}.")
+  if not (is_num(c.real_ratio) and 0.0 <= c.real_ratio <= 1.0):
+    raise ValueError(f"real_ratio must lie in [0, 1], got {c.real_ratio!r}.")
+  if not (is_num(c.dyn_holdout_ratio) and 0.0 < c.dyn_holdout_ratio < 1.0):
+    raise ValueError(f"dyn_holdout_ratio must lie in (0, 1), got {c.dyn_holdout_ratio!r}.")
+  if c.log_std_min >= c.log_std_max:
+    raise ValueError(f"log_std_min ({c.log_std_min}) must be < log_std_max ({c.log_std_max}).")
+  if c.dyn_min_logvar_init >= c.dyn_max_logvar_init:
+    raise ValueError(f"dyn_min_logvar_init ({c.dyn_min_logvar_init}) must be < "
+                     f"dyn_max_logvar_init ({c.dyn_max_logvar_init}).")
+  for name in ("alpha_max", "target_entropy", "clip_target_min", "rollout_obs_limit"):
+    v = getattr(c, name)
+    if v is not None and not is_num(v):
+      raise ValueError(f"{name} must be a finite number or None, got {v!r}.")
+  if c.rollout_obs_limit is not None and c.rollout_obs_limit <= 0:
+    raise ValueError(f"rollout_obs_limit must be > 0 or None, got {c.rollout_obs_limit}.")
+  if c.alpha_max is not None and c.alpha_max <= 0:
+    raise ValueError(f"alpha_max must be > 0 or None, got {c.alpha_max}.")
+  if c.schedule_epochs is not None:
+    if not is_int(c.schedule_epochs) or c.schedule_epochs < 1:
+      raise ValueError(f"schedule_epochs must be a positive integer or None, got "
+                       f"{c.schedule_epochs!r}.")
+    if c.actor_cosine_schedule and c.epochs > c.schedule_epochs:
+      raise ValueError(f"epochs ({c.epochs}) > schedule_epochs ({c.schedule_epochs}): the actor's "
+                       "learning rate would be 0 after epoch schedule_epochs. Pass "
+                       f"--schedule_epochs >= {c.epochs} (or 0 to span --epochs).")
+  if c.dyn_max_epochs is not None and (not is_int(c.dyn_max_epochs) or c.dyn_max_epochs < 1):
+    raise ValueError(f"dyn_max_epochs must be a positive integer or None, got {c.dyn_max_epochs!r}.")
+  for name in ("actor_hidden", "critic_hidden", "dyn_hidden"):
+    v = getattr(c, name)
+    if not v or not all(is_int(h) and h > 0 for h in v):
+      raise ValueError(f"{name} must be a non-empty tuple of positive integers, got {v!r}.")
+  if not all(is_num(w) and w >= 0 for w in c.dyn_weight_decay):
+    raise ValueError(f"dyn_weight_decay entries must be finite numbers >= 0, got {c.dyn_weight_decay!r}.")
+  if c.dyn_elites > c.dyn_members:
+    raise ValueError(f"dyn_elites ({c.dyn_elites}) > dyn_members ({c.dyn_members}).")
+  if c.dyn_elites < algorithm.min_elites:
+    raise ValueError(f"{algorithm.label}'s penalty is a std over elites: dyn_elites must be >= "
+                     f"{algorithm.min_elites}.")
+  if len(c.dyn_weight_decay) != len(c.dyn_hidden) + 1:
+    raise ValueError("dyn_weight_decay needs one entry per dynamics layer "
+                     f"({len(c.dyn_hidden) + 1}), got {len(c.dyn_weight_decay)}.")
+
+
+# Per-algorithm, per-task settings: each algorithm runs as its reference runs it, from the source
+# `reference` names (mombo_jax/settings/references.py: every table and entry citing its file).
+# TASKS: each algorithm's default source's table (the one the paper's numbers come from).
+MOMBO_TASKS = references.MOMBO_AUTHORS
+MOPO_TASKS = references.MOPO_OFFLINERL_KIT
+TASKS = {algo: references.source(algo).tasks for algo in ALGOS}
+
+# Mixed datasets (paper appendix): one setting for all.
+_MIXED = dict(rollout_length=5, critic_hidden=(256, 256, 256), actor_hidden=(1024,) * 5,
+              epochs=2000, buffer_retain_epochs=10)
+_MIXED_BETA = 2.0
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  """A budget: Config overrides, and what a launch may do about its dataset."""
+  overrides: dict
+  build_missing: object        # False, "random" (random datasets only) or True (any short name)
+  build_steps: int             # steps per recorded dataset when it builds one
+  require_full: bool           # refuse a reduced build of the dataset's recipe
+
+
+# paper: the paper's settings on the full datasets. quick / tiny: small budgets for smoke runs
+# and the README quick start, same code path, fewer and smaller everything; they build a missing
+# random dataset (fast, no online SAC run) at a reduced size.
+PRESETS = {
+    "paper": Preset({}, build_missing=False, build_steps=1_000_000, require_full=True),
+    # README command 1 within 5 minutes on a 2-core CPU, install included (issue #28; timed by
+    # benchmarks/quickstart.py): 20k gradient steps per seed of 128x128 networks on batches of 64
+    # (elite_spread's CPU time per step ~9x below 256x256 on 256), since hopper-random's score
+    # only rose after 12k-15k steps in every budget tried; the paper's 7 x 4x200 ensemble, 2 epochs.
+    "quick": Preset(dict(epochs=20, steps_per_epoch=1000, batch_size=64, actor_hidden=(128, 128),
+                         critic_hidden=(128, 128), rollout_batch_size=5000, eval_every=5,
+                         eval_episodes=5, dyn_max_epochs=2),
+                    build_missing="random", build_steps=100_000, require_full=False),
+    "tiny": Preset(dict(epochs=2, steps_per_epoch=20, rollout_batch_size=64, eval_every=1,
+                        eval_episodes=1, batch_size=32, actor_hidden=(32, 32),
+                        critic_hidden=(32, 32), dyn_hidden=(32, 32),
+                        dyn_weight_decay=(2.5e-5, 5e-5, 1e-4), dyn_max_epochs=2, dyn_members=3,
+                        dyn_elites=2, mobile_num_samples=2),
+                   build_missing="random", build_steps=5_000, require_full=False),
+}
+
+
+def valid_names() -> list:
+  """All short dataset names the config knows."""
+  names = sorted(MOMBO_TASKS)
+  for env in ENVS:
+    for partner in MIXED_PARTNERS:
+      names += [f"{env}-random-{partner}-{p}pct" for p in MIXED_PERCENTS]
+  return names
+
+
+def parse_name(name: str) -> tuple:
+  """'walker2d-medium-replay' -> ('walker2d', 'medium-replay'). Raises ValueError with the valid names."""
+  env, _, quality = name.partition("-")
+  if env not in ENVS or name not in valid_names():
+    raise ValueError(f"Unknown dataset name {name!r}. Valid names: {', '.join(valid_names())} "
+                     "(or pass a Minari dataset id with --dataset).")
+  return env, quality
+
+
+def _reference(algo: str, reference: Optional[str]) -> Optional[str]:
+  """The source `reference` of algo's tables checked (None: their default); None for an
+  algorithm without tables (ValueError if one is named)."""
+  tables = algorithms.tables(algo)
+  if tables is None:
+    if reference is not None:
+      raise ValueError(f"{algo} has no reference settings tables; leave reference unset, got "
+                       f"{reference!r}.")
+    return None
+  return references.check(tables, reference)
+
+
+def task_overrides(env: str, algo: str, reference: Optional[str] = None) -> dict:
+  """The settings of `algo` on `env` (a short name) from the source `reference` (None: the
+  algorithm's default, references.DEFAULT) of its tables (algorithms.Algorithm.references; none:
+  {}): the source's row for env (the mixed datasets: the paper's one setting), then the source's
+  settings for every task and its evaluation cadence."""
+  parse_name(env)
+  if _reference(algo, reference) is None:
+    return {}
+  src = references.source(algorithms.tables(algo), reference)
+  out = dict(src.tasks[env]) if env in src.tasks else dict(_MIXED, beta=_MIXED_BETA)
+  out.update(src.settings, eval_every=src.eval_every)
+  return out
+
+
+def make_config(env: str = "hopper-random", algo: str = "mombo", preset: str = "paper",
+                **overrides) -> Config:
+  """Config for `env` and `algo` (a registered name, mombo_jax.core.algorithms) from the per-task
+  table of the source overrides["reference"] names (default: the algorithm's, references.DEFAULT;
+  recorded in the Config; none for an algorithm without tables), then a preset, then explicit
+  overrides. ValueError for a source the algorithm does not have."""
+  algorithms.get(algo, overrides.get("target", Config.target))   # ValueError: unknown names
+  if preset not in PRESETS:
+    raise ValueError(f"Unknown preset {preset!r}; choose one of {', '.join(PRESETS)}.")
+  fields = {f.name for f in dataclasses.fields(Config)}
+  unknown = sorted(set(overrides) - fields)
+  if unknown:
+    raise ValueError(f"Unknown config field(s) {unknown}; valid fields: {sorted(fields)}.")
+  reference = _reference(algo, overrides.pop("reference", None))
+  values = dict(env=env, algo=algo, reference=reference)
+  values.update(task_overrides(env, algo, reference))
+  if preset == "paper":
+    # The actor's cosine schedule spans the paper's run whatever --epochs says, so a shorter run
+    # is the prefix of the paper's (3000 epochs; the mixed datasets' 2000).
+    values["schedule_epochs"] = values.get("epochs", Config.epochs)
+  values.update(PRESETS[preset].overrides)
+  values.update(overrides)
+  return Config(**values)

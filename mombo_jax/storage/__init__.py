@@ -1,0 +1,1 @@
+"""Files that survive a crash: Orbax checkpoints, their manifests, folder locks."""

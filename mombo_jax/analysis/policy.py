@@ -35,6 +35,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mombo_jax.errors import UserError
+from mombo_jax.core import actor_policy
 
 FORMAT = "mombo_jax.policy/1"
 _EXPORT_HINT = ("export one with: python -m experiments.export --run=DIR --seed=S "
@@ -43,7 +44,6 @@ _EXPORT_HINT = ("export one with: python -m experiments.export --run=DIR --seed=
 
 def _actor_fns(hidden_dims, action_dim, log_std_min, log_std_max):
   """The actor's jitted functions (actor_policy's one cache, per actor shape)."""
-  from mombo_jax.core import actor_policy
   return actor_policy.actor_functions(actor_policy.ActorShape.of(hidden_dims, action_dim,
                                                                  log_std_min, log_std_max))
 

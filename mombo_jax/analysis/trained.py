@@ -21,6 +21,7 @@ from flax.training.train_state import TrainState
 from mombo_jax.core import dynamics, sac
 from mombo_jax.settings import config as config_lib
 from mombo_jax.core.critics import sample_tanh_gaussian
+from mombo_jax.data import provenance, transitions as data
 
 
 @flax.struct.dataclass
@@ -157,7 +158,6 @@ def check_data(trained: TrainedRun, transitions) -> None:
   transitions None (the dataset is not local) or a run written before runs recorded their data."""
   if trained.data is None or transitions is None:
     return
-  from mombo_jax.data import provenance
   changes = provenance.identity_changes(
       trained.data, provenance.dataset_identity(trained.dataset, transitions))
   if changes:
@@ -173,7 +173,6 @@ def load_data(trained: TrainedRun, required: bool = True):
   """data.Transitions of the run's dataset, checked to be the data it trained on (check_data).
   required=False: None when the dataset is not local (an analysis that reads only its name);
   otherwise a missing dataset raises errors.DatasetNotFoundError (a FileNotFoundError)."""
-  from mombo_jax.data import transitions as data
   from mombo_jax.errors import DatasetNotFoundError
   try:
     transitions = data.load_transitions(trained.dataset)

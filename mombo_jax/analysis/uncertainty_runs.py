@@ -8,9 +8,11 @@ seed), and writing uncertainty[_<states>].csv / .md (`write_outputs`, `table_mar
 over seeds beside the paper's own Table 2 numbers). The per-tuple Bellman backups, penalties and
 scores are mombo_jax.analysis.quantifier_quality's.
 """
+import dataclasses
 import os
 
 from mombo_jax.errors import InvalidArgument, UserError
+from mombo_jax.run import outputs
 
 # jax, numpy and the other modules are imported where they are used: experiments.uncertainty imports
 # this module before parsing its flags, and --help should not wait for jax.
@@ -63,7 +65,6 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
   not found) for what the user can fix, among them a run whose dataset was rebuilt or replaced
   since it trained (trained.check_data). log: a line per run (what reading its checkpoint read and
   the peak memory, TrainedRun.memory_line) and a progress line per seed."""
-  import dataclasses
 
   import jax
   from mombo_jax.analysis import quantifier_quality, trained as trained_lib
@@ -223,7 +224,6 @@ def table_markdown(rows):
 def write_outputs(rows, out: str, states: str = "policy"):
   """Writes the rows as <out>/uncertainty[_<states>].csv and their tables as the .md beside it;
   returns (csv path, md path)."""
-  from mombo_jax.run import outputs
   os.makedirs(out, exist_ok=True)
   csv_path, md_path = (os.path.join(out, name) for name in output_names(states))
   outputs.write_rows(csv_path, rows)

@@ -15,6 +15,7 @@ mombo_jax.build.saved_actors.save_actor).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
@@ -26,6 +27,8 @@ from mombo_jax.core.actor_policy import numpy_actor
 from mombo_jax.errors import Interrupted, UserError
 from mombo_jax.build.sac_checkpoints import (_REPLAY_FIELDS, SacResult, _empty_replay,  # noqa: F401
                                              _run_settings, _SacCheckpoints, restore_sac)
+from mombo_jax.core import sac
+from mombo_jax.env import stops
 
 
 def _print(msg: str):
@@ -88,10 +91,8 @@ def _make_jitted(config):
   Sampling on the device and running a whole chunk of updates per call remove the per-step host
   round-trips (numpy gathers, batch uploads, one dispatch per update) that bound the collector.
   """
-  import functools
   import jax
   import jax.numpy as jnp
-  from mombo_jax.core import sac
   from mombo_jax.core.buffer import Batch
   target_fn = functools.partial(sac.soft_target, config=config)
 
@@ -166,8 +167,6 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   interrupted episode (marked ended) and reseed the RNGs instead.
   """
   import jax
-  from mombo_jax.core import sac
-  from mombo_jax.env import stops
 
   env = make_env()
   obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]

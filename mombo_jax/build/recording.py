@@ -13,6 +13,7 @@ import numpy as np
 
 from mombo_jax.env.envs import finish_episode, new_episode, record_step, step
 from mombo_jax.errors import Interrupted, InvalidArgument
+from mombo_jax.core import actor_policy
 
 
 def rollout(make_env: Callable, policy: Callable, num_steps: int, seed: int,
@@ -77,7 +78,6 @@ def sac_policy(actor_params, config, seed: int, deterministic: bool) -> Callable
   functions: compiled once per actor shape and batch size), drawing a fresh key per call from
   `seed`'s stream (a key is split per call even when deterministic, as recordings always did)."""
   import jax
-  from mombo_jax.core import actor_policy
   fns = actor_policy.actor_functions(actor_policy.ActorShape.from_config(config, actor_params))
   key = [jax.random.key(seed)]
 

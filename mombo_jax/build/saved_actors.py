@@ -28,6 +28,7 @@ from mombo_jax.storage import atomic
 from mombo_jax.env.envs import GYM_IDS
 from mombo_jax.errors import UserError
 from mombo_jax.build.online_sac import online_config
+from mombo_jax.core import sac
 
 ACTOR_FORMAT = "mombo_jax-actor-v1"
 ACTOR_QUALITIES = ("medium", "expert")
@@ -68,7 +69,6 @@ def actor_bytes(actor_params) -> bytes:
 
 def network_info(env: str, config, actor_params) -> dict:
   """The sidecar fields actor_config reads back (and the gym id), from a live run's actor."""
-  from mombo_jax.core import sac
   return dict(env=env, gym_id=GYM_IDS[env],
               obs_dim=int(np.shape(sac.actor_layers(actor_params)[0][0][0])[0]),
               action_dim=sac.actor_action_dim(actor_params),
@@ -138,7 +138,6 @@ def load_actor(directory: str, quality: str) -> SavedActor:
   import jax
   import jax.numpy as jnp
   from flax import serialization
-  from mombo_jax.core import sac
   weights, sidecar_path = actor_paths(directory, quality)
   for path in (weights, sidecar_path):
     if not os.path.isfile(path):

@@ -25,6 +25,7 @@ import numpy as np
 
 from mombo_jax.data import minari_io, names
 from mombo_jax.errors import UserError
+from mombo_jax.env import stops
 
 GYM_IDS = {"halfcheetah": "HalfCheetah-v5", "hopper": "Hopper-v5", "walker2d": "Walker2d-v5"}
 OBS_DIM = {"hopper": 11, "walker2d": 17, "halfcheetah": 17}
@@ -245,7 +246,6 @@ def run_episodes(make_env: Callable, policy: Callable, episodes: int, seed: int,
   make_env(), episode i reset with seed + i, each run to termination or the time limit. Returns
   them as episodes (module docstring) holding the policy's actions (before to_env_action).
   should_stop: polled every step; when it fires, errors.Interrupted (nothing is returned)."""
-  from mombo_jax.env import stops
   env = make_env()
   out = []
   try:

@@ -12,6 +12,8 @@ split the work changes no bit of the result (the same loop body; the carry passe
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import time
 from typing import Callable, Optional
@@ -41,7 +43,6 @@ class StopFlag:
     return self.signum is not None
 
   def install(self):
-    import signal
     for sig in (signal.SIGINT, signal.SIGTERM):
       signal.signal(sig, self._handle)
     if hasattr(signal, "SIGUSR1"):
@@ -49,7 +50,6 @@ class StopFlag:
 
   def _handle(self, signum, frame):
     del frame
-    import signal
     name = signal.Signals(signum).name
     if self.signum is not None and not self._from_parent:
       print(f"\n{name} again: aborting at once; the last checkpoint stays usable.",
@@ -62,7 +62,6 @@ class StopFlag:
 
   def _passed_on(self, signum, frame):
     del signum, frame
-    import signal
     if self.signum is None:
       self.signum, self._from_parent = signal.SIGTERM, True
       print("\nStop requested by the parent launch: stopping within seconds, after saving a "
@@ -74,8 +73,6 @@ def run_child(cmd, should_stop=None) -> int:
   should_stop fires (this launch got SIGINT / SIGTERM), passes the stop on to the child once, as
   SIGUSR1 (StopFlag: a stop request that never aborts), so that a SIGTERM sent to this process
   alone stops the child within seconds too, and a Ctrl-C that reached both counts once."""
-  import signal
-  import subprocess
   proc = subprocess.Popen(cmd)
   passed = False
   while True:

@@ -38,6 +38,7 @@ import numpy as np
 
 from mombo_jax.errors import UserError
 from mombo_jax.report.results import ENV_ORDER, TYPE_ORDER, dataset_type
+from mombo_jax.storage import atomic
 
 # rliable.metrics.aggregate_optimality_gap's threshold on this package's scale: D4RL normalised
 # scores are percentages (100 = the expert's return), rliable's examples use fractions (gamma = 1).
@@ -215,7 +216,6 @@ def plot_profiles(taus: np.ndarray, profiles: Dict[str, np.ndarray], path: str, 
   import matplotlib.pyplot as plt
   from rliable import plot_utils
 
-  from mombo_jax.storage import atomic
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   try:
     plot_utils.plot_performance_profiles(

@@ -21,9 +21,14 @@ With one process every function here is the plain single-host behaviour.
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
+import signal
+import socket
 import sys
+import threading
+import time
 from typing import Any, Optional
 
 from mombo_jax.errors import InvalidArgument
@@ -136,8 +141,6 @@ def _no_cluster(why) -> ValueError:
 def _check_port_free(address: str):
   """Process 0 serves the coordinator on the address's port (all interfaces, as JAX binds it); a
   port already taken would crash JAX's service (a segmentation fault), so it is refused here."""
-  import errno
-  import socket
   port = _port(address)
   for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "")):
     try:
@@ -166,9 +169,6 @@ def _wait_for(join, waiting, timeout, address, num_processes, process_id):
   """Prints `waiting` and runs join() (jax.distributed.initialize) in a daemon thread; returns when
   it did, re-raises what it raised, and ends the process (one line, os._exit) on timeout or
   SIGINT / SIGTERM (the handlers are in place before `waiting` is out)."""
-  import signal
-  import threading
-  import time
   done = threading.Event()
   failure = []
 
@@ -241,7 +241,6 @@ def _timeout_line(timeout, address, num_processes, process_id) -> str:
 
 def _answers(address: str) -> bool:
   """Whether something accepts connections at 'host:port' (within a second)."""
-  import socket
   host, _, port = address.rpartition(":")
   try:
     with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):

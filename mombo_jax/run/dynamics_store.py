@@ -26,6 +26,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 from mombo_jax.errors import Interrupted, UserError
 from mombo_jax.core.key_scheme import cell_keys
 from mombo_jax.run.workdir import DYNAMICS, LOCK
+from mombo_jax.data import minari_io, names, provenance, transitions as data
+from mombo_jax.settings import config as config_lib, references
+from mombo_jax.storage import locks
 
 def default_dynamics_root(dataset: str, root: str = "runs") -> str:
   """experiments.train_dynamics' default folder of saved ensembles: runs/dynamics/<dataset>."""
@@ -98,7 +101,6 @@ def get_dynamics(config, transitions, dataset, dynamics_dir, *, should_stop=None
 def dynamics_lock(dynamics_dir: str, config, shared: bool = False):
   """locks.FolderLock of config's ensembles in dynamics_dir (<dir>/seed<s>x<S>-<tag>.lock;
   acquire() it): exclusive while they are trained or written, shared while read."""
-  from mombo_jax.storage import locks
   return locks.FolderLock(dynamics_dir, os.path.basename(dynamics_path(dynamics_dir, config)) + LOCK,
                           shared=shared, what="dynamics ensemble", fix=(
                               "wait until it has trained them (then they are reused), or pass "
@@ -107,7 +109,6 @@ def dynamics_lock(dynamics_dir: str, config, shared: bool = False):
 
 def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop, overwrite, log):
   import numpy as np
-  from mombo_jax.data import provenance
   from mombo_jax.run import distributed, dynamics_training, saved_dynamics
   from mombo_jax.storage import checkpoint
   key = saved_dynamics.reuse_key(config, transitions, provenance.dataset_identity(dataset, transitions))
@@ -193,7 +194,6 @@ def settings_sources(env: str, algo: str, preset: str = "paper", flags: Sequence
   for env, or its settings for every task; each citing its file), else the Config default (the
   references' shared dynamics settings)."""
   from mombo_jax.run import saved_dynamics
-  from mombo_jax.settings import config as config_lib, references
   src, ref = references.source(algo, reference), references.check(algo, reference)
   out = {}
   for name in saved_dynamics.TRAINING_FIELDS:
@@ -258,8 +258,6 @@ def sharing_plan(cells: Sequence[tuple], preset: str = "paper", flags: Dict[str,
 
 def dynamics_task(env, dataset):
   """(config env short name, dataset name or id, note for the log or None)."""
-  from mombo_jax.data import minari_io, names
-  from mombo_jax.settings import config as config_lib
   if env is None and dataset is None:
     raise UserError("Pass env=<short name> (e.g. hopper-medium) or dataset=<Minari id>.",
                     params=("env", "dataset"))
@@ -285,9 +283,7 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
   the source `reference` (config.make_config; None: the algorithm's default; the references
   differ, e.g. in walker2d-medium's epoch cap), so the ensembles are reused by runs of the
   algorithms whose settings agree. UserError for what the user can fix."""
-  from mombo_jax.data import transitions as data
   from mombo_jax.run import saved_dynamics
-  from mombo_jax.settings import config as config_lib
 
   try:
     env, dataset, note = dynamics_task(env, dataset)

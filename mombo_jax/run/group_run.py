@@ -9,6 +9,8 @@ resume the rows of an evaluation a killed launch lost (recover).
 from __future__ import annotations
 
 import dataclasses
+import json
+import threading
 from typing import Any, List
 
 from mombo_jax.core import algorithms
@@ -16,6 +18,10 @@ from mombo_jax.errors import Interrupted
 from mombo_jax.run.groups import Group
 from mombo_jax.run.console import log
 from mombo_jax.run.workdir import Workdir
+from mombo_jax.core import train as train_lib
+from mombo_jax.data import scores
+from mombo_jax.env import envs, evaluate as evaluate_lib
+from mombo_jax.run import distributed, outputs
 
 
 @dataclasses.dataclass
@@ -49,7 +55,6 @@ class GroupRun:
 def watch(runs, metrics, epoch, config, several_groups):
   """Epoch `epoch`'s per-cell metrics ({name: [C]}): the overestimation watch and divergence.
   several_groups: the launch trains more than one group (log lines then name the group)."""
-  from mombo_jax.core import train as train_lib
   frozen = metrics["diverged"]
   for r in runs:
     for i, s in zip(range(r.cells.start, r.cells.stop), r.seeds):
@@ -71,7 +76,6 @@ def watch(runs, metrics, epoch, config, several_groups):
 
 
 def log_reference_scores(runs):
-  from mombo_jax.data import scores
   shown = {}
   for r in runs:
     shown.setdefault(r.group.dataset, scores.ref_scores(r.group.dataset))
@@ -91,9 +95,6 @@ def build_evaluators(runs, workers=0):
   """Gives every group its Evaluator (shared by the groups of one eval_episodes and one eval env:
   envs.eval_env_spec of the group's dataset, so that an imported D4RL walker is evaluated in
   D4RL's model), unless built. In the main thread: it starts the env worker processes."""
-  import json
-  from mombo_jax.env import envs
-  from mombo_jax.env import evaluate as evaluate_lib
   by_env = {}                              # the launch's groups share one env name (check_groups)
   for r in runs:
     if r.evaluator is None:
@@ -112,7 +113,6 @@ def returns_all(runs, actors, epoch, should_stop=None):
   the main thread trains. should_stop: Evaluator.run's (errors.Interrupted between time steps)."""
   import jax
   import numpy as np
-  from mombo_jax.env import evaluate as evaluate_lib
   by_evaluator = {}
   for r in runs:
     by_evaluator.setdefault(id(r.evaluator), []).append(r)
@@ -149,7 +149,6 @@ def record(r: GroupRun, returns, last, epoch, snap=None):
   """Group r's evaluation at epoch `epoch`: returns [S, episodes] -> r.scores and its metrics.csv
   rows (also handed to r.loggers); last: the epoch's metrics {name: [C]}; snap: snapshot(r) taken
   at epoch `epoch` (None: r's watch now)."""
-  from mombo_jax.data import scores
   c = r.config
   snap = snap or snapshot(r)
   diverged, flagged = set(snap["diverged"]), set(snap["flagged"])
@@ -186,7 +185,6 @@ def log_progress(r: GroupRun, last, epoch, rate, eta, several_groups, snap=None)
 def finish(r: GroupRun) -> dict:
   """Group r's summary.json and learning_curve.png; returns the summary. The log line gives the
   means over every seed, says how many diverged, and gives the healthy seeds' mean beside."""
-  from mombo_jax.run import outputs
   c, g = r.config, r.group
   diverged = sorted(r.diverged.values(), key=lambda d: d["seed"])
   summary = outputs.summarise(r.rows, r.seeds, diverged, r.q)
@@ -233,7 +231,6 @@ class Evaluation:
   record, log line and checkpoint stays in the main thread."""
 
   def __init__(self, runs, actors, last, epoch, snaps, rate=None, eta=None):
-    import threading
     self.runs, self.last, self.epoch, self.snaps = runs, last, epoch, snaps
     self.rate, self.eta = rate, eta
     self.returns, self.error = None, None
@@ -276,7 +273,6 @@ def recover(unwritten, program, eval_workers=0, should_stop=None):
   metadata), evaluating the restored actors with that point's env seeds: the returns the lost
   evaluation had."""
   import numpy as np
-  from mombo_jax.run import distributed
   actors = distributed.to_host(program.state.agent.actor.params)
   if not distributed.is_main():
     for r in unwritten:

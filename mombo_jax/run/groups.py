@@ -10,6 +10,8 @@ from typing import Any, Optional
 
 from mombo_jax.errors import UserError
 from mombo_jax.run.workdir import grid_dynamics_dir, run_dir
+from mombo_jax.core import train as train_lib
+from mombo_jax.settings import config as config_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +47,6 @@ def plan_groups(env, algo, preset, overrides, datasets=None, betas=None, root="r
   settings (config.make_config); a Minari id trains with env's. Workdirs: run_dir under root.
   With betas, a dataset's groups share their dynamics (workdir.grid_dynamics_dir; without, each
   workdir keeps its own, as a plain run does). Raises UserError for a bad name or value."""
-  from mombo_jax.settings import config as config_lib
   if (datasets is not None and not list(datasets)) or (betas is not None and not list(betas)):
     raise UserError("`datasets` / `betas` given empty; pass at least one value, or None.",
                     params=("datasets", "betas"))
@@ -78,8 +79,6 @@ def check_groups(groups):
   beyond the settings each cell carries: beta and train.CELL_SETTINGS (rollout_length,
   real_ratio, auto_alpha; the program's rollout scan and ring take the longest rollout_length,
   runner.program_config)), or one host loop (_LOOP), or one folder."""
-  from mombo_jax.core import train as train_lib
-  from mombo_jax.settings import config as config_lib
   if not groups:
     raise UserError("Nothing to train: no dataset / beta given.")
   dirs = [os.path.abspath(g.workdir) for g in groups]

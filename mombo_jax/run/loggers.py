@@ -47,6 +47,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from mombo_jax.core import algorithms
 from mombo_jax.errors import UserError
 from mombo_jax.run.workdir import TENSORBOARD as TB_DIR, WANDB as WANDB_DIR
+from mombo_jax.storage import atomic
 
 KINDS = ("csv", "tensorboard", "wandb")
 # The package each optional logger imports; setup.cfg's extras of the same names pin them.
@@ -313,7 +314,6 @@ def _identities(root: str, seeds: Sequence[int], group: str) -> dict:
   """<root>/runs.json, created or completed: the W&B group and a run id per seed, drawn once so a
   resume (even of one cell of a grid alone) reuses them, and a new workdir never does."""
   from wandb.sdk.lib import runid
-  from mombo_jax.storage import atomic
   path = os.path.join(root, WANDB_RUNS)
   old = {}
   if os.path.exists(path):

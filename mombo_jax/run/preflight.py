@@ -2,6 +2,7 @@
 ranges, the seeds against the devices, the dataset against --env, and that the folders can be
 written. Errors are errors.UserError naming the flag."""
 import os
+import tempfile
 
 from mombo_jax.errors import UserError
 
@@ -9,7 +10,6 @@ from mombo_jax.errors import UserError
 def _check_dir(path: str, flag: str):
   """`path` is a writable folder, or one that can be created (its nearest existing parent is a
   writable folder); else UserError. Creates nothing: a refused launch leaves no empty folder."""
-  import tempfile
   if os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f"{flag}={path} is a file, not a folder; pass another `{flag}`.",
                     params=(flag,))

@@ -24,6 +24,11 @@ from mombo_jax.core.key_scheme import cell_keys
 from mombo_jax.run.preflight import validate
 from mombo_jax.run.run_dataset import load_or_build
 from mombo_jax.run.workdir import Workdir
+from mombo_jax.core import buffer, dynamics, train as train_lib
+from mombo_jax.data import provenance, scores, transitions as data
+from mombo_jax.env import envs
+from mombo_jax.run import distributed, loggers, overestimation
+from mombo_jax.settings import references
 
 # Longest a device call may run (epochs are batched up to the next evaluation, but no more than
 # this by the last call's pace; one epoch at least): SIGTERM / SIGINT are honoured between calls,
@@ -79,8 +84,6 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
   summaries (None each when `stop_after` ended this launch early). Arguments as for `train_run`; the
   loggers of `log_to` write each workdir's rows, one series per seed (W&B: one run per seed, the
   launch's workdirs one group)."""
-  from mombo_jax.run import distributed, loggers
-  from mombo_jax.settings import references
   kinds = loggers.parse(log_to)  # before any work: unknown names, missing packages
   if int(eval_workers) < 0:
     raise UserError(f"eval_workers={eval_workers}: pass a number of processes >= 1, or 0 (auto).")
@@ -117,7 +120,6 @@ def plan(groups, keep, stop_after, build_steps, allow_epochs_change, held):
   """Every check that needs no data: the groups fit one program, the flags and folders are valid,
   no other launch writes these workdirs (their locks are taken and appended to `held`; process 0
   holds them), each workdir's config.json agrees. Returns each group's (config.json record, notes)."""
-  from mombo_jax.run import distributed
   check_groups(groups)
   cells = sum(g.config.num_seeds for g in groups)
   for g in groups:
@@ -145,10 +147,6 @@ def prepare(groups, records, keep, should_stop, data_options):
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from mombo_jax.core import buffer, train as train_lib
-  from mombo_jax.data import transitions as data, provenance, scores
-  from mombo_jax.env import envs
-  from mombo_jax.run import distributed, overestimation
   from mombo_jax.storage import checkpoint
 
   names = list(dict.fromkeys(g.dataset for g in groups))      # distinct datasets, in order
@@ -257,7 +255,6 @@ def _dynamics_placeholder(keys, transitions, config):
   """Untrained ensembles [S] of config's shapes (dynamics.init_state per key, keys [S, 2]): the
   stand-in a resumed group's checkpoint restore overwrites."""
   import jax
-  from mombo_jax.core import dynamics
   obs_dim, act_dim = transitions.observations.shape[1], transitions.actions.shape[1]
   return jax.jit(jax.vmap(lambda k: dynamics.init_state(k, obs_dim, act_dim, config)))(keys)
 
@@ -281,7 +278,6 @@ def compile_chunk(program: Program):
   [eval_every, C]) running epochs start .. start+n-1 (train.make_cells_chunk)."""
   import jax
   import numpy as np
-  from mombo_jax.core import train as train_lib
   fn = train_lib.make_cells_chunk(program.config, program.num_cells, program.config.eval_every,
                                   program.per_cell)
   args = (program.state, program.real, program.keys, program.cells, np.int32(program.start),
@@ -320,8 +316,6 @@ def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> boo
   for it: it is abandoned and the launch resumes at E (its rows recovered, the epochs since
   trained again: the same results), so a stop takes one device call (about CHUNK_SECONDS, at
   least one epoch) and the checkpoint."""
-  from mombo_jax.core import train as train_lib
-  from mombo_jax.run import distributed
   from mombo_jax.storage import checkpoint
   several_groups = len(runs) > 1
   pending = []                   # at most one group_run.Evaluation (process 0)
@@ -392,7 +386,6 @@ def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_
   flush(epoch) writes its rows once it is done (or stops, see loop)."""
   import jax
   import numpy as np
-  from mombo_jax.run import distributed
   config, several_groups = program.config, len(runs) > 1
   devices = jax.devices()
   what = ("Seeds" if not several_groups

@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 from mombo_jax.storage import atomic
 from mombo_jax.errors import UserError
 from mombo_jax.run.console import EXIT_DIVERGED
+from mombo_jax.storage import locks
 
 # experiments.run's flags that a sweep sets for every cell (name -> absl type). They make the
 # cell's setup (its config.json), which the sweep checks and compares with finished cells.
@@ -300,7 +301,6 @@ def run_sweep(cells: Sequence[SweepCell], out: str,
   first. The sweep's status is its cells' worst (interrupted > failed > diverged > finished).
   runner(cell) -> exit status (default: a Launcher). atomic.WriteError (a UserError) when <out>
   cannot be written: raised before any cell is launched."""
-  from mombo_jax.storage import locks
   runner = runner or Launcher()
   extend = check_cells(cells)
   atomic.check_writable(out)

@@ -28,6 +28,12 @@ from typing import List, Optional, Sequence, Tuple
 
 from mombo_jax.core import algorithms
 from mombo_jax.errors import UserError
+from mombo_jax.core import buffer, dynamics, train as train_lib
+from mombo_jax.data import provenance
+from mombo_jax.env import envs
+from mombo_jax.run import outputs
+from mombo_jax.settings import config as config_lib, references
+from mombo_jax.storage import atomic, locks
 
 CONFIG = "config.json"
 METRICS = "metrics.csv"
@@ -48,7 +54,6 @@ def run_dir(root, dataset, algo, target, seed, seeds, beta=None, reference=None)
   """<root>/<dataset>/<algo>[-<target>][-<reference>][-beta<beta>]/s<seed>x<seeds>: a run's
   default workdir (beta only in the name of a --betas grid's cells; reference only when it is not
   the algorithm's default source, so runs of both sources of one algorithm sit side by side)."""
-  from mombo_jax.settings import references
   name = algorithms.label(algo, target)
   tables = algorithms.tables(algo) if algo in algorithms.names() else algo
   name += "" if reference in (None, references.DEFAULT.get(tables)) else f"-{reference}"
@@ -71,7 +76,6 @@ def config_from_record(record: dict):
   """(Config, dataset) of a config.json record; fields the Config no longer has are ignored, and
   a record written before runs recorded their settings' source gets the source it was built from
   (references.upgrade_record), never today's default."""
-  from mombo_jax.settings import config as config_lib, references
   record = references.upgrade_record(record)
   fields = {f.name for f in dataclasses.fields(config_lib.Config)}
   # JSON turned the config's tuples into lists; the frozen Config must stay hashable.
@@ -107,7 +111,6 @@ class Workdir:
     """config.json as written, but for a field added since, which gets the value the version that
     wrote it meant (references.upgrade_record: the settings' source); UserError naming the file
     when missing or unreadable."""
-    from mombo_jax.settings import references
     path = self.file(CONFIG)
     try:
       with open(path) as f:
@@ -133,7 +136,6 @@ class Workdir:
                         f"{self.checkpoints} to start the run afresh, or pass another `workdir`.",
                         params=("workdir",))
       return new, []
-    from mombo_jax.settings import references
     try:
       with open(path) as f:
         written = json.load(f)
@@ -199,7 +201,6 @@ class Workdir:
       resumed = bool(self.checkpointer_steps())
       return record, ([f"config.json of {self.path} did not record its data yet (written before "
                        "data fingerprints): recording it now."] if resumed else [])
-    from mombo_jax.data import provenance
     changes = provenance.identity_changes(old, identity)
     if changes:
       raise UserError(
@@ -215,7 +216,6 @@ class Workdir:
     return [d for d in os.listdir(self.checkpoints) if d.isdigit()]
 
   def write_config(self, record: dict):
-    from mombo_jax.storage import atomic
     atomic.make_dirs(self.path)
     atomic.write_json(self.file(CONFIG), record)
 
@@ -224,7 +224,6 @@ class Workdir:
   def lock(self):
     """locks.FolderLock on <path>/.lock (acquire() it): the one writer of this run. Creates the
     folder; release(cleanup=True) after a refusal removes it again when it holds nothing else."""
-    from mombo_jax.storage import locks
     return locks.FolderLock(self.path, LOCK, what="--workdir", fix=(
         "wait for it to finish or stop it (it checkpoints, and the same command resumes it), or "
         "pass another --workdir"))
@@ -249,8 +248,6 @@ class Workdir:
     from config.json (or `config`) and the env's dims alone: nothing is trained or read."""
     import jax
     import jax.numpy as jnp
-    from mombo_jax.core import buffer, dynamics, train as train_lib
-    from mombo_jax.env import envs
     if config is None:
       config, _ = self.read_config()
     obs_dim, act_dim = envs.OBS_DIM[config.env_name], envs.ACTION_DIM[config.env_name]
@@ -289,11 +286,9 @@ class Workdir:
   # ---------------------------------------------------------------------------------- outputs
 
   def read_rows(self, max_epoch: Optional[int] = None) -> List[dict]:
-    from mombo_jax.run import outputs
     return outputs.read_rows(self.file(METRICS), max_epoch=max_epoch)
 
   def write_rows(self, rows: Sequence[dict]):
-    from mombo_jax.run import outputs
     outputs.write_rows(self.file(METRICS), rows)
 
   def read_summary(self) -> dict:
@@ -301,11 +296,9 @@ class Workdir:
       return json.load(f)
 
   def write_summary(self, summary: dict):
-    from mombo_jax.storage import atomic
     atomic.write_json(self.file(SUMMARY), summary)
 
   def plot(self, rows, seeds, title: str, diverged=()):
-    from mombo_jax.run import outputs
     outputs.plot_curve(rows, seeds, self.file(CURVE), title, diverged)
 
 

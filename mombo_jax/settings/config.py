@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional, Tuple
 
 from mombo_jax.core import algorithms
@@ -143,7 +144,6 @@ _FINITE_FLOATS = ("log_alpha_init", "log_std_min", "log_std_max", "dyn_max_logva
 def _validate(c: "Config"):
   """Every field checked once, here, so a bad flag is refused before any data or model work.
   Each message names the field (= the flag where one exists) and what it must be."""
-  import math
 
   def is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)

@@ -7,6 +7,7 @@ actors, sweep records)."""
 import errno
 import json
 import os
+import tempfile
 from typing import Callable
 
 from mombo_jax.errors import UserError
@@ -54,7 +55,6 @@ def check_writable(folder: str):
   """Creates `folder` if needed and checks that a file can be written in it (a temporary file,
   removed at once); WriteError naming the folder otherwise. For a program's output folder, before
   any work."""
-  import tempfile
   make_dirs(folder)
   try:
     with tempfile.TemporaryFile(dir=folder):

@@ -55,12 +55,20 @@ def copy_tree(tree: str) -> str:
   return tmp
 
 
+def _module(pkg: str, path: str):
+  """pkg's module at its layered path (e.g. "core.train"), or at the flat one of older trees."""
+  try:
+    return importlib.import_module(f"{pkg}.{path}")
+  except ModuleNotFoundError:
+    return importlib.import_module(f"{pkg}.{path.rpartition('.')[2]}")
+
+
 def build(pkg: str, algo: str, seeds: int, args) -> dict:
   """The compiled one-epoch chunk of package `pkg` and its arguments."""
-  cfg = importlib.import_module(pkg + ".config")
-  buffer = importlib.import_module(pkg + ".buffer")
-  dynamics = importlib.import_module(pkg + ".dynamics")
-  train = importlib.import_module(pkg + ".train")
+  cfg = _module(pkg, "settings.config")
+  buffer = _module(pkg, "core.buffer")
+  dynamics = _module(pkg, "core.dynamics")
+  train = _module(pkg, "core.train")
   config = cfg.make_config("hopper-random", algo, num_critics=args.critics,
                            critic_hidden=(256,) * 3, actor_hidden=(256,) * 3, batch_size=256,
                            rollout_batch_size=args.rollout, rollout_length=5,

@@ -81,8 +81,8 @@ def xla_cost(compiled) -> dict:
   body counts once, so callers count loop bodies on their own or unroll them)."""
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return {"flops": float(cost.get("flops", float("nan"))),
-          "bytes": float(cost.get("bytes accessed", float("nan")))}
+  return {"flops": float(cost.get("flops", 0.0)),
+          "bytes": float(cost.get("bytes accessed", 0.0))}
 
 
 class unrolled_scans:

@@ -4,7 +4,7 @@
       --out=benchmarks/peers/profile.txt
 
 Each phase is a jitted piece, compiled ahead of time (compilation excluded), warmed up, then timed
---repeats times with block_until_ready (the median is reported), and counted by XLA's cost
+--repeats times with block_until_ready, ours and theirs in turns (the medians are reported), and counted by XLA's cost
 analysis (FLOPs and bytes accessed). Per-step phases run as a lax.scan of --scan steps (so that
 dispatch does not count) and are scaled to the span's steps. Phases:
 - rollout: the model rollout with its buffer write (ours: start states + rollout.run; theirs:
@@ -31,20 +31,42 @@ from benchmarks.peers import halves, work as work_lib
 from benchmarks.peers.side_by_side import Record
 
 
-def measure(fn, args, repeats, donate=(), feed=None, unroll_cost=False):
-  """(median seconds of fn(*args), XLA cost {'flops', 'bytes'}) — compiled ahead of time, one
-  warm-up call; feed(args, out) -> the next call's args (donated arguments are consumed)."""
-  with work_lib.unrolled_scans() if unroll_cost else _null():
-    cost = work_lib.xla_cost(jax.jit(fn).lower(*args).compile())
-  compiled = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
-  times = []
-  for i in range(repeats + 1):
-    seconds, out = work_lib.timed(compiled, *args)
-    if feed is not None:
-      args = feed(args, out)
-    if i:
-      times.append(seconds)
-  return work_lib.median(times), cost
+class Piece:
+  """A jitted piece compiled ahead of time, with its XLA cost; run() times one call (blocked) and
+  feeds its output to the next call (feed(args, out) -> args: donated arguments are consumed)."""
+
+  def __init__(self, fn, args, donate=(), feed=None, unroll_cost=False):
+    with work_lib.unrolled_scans() if unroll_cost else _null():
+      self.cost = work_lib.xla_cost(jax.jit(fn).lower(*args).compile())
+    self.compiled = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
+    self.args, self.feed = args, feed
+
+  def run(self) -> float:
+    seconds, out = work_lib.timed(self.compiled, *self.args)
+    if self.feed is not None:
+      self.args = self.feed(self.args, out)
+    return seconds
+
+
+def measure(fn, args, repeats=None, donate=(), feed=None, unroll_cost=False):
+  del repeats   # timed later, ours and theirs in turns (interleave)
+  return Piece(fn, args, donate, feed, unroll_cost)
+
+
+def interleave(ours: dict, theirs: dict, repeats: int):
+  """{phase: (median seconds, cost)} of each side: per phase, one warm-up call each, then
+  `repeats` rounds of one ours call and one theirs call (so that load drifts hit both)."""
+  out_o, out_t = {}, {}
+  for key, po in ours.items():
+    pt = theirs.get(key)
+    pieces = [po] + ([pt] if pt else [])
+    for p in pieces:
+      p.run()
+    times = [[p.run() for p in pieces] for _ in range(repeats)]
+    out_o[key] = (work_lib.median([t[0] for t in times]), po.cost)
+    if pt:
+      out_t[key] = (work_lib.median([t[1] for t in times]), pt.cost)
+  return out_o, out_t
 
 
 class _null:
@@ -126,13 +148,16 @@ def profile_theirs(side, n, repeats):
   return out
 
 
-def spans(side, repeats):
-  """(median seconds of the whole compiled span, its compile seconds); (nan, nan) for 0."""
+def spans(ours, theirs, repeats):
+  """(ours, theirs) median seconds of the whole compiled span, in turns after a warm-up span
+  each; (nan, nan) for repeats 0."""
   if repeats < 1:
     return float("nan"), float("nan")
-  compile_s = side.compile()
-  side.span()
-  return work_lib.median([side.span() for _ in range(repeats)]), compile_s
+  for side in (ours, theirs):
+    side.compile()
+    side.span()
+  times = [(ours.span(), theirs.span()) for _ in range(repeats)]
+  return work_lib.median([t[0] for t in times]), work_lib.median([t[1] for t in times])
 
 
 ROWS = [  # (label, key, per step?)
@@ -211,18 +236,16 @@ def main():
     say(f"unifloral stubbed/changed: {note}")
   data = work_lib.synthetic_data(work.rows)
   ours_side = ours_lib.Ours(work, data, seeds=1)
-  o = profile_ours(ours_side, args.scan, args.repeats)
-  o_span, o_compile = spans(ours_side, args.span_repeats)
-  del ours_side
   theirs_side = theirs_lib.Theirs(mods, work, data, work.seed)
-  t = profile_theirs(theirs_side, args.scan, args.repeats)
-  t_span, t_compile = spans(theirs_side, args.span_repeats)
+  o, t = interleave(profile_ours(ours_side, args.scan, args.repeats),
+                    profile_theirs(theirs_side, args.scan, args.repeats), args.repeats)
+  o_span, t_span = spans(ours_side, theirs_side, args.span_repeats)
   peak = work_lib.matmul_peak_gflops()
   say()
   table(say, o, t, o_span, t_span, work.steps, args.scan)
   say()
-  say(f"matmul peak of this CPU: {peak:.0f} GFLOP/s (float32 [n,n]x[n,n], best call). Whole-span "
-      f"compile: ours {o_compile:.0f} s, unifloral {t_compile:.0f} s. GFLOP and GB: XLA's cost "
+  say(f"matmul peak of this CPU: {peak:.0f} GFLOP/s (float32 [n,n]x[n,n], best call). Each phase "
+      "timed in turns: ours once, theirs once, --repeats times (medians). GFLOP and GB: XLA's cost "
       "analysis of each piece (a scan's body times the steps; the rollout's scan unrolled for "
       "the count). Phases are timed apart, so their sum need not equal the whole span (fusion "
       "across phases, the per-step metric stacking, loop overheads): the last rows show both.")

@@ -7,6 +7,9 @@ seconds per span (one rollout of 50,000 x 5 + 1,000 gradient steps, compilation 
   # 4 seeds: ours one program; unifloral 4 single-seed processes in a row; ours 4 such too:
   python3 -m benchmarks.peers.side_by_side --unifloral=/path/to/unifloral --design=seeds4 \
       --spans=2 --out=benchmarks/peers/side_by_side_4seeds.txt
+  # 4 seeds, the three workers alive together, in turns (robust on a shared machine):
+  python3 -m benchmarks.peers.side_by_side --unifloral=/path/to/unifloral --design=seeds4_turns \
+      --rounds=3 --out=benchmarks/peers/side_by_side_4seeds_turns.txt
   # ours only, tiny sizes, seconds (checks that the script runs; no unifloral needed):
   python3 -m benchmarks.peers.side_by_side --smoke
 
@@ -264,6 +267,40 @@ def seeds4(args, say):
   say(f"load average (1/5/15 min) at end: {work_lib.loadavg()}")
 
 
+def seeds4_turns(args, say):
+  """4 seeds, all alive together, in turns: per round ours' 4-cell program runs one span, then
+  unifloral's single-seed worker runs 4 spans (its 4 seeds' runs, one after the other: the same
+  program, so one process stands for the 4), then ours' single-seed worker runs 4 spans. Setup
+  and compilation are excluded (the `seeds4` design shows each process's whole wall time)."""
+  header(say, args, "seeds4_turns")
+  workers = {"ours, 4 seeds in one program": Worker(args, "ours", seeds=4),
+             "unifloral, 4 single-seed runs in a row": Worker(args, "unifloral"),
+             "ours, 4 single-seed runs in a row": Worker(args, "ours")}
+  for name, w in workers.items():
+    describe(say, name, w.ready().info)
+  reps = {name: 1 if i == 0 else 4 for i, name in enumerate(workers)}
+  times = {name: [] for name in workers}
+  for r in range(args.rounds):
+    for name, w in workers.items():
+      times[name].append(sum(w.span() for _ in range(reps[name])))
+    base = times["unifloral, 4 single-seed runs in a row"][-1]
+    say(f"round {r + 1}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items())
+        + "; x unifloral: " + ", ".join(f"{t[-1] / base:.3f}" for t in times.values())
+        + f" (load {work_lib.loadavg()})")
+  for w in workers.values():
+    w.close()
+  say()
+  say(f"## 4 seeds x 1 span of {args.steps} steps, in turns: seconds per round")
+  say("| | per round (s) | median (s) | per seed (s) | x unifloral, per round | median ratio |")
+  say("|---|---|---|---|---|---|")
+  base = times["unifloral, 4 single-seed runs in a row"]
+  for name, t in times.items():
+    ratios = [a / b for a, b in zip(t, base)]
+    say(f"| {name} | {_fmt(t)} | {work_lib.median(t):.2f} | {work_lib.median(t) / 4:.2f} | "
+        f"{_fmt(ratios)} | **{work_lib.median(ratios):.3f}** |")
+  say(f"load average (1/5/15 min) at end: {work_lib.loadavg()}")
+
+
 def smoke(args):
   """Ours only, tiny sizes, in this process: seconds."""
   from benchmarks.peers import ours
@@ -281,8 +318,10 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   work_lib.add_work_flags(parser)
   parser.add_argument("--unifloral", default=None, help="path of a unifloral checkout")
-  parser.add_argument("--design", choices=("turns", "seeds4"), default="turns")
-  parser.add_argument("--rounds", type=int, default=3, help="turns: rounds (a span each)")
+  parser.add_argument("--design", choices=("turns", "seeds4", "seeds4_turns"),
+                      default="turns")
+  parser.add_argument("--rounds", type=int, default=3,
+                      help="turns / seeds4_turns: rounds (a span each, 4 for single seeds)")
   parser.add_argument("--spans", type=int, default=2, help="seeds4: timed spans per process")
   parser.add_argument("--warmup", type=int, default=1, help="untimed spans after compiling")
   parser.add_argument("--out", default=None, help="also write the record to this file")
@@ -302,7 +341,7 @@ def main():
   if not args.unifloral:
     parser.error("--unifloral=/path/to/unifloral is needed (or --smoke for ours only)")
   say = Record(args.out)
-  (turns if args.design == "turns" else seeds4)(args, say)
+  {"turns": turns, "seeds4": seeds4, "seeds4_turns": seeds4_turns}[args.design](args, say)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@
       --out=benchmarks/peers/profile.txt
 
 Each phase is a jitted piece, compiled ahead of time (compilation excluded), warmed up, then timed
---repeats times with block_until_ready, ours and theirs in turns (the medians are reported), and counted by XLA's cost
-analysis (FLOPs and bytes accessed). Per-step phases run as a lax.scan of --scan steps (so that
-dispatch does not count) and are scaled to the span's steps. Phases:
+--repeats times with block_until_ready, ours and theirs in turns (the medians are reported), and
+counted by XLA's cost analysis (FLOPs and bytes accessed). Per-step phases run as a lax.scan of
+--scan steps (so that dispatch does not count) and are scaled to the span's steps. Phases:
 - rollout: the model rollout with its buffer write (ours: start states + rollout.run; theirs:
   their rollout_fn unchanged); its buffer write also on its own (ours: buffer.add; theirs: their
   concatenate-based update);

@@ -4,17 +4,17 @@ with its Bellman target, (2) the actor and temperature updates with the Polyak t
 Neither implementation exposes these halves as functions, so each is re-written here after the
 code it mirrors, line for line in what it computes (same networks, same calls, same order of
 arithmetic); the whole step is timed unchanged beside them (profile.py: "gradient step, as in the
-epoch"), so that their sum can be checked against it. After a change to mombo_jax/sac.py the
+epoch"), so that their sum can be checked against it. After a change to mombo_jax/core/sac.py the
 `ours_*` halves may need the same change (they call sac's functions, not its update).
 """
 import jax
 import jax.numpy as jnp
 import optax
 
-from mombo_jax import sac
+from mombo_jax.core import sac
 
 
-# ---- ours: mombo_jax/sac.py update, split after the critics' optimiser step ----------------
+# ---- ours: mombo_jax/core/sac.py update, split after the critics' optimiser step ----------------
 
 def ours_critic(agent, batch, key, target_fn, config):
   """sac.update's target + critic loss + critic optimiser step -> (agent, loss)."""

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.peers import work as work_lib
-from mombo_jax import buffer, config as config_lib, dynamics, rollout, sac, targets
-from mombo_jax import termination, train
+from mombo_jax.core import buffer, dynamics, rollout, sac, targets
+from mombo_jax.settings import config as config_lib
+from mombo_jax.core import termination, train
 
 
 def make_config(work: work_lib.Work, seeds: int = 1, **overrides):

@@ -89,7 +89,7 @@ def _tree_sum(tree):
 
 
 def profile_ours(side, n, repeats):
-  from mombo_jax import train
+  from mombo_jax.core import train
   config, out = side.config, {}
   key = jax.random.PRNGKey(5)
   roll_fn, (k, agent, ring) = side.rollout_piece()

@@ -5,7 +5,7 @@ of either side can use it, whatever Python environment it runs in.
 One span = one rollout (rollout_batch start states x rollout_length steps of the model, written
 to the synthetic buffer) + `steps` gradient steps on mixed batches: what unifloral's MOPO runs per
 rollout_interval (EmptyJackson/unifloral algorithms/mopo.py make_train_step) and what one epoch of
-ours runs (mombo_jax/train.py make_epoch).
+ours runs (mombo_jax/core/train.py make_epoch).
 """
 import argparse
 import dataclasses

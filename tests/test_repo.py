@@ -16,14 +16,8 @@ SPEC = os.path.join(ROOT, "docs", "spec.md")
 OUTSIDE = ("SPEC" + ".md", ".." + "/shared", "shared" + "/paper", "shared" + "/SPEC",
            "shared" + "/ARCHITECTURE", "ARCHITECTURE" + ".md")
 
-# Recorded outputs, kept as their script printed them then (today's script cites docs/protocol.md
-# instead): path -> why it may still hold such a citation.
-RECORDED = {
-    "benchmarks/learning/hopper-medium-replay-cpu/uncertainty.md":
-        "experiments.uncertainty's recorded output (commit 3513f08)",
-    "benchmarks/learning/hopper-medium-replay-cpu/uncertainty_dataset.md":
-        "experiments.uncertainty's recorded output (commit 3513f08)",
-}
+# Recorded outputs may not cite them either (two once did: their lines were edited).
+RECORDED = {}
 
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".hypothesis", ".venv", "build", "dist",
               "runs", "workdir"}

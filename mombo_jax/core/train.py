@@ -96,12 +96,7 @@ def resize_rings(state: TrainState, rows: int) -> TrainState:
   zeros init_ring writes)."""
   def one(x):
     chex.assert_rank(x, {2, 3})                  # [C, capacity] or [C, capacity, dim]
-    have = x.shape[1]
-    if have >= rows:
-      return x[:, :rows]
-    pad = [(0, 0)] * x.ndim
-    pad[1] = (0, rows - have)
-    return np.pad(x, pad) if isinstance(x, np.ndarray) else jnp.pad(x, pad)
+    return _cut(x, rows)
   return state.replace(buffer=state.buffer.replace(data=jax.tree.map(one, state.buffer.data)))
 
 

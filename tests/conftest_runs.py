@@ -4,7 +4,7 @@ Import the fixture into a test module (`from tests.conftest_runs import tiny_run
 
 The folder is what experiments.run leaves on disk (config.json through workdir.Workdir, with the
 identity of its data, a
-checkpoint of the whole TrainState saved through its RunCheckpointer as runner.train_run saves it),
+checkpoint of the whole CellState saved through its RunCheckpointer as runner.train_run saves it),
 but its state is the freshly initialised one (train_lib.init_cells with untrained dynamics), not a
 trained one: a real tiny `runner.train_run` costs ~85 s of compilation on the 2-core test machine, and the
 analyses only need networks of the run's shapes, read back through the run's own loaders. The
@@ -20,7 +20,7 @@ TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, ev
 
 @pytest.fixture(scope="session")
 def tiny_run(hopper_random_2000, tmp_path_factory):
-  """(workdir, TrainState [2 seeds]) of a 2-seed MOMBO run folder on hopper-random."""
+  """(workdir, CellState [2 seeds]) of a 2-seed MOMBO run folder on hopper-random."""
   import jax
   from mombo_jax.core import buffer, dynamics
   from mombo_jax.data import transitions as data, provenance

@@ -177,7 +177,7 @@ def test_an_unfinished_training_of_other_settings_is_refused(tmp_path):
 
 def test_a_resume_takes_its_dynamics_from_its_checkpoint(tiny_run, tmp_path,  # noqa: F811
                                                         monkeypatch):
-  """A run with checkpoints needs no saved ensemble (its TrainState holds the dynamics): resuming
+  """A run with checkpoints needs no saved ensemble (its CellState holds the dynamics): resuming
   neither trains nor reads one, and a legacy save in its dynamics folder does not stop it."""
   from mombo_jax.run import runner
   from mombo_jax.run.groups import Group

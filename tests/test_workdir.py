@@ -77,10 +77,10 @@ def test_restore_whole_and_partial_against_the_template(tiny_run):
   workdir, state = tiny_run
   wd = Workdir(workdir)
   template = wd.state_template()
-  assert isinstance(template, train_lib.TrainState)
+  assert isinstance(template, train_lib.CellState)
   assert jax.tree.structure(template) == jax.tree.structure(state)
   restored, meta = wd.restore()
-  assert isinstance(restored, train_lib.TrainState) and meta["epoch"] == 2
+  assert isinstance(restored, train_lib.CellState) and meta["epoch"] == 2
   _equal(restored, state)
   # Only the actors (analysis, policy export): a sub-tree of the saved state.
   actors, _ = wd.restore({"agent": {"actor": {"params": template.agent.actor.params}}},

@@ -1,5 +1,5 @@
 """A trained run read back for analysis (experiments.mm_vs_mc, experiments.uncertainty): its
-config.json and newest checkpoint, through workdir.Workdir (restored against the typed TrainState
+config.json and newest checkpoint, through workdir.Workdir (restored against the typed CellState
 template), and its dataset, checked to be the data it trained on (load_data / check_data, as
 training checks a resumed run). The networks are rebuilt from the config (sac.make_actor /
 sac.make_critic) and the dynamics ensemble is the one stored in the run's state.

@@ -25,8 +25,9 @@ from mombo_jax.core import buffer, dynamics, rollout, sac, termination
 from mombo_jax.core.epoch_settings import EpochSettings, epoch_settings
 
 
-class TrainState(struct.PyTreeNode):
-  """Everything of one seed that changes during training (vmapped: a leading seed axis)."""
+class CellState(struct.PyTreeNode):
+  """Everything of one cell (a seed of one dataset and beta) that changes during training; vmapped:
+  a leading cell axis. Not flax's TrainState: it holds several of those (sac.AgentState)."""
   agent: sac.AgentState
   buffer: buffer.RingBuffer
   dynamics: dynamics.DynamicsState
@@ -34,17 +35,17 @@ class TrainState(struct.PyTreeNode):
   diverged: jax.Array       # bool scalar: frozen at its last healthy agent (see module docstring)
 
 
-def init(key, config, real: buffer.Batch, dyn) -> TrainState:
+def init(key, config, real: buffer.Batch, dyn) -> CellState:
   """Fresh state of one seed. real: the real dataset as a Batch [N, ...]; dyn: this seed's model."""
   obs_dim, action_dim = real.obs.shape[-1], real.action.shape[-1]
   agent = sac.init_agent(key, obs_dim, action_dim, config, total_steps=config.schedule_steps)
   ring = buffer.init_ring(config.synthetic_capacity, obs_dim, action_dim)
-  return TrainState(agent=agent, buffer=ring, dynamics=dyn, epoch=jnp.zeros((), jnp.int32),
+  return CellState(agent=agent, buffer=ring, dynamics=dyn, epoch=jnp.zeros((), jnp.int32),
                     diverged=jnp.zeros((), bool))
 
 
 def init_cells(keys, config, real, dyn):
-  """init vmapped over cells: keys [C, 2], dyn with a leading cell axis C -> TrainState [C]."""
+  """init vmapped over cells: keys [C, 2], dyn with a leading cell axis C -> CellState [C]."""
   return jax.vmap(init, in_axes=(0, None, None, 0))(keys, config, real, dyn)
 
 
@@ -87,7 +88,7 @@ def capacity(config, rollout_length=None):
   return config.buffer_retain_epochs * config.rollout_batch_size * k
 
 
-def resize_rings(state: TrainState, rows: int) -> TrainState:
+def resize_rings(state: CellState, rows: int) -> CellState:
   """state [C] with its ring buffers cut or zero-padded to `rows` slots (ptr, count untouched).
 
   A program's ring has its longest rollout's capacity; a cell with a shorter one uses only its
@@ -100,7 +101,7 @@ def resize_rings(state: TrainState, rows: int) -> TrainState:
   return state.replace(buffer=state.buffer.replace(data=jax.tree.map(one, state.buffer.data)))
 
 
-def take_cells(state: TrainState, cells: slice, rows: int) -> TrainState:
+def take_cells(state: CellState, cells: slice, rows: int) -> CellState:
   """state [C] -> state [cells] with its ring buffers cut or zero-padded to `rows` slots: what a
   plain run of those cells' group checkpoints (resize_rings of the slice).
 
@@ -241,7 +242,7 @@ def make_epoch(config, per_cell=()):
   target = config.algorithm.target
   term_fn = termination.termination_fn(config.env_name)
 
-  def epoch(state: TrainState, real: buffer.Batch, key, cell: Cell = None):
+  def epoch(state: CellState, real: buffer.Batch, key, cell: Cell = None):
     if cell is None:
       chex.assert_rank(real.obs, 2)
       dataset, size, beta, k, auto_alpha = None, real.obs.shape[0], None, None, None

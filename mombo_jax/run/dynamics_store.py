@@ -56,7 +56,7 @@ def check_legacy_dynamics(dynamics_dir: str, config):
   training settings (legacy_dynamics_path, or its unfinished training `.partial`): whether those
   were trained as this run would train them cannot be told (their epoch cap, learning rate, ...
   are not recorded), so they are neither reused nor silently left beside a second set. A run that
-  resumes from its own checkpoints does not need its ensembles (they are in its TrainState) and
+  resumes from its own checkpoints does not need its ensembles (they are in its CellState) and
   is not checked."""
   old = legacy_dynamics_path(dynamics_dir, config)
   found = [p for p in (old, old + ".partial") if os.path.exists(p)]

@@ -43,7 +43,7 @@ class Program:
   config: Any                  # the groups' shared settings (check_groups: what may differ),
                                # rollout_length the longest group's (program_config)
   num_cells: int
-  state: Any                   # TrainState [C]
+  state: Any                   # train.CellState [C]
   real: Any                    # buffer.Batch [D, N_max, ...]
   keys: Any                    # [C] epoch keys: epoch e of cell c uses fold_in(keys[c], e)
   cells: Any                   # train.Cell [C]
@@ -184,7 +184,7 @@ def prepare(groups, records, keep, should_stop, data_options):
     dyn_k, init_k, epoch_k = cell_keys(c)
     ckpt = wd.checkpointer(keep)
     if ckpt.latest_step() is not None:
-      # The run's TrainState holds its dynamics: the restore below brings them back, so the saved
+      # The run's CellState holds its dynamics: the restore below brings them back, so the saved
       # ensembles are not needed (nor checked: they may have gone, or predate reuse keys that
       # record the training settings). Only their shapes are built here.
       dyns.append(_dynamics_placeholder(dyn_k, transitions[g.dataset], c))

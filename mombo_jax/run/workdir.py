@@ -9,7 +9,7 @@ folders: mombo_jax.run.run_search.
       config.json          the Config fields + "dataset", "data" (the dataset's identity:
                            transitions and fingerprint; a resume on other data is refused),
                            "epochs_changes" (--allow_epochs_change), "eval_changes"
-      checkpoints/<step>/  Orbax steps of the TrainState, leading cell axis [S] (checkpoint.py)
+      checkpoints/<step>/  Orbax steps of the CellState, leading cell axis [S] (checkpoint.py)
       dynamics/seed<s>x<S>-<tag>/  the S dynamics ensembles; <tag> names their training settings
                            (saved_dynamics.settings_tag; unless --dynamics_dir puts them elsewhere)
       metrics.csv          one row per seed per evaluation        (outputs.py formats the files)
@@ -244,7 +244,7 @@ class Workdir:
     return checkpoint.RunCheckpointer(self.checkpoints, keep=keep)
 
   def state_template(self, config=None):
-    """jax.eval_shape of the run's TrainState [S]: what its checkpoints restore against, built
+    """jax.eval_shape of the run's CellState [S]: what its checkpoints restore against, built
     from config.json (or `config`) and the env's dims alone: nothing is trained or read."""
     import jax
     import jax.numpy as jnp

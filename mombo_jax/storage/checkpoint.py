@@ -329,7 +329,7 @@ def _read_step(mngr, step: int, template: Any, kind: str, partial: bool = False)
 
 def save_pytree(path: str, tree: Any, metadata: Optional[dict] = None, overwrite: bool = False,
                 kind: str = "saved"):
-  """Save `tree` (any pytree of arrays / Python scalars, e.g. a TrainState with a leading seed axis)
+  """Save `tree` (any pytree of arrays / Python scalars, e.g. a train.CellState with a leading seed axis)
   and JSON-serialisable `metadata` as the CheckpointManager directory `path` (one step kept).
 
   Refuses an existing checkpoint at `path` unless overwrite=True; even then the old step stays in

@@ -58,7 +58,8 @@ SCRIPT = os.path.join("benchmarks", "bench_loop.py")
 
 
 class _Record:
-  """Prints lines and appends them to --out as they come (a stopped run keeps what it measured)."""
+  """benchmarks.common.Record, kept here: compare_loop.sh runs this file inside older trees, whose
+  common.py may lack it. Prints lines and appends them to --out as they come."""
 
   def __init__(self, path):
     self.file = open(path, "w") if path else None

@@ -116,3 +116,16 @@ def print_header(name: str):
   print(f"hardware: {cpu_name()}; devices: {jax.device_count()} x "
         f"{jax.devices()[0].device_kind} ({jax.default_backend()}); jax {jax.__version__}")
   print(f"load average at start: {os.getloadavg()[0]:.1f}")
+
+
+class Record:
+  """Prints lines and appends them to --out as they come (a stopped run keeps what it measured)."""
+
+  def __init__(self, path):
+    self.file = open(path, "w") if path else None
+
+  def __call__(self, line=""):
+    print(line, flush=True)
+    if self.file:
+      self.file.write(line + "\n")
+      self.file.flush()

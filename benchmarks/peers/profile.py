@@ -27,8 +27,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+from benchmarks.common import Record, cpu_name
 from benchmarks.peers import halves, work as work_lib
-from benchmarks.peers.side_by_side import Record
 
 
 class Piece:
@@ -227,7 +227,7 @@ def main():
   t0 = time.time()
   say("# benchmarks/peers/profile.py: seconds per phase of one span, ours against unifloral's")
   say("command: python3 -m benchmarks.peers.profile " + " ".join(sys.argv[1:]))
-  say(f"machine: {work_lib.machine()}; jax {jax.__version__}; load average (1/5/15 min) at "
+  say(f"machine: {cpu_name()}; jax {jax.__version__}; load average (1/5/15 min) at "
       f"start: {work_lib.loadavg()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
   say(f"work: as side_by_side.py, {work.steps} steps per span, rollout {work.rollout_batch} x "
       f"{work.rollout_length}, {work.rows} rows; step phases timed as scans of {args.scan} "

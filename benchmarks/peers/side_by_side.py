@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 
+from benchmarks.common import Record, cpu_name
 from benchmarks.peers import work as work_lib
 
 
@@ -133,19 +134,6 @@ class Worker:
     return time.perf_counter() - self.t_start
 
 
-class Record:
-  """Prints lines and appends them to --out as they come (a stopped run keeps what it measured)."""
-
-  def __init__(self, path):
-    self.file = open(path, "w") if path else None
-
-  def __call__(self, line=""):
-    print(line, flush=True)
-    if self.file:
-      self.file.write(line + "\n")
-      self.file.flush()
-
-
 def _fmt(xs):
   return ", ".join(f"{x:.2f}" for x in xs)
 
@@ -154,7 +142,7 @@ def header(say, args, design):
   import jax
   say(f"# benchmarks/peers/side_by_side.py --design={design}")
   say("command: python3 -m benchmarks.peers.side_by_side " + " ".join(sys.argv[1:]))
-  say(f"machine: {work_lib.machine()}; load average (1/5/15 min) at start: {work_lib.loadavg()}")
+  say(f"machine: {cpu_name()}; load average (1/5/15 min) at start: {work_lib.loadavg()}")
   say(f"parent jax {jax.__version__} ({jax.default_backend()}); date "
       f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
   w = work_lib.work_from(args)

@@ -10,7 +10,6 @@ ours runs (mombo_jax/core/train.py make_epoch).
 import argparse
 import dataclasses
 import math
-import os
 import resource
 import time
 
@@ -131,23 +130,6 @@ def _matmul_best(n, seconds):
     f(a, b).block_until_ready()
     best = max(best, 2.0 * n ** 3 / (time.perf_counter() - t))
   return best / 1e9
-
-
-def machine() -> str:
-  """CPU model (lscpu's "Model name", else /proc/cpuinfo) and the core count."""
-  name = "unknown CPU"
-  try:
-    import subprocess
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    name = next(l.split(":", 1)[1].strip() for l in out.splitlines()
-                if l.startswith("Model name"))
-  except Exception:  # noqa: BLE001  (no lscpu: fall back to /proc/cpuinfo)
-    try:
-      with open("/proc/cpuinfo") as f:
-        name = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-      pass
-  return f"{name}, {os.cpu_count()} cores"
 
 
 def loadavg() -> str:

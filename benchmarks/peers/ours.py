@@ -75,7 +75,7 @@ class Ours:
     """FLOPs of one span from the epoch's jaxpr (benchmarks/common.jaxpr_flops: scans times their
     lengths; the chunk's epoch loop counts once, = one epoch)."""
     from benchmarks import common
-    return common.jaxpr_flops(self.chunk, self.state, self.stacked, self.keys, self.cells, 0, 1)
+    return common.jaxpr_flops(self.chunk.__wrapped__, self.state, self.stacked, self.keys, self.cells, 0, 1)
 
   # ---- one seed's pieces, as make_epoch runs them (profile.py and the FLOP count) -------------
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax.core import buffer, dynamics, rollout, sac, termination
+from mombo_jax.core import buffer, dynamics, rollout, sac, termination, xla_options
 from mombo_jax.core.epoch_settings import EpochSettings, epoch_settings
 
 
@@ -434,8 +434,8 @@ def _over_cells(per_device, in_specs, out_specs):
   named = lambda spec: jax.sharding.NamedSharding(mesh, spec)  # noqa: E731
   fn = jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                      check_vma=False)
-  return jax.jit(fn, donate_argnums=0, in_shardings=tuple(map(named, in_specs)),
-                 out_shardings=tuple(map(named, out_specs)))
+  return xla_options.jit(fn, donate_argnums=0, in_shardings=tuple(map(named, in_specs)),
+                         out_shardings=tuple(map(named, out_specs)))
 
 
 @functools.lru_cache(maxsize=16)

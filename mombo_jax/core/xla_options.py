@@ -1,0 +1,63 @@
+"""The XLA options this package's training programs are compiled with, in one place.
+
+On CPU, XLA (jaxlib 0.10) hands every dot to YNNPACK by default. At this package's shapes (an
+ensemble of 3x256 critics, batch 256; a 7-member 4x200 dynamics ensemble) Eigen's dots are
+faster: a MOPO training epoch took 0.87x the time with YNNPACK off, measured side by side on a
+2-core Xeon (benchmarks/bench_epoch_changes.py and its record). YNNPACK runs each dot on one thread
+and relies on running independent dots side by side; Eigen splits every dot over all cores.
+
+`options()` is what `train`'s compiled programs (the epoch and the chunk of epochs, through
+`jit` below) pass to `jax.jit(..., compiler_options=...)`:
+  - on CPU: {"xla_cpu_experimental_ynn_fusion_type": ""} (no YNNPACK fusion of any kind);
+  - on GPU / other backends: None (XLA's defaults; the option concerns the CPU only);
+  - MOMBO_JAX_CPU_DOTS=xla in the environment: None everywhere (XLA's default CPU dots), for
+    comparisons and for CPUs where YNNPACK wins. Read when a program is built, so set it before
+    the first run in a process.
+The choice changes how dot products are summed, hence the last bits of every result: runs are
+reproducible under one choice, not across the two.
+
+jax.jit accepts compiler options only on a top-level function: a program built with them cannot
+be traced inside another jit (trace its `__wrapped__` function instead).
+"""
+import functools
+import os
+from typing import Optional
+
+import jax
+
+ENV = "MOMBO_JAX_CPU_DOTS"
+_CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+def cpu_dots() -> str:
+  """'eigen' (this package's default on CPU) or 'xla' (XLA's own default, YNNPACK), from $ENV."""
+  value = os.environ.get(ENV, "eigen").strip().lower()
+  if value not in ("eigen", "xla"):
+    raise ValueError(f"{ENV}={value!r}: use 'eigen' (the default) or 'xla' (XLA's default CPU "
+                     "dots).")
+  return value
+
+
+def options() -> Optional[dict]:
+  """compiler_options for jax.jit of a training program (see the module docstring)."""
+  if jax.default_backend() != "cpu" or cpu_dots() == "xla":
+    return None
+  return _accepted(tuple(sorted(_CPU_OPTIONS.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _accepted(items):
+  """The options if this jaxlib knows them, else None (an older or newer XLA may not: its
+  defaults are then used, as they would be without this module)."""
+  opts = dict(items)
+  try:
+    jax.jit(lambda x: x + 1, compiler_options=opts).lower(jax.numpy.zeros(())).compile()
+  except Exception:  # noqa: BLE001 - any refusal means: not this XLA's option
+    return None
+  return opts
+
+
+def jit(fn, **kwargs):
+  """jax.jit(fn, **kwargs) with `options()`: the one way the package compiles a training
+  program."""
+  return jax.jit(fn, compiler_options=options(), **kwargs)

@@ -1,0 +1,180 @@
+"""What each of issue #29's CPU changes buys, alone and together, per algorithm.
+
+Run (repo root):  python3 -m benchmarks.bench_epoch_changes [--algos=mopo,mombo,mobile]
+                  [--steps=200] [--rollout_batch=10000] [--rounds=5] [--out=FILE]
+
+One process builds one epoch program (train.make_cells_chunk, 1 cell, what runs use) per variant and
+calls them in alternation, round after round (the order reversed every other round), so that load
+drifts fall on all variants alike; the record is each variant's median seconds and the median of its
+per-round ratios to `before`. Variants (each change is switchable in-process):
+  before  the three changes off: the weight gradient by JAX's own transpose rule (critics.matmul
+          replaced by a plain dot_general), XLA's default CPU dots (MOMBO_JAX_CPU_DOTS=xla),
+          predictions in one piece (dynamics.PREDICT_ROWS huge)
+  dW      critics.matmul's weight gradient x^T g only
+  eigen   xla_options' CPU dots only (no YNNPACK)
+  pieces  dynamics.predict in pieces of PREDICT_ROWS rows only
+  after   all three (what the package runs)
+Also: how many leaves of each variant's state after one epoch differ from `before`'s (the changes
+round differently), the compiled programs' transpose and YNNPACK-fusion counts, and GFLOP/s of
+`after` (FLOPs from the epoch's jaxpr, benchmarks.common.jaxpr_flops) against this CPU's matmul
+rate at a critic layer's shape (common.matmul_gflops). Work: 10 critics, actor and critics 3x256,
+batch 256, real ratio 0.05, rollouts of --rollout_batch x 5 (retained 5 epochs), a random
+7-member 4x200 ensemble, synthetic hopper-shaped data (200,000 rows), float32, one seed.
+"""
+import argparse
+import os
+import time
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import common
+from mombo_jax.core import buffer, critics, dynamics, train
+from mombo_jax.settings import config as config_lib
+
+OBS, ACT, ROWS = 11, 3, 200_000
+VARIANTS = {  # name: (new weight gradient, eigen dots, pieces)
+    "before": (False, False, False), "dW": (True, False, False), "eigen": (False, True, False),
+    "pieces": (False, False, True), "after": (True, True, True)}
+
+
+def _plain_matmul(x, kernel):
+  return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+
+
+def synthetic(rows):
+  rng = np.random.default_rng(0)
+  obs = (0.1 * rng.standard_normal((rows, OBS))).astype(np.float32)
+  return types.SimpleNamespace(
+      observations=obs, actions=rng.uniform(-1, 1, (rows, ACT)).astype(np.float32),
+      rewards=rng.standard_normal(rows).astype(np.float32),
+      next_observations=(obs + 0.01 * rng.standard_normal((rows, OBS))).astype(np.float32),
+      terminals=np.zeros(rows, bool))
+
+
+def build(algo, args, real):
+  hidden = (256,) * 3
+  config = config_lib.make_config(
+      "hopper-medium", algo, num_critics=10, actor_hidden=hidden, critic_hidden=hidden,
+      batch_size=256, steps_per_epoch=args.steps, rollout_batch_size=args.rollout_batch,
+      rollout_length=5, buffer_retain_epochs=5, real_ratio=0.05, dyn_members=7, dyn_elites=5,
+      dyn_hidden=(200,) * 4, num_seeds=1, seed=0)
+  keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(1))
+  init_keys, run_keys = (jax.vmap(jax.random.fold_in, (0, None))(keys, i) for i in (1, 2))
+  dyn = jax.jit(jax.vmap(lambda k: dynamics.init_state(k, OBS, ACT, config)))(init_keys)
+  state = jax.device_get(jax.jit(train.init_cells, static_argnums=1)(init_keys, config, real,
+                                                                     dyn))
+  stacked, cells = train.single_dataset(real, config, 1)
+  return config, state, stacked, cells, run_keys
+
+
+def compile_variant(name, config, state, stacked, cells, keys):
+  new_dw, eigen, pieces = VARIANTS[name]
+  saved = critics.matmul, dynamics.PREDICT_ROWS, os.environ.get("MOMBO_JAX_CPU_DOTS")
+  try:
+    critics.matmul = saved[0] if new_dw else _plain_matmul
+    dynamics.PREDICT_ROWS = saved[1] if pieces else 1 << 40
+    os.environ["MOMBO_JAX_CPU_DOTS"] = "eigen" if eigen else "xla"
+    train._cells_chunk.cache_clear()   # the programs are cached per config: build each anew
+    chunk = train.make_cells_chunk(config, 1, 1)
+    args = (jax.tree.map(jnp.asarray, state), stacked, keys, cells, 0, 1)
+    compiled = chunk.lower(*args).compile()
+    flops = common.jaxpr_flops(chunk.__wrapped__, *args) if name == "after" else None
+  finally:
+    critics.matmul, dynamics.PREDICT_ROWS = saved[:2]
+    if saved[2] is None:
+      os.environ.pop("MOMBO_JAX_CPU_DOTS", None)
+    else:
+      os.environ["MOMBO_JAX_CPU_DOTS"] = saved[2]
+    train._cells_chunk.cache_clear()
+  text = compiled.as_text()
+  counts = dict(transposes=sum(" transpose(" in line for line in text.splitlines()),
+                ynn=text.count("__ynn_fusion"))
+  return compiled, counts, flops
+
+
+def run_algo(algo, args, real, out):
+  config, state, stacked, cells, keys = build(algo, args, real)
+  v = {}
+  for name in VARIANTS:
+    compiled, counts, flops = compile_variant(name, config, state, stacked, cells, keys)
+    first, _ = jax.block_until_ready(compiled(jax.tree.map(jnp.asarray, state), stacked, keys,
+                                              cells, 0, 1))
+    v[name] = dict(fn=compiled, state=first, first=jax.device_get(first), times=[], epoch=1,
+                   flops=flops, **counts)
+  ref = jax.tree.leaves(v["before"]["first"])
+  for name, x in v.items():
+    x["differ"] = sum(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(x.pop("first")),
+                                                                ref))
+    x["leaves"] = len(ref)
+  for r in range(args.rounds):
+    for name in (list(v) if r % 2 == 0 else list(v)[::-1]):
+      x = v[name]
+      t = time.perf_counter()
+      x["state"], _ = jax.block_until_ready(x["fn"](x["state"], stacked, keys, cells, x["epoch"],
+                                                     1))
+      x["times"].append(time.perf_counter() - t)
+      x["epoch"] += 1
+    out(f"  {algo} round {r + 1}: " + ", ".join(f"{n} {x['times'][-1]:.2f} s" for n, x in
+                                                  v.items()) + f" (load {os.getloadavg()[0]:.1f})")
+  rows = []
+  for name, x in v.items():
+    ratio = np.median([a / b for a, b in zip(x["times"], v["before"]["times"])])
+    rows.append(f"| {algo} | {name} | {np.median(x['times']):.2f} | **{ratio:.3f}** | "
+                f"{x['transposes']} | {x['ynn']} | {x['differ']} of {x['leaves']} |")
+  after = v["after"]
+  gflops = after["flops"] / np.median(after["times"]) / 1e9
+  return rows, gflops, after["flops"]
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--algos", default="mopo,mombo,mobile")
+  p.add_argument("--steps", type=int, default=200)
+  p.add_argument("--rollout_batch", type=int, default=10_000)
+  p.add_argument("--rounds", type=int, default=5)
+  p.add_argument("--out", default=None)
+  args = p.parse_args()
+  lines = []
+
+  def out(line):
+    print(line, flush=True)
+    lines.append(line)
+
+  out("# benchmarks/bench_epoch_changes.py: issue #29's CPU changes, alone and together")
+  out(f"command: python3 -m benchmarks.bench_epoch_changes --algos={args.algos} "
+      f"--steps={args.steps} --rollout_batch={args.rollout_batch} --rounds={args.rounds}")
+  out(f"machine: {common.cpu_name()}, {os.cpu_count()} cores; jax {jax.__version__}; load at "
+      f"start {os.getloadavg()[0]:.1f}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+  out(f"work per epoch: {args.steps} gradient steps + a {args.rollout_batch} x 5 rollout, "
+      "10 critics, 3x256, batch 256, 7-member 4x200 random ensemble, 1 seed")
+  peak = common.matmul_gflops(256, 256)
+  real = buffer.from_transitions(synthetic(ROWS))
+  table, rates = [], []
+  for algo in args.algos.split(","):
+    rows, gflops, flops = run_algo(algo, args, real, out)
+    table += rows
+    rates.append(f"| {algo} | {flops / 1e9:.0f} | {gflops:.0f} | {100 * gflops / peak:.0f}% |")
+  out("")
+  out("| algorithm | variant | median s per epoch | ratio to before (median of rounds) | "
+      "transposes in the program | YNNPACK fusions | state leaves differing from before |")
+  out("|---|---|---|---|---|---|---|")
+  for row in table:
+    out(row)
+  out("")
+  out(f"matmul rate of this CPU at a critic layer's shape ([256, 256] x [256, 256] chains, "
+      f"jnp.dot as the package compiles by default): {peak:.0f} GFLOP/s")
+  out("| algorithm | GFLOP per epoch (jaxpr) | GFLOP/s of `after` | of the matmul rate |")
+  out("|---|---|---|---|")
+  for row in rates:
+    out(row)
+  out(f"load at end {os.getloadavg()[0]:.1f}")
+  if args.out:
+    with open(args.out, "w") as fh:
+      fh.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+  main()

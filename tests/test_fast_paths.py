@@ -10,6 +10,15 @@ import pytest
 from mombo_jax.core import critics, dynamics, xla_options
 from mombo_jax.settings import config as config_lib
 
+CPU_ONLY = pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's compiled program")
+
+
+@pytest.fixture(autouse=True)
+def _full_precision_dots():
+  """Float32 dots on every backend (no TF32 on a GPU): the comparisons below are to 1e-5."""
+  with jax.default_matmul_precision("highest"):
+    yield
+
 
 def _plain(x, kernel):
   """The matmul before #29: lax.dot_general with JAX's own transpose rule."""
@@ -95,11 +104,12 @@ def _critic_step_hlo() -> str:
   return xla_options.jit(jax.vmap(jax.grad(loss))).lower(params, obs, act).compile().as_text()
 
 
+@CPU_ONLY
 def test_vmapped_critic_gradient_has_no_transposes(monkeypatch):
-  """The property critics.matmul is for. With the plain matmul XLA:CPU (jaxlib 0.10) leaves the
-  hidden layers' weight gradients as [F, I] dots plus a transpose; checked below so that the test
-  would notice an XLA that folds them itself. At a cell axis of size 2 this jaxlib folds them even
-  with the plain matmul (as in the runs' size-1 axis it does not), hence size 1."""
+  """The property critics.matmul is for. With the plain matmul XLA:CPU (jaxlib 0.10.2) computes
+  the hidden layers' weight gradients as [F, I] dots plus a transpose; checked below, so the test
+  notices an XLA that folds them itself. The cell axis has size 1, as in a run's one-cell program:
+  at size 2 this jaxlib leaves no transpose in this small program even with the plain matmul."""
   assert _transposes(_critic_step_hlo()) == 0
   monkeypatch.setattr(critics, "matmul", _plain)      # before tracing: MMDense looks it up per call
   assert _transposes(_critic_step_hlo()) > 0

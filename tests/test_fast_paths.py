@@ -1,0 +1,151 @@
+"""The epoch's CPU fast paths (#29): critics.matmul (the weight gradient as x^T g, so the vmapped
+training step needs no transposes) and dynamics.predict in pieces of PREDICT_ROWS rows."""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mombo_jax.core import critics, dynamics, xla_options
+from mombo_jax.settings import config as config_lib
+
+CPU_ONLY = pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's compiled program")
+
+
+@pytest.fixture(autouse=True)
+def _full_precision_dots():
+  """Float32 dots on every backend (no TF32 on a GPU): the comparisons below are to 1e-5."""
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
+def _plain(x, kernel):
+  """The matmul before #29: lax.dot_general with JAX's own transpose rule."""
+  return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+
+
+def _normal(seed, *shape):
+  return jnp.asarray(np.random.default_rng(seed).normal(size=shape), jnp.float32)
+
+
+def _loss(mm):
+  """A scalar of mm(x, kernel) [..., F] whose cotangent g differs per entry (sin, then weights)."""
+  def loss(x, kernel):
+    out = mm(x, kernel)
+    w = jnp.linspace(-1.0, 2.0, out.size, dtype=jnp.float32).reshape(out.shape)
+    return jnp.sum(jnp.sin(out) * w)
+  return loss
+
+
+def _assert_grads_match(got, want):
+  for g, w in zip(got, want):
+    assert g.shape == w.shape and g.dtype == jnp.float32
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("x_shape", [(6, 5), (3, 6, 5)])
+def test_matmul_value_and_gradients_equal_the_plain_matmul(x_shape):
+  x, kernel = _normal(0, *x_shape), _normal(1, 5, 4)
+  out = critics.matmul(x, kernel)
+  assert out.shape == x_shape[:-1] + (4,)
+  np.testing.assert_array_equal(out, x @ kernel)
+  got = jax.grad(_loss(critics.matmul), argnums=(0, 1))(x, kernel)
+  want = jax.grad(_loss(lambda a, b: a @ b), argnums=(0, 1))(x, kernel)
+  assert got[0].shape == x_shape and got[1].shape == (5, 4)
+  _assert_grads_match(got, want)
+
+
+@pytest.mark.parametrize("kernel_axes", [0, None])
+def test_matmul_gradients_under_two_vmaps(kernel_axes):
+  """vmap of vmap (the training cells on top of the critics' members), with the kernel batched
+  like x or shared by the batch."""
+  x = _normal(2, 2, 3, 6, 5)
+  kernel = _normal(3, 2, 3, 5, 4) if kernel_axes == 0 else _normal(3, 5, 4)
+
+  def grads(mm):
+    g = jax.grad(_loss(mm), argnums=(0, 1))
+    return jax.vmap(jax.vmap(g, in_axes=(0, kernel_axes)), in_axes=(0, kernel_axes))(x, kernel)
+
+  got, want = grads(critics.matmul), grads(_plain)
+  assert got[0].shape == (2, 3, 6, 5) and got[1].shape == (2, 3, 5, 4)
+  _assert_grads_match(got, want)
+
+
+def test_dot_general_hook_serves_only_x_at_kernel():
+  x, kernel = _normal(4, 6, 5), _normal(5, 5, 4)
+  np.testing.assert_array_equal(
+      critics._dot_general(x, kernel, (((1,), (0,)), ((), ()))), critics.matmul(x, kernel))
+  with pytest.raises(ValueError, match="dimension numbers"):
+    critics._dot_general(x, kernel.T, (((1,), (1,)), ((), ())))
+  with pytest.raises(ValueError, match="dimension numbers"):
+    critics._dot_general(x[None], kernel[None], (((2,), (1,)), ((0,), (0,))))
+  with pytest.raises(ValueError, match="precision"):
+    critics._dot_general(x, kernel, (((1,), (0,)), ((), ())), precision=jax.lax.Precision.HIGHEST)
+
+
+def _transposes(hlo: str) -> int:
+  """transpose instructions in compiled HLO text (op_name metadata spells JAX's transpose(jvp(..))
+  too: left out)."""
+  lines = (re.sub(r"metadata=\{[^}]*\}", "", line) for line in hlo.splitlines())
+  return sum(bool(re.search(r"\btranspose\(", line)) for line in lines)
+
+
+def _critic_step_hlo() -> str:
+  """Compiled HLO of vmap(grad of a CriticEnsemble(hidden_dims=(8, 8), num_critics=3) loss) over
+  a cell axis of size 1, as the runs' one-cell training programs batch it."""
+  module = critics.CriticEnsemble(hidden_dims=(8, 8), num_critics=3)
+  obs, act = _normal(6, 1, 8, 5), _normal(7, 1, 8, 3)
+  params = jax.vmap(module.init)(jax.random.split(jax.random.PRNGKey(0), 1), obs, act)
+
+  def loss(p, o, a):
+    return jnp.mean((module.apply(p, o, a) - 1.0) ** 2)
+
+  return xla_options.jit(jax.vmap(jax.grad(loss))).lower(params, obs, act).compile().as_text()
+
+
+@CPU_ONLY
+def test_vmapped_critic_gradient_has_no_transposes(monkeypatch):
+  """The property critics.matmul is for. With the plain matmul XLA:CPU (jaxlib 0.10.2) computes
+  the hidden layers' weight gradients as [F, I] dots plus a transpose; checked below, so the test
+  notices an XLA that folds them itself. The cell axis has size 1, as in a run's one-cell program:
+  at size 2 this jaxlib leaves no transpose in this small program even with the plain matmul."""
+  assert _transposes(_critic_step_hlo()) == 0
+  monkeypatch.setattr(critics, "matmul", _plain)      # before tracing: MMDense looks it up per call
+  assert _transposes(_critic_step_hlo()) > 0
+
+
+@pytest.fixture(scope="module")
+def dyn_setup():
+  config = config_lib.make_config("hopper-random", "mopo", preset="tiny")
+  obs_dim, act_dim = 4, 2
+  dyn = dynamics.init_state(jax.random.PRNGKey(0), obs_dim, act_dim, config)
+  dyn = dyn.replace(input_mean=_normal(8, obs_dim + act_dim), input_std=1.0 + jnp.arange(6.0),
+                    elites=jnp.asarray([2, 0], jnp.int32))
+  return config, dyn, obs_dim, act_dim
+
+
+@pytest.mark.parametrize("elites", [False, True])
+def test_predict_in_pieces_equals_one_piece(dyn_setup, monkeypatch, elites):
+  """rows = 2 pieces + 5 (the last piece padded): the pieces' outputs have predict's shapes and
+  the one-piece values. predict reads PREDICT_ROWS when traced: each setting is jitted anew."""
+  config, dyn, obs_dim, act_dim = dyn_setup
+  rows = 2 * 16 + 5
+  obs, act = _normal(9, rows, obs_dim), _normal(10, rows, act_dim)
+  members = dyn.elites if elites else None
+  k = 2 if elites else config.dyn_members
+
+  def run(piece_rows):
+    monkeypatch.setattr(dynamics, "PREDICT_ROWS", piece_rows)
+    f = lambda o, a: dynamics.predict(dyn, o, a, config, members=members)  # noqa: E731
+    return jax.make_jaxpr(f)(obs, act), jax.jit(f)(obs, act)
+
+  jaxpr, pieces = run(16)
+  assert "scan" in str(jaxpr)                  # the pieces path ran
+  jaxpr, whole = run(10 ** 9)
+  assert "scan" not in str(jaxpr)
+  shapes = [(k, rows, obs_dim), (k, rows, obs_dim), (k, rows), (k, rows)]
+  assert [p.shape for p in pieces] == shapes and [w.shape for w in whole] == shapes
+  for p, w in zip(pieces, whole):
+    assert np.all(np.isfinite(p))
+    np.testing.assert_allclose(p, w, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,69 @@
+"""core/xla_options (#29): the CPU dot choice read from MOMBO_JAX_CPU_DOTS, the compiler options it
+gives, and that a program built with xla_options.jit compiles without YNNPACK dot fusions."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mombo_jax.core import xla_options
+
+ENV = "MOMBO_JAX_CPU_DOTS"
+YNN = "__ynn_fusion"      # the fusion kind XLA:CPU writes in the HLO text of a YNNPACK dot
+CPU_ONLY = pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU options")
+
+
+def test_cpu_dots_reads_the_environment(monkeypatch):
+  monkeypatch.delenv(ENV, raising=False)
+  assert xla_options.ENV == ENV
+  assert xla_options.cpu_dots() == "eigen"
+  for value, want in (("eigen", "eigen"), (" XLA ", "xla"), ("Eigen\n", "eigen"), ("xla", "xla")):
+    monkeypatch.setenv(ENV, value)
+    assert xla_options.cpu_dots() == want
+  for bad in ("ynn", "", "eigen,xla"):
+    monkeypatch.setenv(ENV, bad)
+    with pytest.raises(ValueError, match=f"{ENV}=.*'eigen'.*'xla'"):
+      xla_options.cpu_dots()
+
+
+@CPU_ONLY
+def test_options_per_choice_and_backend(monkeypatch):
+  monkeypatch.delenv(ENV, raising=False)
+  assert xla_options.options() == {"xla_cpu_experimental_ynn_fusion_type": ""}
+  monkeypatch.setenv(ENV, "eigen")
+  assert xla_options.options() == {"xla_cpu_experimental_ynn_fusion_type": ""}
+  monkeypatch.setenv(ENV, "xla")
+  assert xla_options.options() is None
+  monkeypatch.setenv(ENV, "eigen")
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")    # the option concerns XLA:CPU only
+  assert xla_options.options() is None
+  monkeypatch.setenv(ENV, "nonsense")
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+  with pytest.raises(ValueError, match=ENV):
+    xla_options.options()
+
+
+@CPU_ONLY
+def test_an_option_this_jaxlib_refuses_is_dropped():
+  assert xla_options._accepted((("xla_cpu_no_such_option_for_mombo_jax", "1"),)) is None
+
+
+@CPU_ONLY
+def test_jit_compiles_dots_without_ynnpack(monkeypatch):
+  """A [64, 64] @ [64, 64] dot: plain jax.jit hands it to YNNPACK on this jaxlib (checked, so the
+  test would notice an XLA that no longer does), xla_options.jit does not; MOMBO_JAX_CPU_DOTS=xla
+  (read when the program is built) gives XLA's default again. Same values to float32 rounding."""
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(64, 64)), jnp.float32)
+
+  def f(a, b):
+    return jnp.tanh(a @ b)
+
+  def hlo(jitted):
+    return jitted.lower(x, x).compile().as_text()
+
+  monkeypatch.delenv(ENV, raising=False)
+  ours = xla_options.jit(f)
+  assert YNN in hlo(jax.jit(f))
+  assert YNN not in hlo(ours)
+  monkeypatch.setenv(ENV, "xla")
+  assert YNN in hlo(xla_options.jit(f))
+  np.testing.assert_allclose(ours(x, x), jax.jit(f)(x, x), rtol=1e-5, atol=1e-6)

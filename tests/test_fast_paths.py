@@ -84,11 +84,22 @@ def test_dot_general_hook_serves_only_x_at_kernel():
     critics._dot_general(x, kernel, (((1,), (0,)), ((), ())), precision=jax.lax.Precision.HIGHEST)
 
 
-def _transposes(hlo: str) -> int:
-  """transpose instructions in compiled HLO text (op_name metadata spells JAX's transpose(jvp(..))
-  too: left out)."""
-  lines = (re.sub(r"metadata=\{[^}]*\}", "", line) for line in hlo.splitlines())
-  return sum(bool(re.search(r"\btranspose\(", line)) for line in lines)
+def _other_dots(hlo: str) -> int:
+  """Dots in compiled HLO text not in the standard form [.., M, K] x [.., K, N] (the left operand
+  contracting its last axis, the right one its first axis after the batch axes)."""
+  count = 0
+  for line in hlo.splitlines():
+    m = re.search(r"= \S+ dot\(%([\w.\-]+), %([\w.\-]+)\)(.*)", line)
+    if not m:
+      continue
+    lhs_shape = re.search(r"%" + re.escape(m.group(1)) + r" = \w+\[([\d,]*)\]", hlo)
+    rank = len(lhs_shape.group(1).split(",")) if lhs_shape else None
+    dims = dict(re.findall(r"(\w+_dims)=\{([\d,]*)\}", m.group(3)))
+    batch = len([d for d in dims.get("lhs_batch_dims", "").split(",") if d])
+    standard = (dims.get("lhs_contracting_dims") == str(rank - 1) if rank else False) and \
+        dims.get("rhs_contracting_dims") == str(batch)
+    count += not standard
+  return count
 
 
 def _critic_step_hlo() -> str:
@@ -105,14 +116,15 @@ def _critic_step_hlo() -> str:
 
 
 @CPU_ONLY
-def test_vmapped_critic_gradient_has_no_transposes(monkeypatch):
-  """The property critics.matmul is for. With the plain matmul XLA:CPU (jaxlib 0.10.2) computes
-  the hidden layers' weight gradients as [F, I] dots plus a transpose; checked below, so the test
-  notices an XLA that folds them itself. The cell axis has size 1, as in a run's one-cell program:
-  at size 2 this jaxlib leaves no transpose in this small program even with the plain matmul."""
-  assert _transposes(_critic_step_hlo()) == 0
+def test_vmapped_critic_gradient_runs_standard_dots(monkeypatch):
+  """The property critics.matmul is for: every dot of the vmapped gradient in the standard form
+  that Eigen runs fastest (the weight gradient as x^T g, the input gradient as g kernel^T, both
+  transposes written out). With the plain matmul XLA:CPU (jaxlib 0.10.2) contracts the batch rows
+  of both operands (weight gradients) or the last axes of both (input gradients): checked below,
+  so the test notices an XLA that rewrites them itself."""
+  assert _other_dots(_critic_step_hlo()) == 0
   monkeypatch.setattr(critics, "matmul", _plain)      # before tracing: MMDense looks it up per call
-  assert _transposes(_critic_step_hlo()) > 0
+  assert _other_dots(_critic_step_hlo()) > 0
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +161,34 @@ def test_predict_in_pieces_equals_one_piece(dyn_setup, monkeypatch, elites):
   for p, w in zip(pieces, whole):
     assert np.all(np.isfinite(p))
     np.testing.assert_allclose(p, w, rtol=1e-5, atol=1e-6)
+
+
+def test_map_rows_pieces_equal_one_call():
+  """pieces.map_rows: rows = 3 pieces + 1 (the last padded), one array or a tuple out, the row
+  axis first or second; the one-call values, the one-call shapes."""
+  from mombo_jax.core import pieces
+  x, y = _normal(11, 13, 3), _normal(12, 13, 2)
+
+  def fn(a, b):
+    return jnp.tanh(a) * 2.0, jnp.stack([b, -b])             # [R, 3], [2, R, 2]
+
+  whole = fn(x, y)
+  for piece_rows in (4, 13, 100):
+    got = pieces.map_rows(lambda a, b: fn(a, b)[0], piece_rows, x, y)
+    np.testing.assert_allclose(got, whole[0], rtol=1e-6)
+    assert got.shape == (13, 3)
+    got = pieces.map_rows(lambda a, b: (fn(a, b)[1],), piece_rows, x, y, out_row_axis=1)
+    assert got[0].shape == (2, 13, 2)
+    np.testing.assert_allclose(got[0], whole[1], rtol=1e-6)
+
+
+def test_policy_sample_in_pieces_equals_one_piece():
+  """The rollout's actor in pieces: the same actions (the noise is drawn for all rows at once)."""
+  from mombo_jax.core import sac
+  config = config_lib.make_config("hopper-random", "mopo", preset="tiny")
+  agent = sac.init_agent(jax.random.PRNGKey(0), 4, 2, config, 10)
+  obs, key = _normal(13, 37, 4), jax.random.PRNGKey(5)
+  whole = sac.policy_sample(agent, obs, key, config)
+  got = jax.jit(lambda o: sac.policy_sample(agent, o, key, config, piece_rows=16))(obs)
+  assert got.shape == (37, 2)
+  np.testing.assert_allclose(got, whole, rtol=1e-5, atol=1e-6)

@@ -30,15 +30,22 @@ def _matmul_bwd(residuals, g):
   """dx [..., I] = g @ kernel^T; dkernel [I, F] = x^T g with x as the left operand.
 
   Why: JAX's own transpose of dot_general computes g^T x [F, I] and transposes it. Plain, XLA
-  folds that transpose into the dot; vmapped (the cell axis of train.make_cells_chunk, on top of
-  the critics' member axis) it does not, and XLA:CPU then reads every weight gradient through a
-  transpose in the optimiser's update (measured: ~7% of a MOPO training step). Written as x^T g,
+  folds that transpose into the dot; under a vmap of size 1 on top of the critics' member axis
+  (the cell axis of train.make_cells_chunk with one cell per device: every 1-seed run) it does
+  not, and XLA:CPU then reads every weight gradient through a transpose in the optimiser's update
+  (a MOPO epoch 0.93x the time without it: benchmarks/bench_epoch_changes.txt). Written as x^T g,
   the batched dot's output is already [..., I, F], whatever batch axes vmap adds in front.
   """
   x, kernel = residuals
-  dx = jax.lax.dot_general(g, kernel, (((g.ndim - 1,), (1,)), ((), ())))
   rows, grads = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-  dkernel = jax.lax.dot_general(rows, grads, (((0,), (0,)), ((), ())))
+  # kernel^T [F, I] and x^T [I, R] written out (the barriers keep XLA from folding them back into
+  # the dots' dimension numbers): Eigen's dots of [I, R] x [R, F] and [R, F] x [F, I] run faster
+  # than those contracting both operands' first or last axes, more than the transposes cost
+  # (a MOPO epoch 0.98x).
+  kernel_t = jax.lax.optimization_barrier(kernel.T)
+  dx = jax.lax.dot_general(g, kernel_t, (((g.ndim - 1,), (0,)), ((), ())))
+  rows_t = jax.lax.optimization_barrier(rows.T)
+  dkernel = jax.lax.dot_general(rows_t, grads, (((1,), (0,)), ((), ())))
   return dx, dkernel
 
 

@@ -19,7 +19,7 @@ import flax.struct as struct
 import jax
 import jax.numpy as jnp
 
-from mombo_jax.core import inits
+from mombo_jax.core import inits, pieces
 
 
 # ----------------------------------------------------------------------------------------------
@@ -185,17 +185,8 @@ def predict(dyn: DynamicsState, obs, action, config, members=None):
   if dyn.params["max_logvar"].shape[-1] != obs_dim + 1:
     raise ValueError(f"The dynamics model predicts {dyn.params['max_logvar'].shape[-1] - 1} state "
                      f"dims but obs has {obs_dim}: train or load a model for this environment.")
-  rows = obs.shape[0]
-  if rows <= PREDICT_ROWS:
-    return _predict(dyn, obs, action, config, members)
-  pieces = -(-rows // PREDICT_ROWS)
-  pad = lambda x: jnp.pad(x, ((0, pieces * PREDICT_ROWS - rows), (0, 0)))  # noqa: E731
-  split = lambda x: pad(x).reshape((pieces, PREDICT_ROWS) + x.shape[1:])  # noqa: E731
-  out = jax.lax.map(lambda oa: _predict(dyn, oa[0], oa[1], config, members),
-                    (split(obs), split(action)))
-  # [pieces, K, R, ...] -> [K, B, ...]
-  join = lambda x: jnp.moveaxis(x, 0, 1).reshape((x.shape[1], -1) + x.shape[3:])[:, :rows]  # noqa: E731
-  return tuple(join(x) for x in out)
+  return pieces.map_rows(lambda o, a: _predict(dyn, o, a, config, members), PREDICT_ROWS, obs,
+                         action, out_row_axis=1)
 
 
 def _predict(dyn: DynamicsState, obs, action, config, members):

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import optax
 from flax.training.train_state import TrainState
 
+from mombo_jax.core import pieces
 from mombo_jax.core.buffer import Batch
 from mombo_jax.core.critics import (CriticEnsemble, TanhGaussianActor, actor_layer_names,
                                     deterministic_action, sample_tanh_gaussian)
@@ -291,12 +292,18 @@ def _actor_apply(agent_or_params, obs, config: Config):
 
 
 def policy_sample(agent_or_actor_params, obs: jax.Array, key: jax.Array,
-                  config: Config) -> jax.Array:
+                  config: Config, piece_rows: Optional[int] = None) -> jax.Array:
   """a ~ pi(.|obs) [..., A] in [-1, 1] (stochastic, for rollouts and online data collection).
 
-  Takes an AgentState or the actor's variables dict (agent.actor.params).
+  Takes an AgentState or the actor's variables dict (agent.actor.params). piece_rows: run the
+  actor on obs [B, S] in pieces of that many rows (pieces.map_rows; rollouts); the noise is drawn
+  for all rows at once either way.
   """
-  mean, log_std = _actor_apply(agent_or_actor_params, obs, config)
+  if piece_rows is None:
+    mean, log_std = _actor_apply(agent_or_actor_params, obs, config)
+  else:
+    mean, log_std = pieces.map_rows(lambda o: _actor_apply(agent_or_actor_params, o, config),
+                                    piece_rows, obs)
   action, _ = sample_tanh_gaussian(mean, log_std, key)
   return action
 

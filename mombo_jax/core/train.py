@@ -312,7 +312,11 @@ def health_checks(agent: sac.AgentState, step_metrics: dict, config) -> dict:
 
 
 def _policy(agent, config, obs, key):
-  return sac.policy_sample(agent, obs, key, config)
+  # The rollout's actor in pieces of rows, as its dynamics predictions (dynamics.predict).
+  return sac.policy_sample(agent, obs, key, config, piece_rows=_POLICY_ROWS)
+
+
+_POLICY_ROWS = dynamics.PREDICT_ROWS
 
 
 CELL_AXIS = "cells"

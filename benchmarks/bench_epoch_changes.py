@@ -7,12 +7,13 @@ One process builds one epoch program (train.make_cells_chunk, 1 cell, what runs 
 calls them in alternation, round after round (the order reversed every other round), so that load
 drifts fall on all variants alike; the record is each variant's median seconds and the median of its
 per-round ratios to `before`. Variants (each change is switchable in-process):
-  before  the three changes off: the weight gradient by JAX's own transpose rule (critics.matmul
+  before  the three changes off: the layers' gradients by JAX's own transpose rule (critics.matmul
           replaced by a plain dot_general), XLA's default CPU dots (MOMBO_JAX_CPU_DOTS=xla),
-          predictions in one piece (dynamics.PREDICT_ROWS huge)
-  dW      critics.matmul's weight gradient x^T g only
+          the rollout's predictions and actor in one piece (dynamics.PREDICT_ROWS and
+          train._POLICY_ROWS huge)
+  matmul  critics.matmul's backward only (x^T g and g kernel^T, Eigen's standard dot form)
   eigen   xla_options' CPU dots only (no YNNPACK)
-  pieces  dynamics.predict in pieces of PREDICT_ROWS rows only
+  pieces  the rollout in pieces of PREDICT_ROWS rows only
   after   all three (what the package runs)
 Also: how many leaves of each variant's state after one epoch differ from `before`'s (the changes
 round differently), the compiled programs' transpose and YNNPACK-fusion counts, and GFLOP/s of
@@ -35,8 +36,8 @@ from mombo_jax.core import buffer, critics, dynamics, train
 from mombo_jax.settings import config as config_lib
 
 OBS, ACT, ROWS = 11, 3, 200_000
-VARIANTS = {  # name: (new weight gradient, eigen dots, pieces)
-    "before": (False, False, False), "dW": (True, False, False), "eigen": (False, True, False),
+VARIANTS = {  # name: (critics.matmul, eigen dots, pieces)
+    "before": (False, False, False), "matmul": (True, False, False), "eigen": (False, True, False),
     "pieces": (False, False, True), "after": (True, True, True)}
 
 
@@ -72,10 +73,12 @@ def build(algo, args, real):
 
 def compile_variant(name, config, state, stacked, cells, keys):
   new_dw, eigen, pieces = VARIANTS[name]
-  saved = critics.matmul, dynamics.PREDICT_ROWS, os.environ.get("MOMBO_JAX_CPU_DOTS")
+  saved = (critics.matmul, dynamics.PREDICT_ROWS, os.environ.get("MOMBO_JAX_CPU_DOTS"),
+           train._POLICY_ROWS)
   try:
     critics.matmul = saved[0] if new_dw else _plain_matmul
     dynamics.PREDICT_ROWS = saved[1] if pieces else 1 << 40
+    train._POLICY_ROWS = saved[3] if pieces else 1 << 40
     os.environ["MOMBO_JAX_CPU_DOTS"] = "eigen" if eigen else "xla"
     train._cells_chunk.cache_clear()   # the programs are cached per config: build each anew
     chunk = train.make_cells_chunk(config, 1, 1)
@@ -83,7 +86,7 @@ def compile_variant(name, config, state, stacked, cells, keys):
     compiled = chunk.lower(*args).compile()
     flops = common.jaxpr_flops(chunk.__wrapped__, *args) if name == "after" else None
   finally:
-    critics.matmul, dynamics.PREDICT_ROWS = saved[:2]
+    critics.matmul, dynamics.PREDICT_ROWS, train._POLICY_ROWS = saved[0], saved[1], saved[3]
     if saved[2] is None:
       os.environ.pop("MOMBO_JAX_CPU_DOTS", None)
     else:

@@ -149,7 +149,7 @@ def main():
   out("# benchmarks/bench_epoch_changes.py: issue #29's CPU changes, alone and together")
   out(f"command: python3 -m benchmarks.bench_epoch_changes --algos={args.algos} "
       f"--steps={args.steps} --rollout_batch={args.rollout_batch} --rounds={args.rounds}")
-  out(f"machine: {common.cpu_name()}, {os.cpu_count()} cores; jax {jax.__version__}; load at "
+  out(f"machine: {common.cpu_name()}; jax {jax.__version__}; load at "
       f"start {os.getloadavg()[0]:.1f}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
   out(f"work per epoch: {args.steps} gradient steps + a {args.rollout_batch} x 5 rollout, "
       "10 critics, 3x256, batch 256, 7-member 4x200 random ensemble, 1 seed")
@@ -168,7 +168,7 @@ def main():
     out(row)
   out("")
   out(f"matmul rate of this CPU at a critic layer's shape ([256, 256] x [256, 256] chains, "
-      f"jnp.dot as the package compiles by default): {peak:.0f} GFLOP/s")
+      f"plain jax.jit, XLA's default dots): {peak:.0f} GFLOP/s")
   out("| algorithm | GFLOP per epoch (jaxpr) | GFLOP/s of `after` | of the matmul rate |")
   out("|---|---|---|---|")
   for row in rates:

@@ -2,6 +2,7 @@
 state from train.init_cells, one span = one epoch of train.make_cells_chunk (what runner.train
 calls), all through the library, so that changes to mombo_jax's epoch show here unchanged.
 """
+import contextlib
 import functools
 import types
 
@@ -75,9 +76,21 @@ class Ours:
     """FLOPs of one span from the epoch's jaxpr (benchmarks/common.jaxpr_flops: scans times their
     lengths; the chunk's epoch loop counts once, = one epoch)."""
     from benchmarks import common
+    # __wrapped__: a program compiled with compiler options cannot be traced inside make_jaxpr.
     return common.jaxpr_flops(self.chunk.__wrapped__, self.state, self.stacked, self.keys, self.cells, 0, 1)
 
   # ---- one seed's pieces, as make_epoch runs them (profile.py and the FLOP count) -------------
+
+  @contextlib.contextmanager
+  def one_piece(self):
+    """The rollout traced in one piece (dynamics.PREDICT_ROWS, train._POLICY_ROWS), the same
+    arithmetic as in pieces: for XLA's FLOP count, which counts the pieces' loop body once."""
+    saved = dynamics.PREDICT_ROWS, train._POLICY_ROWS
+    dynamics.PREDICT_ROWS = train._POLICY_ROWS = 1 << 40
+    try:
+      yield
+    finally:
+      dynamics.PREDICT_ROWS, train._POLICY_ROWS = saved
 
   def _agent_ring(self):
     one = jax.tree.map(lambda x: x[0], self.state)

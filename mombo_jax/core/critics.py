@@ -88,9 +88,9 @@ class MMDense(nn.Module):
                        "pass var [..., K] with K <= the input size.")
     if num_var == x.shape[-1]:
       # The mean path is the plain path verbatim, so zero variance reproduces it bit for bit.
-      return mm_linear(x, var, kernel, bias)
+      return mm_linear(x, var, kernel, bias, product=matmul)
     rows = kernel[:num_var]
-    return x @ kernel + bias, var @ (rows * rows)
+    return matmul(x, kernel) + bias, var @ (rows * rows)
 
 
 class MMCritic(nn.Module):

@@ -126,12 +126,15 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _G0 = (math.pi - 1.0) / (2.0 * math.pi)   # g(0) = Var[max(0, Z)], Z ~ N(0, 1)
 
 
-def mm_linear(mean, var, kernel, bias):
+def mm_linear(mean, var, kernel, bias, product=None):
   """Diagonal Gaussian N(mean, var) through y = x @ kernel + bias.
 
   Args:
     mean, var: [..., I] input mean and variance.
     kernel: [I, O]; bias: [O].
+    product: product(x [..., I], kernel) -> [..., O] for the mean (default x @ kernel): pass the
+      plain layer's own product (e.g. critics.matmul) so that zero variance reproduces it, its
+      gradients included.
   Returns:
     (mean [..., O], var [..., O]); mean is computed as in the plain layer (same ops), so zero
     variance reproduces the plain output bit for bit.
@@ -139,7 +142,8 @@ def mm_linear(mean, var, kernel, bias):
   chex.assert_equal_shape([mean, var])
   chex.assert_rank(kernel, 2)
   chex.assert_shape(bias, (kernel.shape[1],))
-  return mean @ kernel + bias, var @ (kernel * kernel)
+  mean_out = mean @ kernel if product is None else product(mean, kernel)
+  return mean_out + bias, var @ (kernel * kernel)
 
 
 def _compute_dtype(dtype):

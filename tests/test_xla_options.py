@@ -62,8 +62,20 @@ def test_jit_compiles_dots_without_ynnpack(monkeypatch):
 
   monkeypatch.delenv(ENV, raising=False)
   ours = xla_options.jit(f)
-  assert YNN in hlo(jax.jit(f))
   assert YNN not in hlo(ours)
-  monkeypatch.setenv(ENV, "xla")
-  assert YNN in hlo(xla_options.jit(f))
+  # Whether XLA picks YNNPACK for this dot may depend on the CPU: the contrast is checked where it
+  # does (on the x86-64 machines this was written on, it does).
+  if YNN in hlo(jax.jit(f)):
+    monkeypatch.setenv(ENV, "xla")
+    assert YNN in hlo(xla_options.jit(f))
   np.testing.assert_allclose(ours(x, x), jax.jit(f)(x, x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_bad_choice_is_refused_before_any_work(monkeypatch, tmp_path):
+  """preflight.validate (every launch's first check) refuses a bad MOMBO_JAX_CPU_DOTS with a
+  UserError (one `error:` line in the CLI) before it looks at anything else."""
+  from mombo_jax.errors import UserError
+  from mombo_jax.run import preflight
+  monkeypatch.setenv(ENV, "fast")
+  with pytest.raises(UserError, match=ENV):
+    preflight.validate(None, None, str(tmp_path / "w"))

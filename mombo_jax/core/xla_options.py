@@ -25,6 +25,8 @@ from typing import Optional
 
 import jax
 
+from mombo_jax.errors import InvalidArgument
+
 ENV = "MOMBO_JAX_CPU_DOTS"
 _CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
@@ -33,8 +35,8 @@ def cpu_dots() -> str:
   """'eigen' (this package's default on CPU) or 'xla' (XLA's own default, YNNPACK), from $ENV."""
   value = os.environ.get(ENV, "eigen").strip().lower()
   if value not in ("eigen", "xla"):
-    raise ValueError(f"{ENV}={value!r}: use 'eigen' (the default) or 'xla' (XLA's default CPU "
-                     "dots).")
+    raise InvalidArgument(f"{ENV}={value!r}: use 'eigen' (the default) or 'xla' (XLA's default "
+                          "CPU dots), or unset it.")
   return value
 
 

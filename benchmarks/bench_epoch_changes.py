@@ -55,20 +55,22 @@ def synthetic(rows):
       terminals=np.zeros(rows, bool))
 
 
-def build(algo, args, real):
+def build(algo, args, real, cells=1):
+  """(config, state [cells] on the host, stacked datasets, Cell [cells], run keys [cells]) of the
+  benchmarks' work at `cells` seeds."""
   hidden = (256,) * 3
   config = config_lib.make_config(
       "hopper-medium", algo, num_critics=10, actor_hidden=hidden, critic_hidden=hidden,
       batch_size=256, steps_per_epoch=args.steps, rollout_batch_size=args.rollout_batch,
       rollout_length=5, buffer_retain_epochs=5, real_ratio=0.05, dyn_members=7, dyn_elites=5,
-      dyn_hidden=(200,) * 4, num_seeds=1, seed=0)
-  keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(1))
+      dyn_hidden=(200,) * 4, num_seeds=cells, seed=0)
+  keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(cells))
   init_keys, run_keys = (jax.vmap(jax.random.fold_in, (0, None))(keys, i) for i in (1, 2))
   dyn = jax.jit(jax.vmap(lambda k: dynamics.init_state(k, OBS, ACT, config)))(init_keys)
   state = jax.device_get(jax.jit(train.init_cells, static_argnums=1)(init_keys, config, real,
                                                                      dyn))
-  stacked, cells = train.single_dataset(real, config, 1)
-  return config, state, stacked, cells, run_keys
+  stacked, cell = train.single_dataset(real, config, cells)
+  return config, state, stacked, cell, run_keys
 
 
 def compile_variant(name, config, state, stacked, cells, keys):
@@ -107,24 +109,18 @@ def run_algo(algo, args, real, out):
                                               cells, 0, 1))
     v[name] = dict(fn=compiled, state=first, first=jax.device_get(first), times=[], epoch=1,
                    flops=flops, **counts)
-  ref = jax.tree.leaves(v["before"]["first"])
-  for name, x in v.items():
-    x["differ"] = sum(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(x.pop("first")),
-                                                                ref))
-    x["leaves"] = len(ref)
-  for r in range(args.rounds):
-    for name in (list(v) if r % 2 == 0 else list(v)[::-1]):
-      x = v[name]
-      t = time.perf_counter()
-      x["state"], _ = jax.block_until_ready(x["fn"](x["state"], stacked, keys, cells, x["epoch"],
-                                                     1))
-      x["times"].append(time.perf_counter() - t)
-      x["epoch"] += 1
-    out(f"  {algo} round {r + 1}: " + ", ".join(f"{n} {x['times'][-1]:.2f} s" for n, x in
-                                                  v.items()) + f" (load {os.getloadavg()[0]:.1f})")
+  ref = v["before"]["first"]
+  for x in v.values():
+    x["leaves"] = len(jax.tree.leaves(ref))
+    x["differ"] = x["leaves"] - common.equal_leaves(x.pop("first"), ref)
+
+  def one_epoch(name, x):
+    x["state"], _ = jax.block_until_ready(x["fn"](x["state"], stacked, keys, cells, x["epoch"], 1))
+
+  common.alternate(v, args.rounds, one_epoch, algo, out)
   rows = []
   for name, x in v.items():
-    ratio = np.median([a / b for a, b in zip(x["times"], v["before"]["times"])])
+    ratio = common.median_ratio(x["times"], v["before"]["times"])
     rows.append(f"| {algo} | {name} | {np.median(x['times']):.2f} | **{ratio:.3f}** | "
                 f"{x['transposes']} | {x['ynn']} | {x['differ']} of {x['leaves']} |")
   after = v["after"]

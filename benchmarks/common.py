@@ -6,6 +6,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def matmul_gflops(rows: int, width: int, seconds: float = 5.0, chain: int = 64) -> float:
@@ -134,3 +135,31 @@ class Record:
     if self.file:
       self.file.write(line + "\n")
       self.file.flush()
+
+
+def alternate(variants: dict, rounds: int, run, label: str, say):
+  """Calls run(name, variant) for every variant, round after round, the order reversed every other
+  round (so that load drifts fall on all alike); appends each call's seconds to variant["times"],
+  counts variant["epoch"] up and says one line per round."""
+  names = list(variants)
+  for r in range(rounds):
+    for name in (names if r % 2 == 0 else names[::-1]):
+      x = variants[name]
+      t = time.perf_counter()
+      run(name, x)
+      x["times"].append(time.perf_counter() - t)
+      x["epoch"] += 1
+    say(f"  {label} round {r + 1}: " + ", ".join(f"{n} {x['times'][-1]:.2f} s" for n, x in
+                                                   variants.items())
+        + f" (load {os.getloadavg()[0]:.1f})")
+
+
+def median_ratio(times, reference_times) -> float:
+  """The median of the per-round ratios times[i] / reference_times[i]."""
+  return float(np.median([a / b for a, b in zip(times, reference_times)]))
+
+
+def equal_leaves(tree, reference) -> int:
+  """How many leaves of `tree` equal `reference`'s (same structure) bit for bit."""
+  return sum(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(tree),
+                                                  jax.tree.leaves(reference)))

@@ -1,13 +1,14 @@
 """Per-seed divergence inside the compiled epoch: a seed that goes non-finite or explodes is frozen
 at its last healthy agent and flagged; the other seeds are untouched (bitwise: the same compiled
 program, the same vmap width). Several epochs in one device call (make_cells_chunk) train as
-one call per epoch, and freeze a diverged seed the same way."""
+one call per epoch, and freeze a diverged seed the same way. In the looped cell layout (the CPU
+default) a cell trains as its own one-cell program, bit for bit."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax.core import buffer, dynamics
+from mombo_jax.core import buffer, cell_layout, dynamics
 from mombo_jax.settings import config as config_lib
 from mombo_jax.core import train as train_lib
 
@@ -266,3 +267,26 @@ def test_cells_differing_in_their_datasets_settings_train_as_their_single_progra
   assert np.all(metrics["alpha"][:, 1] == np.float32(cfg.alpha))
   assert np.all(metrics["alpha_loss"][:, 1] == 0.0) and np.all(metrics["alpha_loss"][:, 0] != 0.0)
   assert metrics["rollout/length"][0, 1] <= 1.0 < metrics["rollout/length"][0, 0]
+
+
+@pytest.mark.bit_identity
+def test_a_looped_cell_trains_as_its_own_one_cell_program(cfg, real, monkeypatch):
+  """cell_layout 'loop' (the CPU default): each cell of a 2-cell program ends the epoch where a
+  one-cell program of that cell (its state, key and Cell) ends, state and metrics bit for bit, so a
+  seed's numbers do not depend on how many seeds share its program. 'vmap' ends there up to the
+  last bits (its batched ops sum in another order)."""
+  stacked, keys, cells = _args(cfg, real, 0)
+  state = _host(_fresh(cfg, real))
+  cell = lambda tree, c: jax.tree.map(lambda x: x[c:c + 1], tree)  # noqa: E731
+  ran = {}
+  for how in ("loop", "vmap"):
+    monkeypatch.setenv(cell_layout.ENV, how)
+    ran[how] = _host(train_lib.make_cells_epoch(cfg, SEEDS)(
+        jax.tree.map(jnp.asarray, state), stacked, keys, cells))
+  for c in range(SEEDS):
+    alone = _host(train_lib.make_cells_epoch(cfg, 1)(
+        jax.tree.map(jnp.asarray, cell(state, c)), stacked, cell(keys, c), cell(cells, c)))
+    _assert_tree_equal(cell(ran["loop"], c), alone)
+    _assert_tree_close(cell(ran["vmap"], c), alone)
+  # The cells trained different things (a loop that ran cell 0 twice would not).
+  assert not np.array_equal(ran["loop"][1]["critic_loss"][0], ran["loop"][1]["critic_loss"][1])

@@ -74,7 +74,11 @@ def worker(args):
   else:
     import jax
     from benchmarks.peers import ours
+    from mombo_jax.core import cell_layout
     side = ours.Ours(work, work_lib.synthetic_data(work.rows), seeds=args.seeds)
+    if args.seeds > 1:
+      how = {"loop": "looped", "vmap": "vmapped"}[cell_layout.layout()]
+      notes = [f"its {args.seeds} cells {how} in one program (core/cell_layout)"]
   compile_s = side.compile()
   flops = _count_flops(side, work.steps) if args.flops else None
   if flops is not None and args.worker == "ours" and args.seeds == 1:
@@ -162,7 +166,7 @@ def describe(say, name, info):
       + f"; setup {info['setup_s']:.0f} s, compile {info['compile_s']:.1f} s, warm-up spans "
       f"[{_fmt(info['warmup_s'])}] s, peak RSS {info['rss_gb']:.2f} GB")
   for note in info["notes"]:
-    say(f"  stubbed/changed: {note}")
+    say(f"  {'stubbed/changed' if info.get('version') else 'note'}: {note}")
 
 
 def turns(args, say):

@@ -1,6 +1,7 @@
 """The offline training epoch: one model rollout into the ring buffer, then `lax.scan` over the
-epoch's gradient steps on mixed real/synthetic batches. Pure; jit-compiled once, vmapped over cells
-(a cell: one seed of one dataset and beta), several epochs per device call in make_cells_chunk.
+epoch's gradient steps on mixed real/synthetic batches. Pure; jit-compiled once over cells (a cell:
+one seed of one dataset and beta; vmapped, or looped on CPU: cell_layout), several epochs per device
+call in make_cells_chunk.
 
 Never imports gymnasium, Minari, Orbax or absl: data comes in as arrays.
 
@@ -21,7 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax.core import buffer, dynamics, rollout, sac, termination, xla_options
+from mombo_jax.core import (buffer, cell_layout, dynamics, rollout, sac, termination,
+                            xla_options)
 from mombo_jax.core.epoch_settings import EpochSettings, epoch_settings
 
 
@@ -380,8 +382,8 @@ def replicate(tree):
 
 
 def make_cells_epoch(config, num_cells: int, per_cell=()):
-  """jit(shard_map(vmap(epoch))) over a leading cell axis of state, key and cells; the datasets
-  are shared: fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C])
+  """jit(shard_map(epoch over cells)) over a leading cell axis of state, key and cells (each
+  device's cells vmapped or looped: cell_layout.layout()); the datasets are shared: fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C])
     -> (state [C], metrics {name: [C, ...]} as make_epoch's, with the cell axis first).
 
   A cell is one seed of one (dataset, beta); a plain run has C = config.num_seeds cells of one
@@ -396,11 +398,11 @@ def make_cells_epoch(config, num_cells: int, per_cell=()):
   """
   check_cell_count(num_cells)
   per_cell = _settings(per_cell)
-  return _cells_epoch(epoch_settings(config, per_cell), per_cell)
+  return _cells_epoch(epoch_settings(config, per_cell), per_cell, cell_layout.layout())
 
 
 def make_cells_chunk(config, num_cells: int, max_epochs: int, per_cell=()):
-  """jit(shard_map(fori_loop over epochs of vmap(epoch))):
+  """jit(shard_map(fori_loop over epochs of the epoch over cells, cell_layout's)):
   fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C], start: int32 [], n: int32 [])
     -> (state [C], metrics {name: [max_epochs, C]})
   Runs epochs start .. start+n-1 (1 <= n <= max_epochs; n and start are traced, so ONE compile
@@ -420,7 +422,8 @@ def make_cells_chunk(config, num_cells: int, max_epochs: int, per_cell=()):
     raise ValueError(f"max_epochs={max_epochs}: a chunk runs at least one epoch.")
   check_cell_count(num_cells)
   per_cell = _settings(per_cell)
-  return _cells_chunk(epoch_settings(config, per_cell), int(max_epochs), per_cell)
+  return _cells_chunk(epoch_settings(config, per_cell), int(max_epochs), per_cell,
+                      cell_layout.layout())
 
 
 _P = jax.sharding.PartitionSpec
@@ -443,8 +446,8 @@ def _over_cells(per_device, in_specs, out_specs):
 
 
 @functools.lru_cache(maxsize=16)
-def _cells_epoch(config, per_cell):
-  return _over_cells(jax.vmap(make_epoch(config, per_cell), in_axes=(0, None, 0, 0)), _EPOCH_SPECS,
+def _cells_epoch(config, per_cell, layout):
+  return _over_cells(cell_layout.over_cells(make_epoch(config, per_cell), layout), _EPOCH_SPECS,
                      (_P(CELL_AXIS), _P(CELL_AXIS)))
 
 
@@ -460,12 +463,12 @@ def _per_cell(metrics: dict) -> dict:
 
 # The cache key needs no cell count: the jitted function specialises on its arguments' shapes.
 @functools.lru_cache(maxsize=16)
-def _cells_chunk(config, max_epochs, per_cell):
-  vepoch = jax.vmap(make_epoch(config, per_cell), in_axes=(0, None, 0, 0))
+def _cells_chunk(config, max_epochs, per_cell, layout):
+  vepoch = cell_layout.over_cells(make_epoch(config, per_cell), layout)
   fold = jax.vmap(jax.random.fold_in, in_axes=(0, None))
 
   # jit: the eval_shape below and the loop body then share one trace of the epoch (jit's trace
-  # cache); XLA inlines the call, so the loop body is the plain vmapped epoch.
+  # cache); XLA inlines the call, so the loop body is the plain epoch over cells.
   @jax.jit
   def one(state, real, keys, cells, epoch):
     state, metrics = vepoch(state, real, fold(keys, epoch), cells)

@@ -1,0 +1,127 @@
+"""Several seeds in one program on CPU: cells vmapped vs looped (core/cell_layout) vs one-cell programs.
+
+Run (repo root):  python3 -m benchmarks.bench_cell_layout [--algos=mopo] [--cells=4] [--steps=200]
+                  [--rollout_batch=10000] [--rounds=4] [--out=FILE]
+
+One process compiles three ways of training C seeds for an epoch (train.make_cells_chunk, one epoch
+per call, what runs use) and calls them in alternation, round after round (the order reversed every
+other round), so that load drifts fall on all of them alike:
+  separate  C one-cell programs: the one-cell program called once per seed (as C runs would)
+  loop      one C-cell program, cells looped (MOMBO_JAX_CELLS=loop, the CPU default)
+  vmap      one C-cell program, cells vmapped (MOMBO_JAX_CELLS=vmap, the default elsewhere)
+Recorded: compile seconds, seconds per round (C seeds x one epoch), the median of the per-round
+ratios to `separate`, and how many leaves of the state after the first epoch equal `separate`'s bit
+for bit. Work per seed: 10 critics, actor and critics 3x256, batch 256, real ratio 0.05, rollouts of
+--rollout_batch x 5 (retained 5 epochs), a random 7-member 4x200 ensemble, synthetic hopper-shaped
+data (200,000 rows), float32.
+"""
+import argparse
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import common
+from benchmarks.bench_epoch_changes import ROWS, build, synthetic
+from mombo_jax.core import buffer, cell_layout, train
+
+WAYS = ("separate", "loop", "vmap")
+
+
+def _cell(tree, c):
+  return jax.tree.map(lambda x: x[c:c + 1], tree)
+
+
+def compile_way(way, config, state, stacked, cells, keys):
+  saved = os.environ.get(cell_layout.ENV)
+  try:
+    os.environ[cell_layout.ENV] = "loop" if way == "separate" else way
+    train._cells_chunk.cache_clear()   # programs are cached per config: build each anew
+    if way == "separate":
+      chunk = train.make_cells_chunk(config, 1, 1)
+      args = (jax.tree.map(jnp.asarray, _cell(state, 0)), stacked, keys[:1], _cell(cells, 0), 0, 1)
+    else:
+      chunk = train.make_cells_chunk(config, keys.shape[0], 1)
+      args = (jax.tree.map(jnp.asarray, state), stacked, keys, cells, 0, 1)
+    t = time.perf_counter()
+    compiled = chunk.lower(*args).compile()
+    return compiled, time.perf_counter() - t
+  finally:
+    if saved is None:
+      os.environ.pop(cell_layout.ENV, None)
+    else:
+      os.environ[cell_layout.ENV] = saved
+    train._cells_chunk.cache_clear()
+
+
+def run_way(way, fn, state, stacked, cells, keys, epoch):
+  """One epoch of all cells -> the new state ([C] in one tree, or a list of one-cell trees)."""
+  if way == "separate":
+    outs = [fn(s, stacked, keys[c:c + 1], _cell(cells, c), epoch, 1) for c, s in enumerate(state)]
+    return jax.block_until_ready([o[0] for o in outs])
+  return jax.block_until_ready(fn(state, stacked, keys, cells, epoch, 1))[0]
+
+
+def run_algo(algo, args, real, out):
+  config, state, stacked, cells, keys = build(algo, args, real, args.cells)
+  v = {}
+  for way in WAYS:
+    fn, seconds = compile_way(way, config, state, stacked, cells, keys)
+    start = ([jax.tree.map(jnp.asarray, _cell(state, c)) for c in range(args.cells)]
+             if way == "separate" else jax.tree.map(jnp.asarray, state))
+    first = run_way(way, fn, start, stacked, cells, keys, 0)
+    host = jax.device_get(first)
+    if way == "separate":
+      host = jax.tree.map(lambda *xs: np.concatenate(xs), *host)
+    v[way] = dict(fn=fn, state=first, first=host, compile=seconds, times=[], epoch=1)
+  ref = v["separate"]["first"]
+  for x in v.values():
+    x["same"] = common.equal_leaves(x.pop("first"), ref)
+
+  def one_round(way, x):
+    x["state"] = run_way(way, x["fn"], x["state"], stacked, cells, keys, x["epoch"])
+
+  common.alternate(v, args.rounds, one_round, algo, out)
+  rows = []
+  for way, x in v.items():
+    ratio = common.median_ratio(x["times"], v["separate"]["times"])
+    rows.append(f"| {algo} | {way} | {x['compile']:.1f} | {np.median(x['times']):.2f} | "
+                f"**{ratio:.3f}** | {x['same']} of {len(jax.tree.leaves(ref))} |")
+  return rows
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--algos", default="mopo")
+  p.add_argument("--cells", type=int, default=4)
+  p.add_argument("--steps", type=int, default=200)
+  p.add_argument("--rollout_batch", type=int, default=10_000)
+  p.add_argument("--rounds", type=int, default=4)
+  p.add_argument("--out", default=None)
+  args = p.parse_args()
+  out = common.Record(args.out)
+  out("# benchmarks/bench_cell_layout.py: C seeds in one program, cells looped or vmapped, against "
+      "C one-cell programs")
+  out(f"command: python3 -m benchmarks.bench_cell_layout --algos={args.algos} --cells={args.cells} "
+      f"--steps={args.steps} --rollout_batch={args.rollout_batch} --rounds={args.rounds}")
+  out(f"machine: {common.cpu_name()}; jax {jax.__version__} ({jax.default_backend()}); load at "
+      f"start {os.getloadavg()[0]:.1f}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+  out(f"work per round: {args.cells} seeds x one epoch ({args.steps} gradient steps + a "
+      f"{args.rollout_batch} x 5 rollout), 10 critics, 3x256, batch 256, 7-member 4x200 ensemble")
+  real = buffer.from_transitions(synthetic(ROWS))
+  table = []
+  for algo in args.algos.split(","):
+    table += run_algo(algo, args, real, out)
+  out("")
+  out("| algorithm | way | compile s | median s per round | x separate (median of rounds) | "
+      "state leaves equal to separate's after epoch 1 |")
+  out("|---|---|---|---|---|---|")
+  for row in table:
+    out(row)
+  out(f"load at end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+  main()

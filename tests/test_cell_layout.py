@@ -1,0 +1,50 @@
+"""core/cell_layout: the layout read from MOMBO_JAX_CELLS (loop on CPU by default), refused with a
+clear error before any work when it names no layout. (That a looped cell trains as its own one-cell
+program: tests/test_train.py.)"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mombo_jax.core import cell_layout
+from mombo_jax.errors import InvalidArgument, UserError
+from mombo_jax.run import preflight
+
+ENV = cell_layout.ENV
+
+
+def test_the_layout_is_loop_on_cpu_unless_the_environment_says(monkeypatch):
+  monkeypatch.delenv(ENV, raising=False)
+  assert cell_layout.layout() == ("loop" if jax.default_backend() == "cpu" else "vmap")
+  for how in cell_layout.LAYOUTS:
+    monkeypatch.setenv(ENV, f" {how.upper()} ")
+    assert cell_layout.layout() == how
+  monkeypatch.setenv(ENV, "scan")
+  with pytest.raises(InvalidArgument, match=f"{ENV}='scan'.*'vmap'.*'loop'"):
+    cell_layout.layout()
+
+
+def test_a_bad_layout_is_refused_before_any_work(monkeypatch, tmp_path):
+  monkeypatch.setenv(ENV, "parallel")
+  with pytest.raises(UserError, match=ENV):
+    preflight.validate(None, None, str(tmp_path / "w"))
+  assert not (tmp_path / "w").exists()
+
+
+def test_both_layouts_map_an_epoch_over_cells_alike():
+  """A toy epoch: state [C] and metrics [C, ...] come back in cell order in both layouts, and a
+  cell's result is its own (key and Cell of that cell); an unknown layout is a ValueError."""
+  def epoch(state, real, key, cell):
+    new = state * real + jax.random.uniform(key) + cell
+    return new, {"twice": jnp.stack([new, 2 * new])}
+
+  state, keys, cells = jnp.arange(3.0), jax.random.split(jax.random.PRNGKey(0), 3), jnp.arange(3)
+  out = {how: jax.jit(cell_layout.over_cells(epoch, how))(state, 2.0, keys, cells)
+         for how in cell_layout.LAYOUTS}
+  want = np.array([epoch(state[c], 2.0, keys[c], cells[c])[0] for c in range(3)])
+  for new, metrics in out.values():
+    np.testing.assert_allclose(new, want, rtol=1e-6)
+    assert metrics["twice"].shape == (3, 2)
+    np.testing.assert_allclose(metrics["twice"][:, 1], 2 * want, rtol=1e-6)
+  with pytest.raises(ValueError, match="scan"):
+    cell_layout.over_cells(epoch, "scan")

@@ -1,7 +1,8 @@
 """Several seeds in one program on CPU: cells vmapped vs looped (core/cell_layout) vs one-cell programs.
 
-Run (repo root):  python3 -m benchmarks.bench_cell_layout [--algos=mopo] [--cells=4] [--steps=200]
-                  [--rollout_batch=10000] [--rounds=4] [--out=FILE]
+Run (repo root):  python3 -m benchmarks.bench_cell_layout [--parts=epoch,dynamics] [--algos=mopo]
+                  [--cells=4] [--steps=200] [--rollout_batch=10000] [--dyn_rows=100000]
+                  [--rounds=4] [--out=FILE]
 
 One process compiles three ways of training C seeds for an epoch (train.make_cells_chunk, one epoch
 per call, what runs use) and calls them in alternation, round after round (the order reversed every
@@ -14,6 +15,12 @@ ratios to `separate`, and how many leaves of the state after the first epoch equ
 for bit. Work per seed: 10 critics, actor and critics 3x256, batch 256, real ratio 0.05, rollouts of
 --rollout_batch x 5 (retained 5 epochs), a random 7-member 4x200 ensemble, synthetic hopper-shaped
 data (200,000 rows), float32.
+
+--parts=dynamics: the same three ways for the dynamics ensemble's training (run/dynamics_training:
+one whole epoch = its plan, minibatch and end calls), C seeds of the paper's 7-member 4x200 ensemble
+on --dyn_rows synthetic transitions; `separate` is the one-seed (unbatched) program, as a 1-seed
+run trains. Leaves equal to `separate`'s are counted as above (the one-seed program is not a vmap
+of one, so few are).
 """
 import argparse
 import os
@@ -26,6 +33,8 @@ import numpy as np
 from benchmarks import common
 from benchmarks.bench_epoch_changes import ROWS, build, synthetic
 from mombo_jax.core import buffer, cell_layout, train
+from mombo_jax.run import dynamics_training
+from mombo_jax.settings import config as config_lib
 
 WAYS = ("separate", "loop", "vmap")
 
@@ -92,30 +101,78 @@ def run_algo(algo, args, real, out):
   return rows
 
 
+def run_dynamics(args, out):
+  from benchmarks.bench_dynamics import _data
+  config = dynamics_training._dyn_config(config_lib.make_config("hopper-medium"))
+  inputs, targets = dynamics_training.make_arrays(_data(args.dyn_rows))
+  never = jnp.asarray(np.iinfo(np.int32).max, jnp.int32)
+  keys = jax.random.split(jax.random.PRNGKey(0), args.cells)
+  v = {}
+  for way in WAYS:
+    t = time.perf_counter()
+    fns = dynamics_training._compiled_as(config, None if way == "separate" else way)
+    state = ([fns.init(k, inputs, targets) for k in keys] if way == "separate"
+             else fns.init(keys, inputs, targets))
+    v[way] = dict(fns=fns, state=state, times=[], epoch=0)
+    _dyn_epoch(v[way], way, inputs, targets, never)        # compiles
+    v[way]["compile"] = time.perf_counter() - t
+  ref = _dyn_host(v["separate"])
+  for x in v.values():
+    x["same"] = common.equal_leaves(_dyn_host(x), ref)
+  common.alternate(v, args.rounds, lambda way, x: _dyn_epoch(x, way, inputs, targets, never),
+                   "dynamics", out)
+  rows = []
+  for way, x in v.items():
+    ratio = common.median_ratio(x["times"], v["separate"]["times"])
+    rows.append(f"| dynamics | {way} | {x['compile']:.1f} | {np.median(x['times']):.2f} | "
+                f"**{ratio:.3f}** | {x['same']} of {len(jax.tree.leaves(ref))} |")
+  return rows
+
+
+def _dyn_epoch(x, way, inputs, targets, never):
+  run = lambda st: dynamics_training.run_epoch(x["fns"], st, inputs, targets, never)[0]  # noqa: E731
+  x["state"] = jax.block_until_ready([run(s) for s in x["state"]] if way == "separate"
+                                     else run(x["state"]))
+
+
+def _dyn_host(x):
+  host = jax.device_get(x["state"])
+  return jax.tree.map(lambda *xs: np.stack(xs), *host) if isinstance(host, list) else host
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--parts", default="epoch,dynamics")
   p.add_argument("--algos", default="mopo")
   p.add_argument("--cells", type=int, default=4)
   p.add_argument("--steps", type=int, default=200)
   p.add_argument("--rollout_batch", type=int, default=10_000)
+  p.add_argument("--dyn_rows", type=int, default=100_000)
   p.add_argument("--rounds", type=int, default=4)
   p.add_argument("--out", default=None)
   args = p.parse_args()
   out = common.Record(args.out)
   out("# benchmarks/bench_cell_layout.py: C seeds in one program, cells looped or vmapped, against "
       "C one-cell programs")
-  out(f"command: python3 -m benchmarks.bench_cell_layout --algos={args.algos} --cells={args.cells} "
-      f"--steps={args.steps} --rollout_batch={args.rollout_batch} --rounds={args.rounds}")
+  out(f"command: python3 -m benchmarks.bench_cell_layout --parts={args.parts} --algos={args.algos} "
+      f"--cells={args.cells} --steps={args.steps} --rollout_batch={args.rollout_batch} "
+      f"--dyn_rows={args.dyn_rows} --rounds={args.rounds}")
   out(f"machine: {common.cpu_name()}; jax {jax.__version__} ({jax.default_backend()}); load at "
       f"start {os.getloadavg()[0]:.1f}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
   out(f"work per round: {args.cells} seeds x one epoch ({args.steps} gradient steps + a "
       f"{args.rollout_batch} x 5 rollout), 10 critics, 3x256, batch 256, 7-member 4x200 ensemble")
-  real = buffer.from_transitions(synthetic(ROWS))
+  parts = args.parts.split(",")
   table = []
-  for algo in args.algos.split(","):
-    table += run_algo(algo, args, real, out)
+  if "epoch" in parts:
+    real = buffer.from_transitions(synthetic(ROWS))
+    for algo in args.algos.split(","):
+      table += run_algo(algo, args, real, out)
+  if "dynamics" in parts:
+    out(f"dynamics: {args.cells} seeds x one training epoch of the 7-member 4x200 ensemble on "
+        f"{args.dyn_rows} synthetic transitions")
+    table += run_dynamics(args, out)
   out("")
-  out("| algorithm | way | compile s | median s per round | x separate (median of rounds) | "
+  out("| algorithm (or dynamics) | way | compile s (dynamics: + init + first epoch) | median s per round | x separate (median of rounds) | "
       "state leaves equal to separate's after epoch 1 |")
   out("|---|---|---|---|---|---|")
   for row in table:

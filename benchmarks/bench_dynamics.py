@@ -5,7 +5,9 @@
 Measures (compile time reported separately, never mixed into the steady-state numbers):
 - seconds per training epoch and epochs/s of the 7-member 4 x 200 SiLU ensemble on 100k synthetic
   transitions with Hopper's dims (obs 11, action 3; 99k train rows -> 387 minibatches of 256 per
-  epoch), for 1 seed and for 4 seeds vmapped (members x seeds in one call);
+  epoch), for 1 seed and for 4 seeds in one program (vmapped: members x seeds in one call, as
+  recorded in bench_dynamics.txt; looped on CPU since core/cell_layout: MOMBO_JAX_CELLS=vmap
+  reproduces the record's setting);
 - one rollout of 50,000 start states x k = 5 with a [256, 256] tanh-Gaussian actor into the paper's
   1.25M-row ring buffer (dynamics.step over all 7 members each step).
 Synthetic data: only shapes matter for speed.

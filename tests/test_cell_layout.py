@@ -48,3 +48,22 @@ def test_both_layouts_map_an_epoch_over_cells_alike():
     np.testing.assert_allclose(metrics["twice"][:, 1], 2 * want, rtol=1e-6)
   with pytest.raises(ValueError, match="scan"):
     cell_layout.over_cells(epoch, "scan")
+
+
+def test_map_cells_maps_any_mix_of_mapped_and_shared_arguments():
+  """map_cells (the dynamics training's pieces): arguments mapped (0) or shared (None), pytree
+  outputs of several shapes, each row the cell's own; looped equals vmapped here (elementwise);
+  an axis other than 0 / None is refused."""
+  def fn(a, shared, b):
+    return {"sum": a + shared, "outer": jnp.outer(b, shared)}, jnp.sum(b)
+
+  a, shared, b = jnp.arange(6.0).reshape(3, 2), jnp.array([10.0, 20.0]), jnp.arange(9.0).reshape(3, 3)
+  out = {how: jax.jit(cell_layout.map_cells(fn, (0, None, 0), how))(a, shared, b)
+         for how in cell_layout.LAYOUTS}
+  for c in range(3):
+    want = fn(a[c], shared, b[c])
+    for got in out.values():
+      jax.tree.map(lambda g, w: np.testing.assert_array_equal(g[c], w), got, want)
+  assert out["loop"][0]["outer"].shape == (3, 3, 2)
+  with pytest.raises(ValueError, match="in_axes"):
+    cell_layout.map_cells(fn, (1, None, 0), "loop")

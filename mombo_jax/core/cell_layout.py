@@ -1,20 +1,22 @@
-"""How one compiled program runs an epoch over its cells: side by side or one after another.
+"""How one compiled program runs over its cells (seeds, or cells of a grid): side by side or one
+after another. Used by the training epoch (`over_cells`) and the dynamics ensemble's training over
+seeds (`map_cells`, run/dynamics_training).
 
-A program of C cells (seeds, or cells of a grid) takes state [C, ...] and returns it. Two layouts
-compute the same per-cell arithmetic:
+A program of C cells takes state [C, ...] and returns it. Two layouts compute the same per-cell
+arithmetic:
   - "vmap": jax.vmap over the cell axis. Every array gains a leading C and every op does all cells
     at once: one [C, critics, batch, width] dot instead of C of them. The right choice where the
     hardware wants larger ops (a GPU).
   - "loop": a lax.fori_loop over the cells, each iteration the one-cell program (vmap over a cell
     axis of 1) on that cell's slice of the state. On a CPU the vmapped cells' working set (C times
     the parameters, optimiser moments and activations of one cell) no longer fits the caches and
-    the memory-bound ops (Adam, transposes, ReLU) slow down: measured on a 2-core Xeon at 4 MOPO
-    seeds, one vmapped program took 1.24x the time of four one-seed programs, the loop 1.05x
-    (benchmarks/bench_cell_layout.py and its record). The loop also compiles one cell's program,
-    whatever C is.
+    the memory-bound ops (Adam, transposes, ReLU) slow down: measured on a 2-core Xeon at 4 seeds,
+    a vmapped MOPO epoch took ~1.2x the time of four one-seed programs, the loop ~1.02x; the
+    dynamics training ~1.14x vmapped against ~0.96x looped (benchmarks/bench_cell_layout.py and
+    its record). The loop also compiles one cell's program, whatever C is.
 A "loop" cell runs the one-cell program's arithmetic, so its numbers do not depend on how many
-cells share its program (tests/test_cell_layout.py); "vmap" changes the summation order of
-batched ops with C, hence last bits.
+cells share its program (tests/test_train.py); "vmap" changes the summation order of batched ops
+with C, hence last bits.
 
 `layout()` picks: MOMBO_JAX_CELLS in the environment ('vmap' or 'loop'), else 'loop' on CPU and
 'vmap' on any other backend. Read when a program is built, so set it before the first run in a
@@ -46,30 +48,52 @@ def over_cells(epoch, how: str):
   """epoch(state, real, key, cell) of one cell -> fn(state [C], real, keys [C, ...],
   cells [C]) -> (state [C], metrics {name: [C, ...]}), `real` shared by all cells.
 
-  how: 'vmap' or 'loop' (layout()). A program of one cell is the same in both layouts."""
-  vepoch = jax.vmap(epoch, in_axes=(0, None, 0, 0))
+  how: 'vmap' or 'loop' (layout()). A program of one cell is the same in both layouts. Looped, the
+  state argument is the loop's carry, each cell's row overwritten in place (no second copy of the
+  ring buffers)."""
+  return map_cells(epoch, (0, None, 0, 0), how,
+                   start=lambda args, shapes, n: (args[0], _zeros(shapes[1], n)))
+
+
+def map_cells(fn, in_axes: tuple, how: str, start=None):
+  """jax.vmap(fn, in_axes) over a leading cell axis, or its loop: each positional argument is
+  mapped over its axis 0 (in_axes entry 0) or shared (None); every output has a leading cell axis.
+
+  how 'loop': a fori_loop over the C cells, iteration c running vmap(fn, in_axes) on the cells
+  c:c+1 of the mapped arguments (the one-cell program) and writing its outputs into row c of the
+  carry. start(args, one cell's output shapes (leading axis 1), C) -> the carry's initial value:
+  default zeros; return an argument of the outputs' shapes to have it updated in place. C == 1 runs
+  vmap(fn, in_axes)."""
+  if any(a not in (0, None) for a in in_axes):
+    raise ValueError(f"in_axes {in_axes}: each entry 0 (mapped over the cells) or None (shared).")
+  vfn = jax.vmap(fn, in_axes=in_axes)
   if how == "vmap":
-    return vepoch
+    return vfn
   if how != "loop":
     raise ValueError(f"cell layout {how!r}: one of {LAYOUTS}.")
+  mapped = [i for i, a in enumerate(in_axes) if a == 0]
 
-  def looped(state, real, keys, cells):
-    n = jax.tree.leaves(keys)[0].shape[0]
+  def looped(*args):
+    n = jax.tree.leaves(args[mapped[0]])[0].shape[0]
     if n == 1:
-      return vepoch(state, real, keys, cells)
+      return vfn(*args)
 
-    def cell(tree, c):
-      return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, c, 1), tree)
+    def cell(c):
+      return [jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, c, 1), a) if i in mapped
+              else a for i, a in enumerate(args)]
 
-    shapes = jax.eval_shape(vepoch, cell(state, 0), real, cell(keys, 0), cell(cells, 0))[1]
-    metrics = jax.tree.map(lambda s: jnp.zeros((n,) + s.shape[1:], s.dtype), shapes)
+    shapes = jax.eval_shape(vfn, *cell(0))
+    carry = (start or (lambda _, one, n: _zeros(one, n)))(args, shapes, n)
 
     def body(c, carry):
-      state, metrics = carry
-      new, m = vepoch(cell(state, c), real, cell(keys, c), cell(cells, c))
       put = lambda whole, one: jax.lax.dynamic_update_slice_in_dim(whole, one, c, 0)  # noqa: E731
-      return jax.tree.map(put, state, new), jax.tree.map(put, metrics, m)
+      return jax.tree.map(put, carry, vfn(*cell(c)))
 
-    return jax.lax.fori_loop(0, n, body, (state, metrics))
+    return jax.lax.fori_loop(0, n, body, carry)
 
   return looped
+
+
+def _zeros(shapes, n):
+  """Zeros of n cells, from one cell's shapes (leading axis 1)."""
+  return jax.tree.map(lambda s: jnp.zeros((n,) + s.shape[1:], s.dtype), shapes)

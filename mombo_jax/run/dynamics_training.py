@@ -11,7 +11,9 @@ between the calls, so a stop takes about that long, not an epoch; how the steps 
 into calls changes no bit of the result. A stop mid-epoch checkpoints the state before the epoch
 (the partial epoch is dropped and trained again on resume, from the same order: exact). The loop
 between epochs logs and checks whether every seed has stopped. Stopped seeds are frozen with a
-select (no lax.cond on per-seed state: under vmap it would run both branches anyway).
+select (no lax.cond on per-seed state: under vmap it would run both branches anyway). Several
+seeds: one program over a leading seed axis, its seeds vmapped or looped (core/cell_layout's
+choice: looped on CPU).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mombo_jax.core import cell_layout
 from mombo_jax.env import stops
 from mombo_jax.run import saved_dynamics
 from mombo_jax.storage import checkpoint
@@ -211,14 +214,19 @@ class _Fns(NamedTuple):
   config: object       # the (_dyn_config) config they were built for
 
 
-@functools.lru_cache(maxsize=None)
 def _compiled(config, batched: bool) -> _Fns:
-  """The training functions (_Fns) jitted for one seed or vmapped over a leading seed axis."""
+  """The training functions (_Fns) jitted for one seed, or over a leading seed axis (vmapped or
+  looped: core/cell_layout, as the training epoch's cells)."""
+  return _compiled_as(config, cell_layout.layout() if batched else None)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_as(config, layout) -> _Fns:
   fns = [functools.partial(f, config) for f in (_init_seed, _plan, _steps, _end, _finish)]
-  if batched:
-    axes = [(0, None, None), 0, (0, 0, 0, None, None, 0, None, None), (0, 0, 0, None, None, None),
-            0]
-    fns = [jax.vmap(f, in_axes=a) for f, a in zip(fns, axes)]
+  if layout is not None:
+    axes = [(0, None, None), (0,), (0, 0, 0, None, None, 0, None, None),
+            (0, 0, 0, None, None, None), (0,)]
+    fns = [cell_layout.map_cells(f, a, layout) for f, a in zip(fns, axes)]
   return _Fns(*map(jax.jit, fns), config=config)
 
 
@@ -392,10 +400,12 @@ def train_seeds(keys, transitions, config, log_fn: Callable = print,
                 history: Optional[list] = None, *, checkpoint_dir: Optional[str] = None,
                 should_stop: Optional[Callable[[], bool]] = None,
                 reuse_key: Optional[dict] = None) -> DynamicsState:
-  """Trains len(keys) seeds' ensembles in one vmapped call per epoch. keys [N, 2].
+  """Trains len(keys) seeds' ensembles in one program over the seeds (vmapped, or looped on CPU:
+  core/cell_layout), the same calls per epoch as one seed. keys [N, 2].
 
   Returns a DynamicsState with a leading seed axis N. Each seed stops on its own; stopped seeds
-  stay frozen while the others finish, so seed i's result equals train_ensemble(keys[i], ...).
+  stay frozen while the others finish, so seed i's result equals train_ensemble(keys[i], ...) up
+  to float rounding (the one-seed program is not batched).
   history: as in `train_ensemble`, with N rows per array (only the epochs of this call after a
   resume).
 

@@ -93,12 +93,7 @@ def run_algo(algo, args, real, out):
     x["state"] = run_way(way, x["fn"], x["state"], stacked, cells, keys, x["epoch"])
 
   common.alternate(v, args.rounds, one_round, algo, out)
-  rows = []
-  for way, x in v.items():
-    ratio = common.median_ratio(x["times"], v["separate"]["times"])
-    rows.append(f"| {algo} | {way} | {x['compile']:.1f} | {np.median(x['times']):.2f} | "
-                f"**{ratio:.3f}** | {x['same']} of {len(jax.tree.leaves(ref))} |")
-  return rows
+  return _rows(algo, v, ref)
 
 
 def run_dynamics(args, out):
@@ -121,10 +116,15 @@ def run_dynamics(args, out):
     x["same"] = common.equal_leaves(_dyn_host(x), ref)
   common.alternate(v, args.rounds, lambda way, x: _dyn_epoch(x, way, inputs, targets, never),
                    "dynamics", out)
+  return _rows("dynamics", v, ref)
+
+
+def _rows(label, v, ref):
+  """The table's rows of one part: each way's times against `separate`'s, leaves equal to ref's."""
   rows = []
   for way, x in v.items():
     ratio = common.median_ratio(x["times"], v["separate"]["times"])
-    rows.append(f"| dynamics | {way} | {x['compile']:.1f} | {np.median(x['times']):.2f} | "
+    rows.append(f"| {label} | {way} | {x['compile']:.1f} | {np.median(x['times']):.2f} | "
                 f"**{ratio:.3f}** | {x['same']} of {len(jax.tree.leaves(ref))} |")
   return rows
 

@@ -19,8 +19,12 @@ counted by XLA's cost analysis (FLOPs and bytes accessed). Per-step phases run a
   theirs their train step with a no-op rollout) = sampling + both halves + the per-step metrics;
 - the whole span (ours train.make_cells_chunk, theirs their jitted scan), for the residual.
 The same work and data as side_by_side.py (benchmarks/peers/work.py), one seed, in one process.
+Ours' pieces are compiled with the package's XLA options (core/xla_options: Eigen's dots on CPU),
+theirs with XLA's defaults, as each side compiles its runs (records before 2026-11-26 06:40 UTC
+compiled ours with XLA's defaults too).
 """
 import argparse
+import functools
 import sys
 import time
 
@@ -35,10 +39,11 @@ class Piece:
   """A jitted piece compiled ahead of time, with its XLA cost; run() times one call (blocked) and
   feeds its output to the next call (feed(args, out) -> args: donated arguments are consumed)."""
 
-  def __init__(self, fn, args, donate=(), feed=None, unroll_cost=False):
+  def __init__(self, fn, args, donate=(), feed=None, unroll_cost=False, options=None):
     with work_lib.unrolled_scans() if unroll_cost else _null():
-      self.cost = work_lib.xla_cost(jax.jit(fn).lower(*args).compile())
-    self.compiled = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
+      self.cost = work_lib.xla_cost(jax.jit(fn, compiler_options=options).lower(*args).compile())
+    self.compiled = jax.jit(fn, donate_argnums=donate, compiler_options=options).lower(
+        *args).compile()
     self.args, self.feed = args, feed
 
   def run(self) -> float:
@@ -48,9 +53,11 @@ class Piece:
     return seconds
 
 
-def measure(fn, args, repeats=None, donate=(), feed=None, unroll_cost=False):
+def measure(fn, args, repeats=None, donate=(), feed=None, unroll_cost=False, options=None):
+  """options: XLA compiler options (ours: the package's, xla_options.options(); theirs: None,
+  XLA's defaults, as each side compiles its runs)."""
   del repeats   # timed later, ours and theirs in turns (interleave)
-  return Piece(fn, args, donate, feed, unroll_cost)
+  return Piece(fn, args, donate, feed, unroll_cost, options)
 
 
 def interleave(ours: dict, theirs: dict, repeats: int):
@@ -89,32 +96,34 @@ def _tree_sum(tree):
 
 
 def profile_ours(side, n, repeats):
-  from mombo_jax.core import train
+  from mombo_jax.core import train, xla_options
   config, out = side.config, {}
+  # Compiled as the package compiles its training programs (xla_options: Eigen's dots on CPU).
+  measure_ours = functools.partial(measure, options=xla_options.options())
   key = jax.random.PRNGKey(5)
   roll_fn, (k, agent, ring) = side.rollout_piece()
-  out["rollout"] = measure(roll_fn, (k, agent, ring), repeats, donate=(2,),
+  out["rollout"] = measure_ours(roll_fn, (k, agent, ring), repeats, donate=(2,),
                            feed=lambda a, o: (a[0], a[1], o[0]), unroll_cost=True)
   roll = jax.jit(roll_fn)
   ring = roll(k, agent, side._agent_ring()[1])[0]       # a filled ring for the samples
   write_fn, (_, rows, mask) = side.write_piece()
-  out["buffer write"] = measure(write_fn, (ring, rows, mask), repeats, donate=(0,),
+  out["buffer write"] = measure_ours(write_fn, (ring, rows, mask), repeats, donate=(0,),
                                 feed=lambda a, o: (o, a[1], a[2]))
   ring = roll(k, agent, side._agent_ring()[1])[0]
   sample_fn, _ = side.sample_piece()
-  out["sampling"] = measure(_scan(lambda acc, k: (acc + _tree_sum(sample_fn(k, ring)), None), n),
+  out["sampling"] = measure_ours(_scan(lambda acc, k: (acc + _tree_sum(sample_fn(k, ring)), None), n),
                             (jnp.zeros(()), key), repeats)
   batch = jax.jit(sample_fn)(key, ring)
   target_fn = side.target_fn()
-  out["critic"] = measure(_scan(lambda a, k: halves.ours_critic(a, batch, k, target_fn, config),
+  out["critic"] = measure_ours(_scan(lambda a, k: halves.ours_critic(a, batch, k, target_fn, config),
                                 n), (agent, key), repeats)
-  out["actor+alpha"] = measure(_scan(lambda a, k: halves.ours_actor_alpha(a, batch, k, config),
+  out["actor+alpha"] = measure_ours(_scan(lambda a, k: halves.ours_actor_alpha(a, batch, k, config),
                                      n), (agent, key), repeats)
   step_fn, _ = side.step_piece()
-  out["step"] = measure(_scan(lambda a, k: step_fn(a, ring, k), n), (agent, key), repeats)
+  out["step"] = measure_ours(_scan(lambda a, k: step_fn(a, ring, k), n), (agent, key), repeats)
   metrics = jax.eval_shape(step_fn, agent, ring, key)[1]
   metrics = {m: jnp.zeros((side.work.steps,), s.dtype) for m, s in metrics.items()}
-  out["health"] = measure(lambda a, m: (train.health_checks(a, m, config), train._per_cell(m)),
+  out["health"] = measure_ours(lambda a, m: (train.health_checks(a, m, config), train._per_cell(m)),
                           (agent, metrics), repeats)
   return out
 

@@ -18,8 +18,8 @@ of the state's leaves differ from its after one epoch. Variants:
   gradients_t  the backward with the cotangent transposed instead, g^T [F, R] written once:
                dx^T = kernel g^T and dkernel^T = g^T x are then standard dots without kernel^T or
                x^T, and dx, dkernel are handed on transposed (to the ReLU's and Adam's fusions)
-  xla:NAME=V   the package's backward compiled with one more XLA option (e.g.
-               xla:xla_cpu_prefer_vector_width=512); V parsed as JSON where it can be
+  xla:NAME=V[+NAME=V]  the package's backward compiled with more XLA options (e.g.
+               xla:xla_cpu_prefer_vector_width=512); each V parsed as JSON where it can be
 Work as bench_epoch_changes': 10 critics, actor and critics 3x256, batch 256, real ratio 0.05,
 rollouts of --rollout_batch x 5 (retained 5 epochs), a random 7-member 4x200 ensemble, synthetic
 hopper-shaped data (200,000 rows), float32, one seed.
@@ -72,15 +72,17 @@ def variant(name):
     elif name == "gradients_t":
       critics.matmul = _gradients_t_matmul
     elif name.startswith("xla:"):
-      key, value = name[4:].split("=", 1)
-      try:
-        value = json.loads(value)
-      except ValueError:
-        pass
-      xla_options._CPU_OPTIONS = dict(saved[2], **{key: value})
+      extra = {}
+      for item in name[4:].split("+"):
+        key, value = item.split("=", 1)
+        try:
+          extra[key] = json.loads(value)
+        except ValueError:
+          extra[key] = value
+      xla_options._CPU_OPTIONS = dict(saved[2], **extra)
       xla_options._accepted.cache_clear()
-      if xla_options.options() is None or key not in xla_options.options():
-        raise SystemExit(f"variant {name}: this XLA refuses the option {key}={value!r}")
+      if xla_options.options() is None:
+        raise SystemExit(f"variant {name}: this XLA refuses one of the options {extra}")
     elif name != "gemv":
       raise SystemExit(f"unknown variant {name!r}: use written, gemv, gradients_t or xla:NAME=V")
     train._cells_chunk.cache_clear()   # programs are cached per config: build each anew

@@ -151,14 +151,15 @@ def main():
   p.add_argument("--rounds", type=int, default=4)
   p.add_argument("--out", default=None)
   args = p.parse_args()
+  if not set(args.parts.split(",")) <= {"epoch", "dynamics"}:
+    raise SystemExit(f"error: --parts={args.parts}: use epoch, dynamics or epoch,dynamics")
+  unknown = set(args.algos.split(",")) - {"mopo", "mombo", "mobile"}
+  if unknown or args.cells < 1:
+    raise SystemExit(f"error: --algos={args.algos} --cells={args.cells}: algorithms are mopo, "
+                     "mombo, mobile; cells >= 1")
   out = common.Record(args.out)
-  out("# benchmarks/bench_cell_layout.py: C seeds in one program, cells looped or vmapped, against "
-      "C one-cell programs")
-  out(f"command: python3 -m benchmarks.bench_cell_layout --parts={args.parts} --algos={args.algos} "
-      f"--cells={args.cells} --steps={args.steps} --rollout_batch={args.rollout_batch} "
-      f"--dyn_rows={args.dyn_rows} --rounds={args.rounds}")
-  out(f"machine: {common.cpu_name()}; jax {jax.__version__} ({jax.default_backend()}); load at "
-      f"start {os.getloadavg()[0]:.1f}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+  common.record_start(out, "bench_cell_layout", "C seeds in one program, cells looped or vmapped, "
+                      "against C one-cell programs", args)
   out(f"work per round: {args.cells} seeds x one epoch ({args.steps} gradient steps + a "
       f"{args.rollout_batch} x 5 rollout), 10 critics, 3x256, batch 256, 7-member 4x200 ensemble")
   parts = args.parts.split(",")

@@ -62,6 +62,39 @@ def _gradients_t_bwd(residuals, g):
 _gradients_t_matmul.defvjp(_gradients_t_fwd, _gradients_t_bwd)
 
 
+def _xla_extra(name):
+  """{option: value} of an `xla:NAME=V[+NAME=V]` variant (each V parsed as JSON where it can be)."""
+  extra = {}
+  for item in name[4:].split("+"):
+    key, _, value = item.partition("=")
+    try:
+      extra[key] = json.loads(value)
+    except ValueError:
+      extra[key] = value
+  return extra
+
+
+def _bad_flag(args):
+  """What is wrong with the flags (one sentence naming the fix), or None; checked before any work."""
+  parts = args.parts.split(",")
+  if not set(parts) <= {"dot", "epoch"}:
+    return f"--parts={args.parts}: use dot, epoch or dot,epoch"
+  if "epoch" in parts:
+    for algo in args.algos.split(","):
+      if algo not in ("mopo", "mombo", "mobile"):
+        return f"--algos: unknown algorithm {algo!r}; use mopo, mombo and/or mobile"
+    for name in args.variants.split(","):
+      if name.startswith("xla:"):
+        extra = _xla_extra(name)
+        if not all(extra) or xla_options._accepted(tuple(sorted(
+            {**xla_options._CPU_OPTIONS, **extra}.items()))) is None:
+          return f"--variants: this XLA refuses the options of {name!r} ({extra})"
+      elif name not in ("written", "gemv", "gradients_t"):
+        return (f"--variants: unknown variant {name!r}; use written, gemv, gradients_t or "
+                "xla:NAME=V[+NAME=V]")
+  return None
+
+
 @contextlib.contextmanager
 def variant(name):
   """The package set up as variant `name` (module docstring) while its program is traced."""
@@ -72,19 +105,8 @@ def variant(name):
     elif name == "gradients_t":
       critics.matmul = _gradients_t_matmul
     elif name.startswith("xla:"):
-      extra = {}
-      for item in name[4:].split("+"):
-        key, value = item.split("=", 1)
-        try:
-          extra[key] = json.loads(value)
-        except ValueError:
-          extra[key] = value
-      xla_options._CPU_OPTIONS = dict(saved[2], **extra)
+      xla_options._CPU_OPTIONS = dict(saved[2], **_xla_extra(name))
       xla_options._accepted.cache_clear()
-      if xla_options.options() is None:
-        raise SystemExit(f"variant {name}: this XLA refuses one of the options {extra}")
-    elif name != "gemv":
-      raise SystemExit(f"unknown variant {name!r}: use written, gemv, gradients_t or xla:NAME=V")
     train._cells_chunk.cache_clear()   # programs are cached per config: build each anew
     yield
   finally:
@@ -161,14 +183,12 @@ def main():
   p.add_argument("--rounds", type=int, default=6)
   p.add_argument("--out", default=None)
   args = p.parse_args()
+  problem = _bad_flag(args)
+  if problem:
+    raise SystemExit(f"error: {problem}")
   out = common.Record(args.out)
-  out("# benchmarks/bench_head_grad.py: the critics' scalar head's weight gradient, in place or "
-      "with x^T written out")
-  out(f"command: python3 -m benchmarks.bench_head_grad --parts={args.parts} --algos={args.algos} "
-      f"--variants={args.variants} --steps={args.steps} --rollout_batch={args.rollout_batch} "
-      f"--rounds={args.rounds}")
-  out(f"machine: {common.cpu_name()}; jax {jax.__version__} ({jax.default_backend()}); load at "
-      f"start {os.getloadavg()[0]:.1f}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+  common.record_start(out, "bench_head_grad", "the critics' scalar head's weight gradient, in "
+                      "place or with x^T written out", args)
   if "dot" in args.parts.split(","):
     dot_part(out)
   if "epoch" not in args.parts.split(","):

@@ -124,6 +124,17 @@ def print_header(name: str):
   print(f"load average at start: {os.getloadavg()[0]:.1f}")
 
 
+def record_start(out, module: str, title: str, args):
+  """The first lines of a record through `out`: the benchmark and its title, the command that
+  reproduces it (every flag of `args` in its parser's order, --out left out), the machine, JAX and
+  the load at the start."""
+  flags = " ".join(f"--{k}={v}" for k, v in vars(args).items() if k != "out")
+  out(f"# benchmarks/{module}.py: {title}")
+  out(f"command: python3 -m benchmarks.{module} {flags}")
+  out(f"machine: {cpu_name()}; jax {jax.__version__} ({jax.default_backend()}); load at "
+      f"start {os.getloadavg()[0]:.1f}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+
+
 class Record:
   """Prints lines and appends them to --out as they come (a stopped run keeps what it measured)."""
 

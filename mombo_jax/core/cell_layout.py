@@ -11,9 +11,9 @@ arithmetic:
     axis of 1) on that cell's slice of the state. On a CPU the vmapped cells' working set (C times
     the parameters, optimiser moments and activations of one cell) no longer fits the caches and
     the memory-bound ops (Adam, transposes, ReLU) slow down: measured on a 2-core Xeon at 4 seeds,
-    a vmapped MOPO epoch took ~1.2x the time of four one-seed programs, the loop ~1.02x; the
-    dynamics training ~1.14x vmapped against ~0.96x looped (benchmarks/bench_cell_layout.py and
-    its record). The loop also compiles one cell's program, whatever C is.
+    a vmapped MOPO epoch took 1.12x the time of four one-seed programs, the loop 0.99x; the
+    dynamics training 1.16x vmapped against 0.97x looped (benchmarks/bench_cell_layout.txt). The
+    loop also compiles one cell's program, whatever C is.
 A "loop" cell runs the one-cell program's arithmetic, so its numbers do not depend on how many
 cells share its program (tests/test_train.py); "vmap" changes the summation order of batched ops
 with C, hence last bits.

@@ -383,7 +383,8 @@ def replicate(tree):
 
 def make_cells_epoch(config, num_cells: int, per_cell=()):
   """jit(shard_map(epoch over cells)) over a leading cell axis of state, key and cells (each
-  device's cells vmapped or looped: cell_layout.layout()); the datasets are shared: fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C])
+  device's cells vmapped or looped: cell_layout.layout()); the datasets are shared:
+  fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C])
     -> (state [C], metrics {name: [C, ...]} as make_epoch's, with the cell axis first).
 
   A cell is one seed of one (dataset, beta); a plain run has C = config.num_seeds cells of one

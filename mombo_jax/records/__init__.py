@@ -1,0 +1,1 @@
+"""A training launch: groups, runner, workdir, checks, dynamics store, outputs, logs."""

@@ -132,7 +132,8 @@ def main(argv):
   from mombo_jax.env import stops
   from mombo_jax.run import compilation_cache, console, distributed, runner
   from mombo_jax.settings import config as config_lib
-  from mombo_jax.run import groups as groups_lib, workdir as workdir_lib
+  from mombo_jax.run import groups as groups_lib
+  from mombo_jax.records import workdir as workdir_lib
   stop = stops.StopFlag()
   stop.install()
   # before anything touches JAX's devices

@@ -26,7 +26,7 @@ def tiny_run(hopper_random_2000, tmp_path_factory):
   from mombo_jax.data import transitions as data, provenance
   from mombo_jax.settings import config as config_lib
   from mombo_jax.core import train as train_lib
-  from mombo_jax.run.workdir import Workdir
+  from mombo_jax.records.workdir import Workdir
   workdir = str(tmp_path_factory.mktemp("tiny_mombo_run"))
   wd = Workdir(workdir)
   config = config_lib.make_config(DATASET, "mombo", preset="tiny", **TINY)

@@ -13,7 +13,7 @@ import pytest
 from mombo_jax.core import algorithms, targets
 from mombo_jax.run import runner
 from mombo_jax.settings import config as config_lib
-from mombo_jax.run.workdir import run_dir
+from mombo_jax.records.workdir import run_dir
 
 
 # --- a toy algorithm, as a user writes it (docs/architecture.md, "Add an algorithm") -----------

@@ -11,7 +11,7 @@ import pytest
 
 from mombo_jax.analysis import trained
 from mombo_jax.data import transitions as data, provenance
-from mombo_jax.run.workdir import Workdir
+from mombo_jax.records.workdir import Workdir
 from tests.conftest import minari_root_at
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401  (session fixture)
 

@@ -167,8 +167,8 @@ def test_config_json_names_the_source_and_old_records_keep_theirs(tmp_path):
   """config.json records `reference`; a record written before it existed is read as the table it
   came from (MOBILE: its authors'), so a resume with today's default is refused, not silently
   continued under another table, and the report labels the difference."""
-  from mombo_jax.report import results
-  from mombo_jax.run import workdir as workdir_lib
+  from mombo_jax.records import workdir as workdir_lib
+  from mombo_jax.report import labels
   from mombo_jax.errors import UserError
   make = config_lib.make_config
   kit = make("halfcheetah-medium-expert", "mobile", "tiny")
@@ -186,8 +186,7 @@ def test_config_json_names_the_source_and_old_records_keep_theirs(tmp_path):
   new, notes = wd.check_config(authors, kit.env)
   assert new["reference"] == "authors" and any("'authors'" in n for n in notes)
   assert wd.read_record()["reference"] == "authors"       # what the report reads
-  setups = [results.setup_of(wd.read_record()), results.setup_of(record)]
-  from mombo_jax.report import labels
+  setups = [labels.setup_of(wd.read_record()), labels.setup_of(record)]
   assert "reference" in labels._differing(setups)
   # An old MOMBO record is today's MOMBO table: it resumes.
   mombo = make("hopper-random", "mombo", "tiny")

@@ -256,7 +256,7 @@ def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path,
   import functools
   from mombo_jax.run import group_run, overestimation
   from mombo_jax.run.groups import Group
-  from mombo_jax.run.workdir import Workdir
+  from mombo_jax.records.workdir import Workdir
   monkeypatch.setattr(evaluate, "Evaluator",
                       functools.partial(evaluate.Evaluator, max_episode_steps=30))
   configs = [dataclasses.replace(config, seed=0, num_seeds=2, eval_episodes=2),

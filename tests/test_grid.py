@@ -16,7 +16,7 @@ from mombo_jax.run import runner
 from mombo_jax.settings import config as config_lib
 from mombo_jax.run import groups as groups_lib
 from mombo_jax.errors import UserError
-from mombo_jax.run.workdir import LOCK, Workdir
+from mombo_jax.records.workdir import LOCK, Workdir
 
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
 SHORT = "mombo/hopper/short-random-v0"     # a shorter second hopper dataset (padded in the stack)

@@ -15,7 +15,7 @@ from experiments import _cli as cli_shell
 from mombo_jax.analysis import policy as policy_lib, render
 from mombo_jax.core import sac
 from mombo_jax.errors import UserError
-from mombo_jax.run.workdir import Workdir
+from mombo_jax.records.workdir import Workdir
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401
 
 

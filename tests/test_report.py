@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from mombo_jax.report import paper_results, report, results, tables
-from mombo_jax.run import outputs
+from mombo_jax.report.labels import algo_label, base_algo, label_key
+from mombo_jax.report.paper_setup import paper_dataset
+from mombo_jax.records import outputs
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import atomic
 from mombo_jax.errors import UserError
@@ -111,7 +113,7 @@ def _write_run(path, env, algo, seeds, scores, target="lcb", diverged=(), preset
                data=None, **overrides):
   """A run workdir exactly as experiments.run leaves it: config.json (the config's fields plus
   the dataset, and `data`, the dataset's record, when given), metrics.csv (one row per seed per
-  evaluation) and summary.json, through the writers in mombo_jax.run.outputs. scores [T, S]: T
+  evaluation) and summary.json, through the writers in mombo_jax.records.outputs. scores [T, S]: T
   evaluations spread over the preset's epochs (the paper's full budget by default: the report
   marks a run below it)."""
   os.makedirs(path, exist_ok=True)
@@ -192,25 +194,25 @@ def test_bootstrap_interval():
 
 
 def test_labels_name_mombos_target():
-  assert results.algo_label({"algo": "mopo", "target": "lcb"}) == "MOPO"
-  assert results.algo_label({"algo": "mobile"}) == "MOBILE"
+  assert algo_label({"algo": "mopo", "target": "lcb"}) == "MOPO"
+  assert algo_label({"algo": "mobile"}) == "MOBILE"
   for target in ("lcb", "elite_spread", "mixture"):
-    assert results.algo_label({"algo": "mombo", "target": target}) == f"MOMBO ({target})"
-  assert results.algo_label({"algo": "mombo"}) == "MOMBO (target?)"
-  assert results.base_algo("MOMBO (elite_spread, β=3)") == "MOMBO"
+    assert algo_label({"algo": "mombo", "target": target}) == f"MOMBO ({target})"
+  assert algo_label({"algo": "mombo"}) == "MOMBO (target?)"
+  assert base_algo("MOMBO (elite_spread, β=3)") == "MOMBO"
   labels = ["MOMBO (mixture)", "MOBILE (β=5)", "MOMBO (elite_spread, β=3)", "MOPO",
             "MOMBO (elite_spread, β=0.5)", "MOBILE (β=1.5)", "MOMBO (lcb)"]
-  assert sorted(labels, key=results.label_key) == [
+  assert sorted(labels, key=label_key) == [
       "MOPO", "MOBILE (β=1.5)", "MOBILE (β=5)", "MOMBO (lcb)", "MOMBO (elite_spread, β=0.5)",
       "MOMBO (elite_spread, β=3)", "MOMBO (mixture)"]
 
 
 def test_paper_dataset_names():
-  assert results.paper_dataset("hopper-medium-replay") == "hopper-medium-replay"
-  assert results.paper_dataset("d4rl/hopper/medium-replay-v2") == "hopper-medium-replay"
-  assert results.paper_dataset("mombo/walker2d/random-expert-5pct-v0") == \
+  assert paper_dataset("hopper-medium-replay") == "hopper-medium-replay"
+  assert paper_dataset("d4rl/hopper/medium-replay-v2") == "hopper-medium-replay"
+  assert paper_dataset("mombo/walker2d/random-expert-5pct-v0") == \
       "walker2d-random-expert-5pct"
-  assert results.paper_dataset("mujoco/hopper/expert-v0") is None
+  assert paper_dataset("mujoco/hopper/expert-v0") is None
 
 
 def _run(dataset, algo, seeds, level, beta=1.0, steps=12):
@@ -371,7 +373,7 @@ def test_runs_of_different_setups_are_never_pooled(tmp_path):
     _write_run(path, "hopper-random", "mombo", [2, 3], scores(level), **overrides)
     runs.append(results.read_run(path))
   groups, _ = results.group_runs(runs)
-  labels = sorted(groups, key=lambda k: results.label_key(k[2]))
+  labels = sorted(groups, key=lambda k: label_key(k[2]))
   # Sorted by beta, then by the other fields, numbers as numbers (7 before 20).
   assert [k[2] for k in labels] == ["MOMBO (lcb, β=0.5, steps_per_epoch=7)",
                                     "MOMBO (lcb, β=0.5, steps_per_epoch=1000)",

@@ -15,11 +15,12 @@ import pytest
 
 from mombo_jax.core import buffer, dynamics, sac
 from mombo_jax.data import transitions as data, provenance, scores
-from mombo_jax.run import compilation_cache, dynamics_store, outputs, preflight, run_dataset, runner
+from mombo_jax.run import compilation_cache, dynamics_store, preflight, run_dataset, runner
+from mombo_jax.records import outputs
 from mombo_jax.settings import config as config_lib
 from mombo_jax.core import train as train_lib
 from mombo_jax.errors import UserError
-from mombo_jax.run.workdir import Workdir
+from mombo_jax.records.workdir import Workdir
 
 DATASET = "hopper-random"
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)

@@ -18,7 +18,7 @@ from mombo_jax.run import dynamics_store, run_dataset, runner
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import checkpoint, locks
 from mombo_jax.errors import UserError
-from mombo_jax.run.workdir import Workdir
+from mombo_jax.records.workdir import Workdir
 
 DATASET = "hopper-random"
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)

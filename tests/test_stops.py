@@ -276,7 +276,7 @@ def test_a_stop_during_an_evaluation_does_not_wait_for_it_and_resumes_bit_for_bi
   import threading
   from mombo_jax.env import env_pool
   from mombo_jax.run import runner
-  from mombo_jax.run.workdir import Workdir
+  from mombo_jax.records.workdir import Workdir
   cfg = config_lib.make_config(hopper_random_2000, "mombo", preset="tiny", epochs=2,
                                steps_per_epoch=5, rollout_batch_size=32, eval_every=1,
                                eval_episodes=1)

@@ -30,7 +30,7 @@ def _cells(out, envs=("hopper-random", "walker2d-random"), algos=("mombo", "mopo
 def _finish(cell, diverged=()):
   """What experiments.run leaves in a finished cell's folder, as far as the sweep reads it: the
   config.json of the cell's config and a summary.json."""
-  from mombo_jax.run import workdir
+  from mombo_jax.records import workdir
   wd = workdir.Workdir(cell.workdir)
   wd.write_config(workdir.config_record(cell.config, cell.env))
   wd.write_summary({"diverged": [{"seed": s, "epoch": 1, "quantity": "params"}

@@ -18,7 +18,7 @@ import numpy as np
 
 from mombo_jax.core import dynamics
 from mombo_jax.report import labels
-from mombo_jax.run import outputs
+from mombo_jax.records import outputs
 from mombo_jax.errors import InvalidArgument
 from mombo_jax.analysis.trained import SeedNets, load_data, load_run
 

@@ -221,7 +221,7 @@ def _action_space(env_name: str):
 def _from_workdir(path: str, seed: Optional[int], step: Optional[int],
                   allow_diverged: bool) -> Policy:
   from mombo_jax.env import envs
-  from mombo_jax.run.workdir import Workdir
+  from mombo_jax.records.workdir import Workdir
   wd = Workdir(path)
   record = wd.read_record()
   config, dataset = wd.read_config()

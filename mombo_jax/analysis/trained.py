@@ -109,7 +109,7 @@ def peak_rss() -> int:
 def load_run(workdir: str, step: Optional[int] = None) -> TrainedRun:
   """A run's config and newest (or `step`'s) checkpoint. Raises ValueError with what is missing."""
   from mombo_jax.errors import InvalidArgument, UserError
-  from mombo_jax.run.workdir import Workdir
+  from mombo_jax.records.workdir import Workdir
   from mombo_jax.storage import checkpoint
   wd = Workdir(workdir)
   try:

@@ -12,7 +12,7 @@ import dataclasses
 import os
 
 from mombo_jax.errors import InvalidArgument, UserError
-from mombo_jax.run import outputs
+from mombo_jax.records import outputs
 
 # jax, numpy and the other modules are imported where they are used: experiments.uncertainty imports
 # this module before parsing its flags, and --help should not wait for jax.
@@ -22,7 +22,7 @@ STATES = ("policy", "dataset")
 
 def find_run_dirs(dirs):
   """Run workdirs under `dirs` holding config.json and checkpoints/ (sorted); ValueError if none."""
-  from mombo_jax.run import run_search, workdir
+  from mombo_jax.records import run_search, workdir
   try:
     found, _ = run_search.find_runs(dirs, need=(workdir.CONFIG, workdir.CHECKPOINTS))
   except UserError as e:
@@ -69,7 +69,7 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
   import jax
   from mombo_jax.analysis import quantifier_quality, trained as trained_lib
   from mombo_jax.core import algorithms
-  from mombo_jax.report import results
+  from mombo_jax.report import labels
   if states not in STATES:
     raise InvalidArgument(f"states={states}: choose one of {', '.join(STATES)}.",
                           params=("states",))
@@ -96,7 +96,7 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
                                                    draws, num_policy, chunk)
       rows.append(dict(
           run=path, env=config.env_name, dataset=trained.dataset,
-          algo=results.algo_label(dataclasses.asdict(config)),
+          algo=labels.algo_label(dataclasses.asdict(config)),
           target=algorithms.variant_of(config.algo, config.target), states=states,
           seed=trained.seeds[i], epoch=trained.epoch, beta=float(config.beta),
           transitions=int(len(res["exact"])), draws=int(draws), num_policy=int(num_policy),

@@ -46,15 +46,12 @@ from mombo_jax.errors import UserError
 from mombo_jax.data.minari_io import read_episodes
 from mombo_jax.build.online_sac import (SEED_OFFSETS, SacResult, _print, online_config, restore_sac,
                                         train_sac)
+from mombo_jax.data.provenance import RECIPE_STEPS
 from mombo_jax.data.scores import D4RL_REF_SCORES
 from mombo_jax.build.recording import (mix_episodes, random_policy, replay_episodes, rollout,
                                        sac_policy, summary)
 
 SAC_QUALITIES = ("medium-replay", "medium", "expert", "medium-expert")
-
-
-RECIPE_STEPS = {"random": 1_000_000, "medium": 1_000_000, "expert": 1_000_000,
-                "medium-expert": 2_000_000, "medium-replay": None, "mixed": 1_000_000}
 
 
 @dataclasses.dataclass(frozen=True)

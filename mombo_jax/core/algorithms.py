@@ -3,7 +3,8 @@
 An `Algorithm` holds everything that tells one model-based offline RL algorithm from another; the
 training core (train, sac, rollout, targets) reads its fields, never an algorithm's name:
 
-  target          the Bellman target, targets' signature: target(agent, batch, key, *, dyn,
+  bellman_target  the Bellman target (a function; Config.target is the name of MOMBO's variant),
+                  targets' signature: target(agent, batch, key, *, dyn,
                   config, term_fn, beta=None, real_rows=None, auto_alpha=None) -> (y [B], aux)
   penalty         its uncertainty U(s, a) [B], unscaled (targets' penalty_<algo> signature), or
                   None for an algorithm without one (plain SAC)
@@ -29,14 +30,30 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Dict, Optional, Tuple
 
-from mombo_jax.core import targets
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+  """targets.<name>, looked up when called (under jit: when traced, the same function): the
+  registry (names, variants, labels, tables) then loads without JAX, so the run records and the
+  report read runs without importing it (tests/test_records.py). Hashable by name."""
+  name: str
+
+  @property
+  def function(self) -> Callable:
+    # JAX: targets imports jax, which `import mombo_jax.core.algorithms` must not load.
+    from mombo_jax.core import targets
+    return getattr(targets, self.name)
+
+  def __call__(self, *args, **kwargs):
+    return self.function(*args, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
   """One algorithm (one variant of it). Hashable: a static argument of the compiled epoch."""
   name: str
-  target: Callable
+  bellman_target: Callable
   penalty: Optional[Callable] = None
   variant: str = ""
   penalize_reward: bool = False
@@ -49,8 +66,9 @@ class Algorithm:
   def __post_init__(self):
     if not self.name or not self.name.replace("_", "").isalnum() or self.name != self.name.lower():
       raise ValueError(f"Algorithm name {self.name!r}: use lower-case letters, digits and _.")
-    if not callable(self.target):
-      raise ValueError(f"Algorithm {self.name!r}: target must be a function, got {self.target!r}.")
+    if not callable(self.bellman_target):
+      raise ValueError(f"Algorithm {self.name!r}: bellman_target must be a function, got "
+                       f"{self.bellman_target!r}.")
 
   @property
   def label(self) -> str:
@@ -139,21 +157,21 @@ def variant_of(algo: str, target: Optional[str]) -> str:
 # MOMBO: the adinlab/MOMBO code (policies/mombo.py) and the paper; its Bellman target is the
 # variant (config.target). The per-task tables are the authors' (adinlab/MOMBO configs/gym).
 MOMBO_LCB = register(Algorithm(
-    "mombo", targets.mombo_lcb, targets.penalty_mombo_lcb, variant="lcb", moment_matching=True,
-    references="mombo", origin="the paper's eq. (1)"))
+    "mombo", _Target("mombo_lcb"), _Target("penalty_mombo_lcb"), variant="lcb",
+    moment_matching=True, references="mombo", origin="the paper's eq. (1)"))
 MOMBO_ELITE_SPREAD = register(Algorithm(
-    "mombo", targets.mombo_elite_spread, targets.penalty_elite_spread, variant="elite_spread",
-    moment_matching=True, references="mombo", min_elites=2, origin="the released code's"))
+    "mombo", _Target("mombo_elite_spread"), _Target("penalty_elite_spread"),
+    variant="elite_spread", moment_matching=True, references="mombo", min_elites=2, origin="the released code's"))
 MOMBO_MIXTURE = register(Algorithm(
-    "mombo", targets.mombo_mixture, targets.penalty_mixture, variant="mixture",
+    "mombo", _Target("mombo_mixture"), _Target("penalty_mixture"), variant="mixture",
     moment_matching=True, references="mombo", min_elites=2, origin="law of total variance"))
 # MOBILE (OfflineRL-Kit offlinerlkit/policy/model_based/mobile.py): a std over elites.
-MOBILE = register(Algorithm("mobile", targets.mobile, targets.penalty_mobile, references="mobile",
-                            min_elites=2))
+MOBILE = register(Algorithm("mobile", _Target("mobile"), _Target("penalty_mobile"),
+                            references="mobile", min_elites=2))
 # MOPO (OfflineRL-Kit offlinerlkit/policy/model_based/mopo.py): the reward is penalised in the
 # rollouts, the target is plain SAC's; beta is its lambda.
-MOPO = register(Algorithm("mopo", targets.mopo, targets.penalty_mopo, penalize_reward=True,
+MOPO = register(Algorithm("mopo", _Target("mopo"), _Target("penalty_mopo"), penalize_reward=True,
                           references="mopo", coefficient="lambda"))
 # Plain SAC, no penalty: online SAC's (mombo_jax.build.online_sac builds datasets with it). Not
 # registered: it is no offline algorithm, so make_config refuses algo="sac".
-SAC = Algorithm("sac", targets.plain)
+SAC = Algorithm("sac", _Target("plain"))

@@ -263,7 +263,9 @@ def penalty_mopo(agent, batch, key, *, dyn, config, term_fn=None):
 
 def get_target(config):
   """The target function of config's algorithm (config.algorithm: algorithms.Algorithm)."""
-  return config.algorithm.target
+  # A built-in record names its function lazily (algorithms._Target): the function itself.
+  fn = config.algorithm.bellman_target
+  return getattr(fn, "function", fn)
 
 
 def get_penalty(config):
@@ -271,7 +273,8 @@ def get_penalty(config):
   algorithm: the per-row quantity its training subtracts times beta."""
   if config.algorithm.penalty is None:
     raise ValueError(f"{config.algorithm.label} has no uncertainty penalty.")
-  return config.algorithm.penalty
+  fn = config.algorithm.penalty
+  return getattr(fn, "function", fn)            # algorithms._Target: the function itself
 
 
 def bind(config, dyn, term_fn):

@@ -241,7 +241,7 @@ def make_epoch(config, per_cell=()):
   per_cell = _settings(per_cell)
   if not isinstance(config, EpochSettings):
     config = epoch_settings(config)
-  target = config.algorithm.target
+  target = config.algorithm.bellman_target
   term_fn = termination.termination_fn(config.env_name)
 
   def epoch(state: CellState, real: buffer.Batch, key, cell: Cell = None):

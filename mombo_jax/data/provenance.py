@@ -15,6 +15,12 @@ from mombo_jax.data import minari_io, names
 if TYPE_CHECKING:
   from mombo_jax.data.transitions import Transitions
 
+# The transitions of each recipe's full build (mombo_jax.build.recipes; the report reads them
+# without importing the builder, which loads JAX); None: the recipe fixes no size (medium-replay:
+# the SAC run's buffer).
+RECIPE_STEPS = {"random": 1_000_000, "medium": 1_000_000, "expert": 1_000_000,
+                "medium-expert": 2_000_000, "medium-replay": None, "mixed": 1_000_000}
+
 
 def provenance(name: str) -> Optional[dict]:
   """How a local dataset was built ({"recipe", "steps", "recipe_steps", "command"}), from its

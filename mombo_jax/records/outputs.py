@@ -12,7 +12,8 @@ Protocol: `PROTOCOL` names the definitions summary.json's numbers follow (docs/p
 every summary. The report reads READABLE_PROTOCOLS (protocol/1's per-seed numbers are protocol/2's;
 only its means left diverged seeds out, and the report recomputes them) and refuses any other.
 
-The overestimation watch whose fields summary.json carries: mombo_jax.run.overestimation.
+The overestimation watch whose fields summary.json carries: mombo_jax.run.overestimation (the
+records sit below run/, so `summarise` takes it without importing it).
 """
 import csv
 import os
@@ -21,7 +22,6 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from mombo_jax.storage.atomic import atomic_write, save_figure
-from mombo_jax.run.overestimation import OverestimationWatch
 
 _INT_COLUMNS = ("epoch", "step", "seed")
 # The reporting protocol summary.json follows (docs/protocol.md). A change of what any number in
@@ -69,14 +69,14 @@ def score_table(rows: Sequence[dict], seeds: Sequence[int], key: str = "epoch"):
 
 
 def summarise(rows: Sequence[dict], seeds: Sequence[int], diverged: Sequence[dict] = (),
-              q: Optional[OverestimationWatch] = None) -> dict:
+              q=None) -> dict:
   """summary.json: per-seed final score (the last evaluation's) and AULC (mean normalised score
   over all evaluations, equally weighted), and their mean / std (np.std: ddof = 0) over EVERY seed
   (a diverged seed is frozen at its last healthy policy, and that policy's evaluations count:
   docs/protocol.md); `*_healthy`: the same over the seeds that did not diverge (None when none is
-  left); `num_seeds`, `num_diverged`; `protocol`: PROTOCOL; with `q` (the run's OverestimationWatch)
-  also its fields (OverestimationWatch.summary). A statistic over values of which one is not
-  finite is None (never NaN in the file): the per-seed lists show which."""
+  left); `num_seeds`, `num_diverged`; `protocol`: PROTOCOL; with `q` (the run's
+  OverestimationWatch, mombo_jax.run.overestimation) also its fields (OverestimationWatch.summary).
+  A statistic over values of which one is not finite is None (never NaN in the file): the per-seed lists show which."""
   epochs, table = score_table(rows, seeds)
   final, aulc = table[-1], table.mean(axis=0)
   bad = {int(d["seed"]) for d in diverged}

@@ -4,7 +4,7 @@ import os
 from typing import List, Sequence, Tuple
 
 from mombo_jax.errors import UserError
-from mombo_jax.run.workdir import RUN_FILES, SUMMARY
+from mombo_jax.records.workdir import RUN_FILES, SUMMARY
 
 
 def find_runs(dirs: Sequence[str], need: Sequence[str] = RUN_FILES) -> Tuple[List[str], List[str]]:

@@ -1,8 +1,9 @@
 """A run on disk, owned in one place: the layout of a run's folder, its config.json (write, read,
 compare), its checkpoints (restored against a typed template) and its outputs. No other module
-spells a path inside a run. The dynamics ensembles' own folder scheme and get-or-train:
+spells a path inside a run. It imports no JAX, flax or Orbax (the checkpoint methods import them
+when called), so the report reads runs without them. The dynamics ensembles' own folder scheme and get-or-train:
 mombo_jax.run.dynamics_store; the run's key scheme: mombo_jax.core.key_scheme; finding runs under
-folders: mombo_jax.run.run_search.
+folders: mombo_jax.records.run_search.
 
     <workdir>/
       .lock                the OS lock of the launch writing here (locks.FolderLock: the holder's PID, host, start)
@@ -28,10 +29,8 @@ from typing import List, Optional, Sequence, Tuple
 
 from mombo_jax.core import algorithms
 from mombo_jax.errors import UserError
-from mombo_jax.core import buffer, dynamics, train as train_lib
 from mombo_jax.data import provenance
-from mombo_jax.env import envs
-from mombo_jax.run import outputs
+from mombo_jax.records import outputs
 from mombo_jax.settings import config as config_lib, references
 from mombo_jax.storage import atomic, locks
 
@@ -246,8 +245,13 @@ class Workdir:
   def state_template(self, config=None):
     """jax.eval_shape of the run's CellState [S]: what its checkpoints restore against, built
     from config.json (or `config`) and the env's dims alone: nothing is trained or read."""
+    # JAX, the core and the envs only here: the records room imports no JAX (the report reads runs
+    # without it; tests/test_records.py).
     import jax
     import jax.numpy as jnp
+
+    from mombo_jax.core import buffer, dynamics, train as train_lib
+    from mombo_jax.env import envs
     if config is None:
       config, _ = self.read_config()
     obs_dim, act_dim = envs.OBS_DIM[config.env_name], envs.ACTION_DIM[config.env_name]

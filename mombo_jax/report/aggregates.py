@@ -33,7 +33,6 @@ import dataclasses
 import os
 from typing import Dict, List, Optional, Tuple
 
-import chex
 import numpy as np
 
 from mombo_jax.errors import UserError
@@ -140,7 +139,9 @@ def interval_estimates(scores: Dict[str, np.ndarray], reps: int = REPS, seed: in
       _, cis = library.get_interval_estimates({k: x}, fn, reps=reps,
                                               confidence_interval_size=level)
     out[k] = np.vstack([point, cis[k]])
-    chex.assert_shape(out[k], (3, len(AGGREGATES)))
+    # A plain shape check, not chex's: chex loads jax, which the report must not import
+    # (tests/test_records.py).
+    assert out[k].shape == (3, len(AGGREGATES)), out[k].shape
   return out
 
 
@@ -256,7 +257,7 @@ def score_matrices(groups: dict, what: str = "final", order=None) -> Matrices:
   report's Pools) -> Matrices. Only columns with a finite score on every task of the report take
   part (an aggregate over other tasks would not compare); rliable needs as many runs per task, so a
   column keeps on every task its R lowest seed ids, R its fewest seeds on any task. order: sort key
-  of column labels (results.label_key)."""
+  of column labels (labels.label_key)."""
   tasks = sorted({(e, d) for (e, d, _) in groups}, key=_task_key)
   columns = sorted({c for (_, _, c) in groups}, key=order)
   scores, notes = {}, []
@@ -287,7 +288,7 @@ def score_matrices(groups: dict, what: str = "final", order=None) -> Matrices:
       notes.append(f"{c}: {r} run(s) per task (its fewest), the lowest seed ids kept on "
                    + ", ".join(cut))
     scores[c] = np.stack([x[:r] for x in per_task], axis=1)
-    chex.assert_shape(scores[c], (r, len(tasks)))
+    assert scores[c].shape == (r, len(tasks)), scores[c].shape   # no chex: it loads jax
   return Matrices(tasks=tasks, scores=scores, notes=notes)
 
 

@@ -3,7 +3,7 @@
 A run's setup (`setup_of`) is its config.json without NOT_SETUP (seeds, the evaluation's fields,
 the group key's fields); setups alike exactly when their `_setup_key`s are. A label names the
 algorithm (`algo_label`: MOMBO's Bellman target always) and, where runs of one algorithm differ in
-their setup anywhere in the table, the fields that differ (`_labels`), in every label of that
+their setup anywhere in the table, the fields that differ (`column_labels`), in every label of that
 algorithm on every dataset: one column is one setup over all its rows. Tasks differ by design
 (each has its own paper settings, config.TASKS), so a field counts as differing by how it stands
 to its task's paper-preset value (paper_setup.token), not by its value. `label_key` sorts labels
@@ -123,7 +123,7 @@ def field_text(name: str, value) -> str:
   return f"{'β' if name == 'beta' else name}={value_text(name, value)}"
 
 
-def _labels(setups: Dict[tuple, Any]) -> Dict[tuple, Tuple[str, List[str]]]:
+def column_labels(setups: Dict[tuple, Any]) -> Dict[tuple, Tuple[str, List[str]]]:
   """{(env, dataset, algo, setup key): (label, named fields)} for one results.Run of each setup
   (its setup_fields() and .paper: the paper preset's config of its task, or None). Per
   algorithm (algo_label), a field is named in every label of it when its setups differ in it

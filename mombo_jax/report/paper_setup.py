@@ -6,7 +6,7 @@ paper's setup in different ways, not where tasks differ by design).
 
 Everything is read from a run's config.json (the Config fields, "dataset", and "data": the
 dataset's identity recorded at training, provenance.dataset_identity) and the package's own tables
-(config.make_config, recipes.RECIPE_STEPS); no dataset needs to be present.
+(config.make_config, provenance.RECIPE_STEPS); no dataset needs to be present.
 """
 from __future__ import annotations
 
@@ -71,17 +71,17 @@ def gradient_steps(config: dict) -> Optional[int]:
 
 def recipe_size(dataset: str) -> Optional[int]:
   """The transitions of the full build of a dataset made here with D4RL's recipe (a short name or
-  its id mombo/<env>/<quality>-v0): recipes.RECIPE_STEPS; None where the recipe fixes no size
+  its id mombo/<env>/<quality>-v0): provenance.RECIPE_STEPS; None where the recipe fixes no size
   (medium-replay: the SAC run's buffer) or the dataset is not built here (D4RL's imported files
   are its files, whole; Minari's own datasets)."""
-  from mombo_jax.build import recipes
+  from mombo_jax.data import provenance
   if "/" in dataset and not dataset.startswith("mombo/"):
     return None
   name = paper_dataset(dataset)
   quality = (name or "").partition("-")[2]
   if not quality:
     return None
-  return recipes.RECIPE_STEPS.get("mixed" if quality.endswith("pct") else quality)
+  return provenance.RECIPE_STEPS.get("mixed" if quality.endswith("pct") else quality)
 
 
 def transitions(config: dict) -> Optional[int]:

@@ -31,13 +31,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mombo_jax.report import paper_setup
-from mombo_jax.run import outputs
+from mombo_jax.records import outputs
 from mombo_jax.errors import UserError
-from mombo_jax.report.paper_setup import paper_dataset  # noqa: F401 (re-exported)
-# Labels and setups live in mombo_jax.report.labels; these names stay importable from here.
-from mombo_jax.report.labels import (NOT_SETUP, _labels, _setup_key, algo_label,  # noqa: F401
-                                     base_algo, field_text, label_key, setup_of, value_text)
-from mombo_jax.run.workdir import Workdir
+from mombo_jax.report.labels import algo_label, column_labels, setup_of
+from mombo_jax.records.workdir import Workdir
 
 TYPE_ORDER = ("random", "medium", "medium-replay", "medium-expert", "expert")
 ENV_ORDER = ("halfcheetah", "hopper", "walker2d")
@@ -228,7 +225,7 @@ def check_duplicates(runs: Sequence[Run]):
   runs would show a std of 0)."""
   seen: Dict[tuple, str] = {}
   for r in runs:
-    key = (r.env, r.dataset, r.algo, _setup_key(r.setup_fields()))
+    key = (r.env, r.dataset, r.algo, paper_setup.setup_key(r.setup_fields()))
     for s in r.seeds:
       other = seen.setdefault(key + (s,), r.path)
       if other != r.path:
@@ -241,14 +238,14 @@ def group_runs(runs: Sequence[Run]) -> Tuple[Dict[tuple, Pool], List[str]]:
   """{(env, dataset, label): Pool} pooling the seeds of the runs of one algorithm on one dataset
   with one setup (Run.setup_fields: config.json but the seeds and evaluation fields); curves are
   kept at the evaluation steps all of them share. Runs of one algorithm whose setups differ are
-  separate groups, each label naming the fields that differ over the whole table (`_labels`):
+  separate groups, each label naming the fields that differ over the whole table (`labels.column_labels`):
   pooling them would average two different experiments. One (setup, seed) in two folders is
   refused (check_duplicates). Returns (groups, warnings)."""
   check_duplicates(runs)
   by_key: Dict[tuple, List[Run]] = {}
   for r in runs:
-    by_key.setdefault((r.env, r.dataset, r.algo, _setup_key(r.setup_fields())), []).append(r)
-  labels = _labels({k: m[0] for k, m in by_key.items()})
+    by_key.setdefault((r.env, r.dataset, r.algo, paper_setup.setup_key(r.setup_fields())), []).append(r)
+  labels = column_labels({k: m[0] for k, m in by_key.items()})
   groups, warnings = {}, []
   for (env, dataset, algo, skey), members in by_key.items():
     label, names = labels[(env, dataset, algo, skey)]

@@ -23,8 +23,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mombo_jax.report import paper_results
-from mombo_jax.report.results import (ENV_ORDER, LAST_K, TYPE_ORDER, Pool, base_algo, dataset_type,
-                                      label_key, ordered, paper_dataset)
+from mombo_jax.report.labels import base_algo, label_key
+from mombo_jax.report.paper_setup import paper_dataset
+from mombo_jax.report.results import ENV_ORDER, LAST_K, TYPE_ORDER, Pool, dataset_type, ordered
 
 PAPER = "paper"
 # Marks of our cells (the paper's cells carry † for the paper's own footnotes).

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from mombo_jax.errors import Interrupted, UserError
 from mombo_jax.core.key_scheme import cell_keys
-from mombo_jax.run.workdir import DYNAMICS, LOCK
+from mombo_jax.records.workdir import DYNAMICS, LOCK
 from mombo_jax.data import minari_io, names, provenance, transitions as data
 from mombo_jax.settings import config as config_lib, references
 from mombo_jax.storage import locks

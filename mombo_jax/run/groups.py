@@ -9,7 +9,7 @@ import os
 from typing import Any, Optional
 
 from mombo_jax.errors import UserError
-from mombo_jax.run.workdir import grid_dynamics_dir, run_dir
+from mombo_jax.records.workdir import grid_dynamics_dir, run_dir
 from mombo_jax.core import train as train_lib
 from mombo_jax.settings import config as config_lib
 

@@ -46,7 +46,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from mombo_jax.core import algorithms
 from mombo_jax.errors import UserError
-from mombo_jax.run.workdir import TENSORBOARD as TB_DIR, WANDB as WANDB_DIR
+from mombo_jax.records.workdir import TENSORBOARD as TB_DIR, WANDB as WANDB_DIR
 from mombo_jax.storage import atomic
 
 KINDS = ("csv", "tensorboard", "wandb")

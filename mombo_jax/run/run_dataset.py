@@ -17,7 +17,6 @@ def load_or_build(dataset, config, build_missing, build_steps, download=False, r
   default, as the others need an online SAC run first). A reduced build of a recipe (fewer
   transitions than its recipe's size) is refused when require_full. should_stop: the launch's
   StopFlag; a build it stopped raises errors.Interrupted (the collector keeps its progress)."""
-  from mombo_jax.build import recipes
   from mombo_jax.data import transitions as data, provenance
   from mombo_jax.env import envs
   from mombo_jax.settings import config as config_lib
@@ -39,7 +38,7 @@ def load_or_build(dataset, config, build_missing, build_steps, download=False, r
                          else ""))
     log(f"Dataset {dataset} is missing: building it locally with the collector "
         f"({build_steps} steps per recorded dataset{sac}).")
-    full = recipes.RECIPE_STEPS.get(recipe)
+    full = provenance.RECIPE_STEPS.get(recipe)
     if full and build_steps < min(full, 1_000_000):
       log(f"note: this is a REDUCED build of {dataset} ({build_steps} steps per recorded dataset "
           "where the recipe has 1M); paper-preset runs will refuse it until it is rebuilt with "

@@ -23,7 +23,7 @@ from mombo_jax.run.groups import Group, check_groups, describe_algorithm
 from mombo_jax.core.key_scheme import cell_keys
 from mombo_jax.run.preflight import validate
 from mombo_jax.run.run_dataset import load_or_build
-from mombo_jax.run.workdir import Workdir
+from mombo_jax.records.workdir import Workdir
 from mombo_jax.core import buffer, dynamics, train as train_lib
 from mombo_jax.data import provenance, scores, transitions as data
 from mombo_jax.env import envs

@@ -8,7 +8,7 @@ a dataset sharing an ensemble in `<out>/<dataset>/dynamics` where their dynamics
 run of another setup than asked (naming the fields), `Launcher` runs a cell as a child process
 and forwards SIGINT / SIGTERM to it, and `run_sweep` launches the unfinished cells in order and
 keeps the record `<out>/sweep.json` (each cell's status and its history over every sweep that
-touched it). Where the cells' folders go is mombo_jax.run.workdir's.
+touched it). Where the cells' folders go is mombo_jax.records.workdir's.
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ class SweepCell:
 
   @property
   def finished(self) -> bool:
-    from mombo_jax.run.workdir import Workdir
+    from mombo_jax.records.workdir import Workdir
     return Workdir(self.workdir).finished()
 
   @property
@@ -145,7 +145,7 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
   --beta is part of the cells' folder names (<algo>[-<target>]-beta<b>), so sweeps of several
   betas share one --out; so is a --reference other than the algorithm's default source
   (<algo>[-<target>]-<reference>; an algorithm without that source is refused)."""
-  from mombo_jax.run import workdir as workdir_lib
+  from mombo_jax.records import workdir as workdir_lib
   from mombo_jax.settings import config as config_lib
   if not envs:
     raise UserError("`envs` is required, e.g. envs=hopper-random,hopper-medium-replay.",
@@ -203,7 +203,7 @@ def dynamics_plan(cells: Sequence[SweepCell], budget: dict) -> List[str]:
 def setup_mismatch(cell: SweepCell) -> Dict[str, tuple]:
   """{field: (recorded, asked)} where the run in cell.workdir (its config.json) differs from the
   config the cell asks for; {} when the folder holds no config.json yet or they agree."""
-  from mombo_jax.run import workdir as workdir_lib
+  from mombo_jax.records import workdir as workdir_lib
   wd = workdir_lib.Workdir(cell.workdir)
   if cell.config is None or not os.path.exists(wd.file(workdir_lib.CONFIG)):
     return {}
@@ -219,7 +219,7 @@ def check_cells(cells: Sequence[SweepCell]) -> Set[str]:
   unfinished one (experiments.run resumes it; --eval_every / --eval_episodes may change), and
   --epochs unless `-- --allow_epochs_change`. Returns the workdirs of the finished cells to
   continue to a changed --epochs (those flags passed)."""
-  from mombo_jax.run.workdir import HARMLESS
+  from mombo_jax.records.workdir import HARMLESS
   problems, extend = [], set()
   for cell in cells:
     differs = setup_mismatch(cell)
@@ -419,7 +419,7 @@ def _history(entry: dict) -> List[dict]:
 def _finished_status(cell: SweepCell, history: Sequence[dict]) -> str:
   """A finished cell's outcome: diverged when its summary.json lists diverged seeds or its last
   launch ended diverged, else finished."""
-  from mombo_jax.run.workdir import Workdir
+  from mombo_jax.records.workdir import Workdir
   try:
     if Workdir(cell.workdir).read_summary().get("diverged"):
       return "diverged"

@@ -16,7 +16,7 @@ for bit. Work per seed: 10 critics, actor and critics 3x256, batch 256, real rat
 --rollout_batch x 5 (retained 5 epochs), a random 7-member 4x200 ensemble, synthetic hopper-shaped
 data (200,000 rows), float32.
 
---parts=dynamics: the same three ways for the dynamics ensemble's training (run/dynamics_training:
+--parts=dynamics: the same three ways for the dynamics ensemble's training (dynamics/dynamics_training:
 one whole epoch = its plan, minibatch and end calls), C seeds of the paper's 7-member 4x200 ensemble
 on --dyn_rows synthetic transitions; `separate` is the one-seed (unbatched) program, as a 1-seed
 run trains. Leaves equal to `separate`'s are counted as above (the one-seed program is not a vmap
@@ -33,7 +33,7 @@ import numpy as np
 from benchmarks import common
 from benchmarks.bench_epoch_changes import ROWS, build, synthetic
 from mombo_jax.core import buffer, cell_layout, train
-from mombo_jax.run import dynamics_training
+from mombo_jax.dynamics import dynamics_training
 from mombo_jax.settings import config as config_lib
 
 WAYS = ("separate", "loop", "vmap")

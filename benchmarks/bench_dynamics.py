@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mombo_jax.core import buffer, critics, dynamics, rollout, termination
-from mombo_jax.run import dynamics_training
+from mombo_jax.dynamics import dynamics_training
 from mombo_jax.settings import config as config_lib
 from mombo_jax.data.transitions import Transitions
 

@@ -42,7 +42,7 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
   from mombo_jax.env import stops
-  from mombo_jax.run import dynamics_store
+  from mombo_jax.dynamics import dynamics_store
   stop = stops.StopFlag()
   stop.install()
   dynamics_store.train_dynamics(

@@ -142,7 +142,7 @@ def test_sweep_words_empty_lists_and_the_boolean_trap(outcomes):
 
 def test_a_library_user_error_is_one_line_in_the_programs_flags(outcomes):
   # The library speaks Python (dynamics_store.train_dynamics(seeds=0)); the program names its flag.
-  from mombo_jax.run import dynamics_store
+  from mombo_jax.dynamics import dynamics_store
   with pytest.raises(UserError) as e:
     dynamics_store.train_dynamics(env="hopper-random", seeds=0)
   assert str(e.value) == "`seeds` must be >= 1, got 0." and "--" not in str(e.value)

@@ -11,7 +11,7 @@ import pytest
 
 from mombo_jax.settings import config as config_lib
 from mombo_jax.core import dynamics, termination
-from mombo_jax.run import dynamics_training, saved_dynamics
+from mombo_jax.dynamics import dynamics_training, saved_dynamics
 from mombo_jax.data.transitions import Transitions
 
 # Tiny ensemble: 3 members, 2 elites, 2 x 32 hidden.
@@ -329,7 +329,7 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
   """experiments.train_dynamics' work (dynamics_store.train_dynamics) end to end on a tiny
   in-memory dataset (no Minari, no network)."""
   from mombo_jax.data import transitions as data_lib, provenance
-  from mombo_jax.run import dynamics_store
+  from mombo_jax.dynamics import dynamics_store
   from mombo_jax.errors import UserError
   rng = np.random.default_rng(0)
   n, s, a = 300, 11, 3

@@ -16,7 +16,7 @@ import pytest
 
 from mombo_jax.core import dynamics, key_scheme
 from mombo_jax.data import provenance
-from mombo_jax.run import dynamics_store, dynamics_training, saved_dynamics
+from mombo_jax.dynamics import dynamics_store, dynamics_training, saved_dynamics
 from mombo_jax.records import workdir as workdir_lib
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import checkpoint

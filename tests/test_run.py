@@ -15,7 +15,8 @@ import pytest
 
 from mombo_jax.core import buffer, dynamics, sac
 from mombo_jax.data import transitions as data, provenance, scores
-from mombo_jax.run import compilation_cache, dynamics_store, preflight, run_dataset, runner
+from mombo_jax.run import compilation_cache, preflight, run_dataset, runner
+from mombo_jax.dynamics import dynamics_store
 from mombo_jax.records import outputs
 from mombo_jax.settings import config as config_lib
 from mombo_jax.core import train as train_lib

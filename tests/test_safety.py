@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from mombo_jax.run import dynamics_store, run_dataset, runner
+from mombo_jax.run import run_dataset, runner
+from mombo_jax.dynamics import dynamics_store
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import checkpoint, locks
 from mombo_jax.errors import UserError

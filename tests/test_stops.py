@@ -17,7 +17,7 @@ from mombo_jax import errors
 from mombo_jax.build import dataset_writer, online_sac, recipes
 from mombo_jax.data import minari_io
 from mombo_jax.env import envs, stops
-from mombo_jax.run import dynamics_training
+from mombo_jax.dynamics import dynamics_training
 from tests.conftest import minari_root_at
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

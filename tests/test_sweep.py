@@ -72,7 +72,7 @@ def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_
   dynamics settings for it (e.g. an epoch cap), so which cells share is computed from the cells'
   configs, not assumed. Cells with equal settings share one folder, others do not; the plan
   names each ensemble's cells, the settings that keep them apart and each value's source."""
-  from mombo_jax.run import saved_dynamics
+  from mombo_jax.dynamics import saved_dynamics
   from mombo_jax.settings import config as config_lib, references
   env, algos = "walker2d-medium", ("mombo", "mobile", "mopo")
   cells = sweep.plan([env], list(algos), seeds=3, seed=0, out=str(tmp_path),

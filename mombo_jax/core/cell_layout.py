@@ -1,6 +1,6 @@
 """How one compiled program runs over its cells (seeds, or cells of a grid): side by side or one
 after another. Used by the training epoch (`over_cells`) and the dynamics ensemble's training over
-seeds (`map_cells`, run/dynamics_training).
+seeds (`map_cells`, dynamics/dynamics_training).
 
 A program of C cells takes state [C, ...] and returns it. Two layouts compute the same per-cell
 arithmetic:

@@ -1,13 +1,14 @@
 """The Gaussian dynamics ensemble (docs/spec.md section 5): the model, its predictions and one model
-step, which is what rollouts and the Bellman targets use.
+step, which is what rollouts and the Bellman targets use, and its pure training loss (`loss_fn`).
 
 One Flax module holds all members (nn.vmap, a leading member axis M on every member parameter);
 seeds are a second, outer axis added by jax.vmap. The model maps standardised (obs, action) to the
 mean and log-variance of (next_obs - obs, reward); means returned by `predict` / `step` are already
 next-state means (obs + delta).
 
-Elsewhere: training in dynamics_training.py, termination functions in termination.py, saving /
-loading and the reuse key in saved_dynamics.py.
+Elsewhere: its life in mombo_jax/dynamics/ (the training loop, split and early stopping in
+dynamics_training.py; saving / loading and the reuse key in saved_dynamics.py; the store of trained
+ensembles in dynamics_store.py); termination functions in termination.py.
 """
 from __future__ import annotations
 
@@ -157,6 +158,30 @@ def apply(config, params, x_std, flat_clamp: bool = False):
   obs_dim = params["max_logvar"].shape[-1] - 1
   return make_module(config, obs_dim, x_std.shape[0], flat_clamp).apply({"params": params},
                                                                        x_std)
+
+
+# ----------------------------------------------------------------------------------------------
+# The training loss (its loop, split, early stopping: mombo_jax/dynamics/dynamics_training.py)
+
+def _decay(config, params):
+  """sum_l wd_l * 0.5 * ||W_l||^2 over all members (kernels only, no biases)."""
+  members = params["members"]
+  names = [f"layer_{i}" for i in range(len(config.dyn_hidden))] + ["out"]
+  return sum(wd * 0.5 * jnp.sum(jnp.square(members[n]["kernel"]))
+             for wd, n in zip(config.dyn_weight_decay, names))
+
+
+def loss_fn(config, params, x_std, y, weight):
+  """Training loss of one minibatch: x_std [M, B, D] standardised inputs, y [M, B, O] targets,
+  weight [M, B] (1 for real rows, 0 for padding). Returns a scalar."""
+  mean, logvar = apply(config, params, x_std)
+  w = weight[..., None]
+  denom = jnp.maximum(jnp.sum(weight, axis=1), 1.0) * y.shape[-1]            # [M]
+  mse_inv = jnp.sum(w * jnp.square(mean - y) * jnp.exp(-logvar), axis=(1, 2)) / denom
+  var_loss = jnp.sum(w * logvar, axis=(1, 2)) / denom
+  loss = jnp.sum(mse_inv + var_loss) + _decay(config, params)
+  return loss + config.dyn_logvar_coef * (jnp.sum(params["max_logvar"])
+                                          - jnp.sum(params["min_logvar"]))
 
 
 # Rows per piece of a large prediction (a rollout's 50,000 branches): see predict.

@@ -40,7 +40,7 @@ def dynamics_path(dynamics_dir: str, config) -> str:
   config's dynamics settings (tag: saved_dynamics.settings_tag, e.g. "cap30-1a2b3c4d"). Runs
   whose settings differ get different folders, so one dynamics_dir may hold several; runs whose
   settings agree (a --betas grid, a sweep's algorithms) share one."""
-  from mombo_jax.run import saved_dynamics
+  from mombo_jax.dynamics import saved_dynamics
   return f"{legacy_dynamics_path(dynamics_dir, config)}-{saved_dynamics.settings_tag(config)}"
 
 
@@ -108,8 +108,12 @@ def dynamics_lock(dynamics_dir: str, config, shared: bool = False):
 
 
 def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop, overwrite, log):
+  # JAX (and the training's optax, orbax) only when an ensemble is got: the store's names and
+  # locks are read by sweeps' plans without them.
+  import jax
   import numpy as np
-  from mombo_jax.run import distributed, dynamics_training, saved_dynamics
+
+  from mombo_jax.dynamics import dynamics_training, saved_dynamics
   from mombo_jax.storage import checkpoint
   key = saved_dynamics.reuse_key(config, transitions, provenance.dataset_identity(dataset, transitions))
   if os.path.exists(path) and not overwrite:
@@ -125,7 +129,7 @@ def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop,
                       params=("dynamics_dir",))
     log(f"Reusing the dynamics ensembles in {path}.")
     return dyn
-  if distributed.is_multiprocess():
+  if jax.process_count() > 1:         # (run.distributed.is_multiprocess; run/ sits above)
     # Every process would train (and write) the same ensembles: train them once, apart.
     raise UserError(f"No dynamics ensembles in {path}, and a multi-process run does not train "
                     "them. Train them first in one process: python -m experiments.train_dynamics "
@@ -166,7 +170,7 @@ def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop,
 def _other_settings(dynamics_dir, config, path, key):
   """[(path, reuse_mismatch)] of the saved ensembles of config's seeds in dynamics_dir other than
   `path` (trained with other settings or on other data); unreadable ones are skipped."""
-  from mombo_jax.run import saved_dynamics
+  from mombo_jax.dynamics import saved_dynamics
   from mombo_jax.storage import checkpoint
   prefix = os.path.basename(legacy_dynamics_path(dynamics_dir, config)) + "-"
   out = []
@@ -193,7 +197,7 @@ def settings_sources(env: str, algo: str, preset: str = "paper", flags: Sequence
   set), the preset (config.PRESETS), the algorithm's reference source (references.source: its row
   for env, or its settings for every task; each citing its file), else the Config default (the
   references' shared dynamics settings)."""
-  from mombo_jax.run import saved_dynamics
+  from mombo_jax.dynamics import saved_dynamics
   src, ref = references.source(algo, reference), references.check(algo, reference)
   out = {}
   for name in saved_dynamics.TRAINING_FIELDS:
@@ -218,7 +222,7 @@ def sharing_plan(cells: Sequence[tuple], preset: str = "paper", flags: Dict[str,
   (dynamics_path), the algorithms that use it and the dynamics settings it follows with each
   value's source (settings_sources). Cells share an ensemble exactly when their training settings
   (saved_dynamics.training_settings) agree."""
-  from mombo_jax.run import saved_dynamics
+  from mombo_jax.dynamics import saved_dynamics
   from mombo_jax.settings.config import Config
   flags = flags or {}
   fields = saved_dynamics.TRAINING_FIELDS
@@ -283,7 +287,7 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
   the source `reference` (config.make_config; None: the algorithm's default; the references
   differ, e.g. in walker2d-medium's epoch cap), so the ensembles are reused by runs of the
   algorithms whose settings agree. UserError for what the user can fix."""
-  from mombo_jax.run import saved_dynamics
+  from mombo_jax.dynamics import saved_dynamics
 
   try:
     env, dataset, note = dynamics_task(env, dataset)

@@ -1,5 +1,5 @@
-"""Training of the dynamics ensemble (dynamics.py): the loss, the train / holdout split and
-bootstrap, the compiled epoch, early stopping, elites, and resumable partial training
+"""Training of the dynamics ensemble (core/dynamics.py, which holds its loss `loss_fn`): the
+train / holdout split and bootstrap, the compiled epoch, early stopping, elites, and resumable partial training
 (checkpoint_dir / should_stop -> DynamicsTrainingStopped).
 
 Training follows the MBPO/OfflineRL-Kit recipe: holdout split, per-member bootstrap, per-member
@@ -30,9 +30,9 @@ import optax
 
 from mombo_jax.core import cell_layout
 from mombo_jax.env import stops
-from mombo_jax.run import saved_dynamics
+from mombo_jax.dynamics import saved_dynamics
 from mombo_jax.storage import checkpoint
-from mombo_jax.core.dynamics import DynamicsState, apply, make_module
+from mombo_jax.core.dynamics import DynamicsState, apply, loss_fn, make_module
 
 # Holdout loss of a member before its first epoch: any finite loss is a > 1 % improvement on it.
 _INITIAL_BEST = 1e10
@@ -41,28 +41,7 @@ _MIN_STD = 1e-12
 
 
 # ----------------------------------------------------------------------------------------------
-# Loss and one epoch of training
-
-def _decay(config, params):
-  """sum_l wd_l * 0.5 * ||W_l||^2 over all members (kernels only, no biases)."""
-  members = params["members"]
-  names = [f"layer_{i}" for i in range(len(config.dyn_hidden))] + ["out"]
-  return sum(wd * 0.5 * jnp.sum(jnp.square(members[n]["kernel"]))
-             for wd, n in zip(config.dyn_weight_decay, names))
-
-
-def loss_fn(config, params, x_std, y, weight):
-  """Training loss of one minibatch: x_std [M, B, D] standardised inputs, y [M, B, O] targets,
-  weight [M, B] (1 for real rows, 0 for padding). Returns a scalar."""
-  mean, logvar = apply(config, params, x_std)
-  w = weight[..., None]
-  denom = jnp.maximum(jnp.sum(weight, axis=1), 1.0) * y.shape[-1]            # [M]
-  mse_inv = jnp.sum(w * jnp.square(mean - y) * jnp.exp(-logvar), axis=(1, 2)) / denom
-  var_loss = jnp.sum(w * logvar, axis=(1, 2)) / denom
-  loss = jnp.sum(mse_inv + var_loss) + _decay(config, params)
-  return loss + config.dyn_logvar_coef * (jnp.sum(params["max_logvar"])
-                                          - jnp.sum(params["min_logvar"]))
-
+# One epoch of training (its loss: core/dynamics.loss_fn)
 
 class _SeedTrain(struct.PyTreeNode):
   """Training state of one seed's ensemble (vmapped: a leading seed axis)."""

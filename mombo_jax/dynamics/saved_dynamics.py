@@ -164,7 +164,7 @@ def metadata(path: str) -> dict:
                                      "exist or holds no committed checkpoint. Check the path.")
   if meta.get("kind") != KIND:
     raise checkpoint.CheckpointError(f"{path} does not hold a dynamics ensemble saved by "
-                                     "mombo_jax.run.saved_dynamics.save.")
+                                     "mombo_jax.dynamics.saved_dynamics.save.")
   return meta
 
 

@@ -2,7 +2,7 @@
 compare), its checkpoints (restored against a typed template) and its outputs. No other module
 spells a path inside a run. It imports no JAX, flax or Orbax (the checkpoint methods import them
 when called), so the report reads runs without them. The dynamics ensembles' own folder scheme and get-or-train:
-mombo_jax.run.dynamics_store; the run's key scheme: mombo_jax.core.key_scheme; finding runs under
+mombo_jax.dynamics.dynamics_store; the run's key scheme: mombo_jax.core.key_scheme; finding runs under
 folders: mombo_jax.records.run_search.
 
     <workdir>/

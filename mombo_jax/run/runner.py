@@ -17,7 +17,7 @@ from typing import Any
 
 from mombo_jax.run import group_run
 from mombo_jax.run.console import log
-from mombo_jax.run.dynamics_store import check_legacy_dynamics, get_dynamics
+from mombo_jax.dynamics.dynamics_store import check_legacy_dynamics, get_dynamics
 from mombo_jax.errors import Interrupted, UserError
 from mombo_jax.run.groups import Group, check_groups, describe_algorithm
 from mombo_jax.core.key_scheme import cell_keys

@@ -85,7 +85,7 @@ class SweepCell:
     """The folder of the cell's ensembles (dynamics_store.dynamics_path: its dynamics settings name
     it);
     cells of one dataset with equal settings share it. None without a config."""
-    from mombo_jax.run.dynamics_store import dynamics_path
+    from mombo_jax.dynamics.dynamics_store import dynamics_path
     return None if self.config is None else dynamics_path(self.dynamics_dir, self.config)
 
 
@@ -192,7 +192,7 @@ def dynamics_plan(cells: Sequence[SweepCell], budget: dict) -> List[str]:
   ensemble follows, with their sources: --dynamics_max_epochs, the preset, the algorithm's
   reference source in mombo_jax/settings/references.py, the Config default):
   dynamics_store.sharing_plan of the planned cells."""
-  from mombo_jax.run import dynamics_store
+  from mombo_jax.dynamics import dynamics_store
   flags = ({"dyn_max_epochs": "--dynamics_max_epochs"}
            if budget.get("dynamics_max_epochs") is not None else {})
   return dynamics_store.sharing_plan(

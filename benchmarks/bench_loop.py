@@ -134,9 +134,9 @@ def _dynamics(config, transitions, dataset, dyn_dir):
                                                         config.seed + config.num_seeds))
     return launch.get_dynamics(config, transitions, jax.vmap(jax.random.fold_in, (0, None))(
         seed_keys, 0), dyn_dir, dataset)
-  store = _module("dynamics_store")
+  store = _module("dynamics.dynamics_store", "run.dynamics_store", "dynamics_store")
   if store is None or not hasattr(store, "get_dynamics"):
-    store = _module("workdir")
+    store = _module("records.workdir", "workdir")
   return store.get_dynamics(config, transitions, dataset, dyn_dir)
 
 
@@ -147,18 +147,19 @@ def device_timer(config, dataset, dyn_dir, build_steps, epochs):
   `epochs` epochs, or None where the tree has none). Each call trains the same state on."""
   with contextlib.redirect_stdout(io.StringIO()):
     # run_dataset.load_or_build; an older tree's launch.load_dataset.
-    load = getattr(_module("run_dataset"), "load_or_build", None) or _module("launch").load_dataset
+    load = getattr(_module("run.run_dataset", "run_dataset"), "load_or_build", None) or _module("launch").load_dataset
     transitions = load(dataset, config, "random", build_steps)
     dyn = _dynamics(config, transitions, dataset, dyn_dir)
   s = config.num_seeds
   seed_keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(config.seed, config.seed + s))
   init_keys, keys = (jax.vmap(jax.random.fold_in, (0, None))(seed_keys, i) for i in (1, 2))
-  shard = _first(train, "shard_cells", "shard_seeds")
+  placement = _module("core.placement") or train     # train's own placement before #37
+  shard = _first(placement, "shard_cells", "shard_seeds")
   real = buffer.from_transitions(transitions)
   stacked, sizes = buffer.stack([real])
   held = {"state": shard(_first(train, "init_cells", "init_seeds")(init_keys, config, real, dyn))}
   cells = shard(train.make_cells([0] * s, np.asarray(sizes)[[0] * s], config))
-  stacked, keys = train.replicate(stacked), shard(keys)
+  stacked, keys = placement.replicate(stacked), shard(keys)
   fold = jax.jit(jax.vmap(jax.random.fold_in, in_axes=(0, None)))
   epoch_keys = jax.block_until_ready([fold(keys, e) for e in range(epochs)])
   epoch = _epoch_fn(config)

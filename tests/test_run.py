@@ -19,7 +19,7 @@ from mombo_jax.run import compilation_cache, preflight, run_dataset, runner
 from mombo_jax.dynamics import dynamics_store
 from mombo_jax.records import outputs
 from mombo_jax.settings import config as config_lib
-from mombo_jax.core import train as train_lib
+from mombo_jax.core import placement, train as train_lib
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import Workdir
 
@@ -384,7 +384,7 @@ def test_a_diverging_seed_is_frozen_and_the_others_finish_unchanged(dataset, dyn
     def call(state, real, keys, cells, start, n):
       if int(start) == 1:
         critic = jax.tree.map(lambda x: x.at[0].set(jnp.nan), state.agent.critic.params)
-        state = train_lib.shard_cells(state.replace(agent=state.agent.replace(
+        state = placement.shard_cells(state.replace(agent=state.agent.replace(
             critic=state.agent.critic.replace(params=critic))))
       return chunk(state, real, keys, cells, start, n)
     return call

@@ -30,7 +30,7 @@ def _train(out_path):
   import jax
   import jax.numpy as jnp
   from mombo_jax.core import buffer, dynamics
-  from mombo_jax.core import train as train_lib
+  from mombo_jax.core import placement, train as train_lib
 
   cfg = _tiny_config(SEEDS)
   rng = np.random.default_rng(0)
@@ -47,9 +47,9 @@ def _train(out_path):
       k, cfg, real, jax.vmap(lambda kk: dynamics.init_state(kk, S_DIM, A_DIM, cfg))(k)))
   state = init.lower(keys).compile({"xla_backend_optimization_level": 0})(keys)
   real, cells = train_lib.single_dataset(real, cfg)
-  state, real = train_lib.shard_cells(state), train_lib.replicate(real)
-  cells = train_lib.shard_cells(cells)
-  keys = train_lib.shard_cells(jax.random.split(jax.random.PRNGKey(9), SEEDS))
+  state, real = placement.shard_cells(state), placement.replicate(real)
+  cells = placement.shard_cells(cells)
+  keys = placement.shard_cells(jax.random.split(jax.random.PRNGKey(9), SEEDS))
   # One compiled program (a chunk of up to EPOCHS epochs, each device looping over its own
   # cells): EPOCHS epochs in one call, then, from the restored checkpoint, one more.
   chunk_fn = train_lib.make_cells_chunk(cfg, SEEDS, EPOCHS)
@@ -77,11 +77,11 @@ def _train(out_path):
 def _check_shards(ckpt, step, state):
   """The checkpoint of the cell-sharded state was written per shard (no gather): its manifest
   lists a CRC32 for each device's block of cells (one device: one CRC32 a leaf), and a block whose
-  bytes disagree is named on restore. A group's cells (train.take_cells) stay where they are."""
+  bytes disagree is named on restore. A group's cells (placement.take_cells) stay where they are."""
   import json
   import jax
   from mombo_jax.storage import checkpoint
-  from mombo_jax.core import train as train_lib
+  from mombo_jax.core import placement
   devices = len(jax.devices())
   step_dir = ckpt.path(step)
   with open(os.path.join(step_dir, "meta", "metadata")) as f:
@@ -115,13 +115,13 @@ def _check_shards(ckpt, step, state):
   # parts of unequal size take one jitted slice. Values as resize_rings of the host copy.
   host = jax.device_get(state)
   for cells, rows, on in ((slice(1, 3), 4, 2), (slice(0, SEEDS), 2, devices)):
-    part = train_lib.take_cells(state, cells, rows)
-    want = train_lib.resize_rings(jax.tree.map(lambda x: x[cells], host), rows)
+    part = placement.take_cells(state, cells, rows)
+    want = placement.resize_rings(jax.tree.map(lambda x: x[cells], host), rows)
     for a, b in zip(jax.tree.leaves(part), jax.tree.leaves(want)):
       assert len(a.sharding.device_set) == on and np.array_equal(np.asarray(a), b)
-  x = train_lib.shard_cells(np.arange(2 * SEEDS * 3).reshape(2 * SEEDS, 3))   # 2 cells a device
+  x = placement.shard_cells(np.arange(2 * SEEDS * 3).reshape(2 * SEEDS, 3))   # 2 cells a device
   for a, b, on in ((2, 6, 2), (3, 5, 2), (1, 4, devices)):
-    y = train_lib._take_cells(x, a, b, None)
+    y = placement._take_cells(x, a, b, None)
     assert len(y.sharding.device_set) == on and np.array_equal(np.asarray(y), np.asarray(x)[a:b])
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from mombo_jax.core import buffer, cell_layout, dynamics
 from mombo_jax.settings import config as config_lib
-from mombo_jax.core import train as train_lib
+from mombo_jax.core import placement, train as train_lib
 
 S_DIM, A_DIM, N = 11, 3, 256
 SEEDS = 2
@@ -40,7 +40,7 @@ def _fresh(cfg, real):
   dyn = jax.tree.map(lambda x: jnp.stack([x] * SEEDS), one)
   # Placed as the runner places it (and as the epoch returns it): a state of another placement
   # would compile the epoch a second time.
-  return train_lib.shard_cells(train_lib.init_cells(keys, cfg, real, dyn))
+  return placement.shard_cells(train_lib.init_cells(keys, cfg, real, dyn))
 
 
 def _poison(state, seed):
@@ -247,11 +247,11 @@ def test_cells_differing_in_their_datasets_settings_train_as_their_single_progra
            1: (train_lib.make_cells_chunk(configs[1], 1, 2), keys[1:], 1)}
   for i, c in enumerate(configs):
     fn, k, width = plain[i]
-    alone, alone_metrics = _host(fn(train_lib.shard_cells(train_lib.init_cells(
+    alone, alone_metrics = _host(fn(placement.shard_cells(train_lib.init_cells(
         k, c, real, dyn(width))), stacked, k, train_lib.make_cells(np.zeros(width), N, c), 0, 2))
     alone = jax.tree.map(lambda x: x[:1], alone)
     alone_metrics = {name: v[:2, :1] for name, v in alone_metrics.items()}
-    cell = train_lib.resize_rings(jax.tree.map(lambda x, i=i: x[i:i + 1], grid),
+    cell = placement.resize_rings(jax.tree.map(lambda x, i=i: x[i:i + 1], grid),
                                   c.synthetic_capacity)
     assert cell.buffer.count.tolist() == alone.buffer.count.tolist()
     assert cell.buffer.ptr.tolist() == alone.buffer.ptr.tolist()

@@ -13,7 +13,7 @@ import numpy as np
 from benchmarks.peers import work as work_lib
 from mombo_jax.core import buffer, dynamics, rollout, sac, targets
 from mombo_jax.settings import config as config_lib
-from mombo_jax.core import termination, train
+from mombo_jax.core import placement, termination, train
 
 
 def make_config(work: work_lib.Work, seeds: int = 1, **overrides):
@@ -51,9 +51,9 @@ class Ours:
         init_keys)
     state = jax.jit(train.init_cells, static_argnums=1)(init_keys, config, real, dyn)
     stacked, cells = train.single_dataset(real, config, seeds)
-    self.state = train.shard_cells(state)
-    self.stacked, self.cells = train.replicate(stacked), train.shard_cells(cells)
-    self.keys = train.shard_cells(self.keys)
+    self.state = placement.shard_cells(state)
+    self.stacked, self.cells = placement.replicate(stacked), placement.shard_cells(cells)
+    self.keys = placement.shard_cells(self.keys)
     self.chunk = train.make_cells_chunk(config, seeds, 1)
     self.epoch = 0
     # One seed's pieces (profile.py and the FLOP count).

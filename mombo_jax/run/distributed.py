@@ -1,7 +1,7 @@
 """Several processes (hosts) training one program, with JAX's own distributed runtime.
 
 Every process runs the same host program; `jax.distributed.initialize` joins them, and the cell
-axis of the train state is sharded over the devices of ALL processes (train.cell_mesh), each
+axis of the train state is sharded over the devices of ALL processes (placement.cell_mesh), each
 process computing the cells on its own devices. Cells never communicate, so the compiled epoch has
 no cross-process traffic; what crosses processes is gathered at the host boundaries only:
 
@@ -10,7 +10,7 @@ no cross-process traffic; what crosses processes is gathered at the host boundar
 - `agree(flag)`: one stop decision for all (a signal may reach only some processes);
 - process 0 (`is_main`) evaluates, logs and writes the outputs; checkpoints are written through
   Orbax's own multi-process protocol, not gathered: every process calls save with the global
-  arrays (train.take_cells) and writes the shards on its own devices; the per-shard CRC32s are
+  arrays (placement.take_cells) and writes the shards on its own devices; the per-shard CRC32s are
   shared in one small allgather (checkpoint.py).
 
 Joining is bounded (`initialize`): each process says what it waits for, gives up after a timeout

@@ -47,10 +47,10 @@ def check_seeds_fit_devices(num_seeds: int):
   """The seed axis is sharded over all devices (of every process): --seeds must be a multiple of
   their count."""
   import jax
-  from mombo_jax.core import train as train_lib
+  from mombo_jax.core import placement
   n = jax.device_count()
   try:
-    train_lib.check_cell_count(num_seeds, fix=(
+    placement.check_cell_count(num_seeds, fix=(
         f"pass `num_seeds` a multiple of {n}, or make fewer devices visible (e.g. "
         "CUDA_VISIBLE_DEVICES=0, or XLA_FLAGS=--xla_force_host_platform_device_count on CPU)"))
   except ValueError as e:

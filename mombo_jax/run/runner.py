@@ -24,7 +24,7 @@ from mombo_jax.core.key_scheme import cell_keys
 from mombo_jax.run.preflight import validate
 from mombo_jax.run.run_dataset import load_or_build
 from mombo_jax.records.workdir import Workdir
-from mombo_jax.core import buffer, dynamics, train as train_lib
+from mombo_jax.core import buffer, dynamics, placement, train as train_lib
 from mombo_jax.data import provenance, scores, transitions as data
 from mombo_jax.env import envs
 from mombo_jax.run import distributed, loggers, overestimation
@@ -211,10 +211,10 @@ def prepare(groups, records, keep, should_stop, data_options):
     if r.ckpt.latest_step() is not None:
       try:
         # The checkpoint holds the group's own ring (a plain run's); the program's may be longer.
-        state, meta = r.ckpt.restore(train_lib.resize_rings(state, r.config.synthetic_capacity))
+        state, meta = r.ckpt.restore(placement.resize_rings(state, r.config.synthetic_capacity))
       except checkpoint.CheckpointError as e:
         raise UserError(str(e)) from None
-      state = train_lib.resize_rings(state, config.synthetic_capacity)
+      state = placement.resize_rings(state, config.synthetic_capacity)
       r.diverged = {int(d["seed"]): d for d in (meta or {}).get("diverged", [])}
       log(f"Resumed from {r.ckpt.directory} at epoch {int(np.asarray(state.epoch)[0])}.")
     states.append(state)
@@ -242,9 +242,9 @@ def prepare(groups, records, keep, should_stop, data_options):
   # The cell axis lives split over all devices (of all processes) from here on; the datasets are
   # copied to every device once.
   program = Program(config=config, num_cells=len(cell_configs),
-                    state=train_lib.shard_cells(join(states)), real=train_lib.replicate(stacked),
-                    keys=train_lib.shard_cells(join(epoch_keys)),
-                    cells=train_lib.shard_cells(train_lib.make_cells(
+                    state=placement.shard_cells(join(states)), real=placement.replicate(stacked),
+                    keys=placement.shard_cells(join(epoch_keys)),
+                    cells=placement.shard_cells(train_lib.make_cells(
                         cell_dataset, sizes[cell_dataset], cell_configs)),
                     start=starts[0],
                     per_cell=train_lib.per_cell_settings([g.config for g in groups]))
@@ -330,7 +330,7 @@ def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> boo
       # The group's cells with the group's own ring (what a plain run of it saves), each device
       # keeping the cells it holds: every process writes its own shards (every process calls
       # save; nothing is gathered).
-      state = train_lib.take_cells(program.state, r.cells, r.config.synthetic_capacity)
+      state = placement.take_cells(program.state, r.cells, r.config.synthetic_capacity)
       meta = {"epoch": epoch, "diverged": list(r.diverged.values()),
               "q": list(r.q.records.values())}
       if evals is not None:      # what writing this point's rows needs, should they be lost

@@ -32,7 +32,7 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.bench_epoch_changes import ROWS, build, synthetic
-from mombo_jax.core import buffer, cell_layout, train
+from mombo_jax.core import buffer, train
 from mombo_jax.dynamics import dynamics_training
 from mombo_jax.settings import config as config_lib
 
@@ -44,24 +44,19 @@ def _cell(tree, c):
 
 
 def compile_way(way, config, state, stacked, cells, keys):
-  saved = os.environ.get(cell_layout.ENV)
+  layout = "loop" if way == "separate" else way
   try:
-    os.environ[cell_layout.ENV] = "loop" if way == "separate" else way
     train._cells_chunk.cache_clear()   # programs are cached per config: build each anew
     if way == "separate":
-      chunk = train.make_cells_chunk(config, 1, 1)
+      chunk = train.make_cells_chunk(config, 1, 1, layout=layout)
       args = (jax.tree.map(jnp.asarray, _cell(state, 0)), stacked, keys[:1], _cell(cells, 0), 0, 1)
     else:
-      chunk = train.make_cells_chunk(config, keys.shape[0], 1)
+      chunk = train.make_cells_chunk(config, keys.shape[0], 1, layout=layout)
       args = (jax.tree.map(jnp.asarray, state), stacked, keys, cells, 0, 1)
     t = time.perf_counter()
     compiled = chunk.lower(*args).compile()
     return compiled, time.perf_counter() - t
   finally:
-    if saved is None:
-      os.environ.pop(cell_layout.ENV, None)
-    else:
-      os.environ[cell_layout.ENV] = saved
     train._cells_chunk.cache_clear()
 
 

@@ -75,24 +75,18 @@ def build(algo, args, real, cells=1):
 
 def compile_variant(name, config, state, stacked, cells, keys):
   new_dw, eigen, pieces = VARIANTS[name]
-  saved = (critics.matmul, dynamics.PREDICT_ROWS, os.environ.get("MOMBO_JAX_CPU_DOTS"),
-           train._POLICY_ROWS)
+  saved = (critics.matmul, dynamics.PREDICT_ROWS, None, train._POLICY_ROWS)
   try:
     critics.matmul = saved[0] if new_dw else _plain_matmul
     dynamics.PREDICT_ROWS = saved[1] if pieces else 1 << 40
     train._POLICY_ROWS = saved[3] if pieces else 1 << 40
-    os.environ["MOMBO_JAX_CPU_DOTS"] = "eigen" if eigen else "xla"
     train._cells_chunk.cache_clear()   # the programs are cached per config: build each anew
-    chunk = train.make_cells_chunk(config, 1, 1)
+    chunk = train.make_cells_chunk(config, 1, 1, cpu_dots="eigen" if eigen else "xla")
     args = (jax.tree.map(jnp.asarray, state), stacked, keys, cells, 0, 1)
     compiled = chunk.lower(*args).compile()
     flops = common.jaxpr_flops(chunk.__wrapped__, *args) if name == "after" else None
   finally:
     critics.matmul, dynamics.PREDICT_ROWS, train._POLICY_ROWS = saved[0], saved[1], saved[3]
-    if saved[2] is None:
-      os.environ.pop("MOMBO_JAX_CPU_DOTS", None)
-    else:
-      os.environ["MOMBO_JAX_CPU_DOTS"] = saved[2]
     train._cells_chunk.cache_clear()
   text = compiled.as_text()
   counts = dict(transposes=sum(" transpose(" in line for line in text.splitlines()),

@@ -1,5 +1,5 @@
-"""core/cell_layout: the layout read from MOMBO_JAX_CELLS (loop on CPU by default), refused with a
-clear error before any work when it names no layout. (That a looped cell trains as its own one-cell
+"""core/cell_layout: the layout passed down from MOMBO_JAX_CELLS (settings/environment.py reads it;
+loop on CPU by default), refused with a clear error before any work when it names no layout. (That a looped cell trains as its own one-cell
 program: tests/test_train.py.)"""
 import jax
 import jax.numpy as jnp
@@ -9,19 +9,36 @@ import pytest
 from mombo_jax.core import cell_layout
 from mombo_jax.errors import InvalidArgument, UserError
 from mombo_jax.run import preflight
+from mombo_jax.settings import environment
 
-ENV = cell_layout.ENV
+ENV = "MOMBO_JAX_CELLS"
 
 
 def test_the_layout_is_loop_on_cpu_unless_the_environment_says(monkeypatch):
+  assert environment.CELLS_ENV == ENV and environment.LAYOUTS == cell_layout.LAYOUTS
   monkeypatch.delenv(ENV, raising=False)
-  assert cell_layout.layout() == ("loop" if jax.default_backend() == "cpu" else "vmap")
+  assert environment.cells() is None
+  assert cell_layout.layout(environment.cells()) == (
+      "loop" if jax.default_backend() == "cpu" else "vmap")
   for how in cell_layout.LAYOUTS:
     monkeypatch.setenv(ENV, f" {how.upper()} ")
-    assert cell_layout.layout() == how
+    assert cell_layout.layout(environment.cells()) == how
   monkeypatch.setenv(ENV, "scan")
   with pytest.raises(InvalidArgument, match=f"{ENV}='scan'.*'vmap'.*'loop'"):
-    cell_layout.layout()
+    environment.cells()
+  with pytest.raises(ValueError, match="'scan'"):
+    cell_layout.layout("scan")
+
+
+def test_the_core_reads_no_environment_variable():
+  """The core takes MOMBO_JAX_CELLS / MOMBO_JAX_CPU_DOTS as arguments: no module of core/ reads
+  os.environ (settings/environment.py does, above it)."""
+  import os
+  core = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mombo_jax",
+                      "core")
+  readers = [f for f in sorted(os.listdir(core)) if f.endswith(".py")
+             and any(s in open(os.path.join(core, f)).read() for s in ("os.environ", "getenv"))]
+  assert readers == []
 
 
 def test_a_bad_layout_is_refused_before_any_work(monkeypatch, tmp_path):

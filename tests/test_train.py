@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax.core import buffer, cell_layout, dynamics
+from mombo_jax.core import buffer, dynamics
 from mombo_jax.settings import config as config_lib
 from mombo_jax.core import placement, train as train_lib
 
@@ -270,7 +270,7 @@ def test_cells_differing_in_their_datasets_settings_train_as_their_single_progra
 
 
 @pytest.mark.bit_identity
-def test_a_looped_cell_trains_as_its_own_one_cell_program(cfg, real, monkeypatch):
+def test_a_looped_cell_trains_as_its_own_one_cell_program(cfg, real):
   """cell_layout 'loop' (the CPU default): each cell of a 2-cell program ends the epoch where a
   one-cell program of that cell (its state, key and Cell) ends, state and metrics bit for bit, so a
   seed's numbers do not depend on how many seeds share its program. 'vmap' ends there up to the
@@ -280,8 +280,7 @@ def test_a_looped_cell_trains_as_its_own_one_cell_program(cfg, real, monkeypatch
   cell = lambda tree, c: jax.tree.map(lambda x: x[c:c + 1], tree)  # noqa: E731
   ran = {}
   for how in ("loop", "vmap"):
-    monkeypatch.setenv(cell_layout.ENV, how)
-    ran[how] = _host(train_lib.make_cells_epoch(cfg, SEEDS)(
+    ran[how] = _host(train_lib.make_cells_epoch(cfg, SEEDS, layout=how)(
         jax.tree.map(jnp.asarray, state), stacked, keys, cells))
   for c in range(SEEDS):
     alone = _host(train_lib.make_cells_epoch(cfg, 1)(

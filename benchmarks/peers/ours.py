@@ -14,6 +14,7 @@ from benchmarks.peers import work as work_lib
 from mombo_jax.core import buffer, dynamics, rollout, sac, targets
 from mombo_jax.settings import config as config_lib
 from mombo_jax.core import placement, termination, train
+from mombo_jax.settings import environment
 
 
 def make_config(work: work_lib.Work, seeds: int = 1, **overrides):
@@ -54,7 +55,8 @@ class Ours:
     self.state = placement.shard_cells(state)
     self.stacked, self.cells = placement.replicate(stacked), placement.shard_cells(cells)
     self.keys = placement.shard_cells(self.keys)
-    self.chunk = train.make_cells_chunk(config, seeds, 1)
+    self.chunk = train.make_cells_chunk(config, seeds, 1, layout=environment.cells(),
+                                        cpu_dots=environment.cpu_dots())
     self.epoch = 0
     # One seed's pieces (profile.py and the FLOP count).
     self.real, self.dyn1 = real, jax.tree.map(lambda x: x[0], dyn)

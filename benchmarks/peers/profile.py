@@ -97,9 +97,10 @@ def _tree_sum(tree):
 
 def profile_ours(side, n, repeats):
   from mombo_jax.core import train, xla_options
+  from mombo_jax.settings import environment
   config, out = side.config, {}
   # Compiled as the package compiles its training programs (xla_options: Eigen's dots on CPU).
-  measure_ours = functools.partial(measure, options=xla_options.options())
+  measure_ours = functools.partial(measure, options=xla_options.options(environment.cpu_dots()))
   key = jax.random.PRNGKey(5)
   roll_fn, (k, agent, ring) = side.rollout_piece()
   out["rollout"] = measure_ours(roll_fn, (k, agent, ring), repeats, donate=(2,),

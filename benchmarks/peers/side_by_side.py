@@ -75,9 +75,10 @@ def worker(args):
     import jax
     from benchmarks.peers import ours
     from mombo_jax.core import cell_layout
+    from mombo_jax.settings import environment
     side = ours.Ours(work, work_lib.synthetic_data(work.rows), seeds=args.seeds)
     if args.seeds > 1:
-      how = {"loop": "looped", "vmap": "vmapped"}[cell_layout.layout()]
+      how = {"loop": "looped", "vmap": "vmapped"}[cell_layout.layout(environment.cells())]
       notes = [f"its {args.seeds} cells {how} in one program (core/cell_layout)"]
   compile_s = side.compile()
   flops = _count_flops(side, work.steps) if args.flops else None

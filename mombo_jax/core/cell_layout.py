@@ -18,30 +18,26 @@ A "loop" cell runs the one-cell program's arithmetic, so its numbers do not depe
 cells share its program (tests/test_train.py); "vmap" changes the summation order of batched ops
 with C, hence last bits.
 
-`layout()` picks: MOMBO_JAX_CELLS in the environment ('vmap' or 'loop'), else 'loop' on CPU and
-'vmap' on any other backend. Read when a program is built, so set it before the first run in a
-process.
+`layout(choice)` picks: the choice passed down from above the core (settings/environment.py reads
+MOMBO_JAX_CELLS, 'vmap' or 'loop'), else 'loop' on CPU and 'vmap' on any other backend. The core
+reads no environment variable.
 """
-import os
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
-from mombo_jax.errors import InvalidArgument
-
-ENV = "MOMBO_JAX_CELLS"
 LAYOUTS = ("vmap", "loop")
 
 
-def layout() -> str:
-  """'vmap' or 'loop' (see the module docstring), from $ENV or the default backend."""
-  value = os.environ.get(ENV, "").strip().lower()
-  if not value:
+def layout(choice: Optional[str] = None) -> str:
+  """'vmap' or 'loop' (see the module docstring): `choice` (settings.environment.cells(), from
+  MOMBO_JAX_CELLS), or for None the default backend's."""
+  if choice is None:
     return "loop" if jax.default_backend() == "cpu" else "vmap"
-  if value not in LAYOUTS:
-    raise InvalidArgument(f"{ENV}={value!r}: use 'vmap' (cells side by side) or 'loop' (one "
-                          "after another), or unset it (loop on CPU, vmap elsewhere).")
-  return value
+  if choice not in LAYOUTS:
+    raise ValueError(f"cell layout {choice!r}: one of {LAYOUTS}.")
+  return choice
 
 
 def over_cells(epoch, how: str):

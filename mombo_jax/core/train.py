@@ -223,9 +223,9 @@ def _policy(agent, config, obs, key):
 _POLICY_ROWS = dynamics.PREDICT_ROWS
 
 
-def make_cells_epoch(config, num_cells: int, per_cell=()):
+def make_cells_epoch(config, num_cells: int, per_cell=(), layout=None, cpu_dots: str = "eigen"):
   """jit(shard_map(epoch over cells)) over a leading cell axis of state, key and cells (each
-  device's cells vmapped or looped: cell_layout.layout()); the datasets are shared:
+  device's cells vmapped or looped: cell_layout.layout(layout)); the datasets are shared:
   fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C])
     -> (state [C], metrics {name: [C, ...]} as make_epoch's, with the cell axis first).
 
@@ -237,14 +237,18 @@ def make_cells_epoch(config, num_cells: int, per_cell=()):
   by jit. num_cells is C and must split evenly over the devices (check_cell_count). The state
   argument is donated: its buffers (the ring buffer above all) are reused in place. Cached per
   config's EpochSettings (config.epoch_settings: what the epoch reads), so runs in one process
-  share the compiled function.
+  share the compiled function. layout ('vmap', 'loop'; None: the backend's default) and cpu_dots
+  ('eigen', 'xla': xla_options) come from above the core (settings/environment.py reads them from
+  MOMBO_JAX_CELLS and MOMBO_JAX_CPU_DOTS; runner.compile_chunk passes them).
   """
   check_cell_count(num_cells)
   per_cell = _settings(per_cell)
-  return _cells_epoch(epoch_settings(config, per_cell), per_cell, cell_layout.layout())
+  return _cells_epoch(epoch_settings(config, per_cell), per_cell, cell_layout.layout(layout),
+                      cpu_dots)
 
 
-def make_cells_chunk(config, num_cells: int, max_epochs: int, per_cell=()):
+def make_cells_chunk(config, num_cells: int, max_epochs: int, per_cell=(), layout=None,
+                     cpu_dots: str = "eigen"):
   """jit(shard_map(fori_loop over epochs of the epoch over cells, cell_layout's)):
   fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C], start: int32 [], n: int32 [])
     -> (state [C], metrics {name: [max_epochs, C]})
@@ -266,7 +270,7 @@ def make_cells_chunk(config, num_cells: int, max_epochs: int, per_cell=()):
   check_cell_count(num_cells)
   per_cell = _settings(per_cell)
   return _cells_chunk(epoch_settings(config, per_cell), int(max_epochs), per_cell,
-                      cell_layout.layout())
+                      cell_layout.layout(layout), cpu_dots)
 
 
 _P = jax.sharding.PartitionSpec
@@ -274,7 +278,7 @@ _P = jax.sharding.PartitionSpec
 _EPOCH_SPECS = (_P(CELL_AXIS), _P(), _P(CELL_AXIS), _P(CELL_AXIS))
 
 
-def _over_cells(per_device, in_specs, out_specs):
+def _over_cells(per_device, in_specs, out_specs, cpu_dots):
   """jit(shard_map(per_device)) on cell_mesh, the state (argument 0) donated.
 
   shard_map, not sharding propagation alone: each device runs per_device on its own cells, and
@@ -284,14 +288,14 @@ def _over_cells(per_device, in_specs, out_specs):
   named = lambda spec: jax.sharding.NamedSharding(mesh, spec)  # noqa: E731
   fn = jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                      check_vma=False)
-  return xla_options.jit(fn, donate_argnums=0, in_shardings=tuple(map(named, in_specs)),
+  return xla_options.jit(fn, cpu_dots, donate_argnums=0, in_shardings=tuple(map(named, in_specs)),
                          out_shardings=tuple(map(named, out_specs)))
 
 
 @functools.lru_cache(maxsize=16)
-def _cells_epoch(config, per_cell, layout):
+def _cells_epoch(config, per_cell, layout, cpu_dots):
   return _over_cells(cell_layout.over_cells(make_epoch(config, per_cell), layout), _EPOCH_SPECS,
-                     (_P(CELL_AXIS), _P(CELL_AXIS)))
+                     (_P(CELL_AXIS), _P(CELL_AXIS)), cpu_dots)
 
 
 def _per_cell(metrics: dict) -> dict:
@@ -306,7 +310,7 @@ def _per_cell(metrics: dict) -> dict:
 
 # The cache key needs no cell count: the jitted function specialises on its arguments' shapes.
 @functools.lru_cache(maxsize=16)
-def _cells_chunk(config, max_epochs, per_cell, layout):
+def _cells_chunk(config, max_epochs, per_cell, layout, cpu_dots):
   vepoch = cell_layout.over_cells(make_epoch(config, per_cell), layout)
   fold = jax.vmap(jax.random.fold_in, in_axes=(0, None))
 
@@ -334,5 +338,6 @@ def _cells_chunk(config, max_epochs, per_cell, layout):
     n = jnp.clip(jnp.asarray(n, jnp.int32), 0, max_epochs)
     return jax.lax.fori_loop(0, n, body, (state, rows))
 
-  return _over_cells(chunk, _EPOCH_SPECS + (_P(), _P()), (_P(CELL_AXIS), _P(None, CELL_AXIS)))
+  return _over_cells(chunk, _EPOCH_SPECS + (_P(), _P()), (_P(CELL_AXIS), _P(None, CELL_AXIS)),
+                     cpu_dots)
 

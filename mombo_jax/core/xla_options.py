@@ -10,9 +10,9 @@ and relies on running independent dots side by side; Eigen splits every dot over
 `jit` below) pass to `jax.jit(..., compiler_options=...)`:
   - on CPU: {"xla_cpu_experimental_ynn_fusion_type": ""} (no YNNPACK fusion of any kind);
   - on GPU / other backends: None (XLA's defaults; the option concerns the CPU only);
-  - MOMBO_JAX_CPU_DOTS=xla in the environment: None everywhere (XLA's default CPU dots), for
-    comparisons and for CPUs where YNNPACK wins. Read when a program is built, so set it before
-    the first run in a process.
+  - cpu_dots='xla' (MOMBO_JAX_CPU_DOTS=xla in the environment, read above the core by
+    settings/environment.py and passed down): None everywhere (XLA's default CPU dots), for
+    comparisons and for CPUs where YNNPACK wins.
 The choice changes how dot products are summed, hence the last bits of every result: runs are
 reproducible under one choice, not across the two.
 
@@ -20,29 +20,20 @@ jax.jit accepts compiler options only on a top-level function: a program built w
 be traced inside another jit (trace its `__wrapped__` function instead).
 """
 import functools
-import os
 from typing import Optional
 
 import jax
 
-from mombo_jax.errors import InvalidArgument
-
-ENV = "MOMBO_JAX_CPU_DOTS"
+CPU_DOTS = ("eigen", "xla")
 _CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
-def cpu_dots() -> str:
-  """'eigen' (this package's default on CPU) or 'xla' (XLA's own default, YNNPACK), from $ENV."""
-  value = os.environ.get(ENV, "eigen").strip().lower()
-  if value not in ("eigen", "xla"):
-    raise InvalidArgument(f"{ENV}={value!r}: use 'eigen' (the default) or 'xla' (XLA's default "
-                          "CPU dots), or unset it.")
-  return value
-
-
-def options() -> Optional[dict]:
-  """compiler_options for jax.jit of a training program (see the module docstring)."""
-  if jax.default_backend() != "cpu" or cpu_dots() == "xla":
+def options(cpu_dots: str = "eigen") -> Optional[dict]:
+  """compiler_options for jax.jit of a training program (see the module docstring); cpu_dots:
+  'eigen' or 'xla' (settings.environment.cpu_dots())."""
+  if cpu_dots not in CPU_DOTS:
+    raise ValueError(f"cpu_dots={cpu_dots!r}: one of {CPU_DOTS}.")
+  if jax.default_backend() != "cpu" or cpu_dots == "xla":
     return None
   return _accepted(tuple(sorted(_CPU_OPTIONS.items())))
 
@@ -59,7 +50,7 @@ def _accepted(items):
   return opts
 
 
-def jit(fn, **kwargs):
-  """jax.jit(fn, **kwargs) with `options()`: the one way the package compiles a training
+def jit(fn, cpu_dots: str = "eigen", **kwargs):
+  """jax.jit(fn, **kwargs) with `options(cpu_dots)`: the one way the package compiles a training
   program."""
-  return jax.jit(fn, compiler_options=options(), **kwargs)
+  return jax.jit(fn, compiler_options=options(cpu_dots), **kwargs)

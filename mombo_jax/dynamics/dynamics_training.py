@@ -31,6 +31,7 @@ import optax
 from mombo_jax.core import cell_layout
 from mombo_jax.env import stops
 from mombo_jax.dynamics import saved_dynamics
+from mombo_jax.settings import environment
 from mombo_jax.storage import checkpoint
 from mombo_jax.core.dynamics import DynamicsState, apply, loss_fn, make_module
 
@@ -196,7 +197,7 @@ class _Fns(NamedTuple):
 def _compiled(config, batched: bool) -> _Fns:
   """The training functions (_Fns) jitted for one seed, or over a leading seed axis (vmapped or
   looped: core/cell_layout, as the training epoch's cells)."""
-  return _compiled_as(config, cell_layout.layout() if batched else None)
+  return _compiled_as(config, cell_layout.layout(environment.cells()) if batched else None)
 
 
 @functools.lru_cache(maxsize=None)

@@ -4,7 +4,7 @@ written. Errors are errors.UserError naming the flag."""
 import os
 import tempfile
 
-from mombo_jax.core import cell_layout, xla_options
+from mombo_jax.settings import environment
 from mombo_jax.errors import UserError
 
 
@@ -62,8 +62,8 @@ def validate(config, dataset, workdir, dynamics_dir=None, keep=3, stop_after=Non
   """Everything checkable before any data or model work; raises UserError naming the flag.
   cells: how many cells the launch trains in one program (default config.num_seeds)."""
   # A bad MOMBO_JAX_CPU_DOTS / MOMBO_JAX_CELLS is refused here, not when a program is built.
-  xla_options.cpu_dots()
-  cell_layout.layout()
+  environment.cpu_dots()
+  environment.cells()
   if keep is None or keep < 1:
     raise UserError(f"`keep` must be >= 1, got {keep}.", params=("keep",))
   if stop_after is not None and stop_after < 1:

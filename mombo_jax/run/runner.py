@@ -28,7 +28,7 @@ from mombo_jax.core import buffer, dynamics, placement, train as train_lib
 from mombo_jax.data import provenance, scores, transitions as data
 from mombo_jax.env import envs
 from mombo_jax.run import distributed, loggers, overestimation
-from mombo_jax.settings import references
+from mombo_jax.settings import environment, references
 
 # Longest a device call may run (epochs are batched up to the next evaluation, but no more than
 # this by the last call's pace; one epoch at least): SIGTERM / SIGINT are honoured between calls,
@@ -279,7 +279,8 @@ def compile_chunk(program: Program):
   import jax
   import numpy as np
   fn = train_lib.make_cells_chunk(program.config, program.num_cells, program.config.eval_every,
-                                  program.per_cell)
+                                  program.per_cell, layout=environment.cells(),
+                                  cpu_dots=environment.cpu_dots())
   args = (program.state, program.real, program.keys, program.cells, np.int32(program.start),
           np.int32(1))
   leaves, tree = jax.tree.flatten(args)

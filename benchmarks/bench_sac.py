@@ -1,4 +1,4 @@
-"""Benchmark: the online SAC behind the medium / expert datasets (mombo_jax.build.online_sac), on
+"""Benchmark: the online SAC behind the medium / expert datasets (mombo_jax.collection.online_sac), on
 CPU.
 
   nice -n 10 python -m benchmarks.bench_sac --steps=250000 --workdir=/tmp/sac_long  # bench_sac.txt
@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from benchmarks import common
-from mombo_jax.build import online_sac, recipes
+from mombo_jax.collection import online_sac, recipes
 from mombo_jax.data import scores
 from mombo_jax.env import envs
 

@@ -40,7 +40,7 @@ def main():
   p.add_argument("--updates", type=int, default=200)
   p.add_argument("--top", type=int, default=25)
   args = p.parse_args()
-  from mombo_jax.build import online_sac
+  from mombo_jax.collection import online_sac
   from mombo_jax.core import sac
   common.print_header("profile_sac_update")
   print(f"# {args.updates} SAC updates traced (hopper dims, [256, 256] nets, batch 256, replay "

@@ -5,9 +5,9 @@ r"""Build D4RL-recipe datasets as local Minari datasets (docs/spec.md section 7)
       --env=hopper-medium-replay,hopper-medium,hopper-expert,hopper-medium-expert
   python -m experiments.collect --env=walker2d-random-expert-5pct
 
-The recipes (D4RL's, and the paper's mixed datasets) are in mombo_jax/build/recipes.py, the online
-SAC behind the medium / medium-replay / expert qualities in mombo_jax/build/online_sac.py, the saved
-actors in mombo_jax/build/saved_actors.py. Datasets are written under MINARI_DATASETS_PATH as
+The recipes (D4RL's, and the paper's mixed datasets) are in mombo_jax/collection/recipes.py, the online
+SAC behind the medium / medium-replay / expert qualities in mombo_jax/collection/online_sac.py, the saved
+actors in mombo_jax/collection/saved_actors.py. Datasets are written under MINARI_DATASETS_PATH as
 `mombo/<env>/<quality>-v0`; an existing one is never overwritten (it is skipped, with a message)
 unless --overwrite.
 
@@ -52,7 +52,7 @@ import dataclasses
 from absl import flags, logging
 
 from experiments import _cli
-from mombo_jax.build.recipes import Builder, Options
+from mombo_jax.collection.recipes import Builder, Options
 
 FLAGS = flags.FLAGS
 
@@ -111,11 +111,11 @@ def main(argv):
   if not FLAGS.env:
     raise _cli.UsageError("--env is required, e.g. --env=hopper-random. Valid names: "
                           f"{', '.join(config_lib.valid_names())}")
-  from mombo_jax.env import stops
+  from mombo_jax import signals
   # SIGINT / SIGTERM (and SIGUSR1: a launch that builds data through this process passes its
   # stop on) stop within seconds: the SAC run checkpoints where it is (the same command then
   # resumes it bit for bit), a recording is dropped (recorded again: the same episodes).
-  stop = stops.StopFlag()
+  stop = signals.StopFlag()
   stop.install()
   with _cli.as_user_error(ValueError):    # unknown names: the message lists the valid ones
     for name in FLAGS.env:
@@ -128,7 +128,7 @@ def main(argv):
   from mombo_jax.data import minari_io
   print(f"Minari root: {minari_io.datasets_root()}", flush=True)
   for name in FLAGS.env:
-    stops.check(stop, f"before building {name}")
+    signals.check(stop, f"before building {name}")
     builder.build(name)
 
 

@@ -28,7 +28,7 @@ def define_flags():
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  from mombo_jax.build import cards
+  from mombo_jax.collection import cards
   if not FLAGS.dataset:
     raise _cli.UsageError("--dataset is required, e.g. --dataset=hopper-medium-replay.")
   with _cli.as_user_error(ValueError):     # an unknown name: the message lists the valid ones

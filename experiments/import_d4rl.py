@@ -7,7 +7,7 @@ With the default --timeouts=drop the rows come back from
 `mombo_jax.data.transitions.load_transitions` exactly as the paper's loader (adinlab/MOMBO
 utils/load_dataset.py, qlearning_dataset) gives them: the timed-out last step of each episode and
 the file's last row are skipped; --timeouts=keep keeps every row that has a next state (see
-mombo_jax/build/d4rl.py, which also says where D4RL's own qlearning_dataset differs). Before
+mombo_jax/collection/d4rl.py, which also says where D4RL's own qlearning_dataset differs). Before
 writing, a sample of rows is replayed from the file's infos/qpos, infos/qvel in the named env, and a
 file of another env is refused, naming the env it replays as (--nocheck_physics skips this; a file
 without infos/qpos is imported with a line saying it could not be checked). The episodes' mean
@@ -19,13 +19,13 @@ for walker2d the v2 model, right-foot friction 0.9; evaluation, Table 2 and rend
 file's `metadata/*` values and its provenance (every option that shaped the data: the id, the
 timeout mode, --drop_nonfinite and the rows it dropped; the physics and quality checks; all shown on
 its card, whose rebuild command makes the same dataset again). The last line printed is the Minari
-id written. The import is mombo_jax.build.d4rl's (import_file); this program only
+id written. The import is mombo_jax.collection.d4rl's (import_file); this program only
 parses the flags.
 """
 from absl import flags, logging
 
 from experiments import _cli
-from mombo_jax.build.d4rl import TIMEOUT_MODES, import_file
+from mombo_jax.collection.d4rl import TIMEOUT_MODES, import_file
 
 FLAGS = flags.FLAGS
 

@@ -59,8 +59,8 @@ def main(argv):
   if stray:
     raise _cli.UsageError(f"{' '.join(stray)}: not a folder. Every word names a folder of runs, "
                           "and every option is a --flag (e.g. --out=DIR; see --help).")
-  from mombo_jax.report import report
-  result = report.write_report(dirs, FLAGS.out, log=lambda m: print(m, file=sys.stderr))
+  from mombo_jax.report import writer
+  result = writer.write_report(dirs, FLAGS.out, log=lambda m: print(m, file=sys.stderr))
   print(f"{len(result['runs'])} run(s) in {len(result['groups'])} group(s); wrote "
         + ", ".join(result["files"]))
 

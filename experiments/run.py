@@ -129,12 +129,12 @@ FLAG_NAMES = {"num_seeds": "seeds", "dyn_max_epochs": "dynamics_max_epochs",
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
-  from mombo_jax.env import stops
+  from mombo_jax import signals
   from mombo_jax.run import compilation_cache, console, distributed, runner
   from mombo_jax.settings import config as config_lib
   from mombo_jax.run import groups as groups_lib
   from mombo_jax.records import workdir as workdir_lib
-  stop = stops.StopFlag()
+  stop = signals.StopFlag()
   stop.install()
   # before anything touches JAX's devices
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,

@@ -41,9 +41,9 @@ def define_flags():
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
-  from mombo_jax.env import stops
+  from mombo_jax import signals
   from mombo_jax.dynamics import dynamics_store
-  stop = stops.StopFlag()
+  stop = signals.StopFlag()
   stop.install()
   dynamics_store.train_dynamics(
       env=FLAGS.env, dataset=FLAGS.dataset, seeds=FLAGS.seeds, seed=FLAGS.seed,

@@ -1,12 +1,13 @@
-"""Stopping within seconds and resuming exactly: the stop request (StopFlag, set by SIGINT /
-SIGTERM, and passed on to a child process by run_child), how long device calls of a long loop may
-run (Chunks), the stop check between them (check), and the host state beside a checkpoint's
-arrays that an exact resume of a host loop needs (numpy Generators, a MuJoCo env mid-episode), as JSON.
+"""Stopping within seconds: the stop request (StopFlag, set by SIGINT / SIGTERM, and passed on to a
+child process by run_child), how long device calls of a long loop may run (Chunks), and the stop
+check between them (check). Process signals, not environments: every layer from env/ up polls it.
+The host state an exact resume of a host loop needs (numpy Generators, a MuJoCo env mid-episode):
+mombo_jax/env/host_state.py.
 
 A stop request (StopFlag: SIGINT / SIGTERM) is a flag the loops poll between device calls
 and env steps; a compiled call cannot be interrupted, so the loops that would otherwise hand the
 device minutes of work at once (an epoch of dynamics training, the collector's chunk of gradient
-steps) run it as a traced-bound fori_loop in calls of about CHUNK_SECONDS each. Where the calls
+steps) run it as a traced-bound fori_loop in calls of about POLL_SECONDS each. Where the calls
 split the work changes no bit of the result (the same loop body; the carry passes on unchanged).
 """
 from __future__ import annotations
@@ -18,19 +19,17 @@ import sys
 import time
 from typing import Callable, Optional
 
-import numpy as np
-
 from mombo_jax.errors import Interrupted
 
 # Longest a device call of a long loop should run, by the last call's pace: a stop request waits
 # about this long (plus the checkpoint), not for an epoch (minutes on a 1M-transition dataset on a
 # loaded CPU) or a chunk of 1000 SAC updates (~10 s there).
-CHUNK_SECONDS = 1.0
+POLL_SECONDS = 1.0
 
 
 class StopFlag:
   """Callable flag set by SIGINT / SIGTERM: the run stops at the next safe point (within seconds:
-  the loops poll it between device calls of about stops.CHUNK_SECONDS and between env steps),
+  the loops poll it between device calls of about signals.POLL_SECONDS and between env steps),
   checkpoints and exits; a second signal aborts at once. SIGUSR1 is a stop request passed on by a
   parent process (run_child): it sets the flag like the first signal and never aborts, so
   that a Ctrl-C that reached both processes is not taken twice."""
@@ -93,7 +92,7 @@ def check(should_stop: Optional[Callable[[], bool]], where: str):
 
 
 class Chunks:
-  """Lengths of the device calls of a loop of `total` iterations: about seconds (CHUNK_SECONDS) by
+  """Lengths of the device calls of a loop of `total` iterations: about seconds (POLL_SECONDS) by
   the last call's pace, one iteration while the pace is unknown (the first call compiles).
   on_pace(seconds per iteration), if given, is called once, after the second call (the first
   pace without compilation)."""
@@ -101,7 +100,7 @@ class Chunks:
   def __init__(self, total: int, seconds: Optional[float] = None,
                on_pace: Optional[Callable[[float], None]] = None):
     self.total, self.on_pace = int(total), on_pace
-    self.seconds = CHUNK_SECONDS if seconds is None else seconds
+    self.seconds = POLL_SECONDS if seconds is None else seconds
     self.pace = None                  # seconds per iteration of the last call
     self.calls = 0
 
@@ -120,60 +119,3 @@ class Chunks:
     if self.calls == 2 and self.on_pace is not None:
       self.on_pace(self.pace)
     return out
-
-
-# ------------------------------------------------------------------ host state for exact resumes
-
-def rng_state(rng: np.random.Generator) -> dict:
-  """A numpy Generator's bit-generator state as JSON (its 128-bit integers as hex strings)."""
-  def enc(x):
-    if isinstance(x, dict):
-      return {k: enc(v) for k, v in x.items()}
-    return hex(x) if isinstance(x, int) and not isinstance(x, bool) else x
-  return enc(rng.bit_generator.state)
-
-
-def rng_from_state(state: dict) -> np.random.Generator:
-  """The Generator rng_state(g) saved: it draws what g would have drawn next."""
-  def dec(x):
-    if isinstance(x, dict):
-      return {k: dec(v) for k, v in x.items()}
-    return int(x, 16) if isinstance(x, str) and x.startswith(("0x", "-0x")) else x
-  state = dec(state)
-  rng = np.random.Generator(getattr(np.random, state["bit_generator"])())
-  rng.bit_generator.state = state
-  return rng
-
-
-def env_state(env) -> dict:
-  """A gymnasium MuJoCo env mid-episode as JSON: MuJoCo's integration state (time, qpos, qvel,
-  act, controls, applied forces, the solver's warm start: what mj_step reads, so that stepping
-  on from it is bit for bit stepping on the original) and the time limit's elapsed steps."""
-  import mujoco
-  model, data = env.unwrapped.model, env.unwrapped.data
-  spec = mujoco.mjtState.mjSTATE_INTEGRATION
-  out = np.empty(mujoco.mj_stateSize(model, spec), np.float64)
-  mujoco.mj_getState(model, data, out, spec)
-  return dict(mujoco=[float(x) for x in out], elapsed_steps=_elapsed(env))
-
-
-def restore_env(env, state: dict):
-  """Puts env (built as the saved one was, then reset: gymnasium wants a reset before a step)
-  into env_state's `state`."""
-  import mujoco
-  model, data = env.unwrapped.model, env.unwrapped.data
-  spec = mujoco.mjtState.mjSTATE_INTEGRATION
-  values = np.asarray(state["mujoco"], np.float64)
-  if values.shape != (mujoco.mj_stateSize(model, spec),):
-    raise ValueError(f"The saved env state has {values.size} values; this env's MuJoCo state has "
-                     f"{mujoco.mj_stateSize(model, spec)} (another model or MuJoCo version).")
-  mujoco.mj_setState(model, data, values, spec)
-  if state.get("elapsed_steps") is not None:
-    env.set_wrapper_attr("_elapsed_steps", int(state["elapsed_steps"]))
-
-
-def _elapsed(env) -> Optional[int]:
-  try:
-    return int(env.get_wrapper_attr("_elapsed_steps"))
-  except AttributeError:               # no time limit
-    return None

@@ -78,7 +78,7 @@ def minari_root(tmp_path_factory):
 def hopper_random_2000(minari_root):
   """`hopper-random`, 2,000 uniform-random steps (seed 0), in the session's Minari root: built once
   and shared by every test module that trains on it."""
-  from mombo_jax.build import recipes
+  from mombo_jax.collection import recipes
   recipes.build_random("hopper-random", steps=2000, seed=0, log_fn=lambda *a: None)
   return "hopper-random"
 

@@ -23,14 +23,14 @@ def tiny_run(hopper_random_2000, tmp_path_factory):
   """(workdir, CellState [2 seeds]) of a 2-seed MOMBO run folder on hopper-random."""
   import jax
   from mombo_jax.core import buffer, dynamics
-  from mombo_jax.data import transitions as data, provenance
+  from mombo_jax.data import transitions as transitions_lib, provenance
   from mombo_jax.settings import config as config_lib
   from mombo_jax.core import train as train_lib
   from mombo_jax.records.workdir import Workdir
   workdir = str(tmp_path_factory.mktemp("tiny_mombo_run"))
   wd = Workdir(workdir)
   config = config_lib.make_config(DATASET, "mombo", preset="tiny", **TINY)
-  transitions = data.load_transitions(DATASET)
+  transitions = transitions_lib.load_transitions(DATASET)
   # config.json records the identity of the data, as experiments.run writes it (runner.prepare).
   record = wd.check_data(wd.check_config(config, DATASET)[0],
                          provenance.dataset_identity(DATASET, transitions))[0]

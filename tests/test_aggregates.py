@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from mombo_jax.report import aggregates, report
+from mombo_jax.report import aggregates, writer
 from tests.test_report import _write_run
 
 REPS = 300
@@ -160,7 +160,7 @@ def test_report_writes_the_section_and_the_figure(tmp_path, monkeypatch):
   monkeypatch.setattr(aggregates, "PROFILE_REPS", 50)
   finals = _runs(tmp_path / "runs")
   logged = []
-  result = report.write_report([str(tmp_path / "runs")], str(tmp_path / "out"),
+  result = writer.write_report([str(tmp_path / "runs")], str(tmp_path / "out"),
                                log=logged.append)
   assert not any("rliable" in line for line in logged), logged
   figure = tmp_path / "out" / aggregates.PROFILE_FILE
@@ -193,7 +193,7 @@ def test_without_rliable_the_report_asks_for_it_in_one_line(tmp_path, monkeypatc
   assert "pip install 'mombo_jax[report]'" in str(e.value) and "\n" not in str(e.value)
   _runs(tmp_path / "runs")
   logged = []
-  result = report.write_report([str(tmp_path / "runs")], str(tmp_path / "out"),
+  result = writer.write_report([str(tmp_path / "runs")], str(tmp_path / "out"),
                                log=logged.append)
   assert [line for line in logged if "rliable" in line] == [f"warning: {e.value}"]
   assert logged[0].startswith("warning: the across-task aggregates need rliable: pip install "

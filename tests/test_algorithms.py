@@ -1,4 +1,4 @@
-"""Algorithms as values (mombo_jax.core.algorithms) and the epoch's settings (config.EpochSettings).
+"""Algorithms as values (mombo_jax.core.algorithms) and the epoch's settings (epoch_settings.EpochSettings).
 
 A toy algorithm registered from outside the package trains end to end with the tiny preset, its
 compiled epoch built from its EpochSettings alone (so the epoch reads nothing else of the
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mombo_jax.core import algorithms, targets
+from mombo_jax.core.epoch_settings import epoch_settings
 from mombo_jax.run import runner
 from mombo_jax.settings import config as config_lib
 from mombo_jax.records.workdir import run_dir
@@ -68,12 +69,12 @@ def test_epoch_settings_hold_what_the_epoch_computes_with():
                                 dyn_max_epochs=9, real_ratio=a.real_ratio,
                                 rollout_length=a.rollout_length, auto_alpha=a.auto_alpha,
                                 alpha=a.alpha)
-  assert config_lib.epoch_settings(a) == config_lib.epoch_settings(same)
-  assert not hasattr(config_lib.epoch_settings(a), "env")          # no faked dataset name
+  assert epoch_settings(a) == epoch_settings(same)
+  assert not hasattr(epoch_settings(a), "env")          # no faked dataset name
   for change in (dict(gamma=0.9), dict(actor_lr=1e-3), dict(algo="mopo")):
-    assert config_lib.epoch_settings(a) != config_lib.epoch_settings(
+    assert epoch_settings(a) != epoch_settings(
         dataclasses.replace(a, **change))
-  cells = config_lib.epoch_settings(a, ("rollout_length", "real_ratio"))
+  cells = epoch_settings(a, ("rollout_length", "real_ratio"))
   assert (cells.beta, cells.real_ratio, cells.rollout_length) == (None, None, a.rollout_length)
 
 
@@ -84,7 +85,7 @@ def test_a_registered_toy_algorithm_trains_with_the_tiny_preset(hopper_random_20
   records it, its results are finite."""
   config = config_lib.make_config(hopper_random_2000, "toy_bonus", preset="tiny", **TINY)
   assert config.reference == "offlinerl_kit"           # MOPO's tables, as it asked
-  assert config_lib.epoch_settings(config).algorithm is TOY
+  assert epoch_settings(config).algorithm is TOY
   workdir = run_dir(str(tmp_path), hopper_random_2000, "toy_bonus", config.target, config.seed,
                     config.num_seeds)
   assert os.path.join(hopper_random_2000, TOY.label, "s0x1") in workdir
@@ -98,7 +99,7 @@ def test_a_registered_toy_algorithm_trains_with_the_tiny_preset(hopper_random_20
 
 
 def test_online_sac_is_plain_sac_with_its_own_env():
-  from mombo_jax.build import online_sac
+  from mombo_jax.collection import online_sac
   settings = online_sac.online_config("hopper", (16, 16), 32)
   assert settings.algorithm is algorithms.SAC and algorithms.SAC.penalty is None
   assert settings.env_name == "hopper" and not hasattr(settings, "env")

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from mombo_jax.analysis import trained
-from mombo_jax.data import transitions as data, provenance
+from mombo_jax.data import transitions as transitions_lib, provenance
 from mombo_jax.records.workdir import Workdir
 from tests.conftest import minari_root_at
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401  (session fixture)
@@ -22,10 +22,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def rebuilt(tiny_run, tmp_path_factory):
   """(a copy of the tiny run, a Minari root whose hopper-random was rebuilt with other contents,
   the run's recorded identity)."""
-  from mombo_jax.build import recipes
+  from mombo_jax.collection import recipes
   workdir, _ = tiny_run
   recorded = Workdir(workdir).read_record()["data"]             # as experiments.run records it
-  assert recorded == provenance.dataset_identity(DATASET, data.load_transitions(DATASET))
+  assert recorded == provenance.dataset_identity(DATASET, transitions_lib.load_transitions(DATASET))
   copy = str(tmp_path_factory.mktemp("run") / "s0x2")
   shutil.copytree(workdir, copy)
   root = tmp_path_factory.mktemp("rebuilt_minari")

@@ -4,7 +4,7 @@ import re
 
 import numpy as np
 
-from mombo_jax.build import cards, d4rl
+from mombo_jax.collection import cards, d4rl
 from mombo_jax.data import minari_io, scores
 from mombo_jax.data.minari_io import read_episodes
 from tests.test_import_d4rl import _arrays, _write

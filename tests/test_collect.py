@@ -1,4 +1,4 @@
-"""Dataset building (mombo_jax.build.recipes, behind experiments.collect): recipes on tiny budgets,
+"""Dataset building (mombo_jax.collection.recipes, behind experiments.collect): recipes on tiny budgets,
 written as real Minari datasets, read back; the robust medium point; saved actors and datasets
 rebuilt from them (--from_actors)."""
 import dataclasses
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from mombo_jax import errors
-from mombo_jax.build import online_sac, recipes, recording, saved_actors
+from mombo_jax.collection import online_sac, recipes, recording, saved_actors
 from mombo_jax.core import actor_policy
-from mombo_jax.data import transitions as data, minari_io, provenance, scores
+from mombo_jax.data import transitions as transitions_lib, minari_io, provenance, scores
 from mombo_jax.env import envs
 from tests.conftest import minari_root_at
 
@@ -77,7 +77,7 @@ def test_build_random(root):
   dataset_id = recipes.build_random("hopper-random", steps=300, seed=0, log_fn=lambda *_: None,
                                     max_episode_steps=30)
   assert dataset_id == "mombo/hopper/random-v0"
-  t = data.load_transitions("hopper-random")
+  t = transitions_lib.load_transitions("hopper-random")
   assert len(t.rewards) == 300 and t.observations.dtype == np.float32
   assert np.all(np.abs(t.actions) <= 1.0) and t.actions.std() > 0.3  # uniform in [-1, 1]
   _check_chaining(t, minari_io.read_episodes("hopper-random"))
@@ -88,7 +88,7 @@ def test_build_random(root):
   with pytest.raises(errors.UserError, match="overwrite=True"):
     recipes.build_random("hopper-random", steps=10, log_fn=lambda *_: None)
   recipes.build_random("hopper-random", steps=50, seed=1, log_fn=lambda *_: None, overwrite=True)
-  assert len(data.load_transitions("hopper-random").rewards) == 50  # not the cached 300 rows
+  assert len(transitions_lib.load_transitions("hopper-random").rewards) == 50  # not the cached 300 rows
   # Provenance: the recipe, what was written, the recipe's full size and how to rebuild it.
   assert provenance.provenance("hopper-random") == {
       "recipe": "random", "steps": 50, "recipe_steps": 1_000_000,
@@ -160,18 +160,18 @@ def test_sac_qualities_end_to_end(root, tmp_path):
   # medium_fraction=-1: the first evaluation (step 100) is the medium point.
   result = builder.sac_run("hopper")
   assert result.medium_step == 100 and [s for s, _ in result.evals] == [100, 200, 300]
-  replay = data.load_transitions("hopper-medium-replay")
+  replay = transitions_lib.load_transitions("hopper-medium-replay")
   assert len(replay.rewards) == 100
   _check_chaining(replay, minari_io.read_episodes("hopper-medium-replay"))
-  medium = data.load_transitions("hopper-medium")
-  expert = data.load_transitions("hopper-expert")
-  both = data.load_transitions("hopper-medium-expert")
+  medium = transitions_lib.load_transitions("hopper-medium")
+  expert = transitions_lib.load_transitions("hopper-expert")
+  both = transitions_lib.load_transitions("hopper-medium-expert")
   assert len(medium.rewards) == len(expert.rewards) == opts.steps
   np.testing.assert_array_equal(both.observations,
                                 np.concatenate([medium.observations, expert.observations]))
   # The SAC policies act in [-1, 1] and are not the random policy's uniform actions.
   assert np.all(np.abs(expert.actions) <= 1.0)
-  random = data.load_transitions("hopper-random")  # built as the mixture's ingredient
+  random = transitions_lib.load_transitions("hopper-random")  # built as the mixture's ingredient
   mixed = minari_io.read_episodes("hopper-random-medium-10pct")
   total = sum(len(e["rewards"]) for e in mixed)
   assert abs(total - len(random.rewards)) <= opts.max_episode_steps
@@ -202,7 +202,7 @@ def test_sac_qualities_end_to_end(root, tmp_path):
   with minari_root_at(tmp_path / "from_actors"):
     recipes.Builder(dataclasses.replace(opts, from_actors=actors),
                     log_fn=logs.append).build("hopper-medium-expert")
-    again = data.load_transitions("hopper-medium-expert")
+    again = transitions_lib.load_transitions("hopper-medium-expert")
     assert not minari_io.exists_locally("hopper-medium")   # recorded, not written as ingredients
   for field in again._fields:
     np.testing.assert_array_equal(getattr(again, field), getattr(both, field))
@@ -232,7 +232,7 @@ def test_medium_builds_stop_the_sac_run_at_the_medium_point(tmp_path):
     result = builder.sac_run("hopper", until_medium=True)
     assert result.steps_done == result.medium_step == 100 and result.evals == [(100, result.evals[0][1])]
     assert any("stopped at its medium point" in line for line in logs)
-    assert len(data.load_transitions("hopper-medium-replay").rewards) == 100
+    assert len(transitions_lib.load_transitions("hopper-medium-replay").rewards) == 100
     # The medium actor is saved at the medium point; there is no expert yet.
     actors = tmp_path / "work" / "hopper" / "actors"
     assert sorted(os.listdir(actors)) == ["medium.json", "medium.msgpack"]
@@ -250,7 +250,7 @@ def test_medium_builds_stop_the_sac_run_at_the_medium_point(tmp_path):
     logs.clear()
     recipes.Builder(opts, log_fn=logs.append).build("hopper-expert")
     assert any("resumed the SAC run at step 100" in line for line in logs)
-    assert len(data.load_transitions("hopper-expert").rewards) == opts.steps
+    assert len(transitions_lib.load_transitions("hopper-expert").rewards) == opts.steps
     assert (actors / "medium.msgpack").read_bytes() == medium_bytes
     with open(actors / "expert.json") as f:
       assert json.load(f)["sac_step"] == 300
@@ -309,9 +309,9 @@ def test_kill_9_mid_sac_resumes_from_the_last_checkpoint(tmp_path):
   with minari_root_at(tmp_path / "straight"):
     opts = recipes.Options(**{**args, "workdir": str(tmp_path / "w2")})
     recipes.Builder(opts, log_fn=lambda *_: None).build("hopper-medium-replay")
-    straight = data.load_transitions("hopper-medium-replay")
+    straight = transitions_lib.load_transitions("hopper-medium-replay")
   with minari_root_at(tmp_path / "killed"):
-    resumed = data.load_transitions("hopper-medium-replay")
+    resumed = transitions_lib.load_transitions("hopper-medium-replay")
   assert len(resumed.rewards) == len(straight.rewards) == 400
   for field in ("observations", "actions", "rewards", "next_observations", "terminals"):
     np.testing.assert_array_equal(getattr(resumed, field), getattr(straight, field))
@@ -454,7 +454,7 @@ def test_from_actors_builds_the_same_datasets_twice(tmp_path):
       builder = recipes.Builder(opts, log_fn=lambda *_: None)
       for name in names:
         builder.build(name)
-      return {name: data.load_transitions(name) for name in names}, \
+      return {name: transitions_lib.load_transitions(name) for name in names}, \
           {name: provenance.provenance(name) for name in names}
   first, prov = build("a", opts)
   second, _ = build("b", opts)
@@ -468,7 +468,7 @@ def test_from_actors_builds_the_same_datasets_twice(tmp_path):
   with minari_root_at(tmp_path / "c"):   # another seed, other episodes
     recipes.Builder(dataclasses.replace(opts, seed=6), log_fn=lambda *_: None).build(
         "hopper-medium")
-    assert not np.array_equal(data.load_transitions("hopper-medium").observations,
+    assert not np.array_equal(transitions_lib.load_transitions("hopper-medium").observations,
                               first["hopper-medium"].observations)
   assert not os.path.exists(tmp_path / "work")   # no SAC run
   # Provenance: the actor files (path + sha256) and the command that rebuilds the dataset.
@@ -482,7 +482,7 @@ def test_from_actors_builds_the_same_datasets_twice(tmp_path):
       f"--max_episode_steps=20 --from_actors={actors} --overwrite")
   with minari_root_at(tmp_path / "a"):
     assert sha["expert"] in minari_io.load_dataset("hopper-expert").storage.metadata["description"]
-    from mombo_jax.build import cards
+    from mombo_jax.collection import cards
     card = cards.card_text("hopper-expert")
   assert f"`{actors / 'expert.msgpack'}` (sha256 `{sha['expert']}`, SAC step 2)" in card
   assert "--from_actors=" in card
@@ -535,5 +535,5 @@ def test_from_actors_cli(tmp_path):
   assert good.returncode == 0, good.stderr
   assert "wrote mombo/hopper/medium-v0" in good.stdout
   with minari_root_at(tmp_path / "minari"):
-    assert len(data.load_transitions("hopper-medium").rewards) == 30
+    assert len(transitions_lib.load_transitions("hopper-medium").rewards) == 30
     assert "--from_actors=" in provenance.provenance("hopper-medium")["command"]

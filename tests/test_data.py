@@ -10,7 +10,7 @@ import pytest
 
 from mombo_jax.settings import config as config_lib
 from mombo_jax import errors
-from mombo_jax.data import transitions as data, minari_io, names, scores
+from mombo_jax.data import transitions as transitions_lib, minari_io, names, scores
 from mombo_jax.env import envs
 from tests.conftest import minari_root_at
 
@@ -58,8 +58,8 @@ def tiny(root):
 
 
 def test_round_trip(tiny):
-  t = data.load_transitions(TINY_ID)
-  assert isinstance(t, data.Transitions)
+  t = transitions_lib.load_transitions(TINY_ID)
+  assert isinstance(t, transitions_lib.Transitions)
   for field in t:
     assert field.dtype == np.float32
     assert field.shape[0] == TINY_STEPS
@@ -86,23 +86,23 @@ def test_round_trip(tiny):
 def test_episode_returns_split_at_terminations_and_truncations(tiny):
   """The returns the run's final line compares with (the dataset's own episodes): one per recorded
   episode, ended by a termination or a time-limit truncation, as the card counts them."""
-  from mombo_jax.build import cards
-  t = data.load_transitions(TINY_ID)
+  from mombo_jax.collection import cards
+  t = transitions_lib.load_transitions(TINY_ID)
   _, _, reward, _, terminated, truncated = map(np.asarray, zip(*tiny))
   ends = np.flatnonzero(terminated | truncated)
   expected = [r.sum() for r in np.split(reward, ends[ends < len(reward) - 1] + 1)]
-  got = data.episode_returns(t)
+  got = transitions_lib.episode_returns(t)
   assert got.dtype == np.float64 and len(got) == len(expected) > 5
   np.testing.assert_allclose(got, expected, rtol=1e-5)        # rewards are stored as float32
   np.testing.assert_allclose(got, cards.episode_stats(TINY_ID)["returns"], rtol=1e-5)
 
 
 def test_transitions_cache(tiny, root):
-  fresh = data.load_transitions(TINY_ID, cache=False)
-  first = data.load_transitions(TINY_ID)
+  fresh = transitions_lib.load_transitions(TINY_ID, cache=False)
+  first = transitions_lib.load_transitions(TINY_ID)
   cached = list((root / ".mombo_cache" / TINY_ID).glob("transitions-*.npz"))
   assert len(cached) == 1
-  second = data.load_transitions(TINY_ID)  # from the cache file
+  second = transitions_lib.load_transitions(TINY_ID)  # from the cache file
   for a, b, c in zip(fresh, first, second):
     np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(a, c)
@@ -117,15 +117,15 @@ def test_flatten_episodes_by_hand():
              truncations=np.array([False, False, False]))
   ep2 = dict(observations=np.full((3, 2), 9.0), actions=np.ones((2, 1)), rewards=np.ones(2),
              terminations=np.array([False, False]), truncations=np.array([False, True]))
-  t = data.flatten_episodes([ep1, ep2])
+  t = transitions_lib.flatten_episodes([ep1, ep2])
   np.testing.assert_array_equal(t.observations[:3], ep1["observations"][:-1])
   np.testing.assert_array_equal(t.next_observations[:3], ep1["observations"][1:])
   np.testing.assert_array_equal(t.terminals, [0, 0, 1, 0, 0])
   np.testing.assert_array_equal(t.rewards, [1, 2, 3, 1, 1])
   with pytest.raises(ValueError, match="no episodes"):
-    data.flatten_episodes([])
+    transitions_lib.flatten_episodes([])
   with pytest.raises(ValueError, match=r"T\+1"):
-    data.flatten_episodes([dict(ep1, observations=ep1["observations"][:3])])
+    transitions_lib.flatten_episodes([dict(ep1, observations=ep1["observations"][:3])])
 
 
 def test_names():
@@ -144,19 +144,19 @@ def test_names():
 def test_unknown_name_is_a_value_error(root, name):
   start = time.time()
   with pytest.raises(ValueError, match="hopper-medium-replay"):  # lists the valid names
-    data.load_transitions(name, download=True)
+    transitions_lib.load_transitions(name, download=True)
   assert time.time() - start < 1.0
 
 
 def test_malformed_id(root):
   with pytest.raises(ValueError, match="Malformed"):
-    data.load_transitions("a/b/c/", download=False)
+    transitions_lib.load_transitions("a/b/c/", download=False)
 
 
 def test_missing_dataset_names_the_collect_command(root, monkeypatch):
   start = time.time()
   with pytest.raises(errors.DatasetNotFoundError) as info:
-    data.load_transitions("walker2d-medium-replay")
+    transitions_lib.load_transitions("walker2d-medium-replay")
   message = str(info.value)
   assert "python -m experiments.collect --env=walker2d-medium-replay" in message
   assert "mombo/walker2d/medium-replay-v0" in message and str(root) in message
@@ -164,15 +164,15 @@ def test_missing_dataset_names_the_collect_command(root, monkeypatch):
   assert isinstance(info.value, FileNotFoundError)
   # Our own namespace is never downloaded; a public id offline fails fast too.
   with pytest.raises(errors.DatasetNotFoundError, match="only where they were built"):
-    data.load_transitions("hopper-random", download=True)
+    transitions_lib.load_transitions("hopper-random", download=True)
   monkeypatch.setenv("HF_HUB_OFFLINE", "1")
   with pytest.raises(errors.DatasetNotFoundError, match="HF_HUB_OFFLINE") as info:
-    data.load_transitions("mujoco/hopper/medium-v0", download=True)
+    transitions_lib.load_transitions("mujoco/hopper/medium-v0", download=True)
   assert "python -m experiments.collect --env=hopper-medium" in str(info.value)
   monkeypatch.setenv("HF_HUB_OFFLINE", "0")
   monkeypatch.setattr(minari_io, "_reachable", lambda *a, **k: False)
   with pytest.raises(errors.DatasetNotFoundError, match="cannot be reached"):
-    data.load_transitions("mujoco/hopper/medium-v0", download=True)
+    transitions_lib.load_transitions("mujoco/hopper/medium-v0", download=True)
   assert time.time() - start < 5.0
 
 

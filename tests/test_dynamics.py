@@ -328,7 +328,7 @@ def test_termination_of_non_finite_and_far_states():
 def test_train_dynamics_cli(tmp_path, monkeypatch):
   """experiments.train_dynamics' work (dynamics_store.train_dynamics) end to end on a tiny
   in-memory dataset (no Minari, no network)."""
-  from mombo_jax.data import transitions as data_lib, provenance
+  from mombo_jax.data import transitions as transitions_lib, provenance
   from mombo_jax.dynamics import dynamics_store
   from mombo_jax.errors import UserError
   rng = np.random.default_rng(0)
@@ -337,7 +337,7 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
   fake = Transitions(obs, rng.uniform(-1, 1, (n, a)).astype(np.float32),
                      rng.normal(size=n).astype(np.float32), obs + 0.1, np.zeros(n, np.float32))
   asked = []
-  monkeypatch.setattr(data_lib, "load_transitions", lambda name, **_: asked.append(name) or fake)
+  monkeypatch.setattr(transitions_lib, "load_transitions", lambda name, **_: asked.append(name) or fake)
   lines = []
   path = dynamics_store.train_dynamics(env="hopper-medium", seeds=2, seed=3, max_epochs=2,
                                        preset="tiny", workdir=str(tmp_path), log_fn=lines.append)

@@ -13,7 +13,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from mombo_jax.build import cards, dataset_writer, recording
+from mombo_jax.collection import cards, dataset_writer, recording
 from mombo_jax.data import minari_io
 from mombo_jax.env import envs, evaluate
 from mombo_jax.settings.config import make_config
@@ -34,7 +34,7 @@ def _friction(env) -> float:
 def datasets(minari_root, tmp_path_factory):
   """A tiny D4RL-style walker2d file imported as IMPORTED, and SELF_BUILT, episodes written the
   way the collector writes them (no eval env given: v5)."""
-  from mombo_jax.build import d4rl
+  from mombo_jax.collection import d4rl
   path = _write_d4rl(tmp_path_factory.mktemp("d4rl") / "walker2d_medium-v2.hdf5",
                      _simulate("walker2d", rows=120))
   d4rl.import_file(path, "walker2d-medium", IMPORTED, overwrite=True, log_fn=lambda *_: None)

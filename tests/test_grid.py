@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from mombo_jax.build import dataset_writer
+from mombo_jax.collection import dataset_writer
 from mombo_jax.core import buffer
 from mombo_jax.data import minari_io
 from mombo_jax.run import runner

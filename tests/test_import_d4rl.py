@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from mombo_jax import errors
-from mombo_jax.build import cards, d4rl, d4rl_physics
-from mombo_jax.data import d4rl_stats, transitions as data, minari_io, provenance, scores
+from mombo_jax.collection import cards, d4rl, d4rl_physics
+from mombo_jax.data import d4rl_stats, minari_io, provenance, scores
+from mombo_jax.data import transitions as transitions_lib
 from mombo_jax.env import envs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,7 +106,7 @@ def test_round_trip_equals_the_loaders(minari_root, tmp_path, next_obs, timeouts
   written = d4rl.import_file(path, "hopper-medium-replay", dataset_id, log_fn=lambda *_: None,
                              **kwargs)
   assert written == dataset_id
-  got = data.load_transitions(dataset_id)
+  got = transitions_lib.load_transitions(dataset_id)
   want = _paper_loader(arrays) if timeouts == "drop" else _keep_rows(arrays)
   for g, w in zip(got, want):
     np.testing.assert_array_equal(g, w)
@@ -151,7 +152,7 @@ def test_refusals(minari_root, tmp_path):
     d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2", **quiet)
   d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2", drop_nonfinite=True,
                           **quiet)
-  got = data.load_transitions("test-d4rl/hopper/nan-v2")
+  got = transitions_lib.load_transitions("test-d4rl/hopper/nan-v2")
   # less the 2 NaN/inf rows, the timed-out rows 6 and 9 and the last row (--timeouts=drop)
   assert len(got.rewards) == 12 - 2 - 3 and np.all(np.isfinite(got.observations))
   with pytest.raises(errors.UserError, match="already exists.*overwrite=True"):
@@ -379,7 +380,7 @@ def test_the_cards_rebuild_command_reproduces_a_drop_nonfinite_import(minari_roo
   path = _write(tmp_path / "with nan.hdf5", arrays)          # a path the command must quote
   dataset_id = "test-d4rl/hopper/rebuild-v2"
   d4rl.import_file(path, "hopper-medium", dataset_id, drop_nonfinite=True, log_fn=lambda *_: None)
-  before = provenance.fingerprint(data.load_transitions(dataset_id, cache=False))
+  before = provenance.fingerprint(transitions_lib.load_transitions(dataset_id, cache=False))
   prov = provenance.provenance(dataset_id)
   assert prov["drop_nonfinite"] is True and prov["nonfinite_rows_dropped"] == 2
   with open(os.path.join(minari_io.datasets_root(), dataset_id, "dataset_card.md")) as f:
@@ -392,7 +393,7 @@ def test_the_cards_rebuild_command_reproduces_a_drop_nonfinite_import(minari_roo
                        timeout=120, env=dict(os.environ, HF_HUB_OFFLINE="1"))
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip().splitlines()[-1] == dataset_id
-  assert provenance.fingerprint(data.load_transitions(dataset_id, cache=False)) == before
+  assert provenance.fingerprint(transitions_lib.load_transitions(dataset_id, cache=False)) == before
 
 
 def test_a_file_far_from_its_names_statistics_gets_a_warning(minari_root, tmp_path, simulated):

@@ -41,7 +41,7 @@ def test_a_report_is_written_without_importing_jax(tmp_path):
       "scores = np.linspace(10.0, 20.0, 12)[:, None] + np.zeros((1, 2))\n"
       "_write_run(root + '/a/mombo', 'hopper-random', 'mombo', [0, 1], scores)\n"
       "_write_run(root + '/a/mopo', 'hopper-random', 'mopo', [0, 1], scores)\n"
-      "report.write_report([root + '/a'], root + '/out', log=lambda *a: None)\n"
+      "writer.write_report([root + '/a'], root + '/out', log=lambda *a: None)\n"
       f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n")
   assert _fresh(code).strip().splitlines()[-1] == "[]"
   assert (tmp_path / "out" / "report.md").read_text().count("MOMBO (lcb)") >= 1

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from mombo_jax.report import paper_results, report, results, tables
+from mombo_jax.report import paper_results, protocols, results, tables, writer
 from mombo_jax.report.labels import algo_label, base_algo, label_key
 from mombo_jax.report.paper_setup import paper_dataset
 from mombo_jax.records import outputs
@@ -158,12 +158,12 @@ def _number(cell):
 
 def test_missing_folder_and_no_runs_are_clear_errors(tmp_path):
   with pytest.raises(UserError, match="nowhere.*is not a folder"):
-    report.write_report([str(tmp_path / "nowhere")])
+    writer.write_report([str(tmp_path / "nowhere")])
   (tmp_path / "half").mkdir()
   (tmp_path / "half" / "config.json").write_text("{}")
   logged = []
   with pytest.raises(UserError, match=f"No runs found under {tmp_path}.*skipped"):
-    report.write_report([str(tmp_path)], log=logged.append)
+    writer.write_report([str(tmp_path)], log=logged.append)
   assert logged == [f"warning: skipping {tmp_path / 'half'}: missing metrics.csv, summary.json "
                     "(unfinished run?)"]
 
@@ -285,10 +285,10 @@ def test_paper_columns_beside_ours():
   # Our columns only compete: MOPO's 30 beats MOMBO's 28 although the paper's 31.7 is higher.
   assert final.bold[i].tolist() == [True, False, False, False, False]
   assert np.isnan(final.avg_rank[[1, 4]]).all() and not np.isnan(final.avg_rank[0])
-  text = report.render_markdown(table, groups=groups)
+  text = writer.render_markdown(table, groups=groups)
   assert "| expert | hopper | – | – | – | **90.0 ± 0.0** [90.0, 90.0] | – |" in text
   assert "MOMBO (paper)* is the paper's MOMBO" in text
-  tex = report.render_latex(table)
+  tex = writer.render_latex(table)
   assert tex.count(r"\begin{tabular}") == 3 and r"$31.7 \sd{\pm 0.1}$" in tex
   # D4RL's own files, imported (d4rl/<env>/<quality>-v2), are the paper's very data.
   groups, _ = results.group_runs([_run("d4rl/hopper/medium-replay-v2", "MOMBO (elite_spread)",
@@ -298,7 +298,7 @@ def test_paper_columns_beside_ours():
   # Without paper=True (experiments.uncertainty's tables) nothing of the paper appears.
   plain = tables.build_table(groups)
   assert all(b.columns == plain.algos for b in plain.blocks)
-  assert "(paper)" not in report.render_markdown(plain)
+  assert "(paper)" not in writer.render_markdown(plain)
 
 
 class _Seeds:
@@ -315,7 +315,7 @@ def test_tables_of_other_metrics_still_render():
   groups = {("hopper", "hopper-random", "MOBILE"): _Seeds([0.8, 0.9]),
             ("hopper", "hopper-random", "MOMBO (elite_spread)"): _Seeds([0.6, 0.62])}
   table = tables.build_table(groups, metrics=(("accuracy", "Accuracy"),), digits=2, paper=True)
-  text = report.render_markdown(table, title="Uncertainty quantifiers")
+  text = writer.render_markdown(table, title="Uncertainty quantifiers")
   # The paper's Table 2 beside ours, no interval where none is known.
   assert "| random | hopper | **0.85 ± 0.05** | 0.85 ± 0.03 | 0.61 ± 0.01 | 0.61 ± 0.07 |" in text
   assert "bootstrap" not in text.split("##")[0]
@@ -332,7 +332,7 @@ def test_overestimated_seeds_are_listed(tmp_path):
   atomic.write_json(str(flagged / "summary.json"), summary)
   _write_run(str(plain), "hopper-medium", "mopo", [0], np.full((3, 1), 10.0))
   logged = []
-  report.write_report([str(tmp_path)], str(tmp_path / "out"), log=logged.append)
+  writer.write_report([str(tmp_path)], str(tmp_path / "out"), log=logged.append)
   assert results.read_run(str(flagged)).overestimated == [1, 2]
   text = (tmp_path / "out" / "report.md").read_text().split("## Runs")[1]
   assert re.search(r"\| hopper-random \| MOPO \| [\d.]+ \| 3 \(0, 1, 2‡\), 1 diverged \| 3 \| "
@@ -356,7 +356,7 @@ def test_runs_of_different_setups_are_never_pooled(tmp_path):
   scores = lambda level: np.full((3, 2), level)   # noqa: E731
   _write_run(str(tmp_path / "a"), "hopper-random", "mombo", [0, 1], scores(10.0), beta=0.5)
   _write_run(str(tmp_path / "b"), "hopper-random", "mombo", [0, 1], scores(30.0), beta=4.5)
-  result = report.write_report([str(tmp_path)], str(tmp_path / "out"), log=lambda *_: None)
+  result = writer.write_report([str(tmp_path)], str(tmp_path / "out"), log=lambda *_: None)
   text = (tmp_path / "out" / "report.md").read_text()
   assert _label_columns(text) == ["MOMBO (lcb, β=0.5)", "MOMBO (lcb, β=4.5)"]
   groups = result["groups"]
@@ -402,24 +402,24 @@ def test_the_protocol_is_written_checked_and_linked(tmp_path):
   del summary["protocol"]
   atomic.write_json(str(runs / "old" / "summary.json"), summary)
   logged = []
-  report.write_report([str(runs)], str(tmp_path / "out"), log=logged.append)
+  writer.write_report([str(runs)], str(tmp_path / "out"), log=logged.append)
   # A summary without the field: its numbers recomputed from its per-seed scores, with a warning
   # naming it and a note.
   assert any("before the protocol was recorded" in w and str(runs / "old") in w
              for w in logged), logged
   text = (tmp_path / "out" / "report.md").read_text()
   link = re.search(r"Protocol: \[mombo_jax\.protocol/2\]\(([^)]+)\)", text).group(1)
-  assert os.path.samefile(tmp_path / "out" / link, report.protocol_doc())
+  assert os.path.samefile(tmp_path / "out" / link, protocols.protocol_doc())
   assert "1 run(s) were summarised under mombo_jax.protocol/1 or predate the protocol field" \
       in text
   assert "protocol.md" in (tmp_path / "out" / "report.tex").read_text().splitlines()[0]
-  doc = open(report.protocol_doc()).read()
+  doc = open(protocols.protocol_doc()).read()
   assert outputs.PROTOCOL in doc and "ddof = 0" in doc and "v5" in doc
   # Another protocol: refused in one line naming the run and the fix; nothing is written.
   summary["protocol"] = "mombo_jax.protocol/9"
   atomic.write_json(str(runs / "old" / "summary.json"), summary)
   with pytest.raises(UserError) as e:
-    report.write_report([str(runs)], str(tmp_path / "out2"), log=lambda *_: None)
+    writer.write_report([str(runs)], str(tmp_path / "out2"), log=lambda *_: None)
   assert f"{runs / 'old'} (mombo_jax.protocol/9)" in str(e.value)
   assert "leave their folders out" in str(e.value) and "\n" not in str(e.value)
   assert not (tmp_path / "out2").exists()
@@ -462,7 +462,7 @@ def test_writes_are_atomic_and_refused_in_one_line(tmp_path, monkeypatch):
   _write_run(str(tmp_path / "runs" / "r"), "hopper-random", "mopo", [0], np.full((2, 1), 5.0))
   with pytest.raises(atomic.WriteError, match=re.escape(f"Cannot write {path / 'out'}: Not a "
                                                          "directory")):
-    report.write_report([str(tmp_path / "runs")], str(path / "out"), log=lambda *_: None)
+    writer.write_report([str(tmp_path / "runs")], str(path / "out"), log=lambda *_: None)
 
 
 @pytest.mark.parametrize("args, match, code", [

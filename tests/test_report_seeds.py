@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from mombo_jax.report import report, results
+from mombo_jax.report import results, writer
 from mombo_jax.run import group_run, overestimation
 from mombo_jax.records import outputs
 from mombo_jax.settings import config as config_lib
@@ -34,7 +34,7 @@ def _rows(scores, seeds, diverged=()):
 
 def _report(tmp_path, *dirs, log=None):
   out = tmp_path / "out"
-  result = report.write_report([str(d) for d in dirs], str(out),
+  result = writer.write_report([str(d) for d in dirs], str(out),
                                log=(log.append if log is not None else lambda *_: None))
   return result, (out / "report.md").read_text()
 

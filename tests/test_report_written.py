@@ -1,4 +1,4 @@
-"""experiments.report's writer end to end (mombo_jax.report.report) on run folders written in the
+"""experiments.report's writer end to end (mombo_jax.report.writer) on run folders written in the
 real on-disk format by mombo_jax.records.outputs' writers (tests.test_report._write_run): one report of
 synthetic runs whose per-seed scores are known, written once (the `written` fixture), and one
 proposition of it per test: columns, numbers, marks, averages, ranks, footnotes, pooling, figures,
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from mombo_jax.report import paper_results, report, results, tables
+from mombo_jax.report import paper_results, results, tables, writer
 from tests.test_report import NAN, _md_block, _number, _write_run
 
 
@@ -63,11 +63,11 @@ TASKS = ("hopper-random", "hopper-medium", "walker2d-random")
 
 @pytest.fixture(scope="module")
 def written(runs, tmp_path_factory):
-  """report.write_report over the `runs` folders, once for the tests below: {result, logged (its
+  """writer.write_report over the `runs` folders, once for the tests below: {result, logged (its
   log lines), text (report.md), out (the folder written)}."""
   out = tmp_path_factory.mktemp("report")
   logged = []
-  result = report.write_report([str(runs[0])], str(out), log=logged.append)
+  result = writer.write_report([str(runs[0])], str(out), log=logged.append)
   return dict(result=result, logged=logged, text=(out / "report.md").read_text(), out=out)
 
 
@@ -127,7 +127,7 @@ def test_each_cell_is_its_seeds_mean_std_and_bootstrap_interval(runs, written, n
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(BLOCKS))
 def test_bold_and_underline_follow_the_rule_on_the_true_numbers(runs, written, name):
-  """Our columns only; a task an algorithm did not run is report.MISSING."""
+  """Our columns only; a task an algorithm did not run is writer.MISSING."""
   _, cells, ours = _block(written, name)
   _, fn = BLOCKS[name]
   means, truth = _means(runs, name), runs[1]
@@ -138,7 +138,7 @@ def test_bold_and_underline_follow_the_rule_on_the_true_numbers(runs, written, n
     row = [cells[(dataset.partition("-")[2], "hopper")][j] for j in ours]
     for j, cell in enumerate(row):
       if np.isnan(m[j]):
-        assert cell == report.MISSING
+        assert cell == writer.MISSING
       else:
         assert _number(cell)[2:4] == (bool(bold[j]), bool(under[j])), (dataset, OURS[j])
 
@@ -190,7 +190,7 @@ def test_the_papers_averages_cover_the_tasks_we_ran_its_algorithm_on_unranked(ru
       want = np.mean([paper_results.lookup(metric, d, base)[0] for d in ran])
       assert float(avg[j].strip("*\\")) == pytest.approx(want, abs=HALF)
       assert ("\\*" in avg[j]) == (len(ran) < len(TASKS)) and not avg[j].startswith("**")
-      assert cells[("**Average rank**", "")][j] == report.MISSING
+      assert cells[("**Average rank**", "")][j] == writer.MISSING
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from mombo_jax.core import buffer, dynamics, sac
-from mombo_jax.data import transitions as data, provenance, scores
+from mombo_jax.data import transitions as transitions_lib, provenance, scores
 from mombo_jax.run import compilation_cache, preflight, run_dataset, runner
 from mombo_jax.dynamics import dynamics_store
 from mombo_jax.records import outputs
@@ -75,7 +75,7 @@ def test_end_to_end(dataset, dyn_dir, tmp_path, algo, request):
   # Overestimation watch: the critics' mean Q against the dataset's return bound, per seed.
   header = rows[0].split(",")
   assert {"q_mean", "q_bound", "overestimated"} <= set(header)
-  real = data.load_transitions(dataset).rewards
+  real = transitions_lib.load_transitions(dataset).rewards
   bound = float(np.abs(real).max()) / (1 - config.gamma)
   assert summary["q_bound"] == pytest.approx(bound, rel=1e-5)
   assert len(summary["q_mean_last"]) == len(summary["q_mean_max"]) == 2
@@ -169,7 +169,7 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
   assert re.search(r"hopper-random: \d+ transitions, obs dim 11, action dim 3; evaluated in "
                    r"Hopper-v5 in its v5 model \(hopper.xml\)\.", out), out
   # The final line sets the score beside the dataset's own episodes' mean normalised return.
-  own = scores.normalized_score(DATASET, data.episode_returns(data.load_transitions(DATASET)))
+  own = scores.normalized_score(DATASET, transitions_lib.episode_returns(transitions_lib.load_transitions(DATASET)))
   final = next(line for line in out.splitlines() if line.startswith("final normalised score"))
   assert f" (dataset's own episodes: mean {own.mean():.1f}), AULC " in final, final
 
@@ -227,7 +227,7 @@ def test_missing_sac_datasets_are_built_only_when_asked(minari_root, tmp_path, m
 
 @pytest.fixture(scope="module")
 def tiny_setup(dataset):
-  real = buffer.from_transitions(data.load_transitions(dataset))
+  real = buffer.from_transitions(transitions_lib.load_transitions(dataset))
   config = _config("mombo")
   keys = jax.random.split(jax.random.PRNGKey(0), 2)
   dyn = jax.vmap(lambda k: dynamics.init_state(k, real.obs.shape[1], real.action.shape[1],
@@ -359,7 +359,7 @@ def test_dynamics_of_another_setup_are_refused(dataset, dyn_dir, tmp_path, mombo
   dataset rebuilt: fewer transitions, another fingerprint) are refused naming what differs; other
   dynamics settings live in another folder and train their own (tests/test_dynamics_reuse.py)."""
   config = _config("mombo", num_seeds=2)
-  full = data.load_transitions(DATASET)
+  full = transitions_lib.load_transitions(DATASET)
   fewer = type(full)(*(np.asarray(x)[:1500] for x in full))
   with pytest.raises(UserError, match="another setup.*num_transitions: saved 2000, now 1500"):
     dynamics_store.get_dynamics(config, fewer, DATASET, dyn_dir, log=lambda _: None)

@@ -277,14 +277,14 @@ PENDULUM_PASS = -500.0
 
 def pendulum_config():
   """Small fast SAC for Pendulum: 64x64 nets, lr 1e-3, soft backup, no clamp, constant lr."""
-  from mombo_jax.build.online_sac import OnlineSettings
+  from mombo_jax.collection.online_sac import OnlineSettings
   return OnlineSettings("pendulum", actor_lr=1e-3, critic_lr=1e-3, alpha_lr=1e-3,
                         actor_hidden=(64, 64), critic_hidden=(64, 64), batch_size=128)
 
 
 def run_pendulum(seed=0):
   import gymnasium as gym
-  from mombo_jax.build import online_sac
+  from mombo_jax.collection import online_sac
   result = online_sac.train_sac(lambda: gym.make("Pendulum-v1"), pendulum_config(), PENDULUM_STEPS,
                              start_steps=500, eval_every=PENDULUM_EVAL_EVERY, eval_episodes=3,
                              seed=seed, log_every=PENDULUM_STEPS, log_fn=lambda *_: None)
@@ -293,7 +293,7 @@ def run_pendulum(seed=0):
 
 @pytest.mark.slow
 def test_sac_learns_pendulum():
-  """Online SAC (mombo_jax.build.online_sac, the loop the collector builds datasets with) swings the
+  """Online SAC (mombo_jax.collection.online_sac, the loop the collector builds datasets with) swings the
   pendulum up. Fails when the actor ascends -Q (checked by hand: about -1900), when the critic
   target or the tanh action mapping is wrong, or when updates do not happen."""
   returns = run_pendulum()

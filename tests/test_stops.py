@@ -1,5 +1,5 @@
-"""Every stop in seconds, and every stop resumes exactly (mombo_jax.env.stops): dynamics training
-stops between device calls of about stops.CHUNK_SECONDS inside an epoch, the collector's online SAC
+"""Every stop in seconds, and every stop resumes exactly (mombo_jax.signals): dynamics training
+stops between device calls of about signals.POLL_SECONDS inside an epoch, the collector's online SAC
 between env steps, amid a chunk of gradient steps and amid an evaluation, a recording between its
 rounds; what each saves resumes bit for bit (same machine, same process kind)."""
 import os
@@ -14,15 +14,16 @@ import pytest
 
 from mombo_jax.settings import config as config_lib
 from mombo_jax import errors
-from mombo_jax.build import dataset_writer, online_sac, recipes
+from mombo_jax.collection import dataset_writer, online_sac, recipes
 from mombo_jax.data import minari_io
-from mombo_jax.env import envs, stops
+from mombo_jax.env import envs
+from mombo_jax import signals
 from mombo_jax.dynamics import dynamics_training
 from tests.conftest import minari_root_at
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Signal -> exit, on this 2-core CPU shared with other jobs: the device call under way (about
-# stops.CHUNK_SECONDS by the last call's pace), the checkpoint, the interpreter's exit.
+# signals.POLL_SECONDS by the last call's pace), the checkpoint, the interpreter's exit.
 LATENCY_BOUND_S = 8.0
 
 
@@ -79,7 +80,7 @@ def test_dynamics_stopped_mid_epoch_resumes_bit_for_bit(tmp_path, monkeypatch):
                                dyn_max_epochs=3, dyn_checkpoint_every_s=1e9)
   data, keys = _hetero(1500), jax.random.split(jax.random.PRNGKey(7), 2)
   whole = dynamics_training.train_seeds(keys, data, cfg, log_fn=lambda _: None)
-  monkeypatch.setattr(stops, "CHUNK_SECONDS", 0.0)       # one minibatch a call: many polls
+  monkeypatch.setattr(signals, "POLL_SECONDS", 0.0)       # one minibatch a call: many polls
   epochs, polls = [], []
 
   def stop_in_epoch_two():               # the 1st poll after epoch 1 ends it; then 3 calls in
@@ -172,7 +173,7 @@ def test_sac_stopped_between_steps_amid_gradient_steps_or_an_evaluation_resumes_
   evaluation: each checkpoints where it is (env mid-episode, RNGs, the chunk's progress) and the
   resume ends exactly where an uninterrupted run ends (final and medium actors, evaluations,
   replay rows)."""
-  monkeypatch.setattr(stops, "CHUNK_SECONDS", 0.0)       # one update a device call
+  monkeypatch.setattr(signals, "POLL_SECONDS", 0.0)       # one update a device call
   dry = _Poll()
   straight = _tiny_sac(should_stop=dry)
   kinds = np.asarray(dry.callers)
@@ -240,11 +241,11 @@ def test_sigterm_mid_sac_chunk_stops_within_seconds_and_resumes_bit_for_bit(tmp_
   again = launch("stopped")
   out = again.communicate(timeout=300)[0]
   assert again.returncode == 0 and "resumed the SAC run at step 1600" in out, out
-  from mombo_jax.data import transitions as data
+  from mombo_jax.data import transitions as transitions_lib
   read = {}
   for name in ("straight", "stopped"):
     with minari_root_at(tmp_path / name):
-      read[name] = data.load_transitions("hopper-medium-replay")
+      read[name] = transitions_lib.load_transitions("hopper-medium-replay")
     path = tmp_path / (name + "_work") / "hopper" / "actors" / "expert.msgpack"
     read[name + "_actor"] = path.read_bytes()
   assert len(read["stopped"].rewards) == 1600
@@ -309,13 +310,13 @@ def test_a_stop_during_an_evaluation_does_not_wait_for_it_and_resumes_bit_for_bi
 
 
 def test_a_launch_passes_its_stop_on_to_the_collector_it_started(tmp_path):
-  """stops.run_child (experiments.run --build_missing running experiments.collect): a SIGTERM
+  """signals.run_child (experiments.run --build_missing running experiments.collect): a SIGTERM
   sent to the launch alone reaches the child as a stop request (SIGUSR1 to its StopFlag), which
   stops as from a first signal (143) and is not taken as a second one (no abort)."""
   import threading
-  from mombo_jax.env import stops
+  from mombo_jax import signals
   ready = tmp_path / "ready"
-  child = ("import sys, time\nfrom mombo_jax.env import stops\nf = stops.StopFlag()\nf.install()\n"
+  child = ("import sys, time\nfrom mombo_jax import signals\nf = signals.StopFlag()\nf.install()\n"
            f"open({str(ready)!r}, 'w').close()\n"
            "while not f():\n  time.sleep(0.02)\nf._passed_on(None, None)\n"   # a 2nd: no abort
            "sys.exit(128 + f.signum)\n")
@@ -326,6 +327,6 @@ def test_a_launch_passes_its_stop_on_to_the_collector_it_started(tmp_path):
       time.sleep(0.02)
     flag.set()
   threading.Thread(target=stop_once_ready, daemon=True).start()
-  code = stops.run_child([sys.executable, "-c", child], flag)
+  code = signals.run_child([sys.executable, "-c", child], flag)
   assert code == 128 + signal.SIGTERM
   assert time.monotonic() - flag.at < 2.0

@@ -11,6 +11,7 @@ import pytest
 from mombo_jax.core import buffer, dynamics
 from mombo_jax.settings import config as config_lib
 from mombo_jax.core import placement, train as train_lib
+from mombo_jax.core.epoch_settings import epoch_settings
 
 S_DIM, A_DIM, N = 11, 3, 256
 SEEDS = 2
@@ -232,7 +233,7 @@ def test_cells_differing_in_their_datasets_settings_train_as_their_single_progra
   configs = [cfg, dataclasses.replace(cfg, rollout_length=1, real_ratio=0.5, auto_alpha=False)]
   per_cell = train_lib.per_cell_settings(configs)
   assert per_cell == train_lib.CELL_SETTINGS
-  assert config_lib.epoch_settings(configs[1], per_cell) == config_lib.epoch_settings(
+  assert epoch_settings(configs[1], per_cell) == epoch_settings(
       dataclasses.replace(cfg, rollout_length=1), per_cell)
   n = len(configs)
   keys = jax.random.split(jax.random.PRNGKey(3), n)

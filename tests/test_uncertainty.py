@@ -318,9 +318,9 @@ def test_policy_states_are_recorded_in_the_runs_dataset_env(tiny_run, monkeypatc
 
 
 def test_dataset_states_are_one_fixed_draw():
-  from mombo_jax.data import transitions as data
+  from mombo_jax.data import transitions as transitions_lib
   n = 50
-  t = data.Transitions(observations=np.arange(n * 2, dtype=np.float32).reshape(n, 2),
+  t = transitions_lib.Transitions(observations=np.arange(n * 2, dtype=np.float32).reshape(n, 2),
                        actions=np.zeros((n, 1), np.float32), rewards=np.arange(n, dtype=np.float32),
                        next_observations=np.ones((n, 2), np.float32),
                        terminals=(np.arange(n) % 7 == 0).astype(np.float32))
@@ -508,7 +508,7 @@ def test_experiment_end_to_end(tiny_run, tmp_path, states):
   with open(csv_path) as f:
     assert len(f.read().strip().splitlines()) == 1 + len(rows)
   if states == "dataset":
-    from mombo_jax.data import transitions as data
-    picked = quantifier_quality.dataset_states(data.load_transitions(rows[0]["dataset"]), 8, 0)
+    from mombo_jax.data import transitions as transitions_lib
+    picked = quantifier_quality.dataset_states(transitions_lib.load_transitions(rows[0]["dataset"]), 8, 0)
     assert len(picked["index"]) == 8             # the same 8 for every seed and algorithm
   assert os.path.isdir(workdir)

@@ -21,7 +21,7 @@ from flax.training.train_state import TrainState
 from mombo_jax.core import dynamics, sac
 from mombo_jax.settings import config as config_lib
 from mombo_jax.core.critics import sample_tanh_gaussian
-from mombo_jax.data import provenance, transitions as data
+from mombo_jax.data import provenance, transitions as transitions_lib
 
 
 @flax.struct.dataclass
@@ -153,7 +153,7 @@ def load_run(workdir: str, step: Optional[int] = None) -> TrainedRun:
 def check_data(trained: TrainedRun, transitions) -> None:
   """Refuses to analyse a run with data other than it trained on, as training refuses to resume
   it (workdir.Workdir.check_data): ValueError in one line naming what changed (the dataset's
-  fingerprint, size or id: provenance.identity_changes) when `transitions` (data.Transitions of
+  fingerprint, size or id: provenance.identity_changes) when `transitions` (transitions_lib.Transitions of
   trained.dataset as it is now) are not the data config.json records. Nothing to check for
   transitions None (the dataset is not local) or a run written before runs recorded their data."""
   if trained.data is None or transitions is None:
@@ -170,12 +170,12 @@ def check_data(trained: TrainedRun, transitions) -> None:
 
 
 def load_data(trained: TrainedRun, required: bool = True):
-  """data.Transitions of the run's dataset, checked to be the data it trained on (check_data).
+  """transitions_lib.Transitions of the run's dataset, checked to be the data it trained on (check_data).
   required=False: None when the dataset is not local (an analysis that reads only its name);
   otherwise a missing dataset raises errors.DatasetNotFoundError (a FileNotFoundError)."""
   from mombo_jax.errors import DatasetNotFoundError
   try:
-    transitions = data.load_transitions(trained.dataset)
+    transitions = transitions_lib.load_transitions(trained.dataset)
   except DatasetNotFoundError:
     if required:
       raise

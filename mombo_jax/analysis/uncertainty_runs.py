@@ -166,7 +166,7 @@ def table_markdown(rows):
   numbers beside the as-trained accuracy and tightness), then the mean U and Bellman error per
   task and algorithm."""
   import numpy as np
-  from mombo_jax.report import paper_results, report, tables
+  from mombo_jax.report import paper_results, tables, writer
   groups = {}
   for r in rows:
     groups.setdefault((r["env"], r["dataset"], r["algo"]), []).append(r)
@@ -182,12 +182,12 @@ def table_markdown(rows):
   states = sorted({r["states"] for r in rows})
   draws = sorted({r["draws"] for r in rows})
   policy = sorted({r["num_policy"] for r in rows})
-  text = report.render_markdown(
+  text = writer.render_markdown(
       table, title=f"Uncertainty quantifiers (paper Table 2), states={','.join(states)}",
       what="over seeds of each seed's mean over its tuples and draws")
   # render_markdown's first note on the paper's columns describes Table 1 (scores after training);
   # these are Table 2's.
-  generic = report.paper_footnotes(table)
+  generic = writer.paper_footnotes(table)
   if generic:
     text = text.replace(generic[0], PAPER_NOTE.format(
         paper=tables.PAPER, citation=paper_results.CITATION,

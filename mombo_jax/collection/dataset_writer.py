@@ -1,4 +1,4 @@
-"""Episodes (mombo_jax.build.recording, D4RL imports) written as local Minari datasets, with their
+"""Episodes (mombo_jax.collection.recording, D4RL imports) written as local Minari datasets, with their
 reference returns, provenance and dataset card: the write side of mombo_jax.data.minari_io, which
 reads them back."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import shutil
 import warnings
 from typing import Optional, Sequence
 
-from mombo_jax.build import cards
+from mombo_jax.collection import cards
 from mombo_jax.data import names, scores
 from mombo_jax.env import envs
 from mombo_jax.errors import UserError

@@ -1,5 +1,5 @@
 """Online SAC for building datasets (D4RL's recipe): one gradient step per environment step, run in
-chunks, resumable from Orbax checkpoints. experiments/collect.py (through mombo_jax.build.recipes)
+chunks, resumable from Orbax checkpoints. experiments/collect.py (through mombo_jax.collection.recipes)
 trains one such run per environment; its medium policy, replay buffer and final policy become the
 medium, medium-replay and expert datasets.
 
@@ -7,10 +7,10 @@ The SAC itself is mombo_jax.core.sac with the standard online hyperparameters (O
 Acting runs in numpy on the host (actor_policy.numpy_actor: one small MLP call per env step is
 cheaper than a jitted call's dispatch); gradient steps run on the device in chunks of `train_every`,
 each a loop over batches sampled on the device from a device copy of the replay buffer, in device
-calls of about stops.CHUNK_SECONDS so that a stop request is seen within seconds. A stop checkpoints
+calls of about signals.POLL_SECONDS so that a stop request is seen within seconds. A stop checkpoints
 the run where it is, and a resume continues it bit for bit (train_sac). The checkpoints are
-mombo_jax.build.sac_checkpoints'; restore_sac reads one without training (for exporting its actors,
-mombo_jax.build.saved_actors.save_actor).
+mombo_jax.collection.sac_checkpoints'; restore_sac reads one without training (for exporting its actors,
+mombo_jax.collection.saved_actors.save_actor).
 """
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from mombo_jax.core import algorithms
-from mombo_jax.env import envs
+from mombo_jax.env import envs, host_state
 from mombo_jax.core.actor_policy import numpy_actor
 from mombo_jax.errors import Interrupted, UserError
-from mombo_jax.build.sac_checkpoints import (_REPLAY_FIELDS, SacResult, _empty_replay,  # noqa: F401
-                                             _run_settings, _SacCheckpoints, restore_sac)
+from mombo_jax.collection.sac_checkpoints import (REPLAY_FIELDS, SacCheckpoints, SacResult,
+                                                  empty_replay, run_settings)
 from mombo_jax.core import sac
-from mombo_jax.env import stops
+from mombo_jax import signals
 
 
 def _print(msg: str):
@@ -100,20 +100,20 @@ def _make_jitted(config):
   def insert(replay, rows, start):
     return {k: jax.lax.dynamic_update_slice_in_dim(replay[k], jnp.asarray(v, replay[k].dtype),
                                                    start, 0)
-            for k, v in zip(_REPLAY_FIELDS, rows)}
+            for k, v in zip(REPLAY_FIELDS, rows)}
 
   @functools.partial(jax.jit, donate_argnums=(0,))
   def sac_updates(agent, replay, size, keys, start=None, stop=None):
     def one(i, agent):
       k_idx, k_update = jax.random.split(keys[i])
       idx = jax.random.randint(k_idx, (config.batch_size,), 0, size)
-      o, a, r, o2, d = (replay[k][idx] for k in _REPLAY_FIELDS)
+      o, a, r, o2, d = (replay[k][idx] for k in REPLAY_FIELDS)
       batch = Batch(obs=o, action=a, reward=r, next_obs=o2, done=d, obs_var=jnp.zeros_like(o),
                     next_obs_mean=o2, next_obs_var=jnp.zeros_like(o2), reward_mean=r,
                     reward_var=jnp.zeros_like(r))
       return sac.update(agent, batch, k_update, target_fn, config)[0]
 
-    # Traced bounds: the host runs a chunk in calls of ~stops.CHUNK_SECONDS (one compilation per
+    # Traced bounds: the host runs a chunk in calls of ~signals.POLL_SECONDS (one compilation per
     # chunk length, as before), polling for a stop between them.
     return jax.lax.fori_loop(0 if start is None else start,
                              keys.shape[0] if stop is None else stop, one, agent)
@@ -157,7 +157,7 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   stop_at_medium: end the run at the medium point (checkpointed there; a later call without it
   resumes towards total_steps). Building medium / medium-replay needs no more.
   should_stop: polled between env steps, between device calls of a chunk's gradient steps (about
-  stops.CHUNK_SECONDS each) and between an evaluation's env steps; when it fires the run is
+  signals.POLL_SECONDS each) and between an evaluation's env steps; when it fires the run is
   checkpointed where it is (mid-chunk and mid-evaluation included) and errors.Interrupted raised.
 
   A checkpoint of a MuJoCo env also holds the loop's host state (meta["loop"]: the env mid-episode,
@@ -176,8 +176,8 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   if medium_consecutive < 1:
     raise UserError(f"`medium_consecutive` must be >= 1, got {medium_consecutive}.",
                     params=("medium_consecutive",))
-  settings = _run_settings(env, seed, start_steps)
-  ckpt = _SacCheckpoints(workdir, config, total_steps, settings) if workdir else None
+  settings = run_settings(env, seed, start_steps)
+  ckpt = SacCheckpoints(workdir, config, total_steps, settings) if workdir else None
 
   state, meta, loop = None, None, None
   if ckpt is not None:
@@ -185,7 +185,7 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   if state is None:
     agent = sac.init_agent(jax.random.key(seed), obs_dim, action_dim, config, total_steps)
     state = dict(agent=agent, key=jax.random.key_data(jax.random.key(seed + 1)),
-                 replay=_empty_replay(total_steps, obs_dim, action_dim),
+                 replay=empty_replay(total_steps, obs_dim, action_dim),
                  medium_actor=jax.tree_util.tree_map(np.asarray, agent.actor.params))
     meta = dict(step=0, medium_step=-1, medium_size=0, evals=[], episodes=0, trained=0,
                 medium_streak=0)
@@ -211,15 +211,16 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
     obs, _ = env.reset(seed=int(rng.integers(2**31)))
     episode_return, last_return, action, phase, chunk = 0.0, float("nan"), None, None, None
   else:
-    rng, act_rng = stops.rng_from_state(loop["rng"]), stops.rng_from_state(loop["act_rng"])
+    rng = host_state.rng_from_state(loop["rng"])
+    act_rng = host_state.rng_from_state(loop["act_rng"])
     env.reset(seed=0)          # gymnasium steps a reset env only; the saved state replaces it
-    stops.restore_env(env, loop["env"])
+    host_state.restore_env(env, loop["env"])
     obs = np.asarray(loop["obs"], loop["obs_dtype"])
     episode_return = loop["episode_return"]
     last_return = float("nan") if loop["last_return"] is None else loop["last_return"]
     action = None if loop["action"] is None else np.asarray(loop["action"], np.float32)
     phase, chunk = loop["phase"], loop["chunk"]
-  pace = stops.Chunks(0)                 # lengths of the device calls of a chunk's updates
+  pace = signals.Chunks(0)                 # lengths of the device calls of a chunk's updates
 
   def save(phase=None):
     nonlocal saved_at
@@ -227,9 +228,10 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
       return
     state.update(agent=agent, key=jax.random.key_data(key))
     meta["step"] = step
-    env_saved = stops.env_state(env) if hasattr(env.unwrapped, "model") else None
+    env_saved = host_state.env_state(env) if hasattr(env.unwrapped, "model") else None
     meta["loop"] = None if env_saved is None else dict(
-        phase=phase, chunk=chunk, rng=stops.rng_state(rng), act_rng=stops.rng_state(act_rng),
+        phase=phase, chunk=chunk, rng=host_state.rng_state(rng),
+        act_rng=host_state.rng_state(act_rng),
         env=env_saved, obs=np.asarray(obs).tolist(), obs_dtype=np.asarray(obs).dtype.str,
         episode_return=float(episode_return),
         last_return=None if np.isnan(last_return) else float(last_return),
@@ -270,7 +272,7 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   def train_chunk():
     """One gradient step per environment step from learning_starts on, run in chunks of
     train_every (as D4RL's rlkit SAC alternates 1000 env steps with 1000 gradient steps); a
-    chunk's updates in device calls of ~stops.CHUNK_SECONDS, a stop between them saving the
+    chunk's updates in device calls of ~signals.POLL_SECONDS, a stop between them saving the
     chunk's progress (`chunk`: its key, length and updates done)."""
     nonlocal agent, key, device_replay, uploaded, chunk, policy
     if chunk is None:
@@ -280,9 +282,9 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
       key, k_train = jax.random.split(key)
       chunk = dict(key=np.asarray(jax.random.key_data(k_train)).tolist(), due=int(due), done=0)
     if device_replay is None:  # first chunk (or a resume): upload everything collected so far
-      device_replay, uploaded = {k: jax.device_put(replay[k]) for k in _REPLAY_FIELDS}, step
+      device_replay, uploaded = {k: jax.device_put(replay[k]) for k in REPLAY_FIELDS}, step
     elif uploaded < step:
-      rows = tuple(replay[k][uploaded:step] for k in _REPLAY_FIELDS)
+      rows = tuple(replay[k][uploaded:step] for k in REPLAY_FIELDS)
       device_replay, uploaded = insert(device_replay, rows, np.int32(uploaded)), step
     keys = jax.random.split(jax.random.wrap_key_data(np.asarray(chunk["key"], np.uint32)),
                             chunk["due"])

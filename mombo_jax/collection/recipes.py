@@ -2,7 +2,7 @@
 
 Recipes (D4RL, Fu et al. 2020):
 - random: `steps` steps of a uniform random policy.
-- One online SAC run per environment (mombo_jax.build.online_sac) gives the other qualities. Its
+- One online SAC run per environment (mombo_jax.collection.online_sac) gives the other qualities. Its
   deterministic evaluation return (`eval_episodes` episodes) is checked every `eval_every` steps;
   once `medium_consecutive` (default 2) evaluations in a row reach `medium_fraction` x the D4RL
   expert return, the policy of the last of them is snapshotted ("medium") and the replay buffer up
@@ -19,9 +19,9 @@ Missing ingredients are built too; existing datasets are reused, never silently 
 Datasets live under MINARI_DATASETS_PATH as `mombo/<env>/<quality>-v0` (names.minari_id), with
 the D4RL reference returns and their provenance (recipe, size, rebuild command; the saved actors
 they were recorded from and the SAC medium point where there are such) in the metadata, and a
-dataset card beside them (mombo_jax.build.cards).
+dataset card beside them (mombo_jax.collection.cards).
 
-Saved actors (mombo_jax.build.saved_actors). The Builder saves the SAC run's medium / expert actors
+Saved actors (mombo_jax.collection.saved_actors). The Builder saves the SAC run's medium / expert actors
 to `<workdir>/<env>/actors/` as soon as it has them. Options.actors_only (collect --actors_only)
 only exports them from the checkpoint (restore_sac: no training, nothing written to the run).
 Options.from_actors (collect --from_actors=DIR) records medium / expert / medium-expert from DIR's
@@ -37,18 +37,18 @@ import shlex
 import time
 from typing import Dict, List, Optional, Sequence
 
-from mombo_jax.build import saved_actors
+from mombo_jax.collection import saved_actors
 from mombo_jax.data import minari_io, names
 from mombo_jax.env import envs
 from mombo_jax.settings.config import parse_name
-from mombo_jax.build.dataset_writer import write_dataset
+from mombo_jax.collection.dataset_writer import write_dataset
 from mombo_jax.errors import UserError
 from mombo_jax.data.minari_io import read_episodes
-from mombo_jax.build.online_sac import (SEED_OFFSETS, SacResult, _print, online_config, restore_sac,
-                                        train_sac)
+from mombo_jax.collection.online_sac import SEED_OFFSETS, _print, online_config, train_sac
+from mombo_jax.collection.sac_checkpoints import SacResult, restore_sac
 from mombo_jax.data.provenance import RECIPE_STEPS
 from mombo_jax.data.scores import D4RL_REF_SCORES
-from mombo_jax.build.recording import (mix_episodes, random_policy, replay_episodes, rollout,
+from mombo_jax.collection.recording import (mix_episodes, random_policy, replay_episodes, rollout,
                                        sac_policy, summary)
 
 SAC_QUALITIES = ("medium-replay", "medium", "expert", "medium-expert")
@@ -146,7 +146,7 @@ class Builder:
                       params=("from_actors", "actors_only"))
     self.opts = opts
     self.log = log_fn
-    # A stop request (stops.StopFlag): the SAC run checkpoints where it is, a recording is
+    # A stop request (signals.StopFlag): the SAC run checkpoints where it is, a recording is
     # dropped (recorded again, the same episodes); both raise errors.Interrupted.
     self.should_stop = should_stop
     self._sac: Dict[str, SacResult] = {}

@@ -1,6 +1,6 @@
-"""What a collector's online SAC run (mombo_jax.build.online_sac) keeps in its checkpoints: the
+"""What a collector's online SAC run (mombo_jax.collection.online_sac) keeps in its checkpoints: the
 replay layout, the settings a checkpoint must match to be resumed, the Orbax checkpoints themselves
-(_SacCheckpoints), the run's result (SacResult, what online_sac.train_sac returns too) and
+(SacCheckpoints), the run's result (SacResult, what online_sac.train_sac returns too) and
 reading them back without training (restore_sac, for exporting actors).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 from mombo_jax.errors import UserError
 
-_REPLAY_FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
+REPLAY_FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
 
 
 @dataclasses.dataclass
@@ -30,14 +30,14 @@ class SacResult:
   best_eval: tuple                    # (step, mean return)
 
 
-def _empty_replay(capacity: int, obs_dim: int, action_dim: int) -> dict:
+def empty_replay(capacity: int, obs_dim: int, action_dim: int) -> dict:
   f32 = np.float32
   return dict(obs=np.zeros((capacity, obs_dim), f32), action=np.zeros((capacity, action_dim), f32),
               reward=np.zeros((capacity,), f32), next_obs=np.zeros((capacity, obs_dim), f32),
               terminated=np.zeros((capacity,), f32), end=np.zeros((capacity,), f32))
 
 
-def _run_settings(env, seed: int, start_steps: int) -> dict:
+def run_settings(env, seed: int, start_steps: int) -> dict:
   """What a checkpoint must have been made with to be resumed (besides the network settings)."""
   return dict(seed=seed, start_steps=start_steps, obs_dim=env.observation_space.shape[0],
               action_dim=env.action_space.shape[0],
@@ -57,9 +57,9 @@ def restore_sac(make_env: Callable, config, total_steps: int, *, start_steps: in
     return None   # nothing to read, and nothing created
   env = make_env()
   obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]
-  settings = _run_settings(env, seed, start_steps)
+  settings = run_settings(env, seed, start_steps)
   env.close()
-  state, meta = _SacCheckpoints(workdir, config, total_steps, settings).restore(obs_dim, action_dim)
+  state, meta = SacCheckpoints(workdir, config, total_steps, settings).restore(obs_dim, action_dim)
   if state is None:
     return None
   evals = [tuple(e) for e in meta["evals"] or []]
@@ -74,7 +74,7 @@ def restore_sac(make_env: Callable, config, total_steps: int, *, start_steps: in
                                                                            float("nan")))
 
 
-class _SacCheckpoints:
+class SacCheckpoints:
   """The SAC run's checkpoints (mombo_jax.storage.checkpoint.RunCheckpointer, kind "collector"):
   state pytree (agent, replay, key data, medium actor) plus metadata (step, medium point,
   evaluations, the run's settings for a sanity check)."""
@@ -114,7 +114,7 @@ class _SacCheckpoints:
     capacity = int(meta["capacity"])
     agent = sac.init_agent(jax.random.key(0), obs_dim, action_dim, self.config, self.total_steps)
     template = dict(agent=agent, key=np.asarray(jax.random.key_data(jax.random.key(0))),
-                    replay=_empty_replay(capacity, obs_dim, action_dim),
+                    replay=empty_replay(capacity, obs_dim, action_dim),
                     medium_actor=jax.tree_util.tree_map(np.asarray, agent.actor.params))
     try:
       state, meta = self._ckpt.restore(template)
@@ -122,7 +122,7 @@ class _SacCheckpoints:
       raise UserError(str(e)) from None
     state["replay"] = {k: np.array(v) for k, v in state["replay"].items()}
     if capacity < self.total_steps:  # a longer run continues a finished one
-      grown = _empty_replay(self.total_steps, obs_dim, action_dim)
+      grown = empty_replay(self.total_steps, obs_dim, action_dim)
       for k, v in state["replay"].items():
         grown[k][:capacity] = v
       state["replay"] = grown

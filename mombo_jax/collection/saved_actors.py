@@ -1,7 +1,7 @@
 """Saved behaviour actors: the SAC actors the medium / expert datasets are recorded from, as small
 files anyone can record those datasets from again (collect --from_actors) without the SAC run.
 
-mombo_jax.build.recipes.Builder writes the SAC run's medium actor once the run has its medium point,
+mombo_jax.collection.recipes.Builder writes the SAC run's medium actor once the run has its medium point,
 and its final ("expert") actor once it reaches `sac_steps`, including when it finds them in an
 existing checkpoint, to `<workdir>/<env>/actors/`:
   medium.msgpack, expert.msgpack   flax.serialization.to_bytes of the actor variables
@@ -27,7 +27,7 @@ import numpy as np
 from mombo_jax.storage import atomic
 from mombo_jax.env.envs import GYM_IDS
 from mombo_jax.errors import UserError
-from mombo_jax.build.online_sac import online_config
+from mombo_jax.collection.online_sac import online_config
 from mombo_jax.core import sac
 
 ACTOR_FORMAT = "mombo_jax-actor-v1"

@@ -172,6 +172,6 @@ MOBILE = register(Algorithm("mobile", _Target("mobile"), _Target("penalty_mobile
 # rollouts, the target is plain SAC's; beta is its lambda.
 MOPO = register(Algorithm("mopo", _Target("mopo"), _Target("penalty_mopo"), penalize_reward=True,
                           references="mopo", coefficient="lambda"))
-# Plain SAC, no penalty: online SAC's (mombo_jax.build.online_sac builds datasets with it). Not
+# Plain SAC, no penalty: online SAC's (mombo_jax.collection.online_sac builds datasets with it). Not
 # registered: it is no offline algorithm, so make_config refuses algo="sac".
 SAC = Algorithm("sac", _Target("plain"))

@@ -169,7 +169,7 @@ def soft_target(agent: AgentState, batch: Batch, key: jax.Array, config: Config,
 
   y = r + gamma * (1 - d) * (min_j Q'_j(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s'),
   without the entropy term when config.deterministic_backup. Clamped at config.clip_target_min
-  unless that is None (online SAC, mombo_jax.build.online_sac, passes a config with None).
+  unless that is None (online SAC, mombo_jax.collection.online_sac, passes a config with None).
   auto_alpha: as alpha's.
   """
   _check_batch(batch)

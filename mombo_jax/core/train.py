@@ -123,7 +123,7 @@ def _settings(per_cell) -> tuple:
 def make_epoch(config, per_cell=()):
   """Returns a pure epoch(state, real, key, cell=None) -> (state, metrics) of one cell (one seed).
 
-  config: a Config or its config.EpochSettings (what the epoch reads: the algorithm's record
+  config: a Config or its epoch_settings.EpochSettings (what the epoch reads: the algorithm's record
   among them, which supplies the Bellman target).
 
   real: the real dataset, Batch [N, ...], with cell None (then beta, rollout length, real rows
@@ -236,7 +236,7 @@ def make_cells_epoch(config, num_cells: int, per_cell=(), layout=None, cpu_dots:
   shard_cells / replicate (or uncommitted ones): a committed array on another placement is refused
   by jit. num_cells is C and must split evenly over the devices (check_cell_count). The state
   argument is donated: its buffers (the ring buffer above all) are reused in place. Cached per
-  config's EpochSettings (config.epoch_settings: what the epoch reads), so runs in one process
+  config's EpochSettings (epoch_settings.epoch_settings: what the epoch reads), so runs in one process
   share the compiled function. layout ('vmap', 'loop'; None: the backend's default) and cpu_dots
   ('eigen', 'xla': xla_options) come from above the core (settings/environment.py reads them from
   MOMBO_JAX_CELLS and MOMBO_JAX_CPU_DOTS; runner.compile_chunk passes them).

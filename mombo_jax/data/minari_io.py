@@ -1,7 +1,7 @@
 """Local Minari datasets, the read side: where they live, their metadata (and the environment it
 records: env_name), loading one, and a dataset's episodes (read_episodes). The write side, episodes
 written as datasets with their reference returns, provenance and card, is
-mombo_jax.build.dataset_writer.
+mombo_jax.collection.dataset_writer.
 
 Local first: datasets are read from MINARI_DATASETS_PATH (default ~/.minari/datasets). Only a
 missing dataset with `download=True` contacts Minari's server, after a quick reachability check,
@@ -21,7 +21,7 @@ from mombo_jax.data import names
 from mombo_jax.errors import DatasetNotFoundError
 
 # Minari metadata key of the datasets built or imported here: a JSON string of {"recipe", "steps",
-# "recipe_steps", "command"} (mombo_jax.build.recipes.provenance_for; read by
+# "recipe_steps", "command"} (mombo_jax.collection.recipes.provenance_for; read by
 # provenance.provenance).
 PROVENANCE_KEY = "mombo_provenance"
 # Seconds the reachability check may take before a download attempt is declared hopeless.

@@ -1,5 +1,5 @@
 """Where a local dataset comes from and what identifies it: the provenance its metadata records
-(mombo_jax.build.recipes writes it), whether it is a reduced build of its recipe, its environment,
+(mombo_jax.collection.recipes writes it), whether it is a reduced build of its recipe, its environment,
 and the identity (id, size, fingerprint) that saved dynamics are matched against.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from mombo_jax.data import minari_io, names
 if TYPE_CHECKING:
   from mombo_jax.data.transitions import Transitions
 
-# The transitions of each recipe's full build (mombo_jax.build.recipes; the report reads them
+# The transitions of each recipe's full build (mombo_jax.collection.recipes; the report reads them
 # without importing the builder, which loads JAX); None: the recipe fixes no size (medium-replay:
 # the SAC run's buffer).
 RECIPE_STEPS = {"random": 1_000_000, "medium": 1_000_000, "expert": 1_000_000,

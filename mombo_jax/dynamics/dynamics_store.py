@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from mombo_jax.errors import Interrupted, UserError
 from mombo_jax.core.key_scheme import cell_keys
 from mombo_jax.records.workdir import DYNAMICS, LOCK
-from mombo_jax.data import minari_io, names, provenance, transitions as data
+from mombo_jax.data import minari_io, names, provenance, transitions as transitions_lib
 from mombo_jax.settings import config as config_lib, references
 from mombo_jax.storage import locks
 
@@ -314,7 +314,7 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
                     "`workdir`.", params=("overwrite", "workdir"))
   with dynamics_lock(workdir, config):       # before any work: one writer
     try:
-      transitions = data.load_transitions(dataset)
+      transitions = transitions_lib.load_transitions(dataset)
     except FileNotFoundError as e:         # DatasetNotFoundError names the collector command
       raise UserError(str(e)) from None
     log_fn(f"{dataset}: {len(transitions.rewards)} transitions, obs dim "

@@ -5,7 +5,7 @@ train / holdout split and bootstrap, the compiled epoch, early stopping, elites,
 Training follows the MBPO/OfflineRL-Kit recipe: holdout split, per-member bootstrap, per-member
 snapshots on > 1 % holdout improvement, patience-based early stopping, elites = best holdout MSE.
 An epoch is three compiled pieces: its minibatch order (_plan), its minibatch steps (_steps, a
-fori_loop with traced bounds, run in device calls of about stops.CHUNK_SECONDS each) and its end
+fori_loop with traced bounds, run in device calls of about signals.POLL_SECONDS each) and its end
 (_end: holdout evaluation, snapshot and stopping bookkeeping). The Python loop polls should_stop
 between the calls, so a stop takes about that long, not an epoch; how the steps are split
 into calls changes no bit of the result. A stop mid-epoch checkpoints the state before the epoch
@@ -29,7 +29,7 @@ import numpy as np
 import optax
 
 from mombo_jax.core import cell_layout
-from mombo_jax.env import stops
+from mombo_jax import signals
 from mombo_jax.dynamics import saved_dynamics
 from mombo_jax.settings import environment
 from mombo_jax.storage import checkpoint
@@ -282,7 +282,7 @@ def _resume(ckpt, st, reuse_key):
 
 
 def _train_epoch(fns, st, inputs, targets, max_epochs, chunks, should_stop):
-  """One epoch in device calls of chunks.next() minibatches (stops.Chunks), should_stop polled
+  """One epoch in device calls of chunks.next() minibatches (signals.Chunks), should_stop polled
   before each. Returns (st, mse) after the epoch, or None when should_stop fired (st, the state
   before the epoch, is untouched: nothing of the epoch is kept)."""
   order = fns.plan(st)
@@ -323,8 +323,8 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_d
   def announce(pace):                 # a long epoch (no line for minutes otherwise) is told
     if pace * n_batches >= 10.0:
       log_fn(f"dynamics: {n_batches} minibatches an epoch, about {pace * n_batches:.0f} s an "
-             f"epoch at this pace (a stop request waits about {stops.CHUNK_SECONDS:g} s)")
-  chunks = stops.Chunks(n_batches, on_pace=announce)
+             f"epoch at this pace (a stop request waits about {signals.POLL_SECONDS:g} s)")
+  chunks = signals.Chunks(n_batches, on_pace=announce)
   t0 = time.time()
 
   def save(ep):
@@ -393,7 +393,7 @@ def train_seeds(keys, transitions, config, log_fn: Callable = print,
   and when stopping), and a call with the same checkpoint_dir resumes from it, ending with the same
   result as an uninterrupted call; a checkpoint of another `reuse_key` (saved_dynamics.reuse_key)
   is refused.
-  should_stop: polled between device calls (about every stops.CHUNK_SECONDS; after each epoch);
+  should_stop: polled between device calls (about every signals.POLL_SECONDS; after each epoch);
   when it returns True the state after the last whole epoch is checkpointed and
   `DynamicsTrainingStopped` raised (needs checkpoint_dir); the minibatches of an unfinished epoch
   are dropped.

@@ -25,7 +25,7 @@ import numpy as np
 
 from mombo_jax.data import minari_io, names
 from mombo_jax.errors import UserError
-from mombo_jax.env import stops
+from mombo_jax import signals
 
 GYM_IDS = {"halfcheetah": "HalfCheetah-v5", "hopper": "Hopper-v5", "walker2d": "Walker2d-v5"}
 OBS_DIM = {"hopper": 11, "walker2d": 17, "halfcheetah": 17}
@@ -253,7 +253,7 @@ def run_episodes(make_env: Callable, policy: Callable, episodes: int, seed: int,
       obs, _ = env.reset(seed=seed + i)
       episode = new_episode(obs)
       while True:
-        stops.check(should_stop, "an evaluation")
+        signals.check(should_stop, "an evaluation")
         action = np.asarray(policy(np.asarray(obs, np.float32)))
         result = step(env, action)
         record_step(episode, action, result)

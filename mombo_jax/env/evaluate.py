@@ -16,7 +16,8 @@ import jax
 import numpy as np
 
 from mombo_jax.core import actor_policy
-from mombo_jax.env import env_pool, envs, stops
+from mombo_jax.env import env_pool, envs
+from mombo_jax import signals
 from mombo_jax.settings.config import Config
 
 
@@ -120,7 +121,7 @@ class Evaluator:
     returns = np.zeros(num_envs, np.float64)
     alive = np.ones(num_envs, bool)
     for _ in range(self.horizon):
-      stops.check(should_stop, "an evaluation")
+      signals.check(should_stop, "an evaluation")
       obs_in = jax.device_put(np.asarray(obs.reshape(num_seeds, episodes, -1), np.float32), cpu)
       action = np.asarray(self._policy(variables, obs_in)).reshape(num_envs, *self._action_shape)
       obs, reward, terminated, truncated = self.pool.step(envs.to_env_action(action, space), alive)

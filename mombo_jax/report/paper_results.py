@@ -1,4 +1,4 @@
-r"""The paper's published numbers, to print beside ours (mombo_jax.report.report) and to compare
+r"""The paper's published numbers, to print beside ours (mombo_jax.report.writer) and to compare
 with.
 
 Source: A. Akgül, M. Haußmann, M. Kandemir, "Deterministic Uncertainty Propagation for Improved

@@ -35,7 +35,7 @@ from mombo_jax.report import aggregates, paper_results
 from mombo_jax.records import outputs
 from mombo_jax.storage import atomic
 from mombo_jax.errors import UserError
-from mombo_jax.report.protocols import check_protocols, protocol_doc, protocol_line  # noqa: F401
+from mombo_jax.report.protocols import check_protocols, protocol_line
 from mombo_jax.report.labels import base_algo, label_key
 from mombo_jax.report.paper_setup import paper_dataset
 from mombo_jax.report.results import (CI_LEVEL, ENV_ORDER, LAST_K, N_BOOTSTRAP, TYPE_ORDER, Pool,

@@ -11,6 +11,7 @@ from typing import Any, Optional
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import grid_dynamics_dir, run_dir
 from mombo_jax.core import train as train_lib
+from mombo_jax.core.epoch_settings import epoch_settings
 from mombo_jax.settings import config as config_lib
 
 
@@ -75,7 +76,7 @@ _LOOP = ("epochs", "eval_every")
 
 
 def check_groups(groups):
-  """Refuses groups that cannot share one compiled epoch (their config.EpochSettings differ
+  """Refuses groups that cannot share one compiled epoch (their epoch_settings.EpochSettings differ
   beyond the settings each cell carries: beta and train.CELL_SETTINGS (rollout_length,
   real_ratio, auto_alpha; the program's rollout scan and ring take the longest rollout_length,
   runner.program_config)), or one host loop (_LOOP), or one folder."""
@@ -86,7 +87,7 @@ def check_groups(groups):
     raise UserError(f"Two cells of this launch would share a workdir ({', '.join(dirs)}); give "
                     "each (dataset, beta) its own.")
   def shared(c):
-    settings = config_lib.epoch_settings(dataclasses.replace(c, rollout_length=1),
+    settings = epoch_settings(dataclasses.replace(c, rollout_length=1),
                                          train_lib.CELL_SETTINGS)
     out = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
     out["algorithm"] = settings.algorithm.label

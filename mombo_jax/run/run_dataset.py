@@ -5,7 +5,7 @@ import sys
 
 from mombo_jax.run.console import log
 from mombo_jax.errors import DatasetNotFoundError, Interrupted, UserError
-from mombo_jax.env.stops import run_child
+from mombo_jax.signals import run_child
 
 
 
@@ -17,11 +17,11 @@ def load_or_build(dataset, config, build_missing, build_steps, download=False, r
   default, as the others need an online SAC run first). A reduced build of a recipe (fewer
   transitions than its recipe's size) is refused when require_full. should_stop: the launch's
   StopFlag; a build it stopped raises errors.Interrupted (the collector keeps its progress)."""
-  from mombo_jax.data import transitions as data, provenance
+  from mombo_jax.data import transitions as transitions_lib, provenance
   from mombo_jax.env import envs
   from mombo_jax.settings import config as config_lib
   try:
-    transitions = data.load_transitions(dataset, download=download)
+    transitions = transitions_lib.load_transitions(dataset, download=download)
   except DatasetNotFoundError as e:
     try:
       quality = config_lib.parse_name(dataset)[1]
@@ -55,7 +55,7 @@ def load_or_build(dataset, config, build_missing, build_steps, download=False, r
                         "checkpoint)") from None
     if code != 0:
       raise UserError(f"Building {dataset} failed: {' '.join(cmd)}") from None
-    transitions = data.load_transitions(dataset)
+    transitions = transitions_lib.load_transitions(dataset)
   except ValueError as e:
     raise UserError(f"dataset={dataset}: {e}", params=("dataset",)) from None
   small = provenance.smaller_than_recipe(dataset)

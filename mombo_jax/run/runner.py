@@ -25,7 +25,7 @@ from mombo_jax.run.preflight import validate
 from mombo_jax.run.run_dataset import load_or_build
 from mombo_jax.records.workdir import Workdir
 from mombo_jax.core import buffer, dynamics, placement, train as train_lib
-from mombo_jax.data import provenance, scores, transitions as data
+from mombo_jax.data import provenance, scores, transitions as transitions_lib
 from mombo_jax.env import envs
 from mombo_jax.run import distributed, loggers, overestimation
 from mombo_jax.settings import environment, references
@@ -33,7 +33,7 @@ from mombo_jax.settings import environment, references
 # Longest a device call may run (epochs are batched up to the next evaluation, but no more than
 # this by the last call's pace; one epoch at least): SIGTERM / SIGINT are honoured between calls,
 # so a stop waits about this long. A call costs the host a metrics pull (milliseconds).
-CHUNK_SECONDS = 3.0
+CALL_SECONDS = 3.0
 
 
 @dataclasses.dataclass
@@ -62,7 +62,7 @@ def train_run(config, dataset, workdir, dynamics_dir=None, build_missing=False,
 
   require_full: refuse a reduced build of the dataset's recipe (paper settings).
   should_stop: a StopFlag (or any callable with .signum); when it fires, the run checkpoints at the
-  end of the current device call (about CHUNK_SECONDS; an evaluation still running is abandoned,
+  end of the current device call (about CALL_SECONDS; an evaluation still running is abandoned,
   loop) and raises Interrupted.
   log_to: where the metrics go besides metrics.csv (always written; --log): names of
   loggers.KINDS, e.g. ("csv", "tensorboard", "wandb"), or "csv,tensorboard"; an unknown name or a
@@ -160,7 +160,7 @@ def prepare(groups, records, keep, should_stop, data_options):
     log(f"{name}: {len(t.rewards)} transitions, obs dim {t.observations.shape[1]}, action dim "
         f"{t.actions.shape[1]}; evaluated in {envs.eval_env_spec(name)['physics']}.")
     # What the behaviour policy scored: the final line sets the run's score beside it.
-    dataset_scores[name] = float(np.mean(scores.normalized_score(name, data.episode_returns(t))))
+    dataset_scores[name] = float(np.mean(scores.normalized_score(name, transitions_lib.episode_returns(t))))
   for g, (record, notes) in zip(groups, records):
     wd = Workdir(g.workdir, g.dynamics_dir)
     record, more = wd.check_data(record, provenance.dataset_identity(g.dataset,
@@ -294,12 +294,12 @@ def compile_chunk(program: Program):
 
 
 def chunk_length(epoch, end, eval_every, seconds_per_epoch=None) -> int:
-  """Epochs of the next device call: up to the next evaluation (or `end`), at most CHUNK_SECONDS
+  """Epochs of the next device call: up to the next evaluation (or `end`), at most CALL_SECONDS
   of device time by the last call's pace; one epoch while the pace is unknown."""
   n = min(eval_every - epoch % eval_every, end - epoch)
   if seconds_per_epoch is None:
     return 1
-  return max(1, min(n, int(CHUNK_SECONDS // max(seconds_per_epoch, 1e-9))))
+  return max(1, min(n, int(CALL_SECONDS // max(seconds_per_epoch, 1e-9))))
 
 
 def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> bool:
@@ -315,7 +315,7 @@ def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> boo
   needs (`eval` in its metadata), so a launch killed before they were written writes them when
   it resumes (group_run.recover). A stop request while that evaluation still runs does not wait
   for it: it is abandoned and the launch resumes at E (its rows recovered, the epochs since
-  trained again: the same results), so a stop takes one device call (about CHUNK_SECONDS, at
+  trained again: the same results), so a stop takes one device call (about CALL_SECONDS, at
   least one epoch) and the checkpoint."""
   from mombo_jax.storage import checkpoint
   several_groups = len(runs) > 1

@@ -12,8 +12,6 @@ from typing import Optional, Tuple
 
 from mombo_jax.core import algorithms
 from mombo_jax.settings import references
-# What the compiled epoch reads (core's), projected from a Config: re-exported for the host side.
-from mombo_jax.core.epoch_settings import EpochSettings, epoch_settings  # noqa: F401
 
 ENVS = ("halfcheetah", "hopper", "walker2d")
 D4RL_QUALITIES = ("random", "medium", "medium-replay", "medium-expert", "expert")

@@ -36,7 +36,7 @@ def test_a_report_is_written_without_importing_jax(tmp_path):
       "import sys\n"
       "import numpy as np\n"
       "from tests.test_report import _write_run\n"
-      "from mombo_jax.report import report\n"
+      "from mombo_jax.report import writer\n"
       f"root = {str(tmp_path)!r}\n"
       "scores = np.linspace(10.0, 20.0, 12)[:, None] + np.zeros((1, 2))\n"
       "_write_run(root + '/a/mombo', 'hopper-random', 'mombo', [0, 1], scores)\n"

@@ -230,10 +230,10 @@ class Workdir:
   def remove_leftovers(self) -> List[str]:
     """Removes what a killed or failed launch left under checkpoints/ before Orbax sees it: the
     unfinished checkpoint folders of a save (Orbax's *.orbax-checkpoint-tmp*) and the step folders
-    of a delete of an old step cut off (checkpoint.leftovers); call only while holding the lock.
+    of a delete of an old step cut off (checkpoint_files.leftovers); call only while holding the lock.
     Returns one line per removal ("removed <path>, <what it was>")."""
-    from mombo_jax.storage import checkpoint
-    return checkpoint.remove_leftovers(self.checkpoints)
+    from mombo_jax.storage import checkpoint_files
+    return checkpoint_files.remove_leftovers(self.checkpoints)
 
   # ------------------------------------------------------------------------------ checkpoints
 

@@ -39,19 +39,20 @@ Without a template: Orbax's own form, nested dicts (custom nodes as dicts of the
 from __future__ import annotations
 
 import dataclasses
-import errno
 import glob
 import json
 import os
 import shutil
 import warnings
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
 from mombo_jax.storage import manifest as mf
+from mombo_jax.storage.checkpoint_files import (delete_advice, os_cause, remove_leftovers,
+                                                 room_problem)
 
 # What the meta item's manifest holds per leaf: /3 one CRC32 of the whole leaf; /4 (written when
 # some leaf is split over devices) also, for such leaves, a CRC32 per shard. Both are read.
@@ -123,42 +124,6 @@ def _encode(tree: Any, metadata: Optional[dict], kind: str, where: str):
                     leaves=manifest)
 
 
-# Files every step Orbax commits holds (written in its temporary folder before the rename that
-# commits it): the step's metadata and each item's own. A step folder missing one is what a stopped
-# launch left of deleting an old step (Orbax deletes a step's files one by one, then the folder):
-# Orbax would list it as a step and warn about it at every turn ("Metadata file does not exist").
-_COMMITTED_FILES = ("_CHECKPOINT_METADATA", os.path.join("state", "_METADATA"),
-                    os.path.join("meta", "metadata"))
-
-
-def leftovers(directory: str) -> List[Tuple[str, str]]:
-  """(path, what it is) of what a stopped writer left in a checkpoint folder: unfinished saves
-  (<step>.orbax-checkpoint-tmp*) and half-deleted steps (a <step> folder missing a file every
-  committed step holds). Reads nothing but the folder listing."""
-  if not os.path.isdir(directory):
-    return []
-  found = [(path, "an unfinished checkpoint a stopped launch left") for path in
-           sorted(glob.glob(os.path.join(directory, "*.orbax-checkpoint-tmp*")))]
-  for name in sorted((d for d in os.listdir(directory) if d.isdigit()), key=int):
-    path = os.path.join(directory, name)
-    missing = [f for f in _COMMITTED_FILES if not os.path.exists(os.path.join(path, f))]
-    if os.path.isdir(path) and missing:
-      found.append((path, f"checkpoint step {name} a stopped launch left half-deleted (no "
-                          f"{', '.join(missing)})"))
-  return found
-
-
-def remove_leftovers(directory: str) -> List[str]:
-  """Removes `leftovers(directory)` and returns one line per removal ("removed <path>, <what>").
-  Only the writer may call it (holding the lock of the folder's run): a reader would delete a
-  save or a delete in progress."""
-  lines = []
-  for path, what in leftovers(directory):
-    shutil.rmtree(path, ignore_errors=True)
-    lines.append(f"removed {path}, {what}")
-  return lines
-
-
 def _manager(directory: str, keep: Optional[int], create: bool = True, cleanup: bool = True):
   # cleanup: remove the unfinished step folders a killed save left. Only a writer (holding the
   # run's lock) may: a reader would delete the save in progress of a live run.
@@ -179,62 +144,12 @@ def _save_step(mngr, step: int, encoded, kind: str):
     # killed process at the next start, by the writer's manager).
     for tmp in glob.glob(where + ".orbax-checkpoint-tmp*"):
       shutil.rmtree(tmp, ignore_errors=True)
-    raise CheckpointError(f"Saving the {kind} checkpoint {where} failed ({_cause(e)}). "
+    raise CheckpointError(f"Saving the {kind} checkpoint {where} failed ({os_cause(e)}). "
                           "Nothing was committed there and the earlier checkpoints are intact; "
                           "check free disk space and permissions.") from None
   if not saved:
     raise CheckpointError(f"Orbax declined to save the {kind} checkpoint {where} (a step at or "
                           "after it exists).")
-
-
-_OS_CAUSES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
-
-
-def _cause(e: BaseException) -> str:
-  """The OS's words for an error somewhere in e's chain ("No space left on device"), also when
-  tensorstore wrapped them in its own text; else e's first line, shortened."""
-  seen = e
-  while seen is not None:
-    if isinstance(seen, OSError) and seen.strerror:
-      return seen.strerror
-    for code in _OS_CAUSES:
-      if os.strerror(code) in str(seen):
-        return os.strerror(code)
-    seen = seen.__cause__ or seen.__context__
-  text = str(e).splitlines()[0] if str(e) else ""
-  return f"{type(e).__name__}: {text[:200]}"
-
-
-def _check_room(directory: str, tree: Any, kind: str, where: str):
-  """Refuses a save that cannot succeed before Orbax starts writing (its failures mid-write come
-  with pages of tensorstore and asyncio noise): a folder that cannot be written, or less free
-  space than the state's raw size (an upper bound: the arrays are compressed)."""
-  need = sum(int(getattr(x, "nbytes", 8)) for x in jax.tree.leaves(tree) if not mf.is_key(x))
-  try:
-    os.makedirs(directory, exist_ok=True)
-    probe = os.path.join(directory, f".write-probe-{os.getpid()}")
-    with open(probe, "wb"):
-      pass
-    os.remove(probe)
-    free = shutil.disk_usage(directory).free
-  except OSError as e:
-    raise CheckpointError(f"Saving the {kind} checkpoint {where} failed ({e.strerror or e}: "
-                          f"{directory}). Nothing was committed there and the earlier "
-                          "checkpoints are intact; check permissions and the filesystem.") from None
-  if free < need:
-    raise CheckpointError(f"Saving the {kind} checkpoint {where} needs up to {need / 2**20:.1f} "
-                          f"MiB, and {directory} has {free / 2**20:.1f} MiB free (No space left "
-                          "on device). Nothing was committed there and the earlier checkpoints "
-                          "are intact; free some space and run the same command again.")
-
-
-def _fix(kind: str, step_dir: str) -> str:
-  if kind == "run":
-    return (f"Runs fall back to the previous checkpoint by themselves; to drop this one, delete "
-            f"{step_dir} only.")
-  if kind == "dynamics":
-    return f"Delete {os.path.dirname(step_dir)} and the dynamics ensembles are trained again."
-  return f"Delete {step_dir} (only that folder) and run again."
 
 
 def _read_meta(mngr, step: int, kind: str) -> dict:
@@ -245,7 +160,7 @@ def _read_meta(mngr, step: int, kind: str) -> dict:
   except Exception as e:
     raise CorruptCheckpointError(f"The {kind} checkpoint {step_dir} is corrupt: its meta item is "
                                  f"unreadable ({type(e).__name__}: {str(e)[:300]}). "
-                                 + _fix(kind, step_dir)) from e
+                                 + delete_advice(kind, step_dir)) from e
   if found not in READ_FORMATS:  # not a CorruptCheckpointError: an older step would not help
     raise CheckpointError(f"The {kind} checkpoint {step_dir} has the format {found!r}; this "
                           f"version of mombo_jax reads {' and '.join(READ_FORMATS)} only. Delete "
@@ -257,7 +172,7 @@ def _read_meta(mngr, step: int, kind: str) -> dict:
 def _read_step(mngr, step: int, template: Any, kind: str, partial: bool = False):
   """(tree, user metadata) of one step, verified; see the module docstring for templates."""
   step_dir = os.path.join(str(mngr.directory), str(step))
-  fix, body = _fix(kind, step_dir), _read_meta(mngr, step, kind)
+  fix, body = delete_advice(kind, step_dir), _read_meta(mngr, step, kind)
   saved = {tuple(p): (tuple(shape), dtype, weak, crc, impl)
            for p, shape, dtype, weak, crc, impl in body["leaves"]}
 
@@ -421,7 +336,9 @@ class RunCheckpointer:
     metadata = dict(metadata or {})
     if metadata.setdefault("step", step) != step:
       raise ValueError(f"metadata['step'] = {metadata['step']} disagrees with step = {step}.")
-    _check_room(self.directory, state, self.kind, self.path(step))
+    problem = room_problem(self.directory, state, self.kind, self.path(step))
+    if problem is not None:
+      raise CheckpointError(problem)
     encoded = _encode(state, metadata, self.kind, self.path(step))
     for stale in [s for s in self.steps() if s >= step]:
       self._mngr.delete(stale)

@@ -273,10 +273,10 @@ def test_a_save_that_cannot_fit_is_refused_before_orbax_writes(tmp_path, monkeyp
   Orbax writes anything (its mid-write failures come with pages of tensorstore noise)."""
   import collections
   import numpy as np
-  from mombo_jax.storage import checkpoint
+  from mombo_jax.storage import checkpoint, checkpoint_files
   ckpt = checkpoint.RunCheckpointer(str(tmp_path / "ck"))
   usage = collections.namedtuple("usage", "total used free")
-  monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(10**9, 10**9, 1000))
+  monkeypatch.setattr(checkpoint_files.shutil, "disk_usage", lambda p: usage(10**9, 10**9, 1000))
   with pytest.raises(checkpoint.CheckpointError, match=r"needs up to .* MiB.*No space left"):
     ckpt.save(1, {"w": np.zeros(10_000, np.float32)}, {"epoch": 1})
   assert os.listdir(tmp_path / "ck") == []

@@ -33,7 +33,7 @@ import numpy as np
 from benchmarks import common
 from benchmarks.bench_epoch_changes import ROWS, build, synthetic
 from mombo_jax.core import buffer, train
-from mombo_jax.dynamics import dynamics_training
+from mombo_jax.dynamics import dynamics_training, training_data
 from mombo_jax.settings import config as config_lib
 
 WAYS = ("separate", "loop", "vmap")
@@ -94,7 +94,7 @@ def run_algo(algo, args, real, out):
 def run_dynamics(args, out):
   from benchmarks.bench_dynamics import _data
   config = dynamics_training._dyn_config(config_lib.make_config("hopper-medium"))
-  inputs, targets = dynamics_training.make_arrays(_data(args.dyn_rows))
+  inputs, targets = training_data.make_arrays(_data(args.dyn_rows))
   never = jnp.asarray(np.iinfo(np.int32).max, jnp.int32)
   keys = jax.random.split(jax.random.PRNGKey(0), args.cells)
   v = {}

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mombo_jax.core import buffer, critics, dynamics, rollout, termination
-from mombo_jax.dynamics import dynamics_training
+from mombo_jax.dynamics import dynamics_training, training_data
 from mombo_jax.settings import config as config_lib
 from mombo_jax.data.transitions import Transitions
 
@@ -45,7 +45,7 @@ def _block(tree):
 def bench_training(config, transitions, num_seeds, epochs):
   """(compile + first epoch s, steady seconds per epoch) of a whole epoch (run_epoch: its three
   device calls; training splits the minibatches into calls of ~1 s, the same work)."""
-  inputs, targets = dynamics_training.make_arrays(transitions)
+  inputs, targets = training_data.make_arrays(transitions)
   batched = num_seeds > 1
   fns = dynamics_training._compiled(dynamics_training._dyn_config(config), batched)
   init = fns.init
@@ -116,7 +116,7 @@ def main():
         f"batch {config.dyn_batch_size}; data: {args.n} synthetic transitions, obs {OBS_DIM} + "
         f"action {ACTION_DIM}")
   data = _data(args.n)
-  n_train, n_hold = dynamics_training.split_sizes(args.n, config)
+  n_train, n_hold = training_data.split_sizes(args.n, config)
   steps = -(-n_train // config.dyn_batch_size)
   print(f"# per epoch: {n_train} train rows -> {steps} minibatch steps per member; "
         f"holdout {n_hold}")

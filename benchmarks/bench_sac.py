@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from benchmarks import common
-from mombo_jax.collection import online_sac, recipes
+from mombo_jax.collection import online_sac, options
 from mombo_jax.data import scores
 from mombo_jax.env import envs
 
@@ -55,7 +55,7 @@ def compute_bound(config, obs_dim: int, action_dim: int, seconds: float = 5.0) -
 
 
 def main():
-  defaults = recipes.Options()
+  defaults = options.Options()
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--env", default="hopper", choices=sorted(envs.GYM_IDS))
   p.add_argument("--steps", type=int, default=100_000, help="SAC env steps (= gradient steps).")

@@ -52,14 +52,15 @@ import dataclasses
 from absl import flags, logging
 
 from experiments import _cli
-from mombo_jax.collection.recipes import Builder, Options
+from mombo_jax.collection.options import Options
+from mombo_jax.collection.recipes import Builder
 
 FLAGS = flags.FLAGS
 
 
 def define_flags():
   """Defined only when run as the program (absl flags are global). Every field of
-  recipes.Options is a flag of the same name with the same default."""
+  options.Options is a flag of the same name with the same default."""
   flags.DEFINE_list("env", None, "Dataset short name(s), comma-separated, e.g. hopper-random or "
                     "hopper-medium,hopper-expert.")
   flags.DEFINE_integer("steps", 1_000_000, "Transitions of each random / medium / expert dataset "
@@ -98,7 +99,7 @@ def define_flags():
 
 
 def options_from_flags() -> Options:
-  """recipes.Options from the flags of the same names (--hidden: a list of layer widths)."""
+  """options.Options from the flags of the same names (--hidden: a list of layer widths)."""
   values = {field.name: getattr(FLAGS, field.name) for field in dataclasses.fields(Options)}
   return Options(**{**values, "hidden": tuple(int(h) for h in FLAGS.hidden)})
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from mombo_jax import errors
-from mombo_jax.collection import online_sac, recipes, recording, saved_actors
+from mombo_jax.collection import online_sac, options, recipes, recording, saved_actors
 from mombo_jax.core import actor_policy
 from mombo_jax.data import transitions as transitions_lib, minari_io, provenance, scores
 from mombo_jax.env import envs
@@ -116,10 +116,10 @@ _PARSE = {"bool": lambda d: d == "true", "int": int, "float": float,
 
 
 def test_every_option_is_a_flag_with_the_options_default():
-  """experiments.collect turns its flags into recipes.Options by name: each field is a flag whose
+  """experiments.collect turns its flags into options.Options by name: each field is a flag whose
   default is the field's (checked on the program's own --helpxml)."""
   program = _program_flags("experiments.collect")
-  for field in dataclasses.fields(recipes.Options):
+  for field in dataclasses.fields(options.Options):
     kind, default = program[field.name]
     value = _PARSE.get(kind, str)(default) if default else None     # "": the default is None
     assert value == field.default, (field.name, kind, default)
@@ -142,7 +142,7 @@ def test_cli(root, tmp_path):
 
 
 # medium_fraction=-1 with medium_consecutive=1: the first evaluation is the medium point.
-TINY = recipes.Options(steps=120, sac_steps=300, start_steps=100, eval_every=100, eval_episodes=1,
+TINY = options.Options(steps=120, sac_steps=300, start_steps=100, eval_every=100, eval_episodes=1,
                        medium_fraction=-1.0, medium_consecutive=1, checkpoint_every=1000,
                        log_every=100, hidden=(16, 16), batch_size=32, num_envs=4,
                        max_episode_steps=40, seed=0)
@@ -153,7 +153,7 @@ def test_sac_qualities_end_to_end(root, tmp_path):
   """One tiny SAC run writes medium-replay, medium, expert, medium-expert and a mixture; a longer
   --sac_steps resumes it from its Orbax checkpoint."""
   logs = []
-  opts = recipes.Options(**{**TINY.__dict__, "workdir": str(tmp_path)})
+  opts = options.Options(**{**TINY.__dict__, "workdir": str(tmp_path)})
   builder = recipes.Builder(opts, log_fn=logs.append)
   for name in ("hopper-medium-replay", "hopper-medium-expert", "hopper-random-medium-10pct"):
     builder.build(name)
@@ -209,13 +209,13 @@ def test_sac_qualities_end_to_end(root, tmp_path):
 
   # Resume: same workdir, longer run.
   logs.clear()
-  longer = recipes.Options(**{**opts.__dict__, "sac_steps": 400})
+  longer = options.Options(**{**opts.__dict__, "sac_steps": 400})
   result2 = recipes.Builder(longer, log_fn=logs.append).sac_run("hopper")
   assert any("resumed the SAC run at step 300" in line for line in logs)
   assert result2.medium_step == 100 and [s for s, _ in result2.evals] == [100, 200, 300, 400]
   np.testing.assert_array_equal(result2.replay["obs"], result.replay["obs"])
   # Other network settings do not silently reuse the checkpoint.
-  other = recipes.Options(**{**opts.__dict__, "hidden": (8, 8)})
+  other = options.Options(**{**opts.__dict__, "hidden": (8, 8)})
   with pytest.raises(errors.UserError, match="another `workdir`"):
     recipes.Builder(other, log_fn=logs.append).sac_run("hopper")
 
@@ -225,7 +225,7 @@ def test_medium_builds_stop_the_sac_run_at_the_medium_point(tmp_path):
   """medium-replay needs the SAC run only up to its medium point: it stops there (checkpointed),
   and a later expert build resumes it to --sac_steps."""
   with minari_root_at(tmp_path / "minari"):
-    opts = recipes.Options(**{**TINY.__dict__, "workdir": str(tmp_path / "work")})
+    opts = options.Options(**{**TINY.__dict__, "workdir": str(tmp_path / "work")})
     logs = []
     builder = recipes.Builder(opts, log_fn=logs.append)
     builder.build("hopper-medium-replay")
@@ -240,7 +240,7 @@ def test_medium_builds_stop_the_sac_run_at_the_medium_point(tmp_path):
     # --actors_only exports it again from the checkpoint alone: same bytes, no training, no data.
     shutil.rmtree(actors)
     logs.clear()
-    only = recipes.Options(**{**opts.__dict__, "actors_only": True})
+    only = options.Options(**{**opts.__dict__, "actors_only": True})
     assert recipes.Builder(only, log_fn=logs.append).build("hopper-medium") is None
     assert (actors / "medium.msgpack").read_bytes() == medium_bytes
     assert not any(line.startswith("SAC step") for line in logs), logs
@@ -261,7 +261,7 @@ def test_medium_builds_stop_the_sac_run_at_the_medium_point(tmp_path):
 def test_unreached_medium_point_is_explained(root, tmp_path, monkeypatch):
   monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
   # Expert-level returns are out of reach for 120 steps of SAC (same shapes as above: no compiling).
-  opts = recipes.Options(**{**TINY.__dict__, "sac_steps": 120, "medium_fraction": 1.0,
+  opts = options.Options(**{**TINY.__dict__, "sac_steps": 120, "medium_fraction": 1.0,
                             "workdir": str(tmp_path / "work")})
   with pytest.raises(errors.UserError, match="never reached the medium point"):
     recipes.Builder(opts, log_fn=lambda *_: None).build("hopper-medium")
@@ -307,7 +307,7 @@ def test_kill_9_mid_sac_resumes_from_the_last_checkpoint(tmp_path):
 
   # Uninterrupted, in this process, with the same settings.
   with minari_root_at(tmp_path / "straight"):
-    opts = recipes.Options(**{**args, "workdir": str(tmp_path / "w2")})
+    opts = options.Options(**{**args, "workdir": str(tmp_path / "w2")})
     recipes.Builder(opts, log_fn=lambda *_: None).build("hopper-medium-replay")
     straight = transitions_lib.load_transitions("hopper-medium-replay")
   with minari_root_at(tmp_path / "killed"):
@@ -434,7 +434,7 @@ def test_saved_actor_round_trip(tmp_path):
     saved_actors.load_actor(str(tmp_path), "medium")
 
 
-FROM_ACTORS = recipes.Options(steps=60, num_envs=3, max_episode_steps=20, seed=5)
+FROM_ACTORS = options.Options(steps=60, num_envs=3, max_episode_steps=20, seed=5)
 
 
 def _save_two_actors(directory):

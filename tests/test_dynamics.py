@@ -11,7 +11,7 @@ import pytest
 
 from mombo_jax.settings import config as config_lib
 from mombo_jax.core import dynamics, termination
-from mombo_jax.dynamics import dynamics_training, saved_dynamics
+from mombo_jax.dynamics import dynamics_training, saved_dynamics, training_data
 from mombo_jax.data.transitions import Transitions
 
 # Tiny ensemble: 3 members, 2 elites, 2 x 32 hidden.
@@ -86,8 +86,8 @@ def test_early_stopping_snapshots_and_elites_follow_the_rule(fitted):
   assert stop_epoch is not None and stop_epoch == hist[-1]["epoch"][0] == len(hist)
   assert stop_epoch < cfg.dyn_max_epochs      # it stopped on patience in this case
   np.testing.assert_array_equal(dyn.elites, np.argsort(best)[:cfg.dyn_elites])
-  inputs, targets = dynamics_training.make_arrays(data)
-  _, hold = dynamics_training.split_indices(jax.random.PRNGKey(0), len(data.rewards), cfg)
+  inputs, targets = training_data.make_arrays(data)
+  _, hold = training_data.split_indices(jax.random.PRNGKey(0), len(data.rewards), cfg)
   assert len(hold) == min(int(0.2 * len(data.rewards)), cfg.dyn_max_holdout)
   s_mean, _, r_mean, _ = dynamics.predict(dyn, inputs[hold, :1], inputs[hold, 1:], cfg)
   pred = np.concatenate([np.asarray(s_mean) - np.asarray(inputs[hold, :1]),

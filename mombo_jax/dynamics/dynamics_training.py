@@ -34,6 +34,7 @@ from mombo_jax.dynamics import saved_dynamics
 from mombo_jax.settings import environment
 from mombo_jax.storage import checkpoint
 from mombo_jax.core.dynamics import DynamicsState, apply, loss_fn, make_module
+from mombo_jax.dynamics.training_data import make_arrays, seed_keys, split_indices, split_sizes
 
 # Holdout loss of a member before its first epoch: any finite loss is a > 1 % improvement on it.
 _INITIAL_BEST = 1e10
@@ -60,29 +61,10 @@ class _SeedTrain(struct.PyTreeNode):
   input_std: jax.Array      # [D]
 
 
-def split_sizes(n: int, config) -> tuple:
-  """(train size, holdout size) for n transitions."""
-  holdout = min(int(n * config.dyn_holdout_ratio), config.dyn_max_holdout)
-  return n - holdout, holdout
-
-
-def _seed_keys(key):
-  """(permutation, bootstrap, init, training) keys of one seed."""
-  return jax.random.split(key, 4)
-
-
-def split_indices(key, n: int, config) -> tuple:
-  """(train_idx [n - H], holdout_idx [H]): the split train_ensemble / train_seeds use for this seed
-  key."""
-  n_train, n_hold = split_sizes(n, config)
-  perm = jax.random.permutation(_seed_keys(key)[0], n).astype(jnp.int32)
-  return perm[n_hold:], perm[:n_hold]
-
-
 def _init_seed(config, key, inputs, targets) -> _SeedTrain:
   n = inputs.shape[0]
   n_train, _ = split_sizes(n, config)
-  _, k_boot, k_init, k_train = _seed_keys(key)
+  _, k_boot, k_init, k_train = seed_keys(key)
   train_idx, holdout = split_indices(key, n, config)
   boot = train_idx[jax.random.randint(k_boot, (config.dyn_members, n_train), 0, n_train)]
   x_train = inputs[train_idx]
@@ -229,27 +211,6 @@ def _dyn_config(config):
   fields["dyn_max_epochs"] = None
   fields.pop("dyn_checkpoint_every_s")
   return Config(algo=config.algo, target=config.target, **fields)
-
-
-def make_arrays(transitions):
-  """Transitions -> (inputs [N, S + A], targets [N, S + 1]) float32 device arrays.
-
-  targets = (next_obs - obs, reward).
-  """
-  obs = np.asarray(transitions.observations, np.float32)
-  act = np.asarray(transitions.actions, np.float32)
-  nxt = np.asarray(transitions.next_observations, np.float32)
-  rew = np.asarray(transitions.rewards, np.float32).reshape(-1, 1)
-  if obs.ndim != 2 or act.ndim != 2 or nxt.shape != obs.shape or len(rew) != len(obs) \
-      or len(act) != len(obs):
-    raise ValueError("Transitions must hold observations [N, S], actions [N, A], "
-                     "next_observations [N, S] and rewards [N]; got shapes "
-                     f"{obs.shape}, {act.shape}, {nxt.shape}, {rew.shape[:1]}.")
-  inputs = np.concatenate([obs, act], axis=1)
-  targets = np.concatenate([nxt - obs, rew], axis=1)
-  if not (np.all(np.isfinite(inputs)) and np.all(np.isfinite(targets))):
-    raise ValueError("Transitions contain NaN or inf values; clean the dataset first.")
-  return jnp.asarray(inputs), jnp.asarray(targets)
 
 
 class DynamicsTrainingStopped(Exception):

@@ -32,11 +32,12 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from mombo_jax.report import aggregates, paper_results
+from mombo_jax.report.curves import plot_curves
 from mombo_jax.records import outputs
 from mombo_jax.storage import atomic
 from mombo_jax.errors import UserError
 from mombo_jax.report.protocols import check_protocols, protocol_line
-from mombo_jax.report.labels import base_algo, label_key
+from mombo_jax.report.labels import label_key
 from mombo_jax.report.paper_setup import paper_dataset
 from mombo_jax.report.results import (CI_LEVEL, ENV_ORDER, LAST_K, N_BOOTSTRAP, TYPE_ORDER, Pool,
                                       beta_text, check_duplicates, dataset_type, group_runs,
@@ -46,7 +47,6 @@ from mombo_jax.report.tables import (BELOW_MARK, DIVERGED_MARK, PAPER, Block, Ta
 from mombo_jax.records.run_search import find_runs
 from mombo_jax.records.workdir import RUN_FILES
 
-_LINESTYLES = {"MOPO": "--", "MOBILE": ":", "MOMBO": "-"}
 MISSING = "–"
 
 
@@ -328,40 +328,6 @@ def render_csv(table: Table, path: str):
   outputs.write_rows(path, rows, fields=["env", "dataset", "column", "metric", "mean", "std",
                                          "ci_low", "ci_high", "source", "seeds", "diverged",
                                          "mean_healthy", "std_healthy", "below_paper_setup"])
-
-
-# ---------------------------------------------------------------------------------- figures
-
-def plot_curves(groups: Dict[tuple, Pool], env: str, path: str):
-  """curves_<env>.png: one panel per dataset of `env`, each algorithm's mean over seeds with a
-  +-1 std band; the legend gives final score and AULC (mean +- std), as the paper's figures."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  mine = {k: g for k, g in groups.items() if k[0] == env}
-  datasets = sorted({k[1] for k in mine},
-                    key=lambda d: (TYPE_ORDER.index(dataset_type(d))
-                                   if dataset_type(d) in TYPE_ORDER else 99, d))
-  algos = sorted({k[2] for k in mine}, key=label_key)
-  colors = {a: f"C{i}" for i, a in enumerate(algos)}
-  fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets), 3.6), squeeze=False)
-  for ax, dataset in zip(axes[0], datasets):
-    for algo in algos:
-      g = mine.get((env, dataset, algo))
-      if g is None or g.scores.shape[1] == 0 or len(g.steps) == 0:
-        continue
-      mean, std = g.scores.mean(axis=1), g.scores.std(axis=1)
-      (fm, fs), (am, as_) = g.stat("final"), g.stat("aulc")
-      ax.plot(g.steps, mean, ls=_LINESTYLES.get(base_algo(algo), "-."), lw=2, color=colors[algo],
-              label=f"{algo}: {fm:.1f}±{fs:.1f}, {am:.1f}±{as_:.1f}")
-      ax.fill_between(g.steps, mean - std, mean + std, color=colors[algo], alpha=0.2, lw=0)
-    ax.set(title=dataset, xlabel="gradient steps", ylabel="normalised score")
-    ax.legend(fontsize=7, title="final, AULC", title_fontsize=7)
-  fig.tight_layout()
-  try:
-    atomic.save_figure(fig, path, dpi=100)
-  finally:
-    plt.close(fig)
 
 
 # ------------------------------------------------------------------------------------ driver

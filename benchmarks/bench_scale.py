@@ -38,7 +38,7 @@ traced and compiled):
    table (3 envs x 4 datasets x 4 seeds x 3000 epochs) as 3 launches, one per env, of 16 cells
    (4 datasets x 4 seeds in one program, each cell with its own dataset's settings from
    config.TASKS; the program's rollout scan runs the longest k of its cells). Each launch's
-   program is compiled and timed as runner.program_config builds it. Evaluation: 3000 / 10
+   program is compiled and timed as program.program_config builds it. Evaluation: 3000 / 10
    evaluations x 16 cells x 10 episodes x 1000 env steps at the time per step of gymnasium's v5
    env measured here (random actions, one core; steps timed, resets not), divided by
    `--eval_workers` (a projection: env_pool.EnvPool's workers, not timed here), plus the
@@ -255,7 +255,7 @@ def bench_steps(args, rng, precisions):
 @dataclasses.dataclass
 class Program:
   """One compiled epoch's arguments: C cells of D stacked datasets."""
-  config: config_lib.Config   # the program's (runner.program_config: the longest k)
+  config: config_lib.Config   # the program's (program.program_config: the longest k)
   per_cell: tuple             # train.per_cell_settings of the cells' configs
   cells: train.Cell           # [C]
   real: buffer.Batch          # [D, N, ...]
@@ -286,7 +286,7 @@ def launch_configs(name, env, rollout, steps) -> list:
 
 def launch_program(name, env, rollout, steps, real_rows, rng) -> Program:
   """One launch of the projection: QUALITIES x SEEDS cells of env in one program, as
-  runner.program_config and train.make_cells build it (dataset-major cells)."""
+  program.program_config and train.make_cells build it (dataset-major cells)."""
   configs = launch_configs(name, env, rollout, steps)
   program = dataclasses.replace(configs[0],
                                 rollout_length=max(c.rollout_length for c in configs))

@@ -239,7 +239,7 @@ def make_cells_epoch(config, num_cells: int, per_cell=(), layout=None, cpu_dots:
   config's EpochSettings (epoch_settings.epoch_settings: what the epoch reads), so runs in one process
   share the compiled function. layout ('vmap', 'loop'; None: the backend's default) and cpu_dots
   ('eigen', 'xla': xla_options) come from above the core (settings/environment.py reads them from
-  MOMBO_JAX_CELLS and MOMBO_JAX_CPU_DOTS; runner.compile_chunk passes them).
+  MOMBO_JAX_CELLS and MOMBO_JAX_CPU_DOTS; program.compile_chunk passes them).
   """
   check_cell_count(num_cells)
   per_cell = _settings(per_cell)

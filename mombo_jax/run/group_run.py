@@ -269,7 +269,7 @@ class Evaluation:
 
 
 def recover(unwritten, program, eval_workers=0, should_stop=None):
-  """Writes the rows of the evaluation at program.start (program: runner.Program) that a launch
+  """Writes the rows of the evaluation at program.start (program: program.Program) that a launch
   killed after that checkpoint lost (groups `unwritten`: r.unwritten_eval the checkpoint's `eval`
   metadata), evaluating the restored actors with that point's env seeds: the returns the lost
   evaluation had."""

@@ -79,7 +79,7 @@ def check_groups(groups):
   """Refuses groups that cannot share one compiled epoch (their epoch_settings.EpochSettings differ
   beyond the settings each cell carries: beta and train.CELL_SETTINGS (rollout_length,
   real_ratio, auto_alpha; the program's rollout scan and ring take the longest rollout_length,
-  runner.program_config)), or one host loop (_LOOP), or one folder."""
+  program.program_config)), or one host loop (_LOOP), or one folder."""
   if not groups:
     raise UserError("Nothing to train: no dataset / beta given.")
   dirs = [os.path.abspath(g.workdir) for g in groups]

@@ -10,12 +10,10 @@ group_run's.
 """
 from __future__ import annotations
 
-import collections
-import dataclasses
 import time
-from typing import Any
 
 from mombo_jax.run import group_run
+from mombo_jax.run.program import Program, chunk_length, compile_chunk, program_config
 from mombo_jax.run.console import log
 from mombo_jax.dynamics.dynamics_store import check_legacy_dynamics, get_dynamics
 from mombo_jax.errors import Interrupted, UserError
@@ -28,28 +26,7 @@ from mombo_jax.core import buffer, dynamics, placement, train as train_lib
 from mombo_jax.data import provenance, scores, transitions as transitions_lib
 from mombo_jax.env import envs
 from mombo_jax.run import distributed, loggers, overestimation
-from mombo_jax.settings import environment, references
-
-# Longest a device call may run (epochs are batched up to the next evaluation, but no more than
-# this by the last call's pace; one epoch at least): SIGTERM / SIGINT are honoured between calls,
-# so a stop waits about this long. A call costs the host a metrics pull (milliseconds).
-CALL_SECONDS = 3.0
-
-
-@dataclasses.dataclass
-class Program:
-  """The device side of a launch: the compiled program's shared config and its arguments, cell
-  axis C (sharded over the devices), datasets D (replicated)."""
-  config: Any                  # the groups' shared settings (check_groups: what may differ),
-                               # rollout_length the longest group's (program_config)
-  num_cells: int
-  state: Any                   # train.CellState [C]
-  real: Any                    # buffer.Batch [D, N_max, ...]
-  keys: Any                    # [C] epoch keys: epoch e of cell c uses fold_in(keys[c], e)
-  cells: Any                   # train.Cell [C]
-  start: int                   # the epoch every workdir resumes at
-  per_cell: tuple = ()         # train.CELL_SETTINGS the groups differ in: read from `cells`
-
+from mombo_jax.settings import references
 
 # -------------------------------------------------------------------------------------- train
 
@@ -257,49 +234,6 @@ def _dynamics_placeholder(keys, transitions, config):
   import jax
   obs_dim, act_dim = transitions.observations.shape[1], transitions.actions.shape[1]
   return jax.jit(jax.vmap(lambda k: dynamics.init_state(k, obs_dim, act_dim, config)))(keys)
-
-
-def program_config(groups):
-  """The config of the launch's program: the first group's (check_groups: every group's agrees
-  with it in what the epoch reads alike), with the longest rollout_length of the groups (the
-  rollout scan's length and the ring's capacity; each cell uses its own, train.Cell)."""
-  return dataclasses.replace(groups[0].config,
-                             rollout_length=max(g.config.rollout_length for g in groups))
-
-
-# Compiled chunks of this process, by function and argument signature: launches of one setup in
-# one process (tests, notebooks, a resumed grid) compile once. AOT compiles bypass jit's cache.
-_COMPILED = collections.OrderedDict()
-_MAX_COMPILED = 8
-
-
-def compile_chunk(program: Program):
-  """The launch's compiled device call: (state, real, keys, cells, start, n) -> (state, metrics
-  [eval_every, C]) running epochs start .. start+n-1 (train.make_cells_chunk)."""
-  import jax
-  import numpy as np
-  fn = train_lib.make_cells_chunk(program.config, program.num_cells, program.config.eval_every,
-                                  program.per_cell, layout=environment.cells(),
-                                  cpu_dots=environment.cpu_dots())
-  args = (program.state, program.real, program.keys, program.cells, np.int32(program.start),
-          np.int32(1))
-  leaves, tree = jax.tree.flatten(args)
-  key = (fn, tree, tuple((np.shape(x), str(x.dtype), getattr(x, "sharding", None)) for x in leaves))
-  if key not in _COMPILED:
-    _COMPILED[key] = fn.lower(*args).compile()
-    while len(_COMPILED) > _MAX_COMPILED:
-      _COMPILED.popitem(last=False)
-  _COMPILED.move_to_end(key)
-  return _COMPILED[key]
-
-
-def chunk_length(epoch, end, eval_every, seconds_per_epoch=None) -> int:
-  """Epochs of the next device call: up to the next evaluation (or `end`), at most CALL_SECONDS
-  of device time by the last call's pace; one epoch while the pace is unknown."""
-  n = min(eval_every - epoch % eval_every, end - epoch)
-  if seconds_per_epoch is None:
-    return 1
-  return max(1, min(n, int(CALL_SECONDS // max(seconds_per_epoch, 1e-9))))
 
 
 def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> bool:

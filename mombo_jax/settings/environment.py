@@ -6,7 +6,7 @@ the core, which takes their values as arguments (core/cell_layout.py, core/xla_o
   MOMBO_JAX_CPU_DOTS  'eigen' (the default) | 'xla': which dots XLA:CPU compiles
                       (xla_options.options)
 
-Read when a program is built (runner.compile_chunk, the dynamics training), so set them before
+Read when a program is built (program.compile_chunk, the dynamics training), so set them before
 the first run in a process; preflight.validate refuses a bad value before any work.
 """
 import os

@@ -39,8 +39,8 @@ import sys
 from absl import flags
 
 from experiments import _cli
-from mombo_jax.run.sweep import (BUDGET_FLAGS, Launcher, check_cells, dynamics_plan, exit_code,
-                                 plan, run_sweep, summary)
+from mombo_jax.run.sweep import BUDGET_FLAGS, Launcher, check_cells, dynamics_plan, plan, run_sweep
+from mombo_jax.run.sweep_record import exit_code, summary
 
 FLAGS = flags.FLAGS
 

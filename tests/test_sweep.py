@@ -14,7 +14,7 @@ import time
 import pytest
 
 from mombo_jax import errors
-from mombo_jax.run import sweep
+from mombo_jax.run import console, sweep, sweep_record
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET = dict(preset="tiny", epochs=1, steps_per_epoch=5, rollout_batch_size=32, eval_episodes=1,
@@ -136,20 +136,20 @@ def test_plan_refuses_bad_input_before_anything_runs(tmp_path, bad, match):
 def test_run_records_statuses_skips_finished_cells_and_stops_after_an_interrupt(tmp_path):
   cells = _cells(tmp_path)
   codes = {("hopper-random", "mombo"): 0, ("hopper-random", "mopo"): 1,
-           ("walker2d-random", "mombo"): sweep.EXIT_DIVERGED, ("walker2d-random", "mopo"): 0}
+           ("walker2d-random", "mombo"): console.EXIT_DIVERGED, ("walker2d-random", "mopo"): 0}
   launched = []
 
   def runner(cell):
     launched.append((cell.env, cell.algo))
     code = codes[(cell.env, cell.algo)]
-    if code in (0, sweep.EXIT_DIVERGED):      # experiments.run writes summary.json then
+    if code in (0, console.EXIT_DIVERGED):      # experiments.run writes summary.json then
       _finish(cell)
     return code
 
   result = sweep.run_sweep(cells, str(tmp_path), runner=runner, log=lambda *_: None)
   assert launched == list(codes)
   assert [e["status"] for e in result["cells"]] == ["finished", "failed", "diverged", "finished"]
-  assert result["status"] == "failed" and sweep.exit_code(result) == 1
+  assert result["status"] == "failed" and sweep_record.exit_code(result) == 1
   assert json.loads((tmp_path / "sweep.json").read_text()) == result
 
   # Again: only the failed cell is launched (the others have their summary.json). The diverged
@@ -160,8 +160,8 @@ def test_run_records_statuses_skips_finished_cells_and_stops_after_an_interrupt(
   assert launched == [("hopper-random", "mopo")]
   assert [e["status"] for e in result["cells"]] == ["finished", "finished", "diverged", "finished"]
   assert [e["skipped"] for e in result["cells"]] == [True, False, True, True]
-  assert result["status"] == "diverged" and sweep.exit_code(result) == sweep.EXIT_DIVERGED
-  assert "(3 skipped: finished before)" in sweep.summary(result, str(tmp_path))
+  assert result["status"] == "diverged" and sweep_record.exit_code(result) == console.EXIT_DIVERGED
+  assert "(3 skipped: finished before)" in sweep_record.summary(result, str(tmp_path))
   # Each cell's history over both sweeps, oldest first, with the command and time of each.
   histories = [[h["status"] for h in e["history"]] for e in result["cells"]]
   assert histories == [["finished", "skipped"], ["failed", "finished"], ["diverged", "skipped"],
@@ -180,7 +180,7 @@ def test_run_records_statuses_skips_finished_cells_and_stops_after_an_interrupt(
                              log=lambda *_: None)
     assert len(launched) == 1
     assert [e["status"] for e in result["cells"]] == ["interrupted"] + ["not started"] * 3
-    assert result["signal"] == signum and sweep.exit_code(result) == 128 + signum
+    assert result["signal"] == signum and sweep_record.exit_code(result) == 128 + signum
 
 
 def test_a_summary_listing_diverged_seeds_makes_a_skipped_cell_diverged(tmp_path):
@@ -189,7 +189,7 @@ def test_a_summary_listing_diverged_seeds_makes_a_skipped_cell_diverged(tmp_path
   result = sweep.run_sweep(cells, str(tmp_path), runner=lambda c: pytest.fail("launched"),
                            log=lambda *_: None)
   assert result["cells"][0]["status"] == "diverged" and result["cells"][0]["skipped"]
-  assert sweep.exit_code(result) == sweep.EXIT_DIVERGED
+  assert sweep_record.exit_code(result) == console.EXIT_DIVERGED
 
 
 def test_finished_cells_of_another_setup_are_refused_naming_the_fields(tmp_path):
@@ -289,7 +289,7 @@ _CHILD = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sy
           "print('ready', flush=True); time.sleep(60)")
 _SWEEP = """
 import sys
-from mombo_jax.run import sweep
+from mombo_jax.run import sweep, sweep_record
 out = sys.argv[1]
 child = (sys.executable, "-c", sys.argv[2])
 cells = [sweep.SweepCell("hopper-random", a, f"{out}/{a}", f"{out}/dynamics", child)
@@ -297,8 +297,8 @@ cells = [sweep.SweepCell("hopper-random", a, f"{out}/{a}", f"{out}/dynamics", ch
 launcher = sweep.Launcher()
 launcher.install()
 result = sweep.run_sweep(cells, out, runner=launcher)
-print(sweep.summary(result, out))
-sys.exit(sweep.exit_code(result))
+print(sweep_record.summary(result, out))
+sys.exit(sweep_record.exit_code(result))
 """
 
 

@@ -13,8 +13,6 @@ touched it). Where the cells' folders go is mombo_jax.records.workdir's.
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import json
 import os
 import shlex
 import signal
@@ -27,6 +25,8 @@ from mombo_jax.storage import atomic
 from mombo_jax.errors import UserError
 from mombo_jax.run.console import EXIT_DIVERGED
 from mombo_jax.storage import locks
+from mombo_jax.run.sweep_record import (SEVERITY, finished_status, history_of, now, read_record,
+                                        signal_of)
 
 # experiments.run's flags that a sweep sets for every cell (name -> absl type). They make the
 # cell's setup (its config.json), which the sweep checks and compares with finished cells.
@@ -49,8 +49,6 @@ _OWNED = {"env": "--envs", "dataset": "--envs", "datasets": "--envs", "algo": "-
 _NOT_PASSED = ("stop_after", "coordinator_address", "num_processes", "process_id", "distributed",
                "init_timeout")
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-# A cell's status in sweep.json; `status` of the sweep is the worst of its cells'.
-_SEVERITY = ("finished", "diverged", "failed", "interrupted")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,14 +313,14 @@ def run_sweep(cells: Sequence[SweepCell], out: str,
 
 def _run_sweep(cells, out, runner, extend, log):
   record_path = os.path.join(out, "sweep.json")
-  old = _read_record(record_path)
+  old = read_record(record_path)
   earlier = {e.get("workdir"): e for e in old.get("cells", []) + old.get("other_cells", [])
              if isinstance(e, dict)}
   planned = {c.workdir for c in cells}
   others = [e for w, e in earlier.items() if w not in planned]
   records = []
   for cell in cells:
-    history = _history(earlier.get(cell.workdir, {}))
+    history = history_of(earlier.get(cell.workdir, {}))
     records.append(dict(env=cell.env, algo=cell.algo, workdir=cell.workdir,
                         command=cell.command_line, status="pending", exit_code=None,
                         seconds=0.0, skipped=False, history=history))
@@ -340,8 +338,8 @@ def _run_sweep(cells, out, runner, extend, log):
   signum = None
   for i, (cell, entry) in enumerate(zip(cells, records), 1):
     if cell.finished and cell.workdir not in extend:
-      entry.update(status=_finished_status(cell, entry["history"]), skipped=True)
-      entry["history"].append(dict(status="skipped", time=_now(), command=cell.command_line))
+      entry.update(status=finished_status(cell, entry["history"]), skipped=True)
+      entry["history"].append(dict(status="skipped", time=now(), command=cell.command_line))
       log(f"[sweep {i}/{len(cells)}] {cell.name}: finished before ({entry['status']}), skipped "
           f"({cell.workdir})")
       continue
@@ -353,10 +351,10 @@ def _run_sweep(cells, out, runner, extend, log):
     log(f"[sweep {i}/{len(cells)}] {cell.name}: {entry['command']}")
     entry["status"] = "running"
     write("running")
-    t0, started = time.time(), _now()
+    t0, started = time.time(), now()
     code = runner(cell)
     entry.update(exit_code=code, seconds=round(time.time() - t0, 1))
-    stopped = _signal_of(code)
+    stopped = signal_of(code)
     if code == 0 and cell.finished:
       entry["status"] = "finished"
     elif code == EXIT_DIVERGED:
@@ -372,79 +370,7 @@ def _run_sweep(cells, out, runner, extend, log):
     log(f"[sweep {i}/{len(cells)}] {cell.name}: {entry['status']} (exit {code}, "
         f"{entry['seconds']:.0f} s)")
     write("running")
-  worst = max((_SEVERITY.index(e["status"]) for e in records if e["status"] in _SEVERITY),
+  worst = max((SEVERITY.index(e["status"]) for e in records if e["status"] in SEVERITY),
               default=0)
-  status = "interrupted" if signum is not None else _SEVERITY[worst]
+  status = "interrupted" if signum is not None else SEVERITY[worst]
   return write(status, signum)
-
-
-def _now() -> str:
-  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def _signal_of(code: int) -> Optional[int]:
-  """The stop signal (SIGINT / SIGTERM) a cell's exit status reports, or None: experiments.run
-  exits 128 + signal after checkpointing; a child killed by the signal has -signal; the Launcher
-  returns -signal for cells it did not start after one."""
-  for signum in (signal.SIGINT, signal.SIGTERM):
-    if code in (128 + signum, -signum):
-      return int(signum)
-  return None
-
-
-def _read_record(path: str) -> dict:
-  """The sweep.json of earlier sweeps into this folder ({} when none)."""
-  if not os.path.exists(path):
-    return {}
-  try:
-    with open(path) as f:
-      record = json.load(f)
-  except (OSError, ValueError) as e:
-    raise UserError(f"{path} is unreadable ({e}); delete it and run again (each cell's folder "
-                    "keeps its own results; only the record of earlier sweeps goes).") from None
-  return record if isinstance(record, dict) else {}
-
-
-def _history(entry: dict) -> List[dict]:
-  """A cell's history from its entry in an earlier sweep.json (a record written before histories
-  were kept gives its one status, time unknown)."""
-  if isinstance(entry.get("history"), list):
-    return list(entry["history"])
-  if entry.get("status") in _SEVERITY:
-    return [dict(status=entry["status"], time=None, command=entry.get("command"),
-                 exit_code=entry.get("exit_code"), seconds=entry.get("seconds"))]
-  return []
-
-
-def _finished_status(cell: SweepCell, history: Sequence[dict]) -> str:
-  """A finished cell's outcome: diverged when its summary.json lists diverged seeds or its last
-  launch ended diverged, else finished."""
-  from mombo_jax.records.workdir import Workdir
-  try:
-    if Workdir(cell.workdir).read_summary().get("diverged"):
-      return "diverged"
-  except (OSError, ValueError, AttributeError):
-    pass
-  launches = [h for h in history if h.get("status") in _SEVERITY]
-  return "diverged" if launches and launches[-1]["status"] == "diverged" else "finished"
-
-
-def exit_code(result: dict) -> int:
-  """The sweep's exit status: 0, EXIT_DIVERGED (seeds of a cell diverged, now or in an earlier
-  sweep, and nothing failed), 1 (a cell failed) or 128 + the signal that interrupted it (130
-  SIGINT, 143 SIGTERM)."""
-  if result["status"] == "interrupted":
-    return 128 + int(result.get("signal") or signal.SIGINT)
-  return {"finished": 0, "diverged": EXIT_DIVERGED, "failed": 1}[result["status"]]
-
-
-def summary(result: dict, out: str) -> str:
-  """One line: the sweep's status, how many cells ended in each status, how many were skipped
-  (finished before), where the record is."""
-  counts = {}
-  for entry in result["cells"]:
-    counts[entry["status"]] = counts.get(entry["status"], 0) + 1
-  skipped = sum(bool(e.get("skipped")) for e in result["cells"])
-  return (f"sweep {result['status']}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-          + (f" ({skipped} skipped: finished before)" if skipped else "")
-          + f"; record in {os.path.join(out, 'sweep.json')}")

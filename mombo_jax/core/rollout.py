@@ -50,6 +50,8 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   written), nonfinite_frac (fraction of branches ended by a non-finite model output, whose row was
   dropped), and for MOPO only mopo_penalty (mean over written rows).
   """
+  # Whole (88 lines): one lax.scan over the K model steps whose step closes over the policy, the
+  # ensemble and the termination function; split, its pieces would pass the step's arrays around.
   chex.assert_rank(start_obs, 2)
   n, _ = start_obs.shape
   k = config.rollout_length

@@ -121,6 +121,8 @@ def prepare(groups, records, keep, should_stop, data_options):
   """Loads the datasets, writes config.json (only now that the data loaded), gets the dynamics,
   initialises or restores every cell and places the program's arguments on the devices.
   Returns ([GroupRun], Program)."""
+  # Whole (109 lines): its steps' order is the launch's contract (data, config.json, dynamics, init
+  # or restore, placement); read top to bottom, it is that order.
   import jax
   import jax.numpy as jnp
   import numpy as np

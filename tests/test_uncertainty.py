@@ -365,7 +365,7 @@ def test_table_has_the_papers_numbers_beside_the_as_trained_blocks():
   for _, title in uncertainty_runs.METRICS[2:]:
     assert "(paper)" not in blocks[title], title
   assert "the paper's Table 2" in text and "*U / beta* blocks" in text
-  assert "Table 1 for D4RL" not in text          # report.py's note on the score tables is replaced
+  assert "Table 1 for D4RL" not in text          # writer.py's note on the score tables is replaced
 
 
 def test_table_has_the_readings_blocks_and_columns(tmp_path):

@@ -238,8 +238,8 @@ def group_runs(runs: Sequence[Run]) -> Tuple[Dict[tuple, Pool], List[str]]:
   """{(env, dataset, label): Pool} pooling the seeds of the runs of one algorithm on one dataset
   with one setup (Run.setup_fields: config.json but the seeds and evaluation fields); curves are
   kept at the evaluation steps all of them share. Runs of one algorithm whose setups differ are
-  separate groups, each label naming the fields that differ over the whole table (`labels.column_labels`):
-  pooling them would average two different experiments. One (setup, seed) in two folders is
+  separate groups, each label naming the fields that differ over the whole table
+  (`labels.column_labels`): pooling them would average two different experiments. One (setup, seed) in two folders is
   refused (check_duplicates). Returns (groups, warnings)."""
   check_duplicates(runs)
   by_key: Dict[tuple, List[Run]] = {}

@@ -5,6 +5,7 @@ the same way, so both train identical ensembles and either's can be reused by th
 def cell_keys(config):
   """The run's key scheme: (dynamics, init, epoch) keys [S] of seeds config.seed ...: seed i's
   are fold_in(PRNGKey(config.seed + i), 0 / 1 / 2)."""
+  # JAX only when keys are made: dynamics_store (a sweep's plan) imports this module without it.
   import jax
   import jax.numpy as jnp
   seeds = jnp.arange(config.seed, config.seed + config.num_seeds)

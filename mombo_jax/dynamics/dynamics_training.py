@@ -32,6 +32,7 @@ from mombo_jax.core import cell_layout
 from mombo_jax import signals
 from mombo_jax.dynamics import saved_dynamics
 from mombo_jax.settings import environment
+from mombo_jax.settings.config import Config
 from mombo_jax.storage import checkpoint
 from mombo_jax.core.dynamics import DynamicsState, apply, loss_fn, make_module
 from mombo_jax.dynamics.training_data import make_arrays, seed_keys, split_indices, split_sizes
@@ -206,7 +207,6 @@ def _dyn_config(config):
   """Only the dyn_* fields matter for training: key the compile cache on those alone
   (dyn_max_epochs is a runtime argument). The algorithm is kept: the Config's checks depend on it
   (elite_spread needs >= 2 elites; MOPO may run with one)."""
-  from mombo_jax.settings.config import Config
   fields = {f: getattr(config, f) for f in Config.__dataclass_fields__ if f.startswith("dyn_")}
   fields["dyn_max_epochs"] = None
   fields.pop("dyn_checkpoint_every_s")

@@ -28,6 +28,7 @@ from typing import Optional
 import jax
 
 from mombo_jax.core import dynamics
+from mombo_jax.settings.config import Config
 from mombo_jax.storage import checkpoint
 
 # Metadata tag of a saved ensemble, and the field the reuse key is stored under (also in the
@@ -66,7 +67,6 @@ def training_settings(config) -> dict:
   """{field: value} of TRAINING_FIELDS in JSON types, normalised so that equal settings give equal
   dicts however they were written (1 and 1.0, tuples and lists): float fields as float, tuples as
   lists of their elements' type."""
-  from mombo_jax.settings.config import Config
   out = {}
   for name in TRAINING_FIELDS:
     value, default = getattr(config, name), Config.__dataclass_fields__[name].default
@@ -92,7 +92,6 @@ def settings_tag(config) -> str:
 def describe_settings(config, fields=None) -> str:
   """"field=value, ..." of `fields` (default: the training fields whose value is not Config's
   default), or "Config defaults" when there are none."""
-  from mombo_jax.settings.config import Config
   settings = training_settings(config)
   if fields is None:
     defaults = training_settings(Config())

@@ -104,6 +104,7 @@ def plot_curve(rows: Sequence[dict], seeds: Sequence[int], path: str, title: str
                diverged: Sequence[int] = ()):
   """learning_curve.png: every seed thin (diverged ones dashed: their frozen policy's scores),
   the mean over every seed thick (summary.json's)."""
+  # matplotlib only when a curve is drawn: the report and the runs read this module's formats.
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt

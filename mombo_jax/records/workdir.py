@@ -232,14 +232,14 @@ class Workdir:
     unfinished checkpoint folders of a save (Orbax's *.orbax-checkpoint-tmp*) and the step folders
     of a delete of an old step cut off (checkpoint_files.leftovers); call only while holding the lock.
     Returns one line per removal ("removed <path>, <what it was>")."""
-    from mombo_jax.storage import checkpoint_files
+    from mombo_jax.storage import checkpoint_files   # its room check loads JAX: records import none
     return checkpoint_files.remove_leftovers(self.checkpoints)
 
   # ------------------------------------------------------------------------------ checkpoints
 
   def checkpointer(self, keep: Optional[int] = 3):
     """The run's checkpoint.RunCheckpointer (keep None: keep all, for reading)."""
-    from mombo_jax.storage import checkpoint
+    from mombo_jax.storage import checkpoint     # Orbax and JAX: the records import neither
     return checkpoint.RunCheckpointer(self.checkpoints, keep=keep)
 
   def state_template(self, config=None):
@@ -251,6 +251,7 @@ class Workdir:
     import jax.numpy as jnp
 
     from mombo_jax.core import buffer, dynamics, train as train_lib
+    from mombo_jax.core.key_scheme import cell_keys
     from mombo_jax.env import envs
     if config is None:
       config, _ = self.read_config()
@@ -265,7 +266,6 @@ class Workdir:
     def init(keys):
       dyn = jax.vmap(lambda k: dynamics.init_state(k, obs_dim, act_dim, config))(keys)
       return train_lib.init_cells(keys, config, real, dyn)
-    from mombo_jax.core.key_scheme import cell_keys
     return jax.eval_shape(init, cell_keys(config)[1])
 
   def restore(self, template=None, step: Optional[int] = None, partial: bool = False):
@@ -273,7 +273,7 @@ class Workdir:
     against `template` (default: state_template()); partial: template is a sub-tree of the saved
     state (e.g. the actors only) and only its leaves are read. UserError when there is none or it
     cannot be read."""
-    from mombo_jax.storage import checkpoint
+    from mombo_jax.storage import checkpoint     # Orbax and JAX: the records import neither
     if not os.path.isdir(self.checkpoints):
       raise UserError(f"{self.path} has no checkpoints folder; pass a run workdir of "
                       "experiments.run that finished at least one evaluation.")

@@ -16,6 +16,7 @@ _LINESTYLES = {"MOPO": "--", "MOBILE": ":", "MOMBO": "-"}
 def plot_curves(groups: Dict[tuple, Pool], env: str, path: str):
   """curves_<env>.png: one panel per dataset of `env`, each algorithm's mean over seeds with a
   +-1 std band; the legend gives final score and AULC (mean +- std), as the paper's figures."""
+  # matplotlib only when a figure is drawn (importing it takes a second).
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt

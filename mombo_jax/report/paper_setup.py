@@ -16,6 +16,9 @@ import json
 import re
 from typing import List, Optional
 
+from mombo_jax.data import provenance
+from mombo_jax.settings import config as config_lib
+
 # The fields that pick a task's reference table rather than take a value from it: passed to
 # make_config, and always compared as they are (a run of another reference is another setup even
 # though each sits at its own reference's values). `reference`: the settings source, where this
@@ -41,7 +44,6 @@ def paper_config(config: dict) -> Optional[dict]:
   """The config (JSON values) the paper preset gives config.json's task (its "env": the short
   name whose settings it ran with) and algorithm, with its SELECTORS; None where this version
   cannot build one (an unknown task or field)."""
-  from mombo_jax.settings import config as config_lib
   fields = {f.name for f in dataclasses.fields(config_lib.Config)}
   chosen = tuple((k, _hashable(config[k])) for k in SELECTORS if k in config and k in fields)
   return _paper_config(str(config.get("env")), str(config.get("algo")), chosen)
@@ -49,7 +51,6 @@ def paper_config(config: dict) -> Optional[dict]:
 
 @functools.lru_cache(maxsize=None)
 def _paper_config(env: str, algo: str, chosen: tuple) -> Optional[dict]:
-  from mombo_jax.settings import config as config_lib
   try:
     made = config_lib.make_config(env, algo, "paper", **dict(chosen))
   except (ValueError, TypeError):
@@ -74,7 +75,6 @@ def recipe_size(dataset: str) -> Optional[int]:
   its id mombo/<env>/<quality>-v0): provenance.RECIPE_STEPS; None where the recipe fixes no size
   (medium-replay: the SAC run's buffer) or the dataset is not built here (D4RL's imported files
   are its files, whole; Minari's own datasets)."""
-  from mombo_jax.data import provenance
   if "/" in dataset and not dataset.startswith("mombo/"):
     return None
   name = paper_dataset(dataset)

@@ -8,6 +8,9 @@ import collections
 import dataclasses
 from typing import Any
 
+import jax
+import numpy as np
+
 from mombo_jax.core import train as train_lib
 from mombo_jax.settings import environment
 
@@ -49,8 +52,6 @@ _MAX_COMPILED = 8
 def compile_chunk(program: Program):
   """The launch's compiled device call: (state, real, keys, cells, start, n) -> (state, metrics
   [eval_every, C]) running epochs start .. start+n-1 (train.make_cells_chunk)."""
-  import jax
-  import numpy as np
   fn = train_lib.make_cells_chunk(program.config, program.num_cells, program.config.eval_every,
                                   program.per_cell, layout=environment.cells(),
                                   cpu_dots=environment.cpu_dots())

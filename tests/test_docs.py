@@ -389,3 +389,22 @@ def test_the_slug_is_githubs():
   assert _slug("Grids in one program: `--datasets`, `--betas`") == (
       "grids-in-one-program---datasets---betas")
   assert _slug("The report: `experiments.report`") == "the-report-experimentsreport"
+
+
+def test_readme_names_every_extra_and_requirements_pin_them():
+  """README: `pip install -e .` is the core, with setup.cfg's extras for the rest, and
+  requirements.txt pins all of it (what CI installs)."""
+  import configparser
+  cfg = configparser.ConfigParser()
+  cfg.read(os.path.join(ROOT, "setup.cfg"))
+  extras = {k: [r.strip() for r in v.splitlines() if r.strip()]
+            for k, v in cfg["options.extras_require"].items()}
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    readme = f.read()
+  with open(os.path.join(ROOT, "requirements.txt"), encoding="utf-8") as f:
+    pinned = {re.split(r"[\[=<>]", line)[0].strip().lower() for line in f
+              if line.strip() and not line.startswith("#")}
+  assert extras and not [k for k in extras if f"`[{k}]`" not in readme]
+  unpinned = [r for reqs in extras.values() for r in reqs
+              if re.split(r"[\[=<>]", r)[0].strip().lower() not in pinned]
+  assert not unpinned, f"requirements.txt does not pin {unpinned}, which README says it holds"

@@ -83,7 +83,7 @@ def define_flags():
                       "persistent compilation cache: a later launch of the same setup reads the "
                       "compiled epoch from there instead of compiling again. Empty: off.")
   flags.DEFINE_string("coordinator_address", None, "Multi-process run: host:port of process 0 "
-                      "(with --num_processes and --process_id; see README, 'Several hosts').")
+                      "(with --num_processes and --process_id; see docs/scaling.md).")
   flags.DEFINE_integer("num_processes", None, "Multi-process run: how many processes.")
   flags.DEFINE_integer("process_id", None, "Multi-process run: this process's index, 0 first.")
   flags.DEFINE_bool("distributed", False, "Multi-process run configured by the cluster's "

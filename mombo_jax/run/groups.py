@@ -30,8 +30,9 @@ class Group:
 
 
 def describe_algorithm(config, betas=None) -> str:
-  """One line naming the algorithm and, for MOMBO, which target (the variant matters: see README
-  "Which MOMBO"); betas: the launch's betas (a --betas grid), default config.beta."""
+  """One line naming the algorithm and, for MOMBO, which target (the variant matters: see
+  docs/algorithms.md, "Which MOMBO"); betas: the launch's betas (a --betas grid), default
+  config.beta."""
   values = ", ".join(f"{b:g}" for b in (betas or [config.beta]))
   alg = config.algorithm
   coef = alg.coefficient + ("s" if betas and len(betas) > 1 else "")

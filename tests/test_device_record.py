@@ -67,6 +67,16 @@ def test_a_small_budget_skips_the_later_parts_naming_why_never_the_earlier():
   assert "under its" in sizing.plan("d", 100, False).skip
 
 
+def test_part_d_s_dataset_is_the_paper_s_largest_mombo_lead_that_prepare_can_build():
+  from benchmarks.device import learning, prepare
+  assert learning.choose() == prepare.DATASET == "hopper-medium-replay"
+  # The margins the docstring quotes, from the paper's Table 1 (mombo_jax.report.paper_results).
+  assert learning.margin("hopper-medium-replay") == pytest.approx(1.12, abs=0.005)
+  assert learning.margin("walker2d-medium") == pytest.approx(2.94, abs=0.005)
+  assert learning.margin("halfcheetah-random", "final") == pytest.approx(1.54, abs=0.005)
+  assert max(learning.margin(d, "final") for d in learning.CANDIDATES) < 0
+
+
 def test_record_files_are_few_and_plainly_named():
   names = [n for v in record.FILES.values() for n in v] + [record.RECORD]
   assert len(names) <= record.MAX_FILES

@@ -24,7 +24,8 @@ run's replay buffer up to its medium point (~220k hopper transitions, ~35 MB), a
 medium-replay datasets hopper's has the largest margin by AULC (walker2d's 0.13, halfcheetah's
 0.05; by the final score none has a lead: -0.18, -0.22, -0.02). Its build was measured: 49 min on
 the 2-core Xeon, loaded (benchmarks/datasets/build_log.txt; 26 min for an earlier 200k build,
-benchmarks/learning/README.md).
+benchmarks/learning/README.md). `choose()` recomputes the choice from the paper's numbers
+(mombo_jax.report.paper_results; tests/test_device_record.py checks it is prepare's dataset).
 
 One set of dynamics ensembles (one per seed) is trained first and shared by the three, so they
 differ only in their targets: capped at 30 epochs (sizing.DYN_MAX_EPOCHS), OfflineRL-Kit's
@@ -34,6 +35,7 @@ shared set needs one setting and MOMBO's and MOPO's references train to converge
 At the part's soft deadline the launches still running are stopped with SIGTERM (they checkpoint,
 and their rows so far are written) and the table is made of what was evaluated.
 """
+import math
 import os
 import signal
 import subprocess
@@ -42,9 +44,25 @@ import time
 
 from benchmarks.device import kit as kit_lib, sizing
 
+# The datasets prepare can build on 2 cores in about an hour and carry in 64 MiB (docstring).
+CANDIDATES = ("hopper-medium-replay", "walker2d-medium-replay", "halfcheetah-medium-replay")
 LABEL = {"mombo": "mombo-elite_spread", "mobile": "mobile", "mopo": "mopo"}
 NAME = {"mombo": "MOMBO", "mobile": "MOBILE", "mopo": "MOPO"}
 TABLE_S = 30.0           # kept from the soft deadline for the table and the figure
+
+
+def margin(dataset: str, metric: str = "aulc") -> float:
+  """MOMBO's lead in the paper's Table 1 against the nearer of MOPO and MOBILE, in units of
+  sqrt(std_MOMBO^2 + std_baseline^2)."""
+  from mombo_jax.report import paper_results
+  mean, std = paper_results.score(dataset, "MOMBO", metric)
+  return min((mean - b[0]) / math.hypot(std, b[1])
+             for b in (paper_results.score(dataset, x, metric) for x in ("MOPO", "MOBILE")))
+
+
+def choose() -> str:
+  """The dataset of part d: the candidate with the largest AULC margin (docstring)."""
+  return max(CANDIDATES, key=margin)
 
 
 def say(line=""):

@@ -58,6 +58,11 @@ def install_wheels(kit: str, site: str, say) -> bool:
   wheels = kit_lib.wheels(kit)
   if not wheels:
     return False
+  here = "%d.%d" % sys.version_info[:2]
+  if here != kit_lib.PYTHON_VERSION:   # the device's Python; elsewhere the packages are installed
+    say(f"note: not installing the kit's wheels (built for Python {kit_lib.PYTHON_VERSION}, this "
+        f"is {here}): the installed packages are used")
+    return False
   t = time.time()
   subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                   "--no-compile", "--no-cache-dir", "--upgrade", "--target", site, *wheels],

@@ -31,6 +31,9 @@ H100_STEP_MS = {"mopo": 0.12, "mombo_lcb": 0.16, "mombo": 0.21, "mobile": 0.28}
 H100_LEARNING_EPOCH_S = 548.0 / 300     # three 3-seed launches side by side, evaluation in series
 H100_DYNAMICS_EPOCH_S = 66.0 / 270      # 3 ensembles together, hopper-medium-replay
 SIDE_BY_SIDE = 1.3               # three processes on one GPU: time-sliced, plus their host work
+# The later parts' floors are kept free with this margin: part c's measured rates may make part
+# d's floor larger than the estimate it was kept for.
+RESERVE_MARGIN = 1.15
 
 ALGOS = ("mombo", "mobile", "mopo")     # MOMBO is `elite_spread`, the paper's
 CELLS = (16, 1, 48, 4)           # part c's cell counts, in the order they are measured
@@ -128,7 +131,7 @@ def want_floor(part: str, smoke: bool, measured: Optional[Dict] = None):
     return SMOKE[part]
   d_floor = d_fixed_s() + MIN_EPOCHS * d_epoch_s(measured)
   return {"a": (30.0, 10.0),
-          "b": (120.0, 30.0),
+          "b": (90.0, 30.0),
           "c": (c_want_s(measured), 3 * (H100_COMPILE_S + 2 * max(
               epoch_s(a, 16, measured) for a in ALGOS))),
           "d": (d_fixed_s() + MAX_EPOCHS * d_epoch_s(measured), d_floor),
@@ -151,8 +154,8 @@ RESERVED = ("a", "b", "c", "d")
 
 def plan(part: str, left_s: float, smoke: bool, measured: Optional[Dict] = None,
          done: tuple = (), algos_d=ALGOS) -> Plan:
-  """The next part's cap from `left_s` seconds: its want, less the floors of the later reserved
-  parts that have not run (as many of them as leave this part its floor, the highest first);
+  """The next part's cap from `left_s` seconds: its want, less the floors (x RESERVE_MARGIN) of the
+  later reserved parts that have not run (as many of them as leave this part its floor, the highest first);
   skipped (with the reason) when what is left is under its floor. `done`: parts
   that ran or were skipped (a skipped part reserves nothing). Part d's epochs follow from its cap
   (at least the minimum, a multiple of its evaluation cadence, at most the paper's 3000); part d
@@ -160,9 +163,11 @@ def plan(part: str, left_s: float, smoke: bool, measured: Optional[Dict] = None,
   want, floor = want_floor(part, smoke, measured)
   later = [p for p in RESERVED if p > part and p not in done]
   # A higher priority never yields to a lower: the lowest later parts stop being kept free first.
-  while later and left_s - sum(want_floor(p, smoke, measured)[1] for p in later) < floor:
+  kept = lambda parts: RESERVE_MARGIN * sum(want_floor(p, smoke, measured)[1]  # noqa: E731
+                                            for p in parts)
+  while later and left_s - kept(later) < floor:
     later.pop()
-  reserve = sum(want_floor(p, smoke, measured)[1] for p in later)
+  reserve = kept(later)
   room = left_s - reserve
   if part == "e" and "d" in done and not _d_ran(measured):
     return Plan(part, 0.0, skip="part d did not run: no runs to measure")

@@ -145,14 +145,16 @@ def main():
           p.wait(timeout=max(t_end - time.time() - 5, 5))
         except subprocess.TimeoutExpired:
           p.kill()
+          p.wait()
       break
     time.sleep(1.0)
   train_s = time.time() - t
-  say(f"launches: {train_s:.0f} s" + (" side by side" if len(procs) > 1 else "") + (f"; stopped at the deadline: "
-                                                   f"{', '.join(stopped)}" if stopped else ""))
+  say(f"launches: {train_s:.0f} s" + (" side by side" if len(procs) > 1 else "")
+      + (f"; stopped at the deadline: {', '.join(stopped)}" if stopped else ""))
   for algo, p in procs.items():
     if p.returncode not in (0, None) and algo not in stopped:
-      say(f"\n{NAME[algo]} exited {p.returncode}; its log ends:\n```\n{tail(workdirs[algo] + '.log')}```")
+      log = tail(workdirs[algo] + ".log")
+      say(f"\n{NAME[algo]} exited {p.returncode}; its log ends:\n```\n{log}```")
   rates = write_table(args, dataset, workdirs, epochs, train_s, dyn_s, sz)
   kit_lib.write_rates(args.work, "d", dict(rates, d_root=root, d_dataset=dataset))
   # A launch stopped at the deadline (143: it checkpointed) ended as planned: its rows count.

@@ -103,6 +103,10 @@ def run_part(part, plan, args, env, work, say) -> dict:
       rc = proc.wait(timeout=max(deadline - time.time(), 1.0))
       status = "ok" if rc == 0 else f"ended with exit status {rc}"
       killed = False
+      try:   # what it left running (env workers, pytest's) must not hold the GPU for the next
+        os.killpg(proc.pid, signal.SIGKILL)
+      except (ProcessLookupError, PermissionError):
+        pass
     except subprocess.TimeoutExpired:
       _kill_group(proc)
       rc, killed = None, True
@@ -165,7 +169,12 @@ def main(argv=None) -> int:
   if record["manifest"] is None:
     say(f"note: no kit at {kit_lib.kit_path(args.kit)}; run `python3 -m benchmarks.device.prepare`"
         " first (part d needs its dataset; the wheels are assumed installed)")
-  site = args.site if install_wheels(args.kit, args.site, say) else None
+  try:
+    site = args.site if install_wheels(args.kit, args.site, say) else None
+  except subprocess.CalledProcessError as e:   # the parts run anyway; part a shows what is there
+    say(f"error: installing the kit's wheels failed ({e}); the parts run without them")
+    record["install_error"] = str(e)
+    site = None
   env = child_env(args, site, work)
   measured, done = {}, []
   for part in sizing.PARTS:

@@ -202,10 +202,22 @@ def _argparse_errors(module, args):
   err = io.StringIO()
   try:
     with contextlib.redirect_stderr(err):
-      parser.parse_args([w for w in args if not _PLACEHOLDER.search(w)])
+      parser.parse_args([_stand_in(parser, w) for w in args
+                         if not _PLACEHOLDER.search(w) or w.startswith("--")])
   except SystemExit:
     return err.getvalue().strip().splitlines()[-1]
   return None
+
+
+def _stand_in(parser, word):
+  """`--flag=$X` with a value its flag takes (so a required flag still counts as given)."""
+  if not (word.startswith("--") and _PLACEHOLDER.search(word) and "=" in word):
+    return word
+  name = word.split("=", 1)[0]
+  action = parser._option_string_actions[name]
+  value = (next(iter(action.choices)) if action.choices
+           else "0" if action.type in (int, float) else "x")
+  return f"{name}={value}"
 
 
 def check(program, args):

@@ -29,7 +29,7 @@ Rules (x ~ N(m, C) over the last axis; c deterministic):
           independent of each other, as in the diagonal mode: a skip connection's correlation is
           dropped.
 Anything else with a random input (a batched dot_general, x @ y of two random values, a select,
-an op that moves the last axis) raises propagate.PropagateError.
+an op that moves the last axis) raises propagate_interp.PropagateError.
 
 Cost: a d x d covariance per row; the matmuls cost ~d times the diagonal mode's, relu's quadrature
 20 exp per pair (benchmarks/bench_propagate.txt).
@@ -41,7 +41,7 @@ import numpy as np
 from jax import lax
 
 from mombo_jax.core.moments import mm_leaky_relu, mm_relu
-from mombo_jax.core.propagate import Unsupported, bind
+from mombo_jax.core.propagate_interp import Unsupported, bind
 from mombo_jax.errors import InvalidArgument
 
 QUAD_NODES = 20

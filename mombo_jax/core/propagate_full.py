@@ -77,7 +77,8 @@ def relu_cov(mean, cov):
   The exponent is written without cancellation: with u = sin t, a_i^2 - 2 a_i a_j u + a_j^2 =
   (a_i - a_j)^2 + 2 a_i a_j (1 - u) and cos^2 t = (1 - u)(1 + u), so for u >= 0 it is
   (a_i - a_j)^2 / (2 cos^2 t) + a_i a_j / (1 + u), and for u < 0, (a_i + a_j)^2 / (2 cos^2 t) -
-  a_i a_j / (1 - u): no division by a vanishing 1 -+ u times a term that must cancel.
+  a_i a_j / (1 - u) = ... / (1 + |u|): no division by a vanishing 1 -+ u times a term that must
+  cancel. u has the sign of rho on the whole interval, so the choice is made once per pair.
   """
   var = jnp.diagonal(cov, axis1=-2, axis2=-1)
   pos = var > 0
@@ -89,15 +90,19 @@ def relu_cov(mean, cov):
   # rho by eps moves the covariance by at most eps s_i s_j (its derivative in rho is s_i s_j Phi2).
   one = 1.0 - float(np.finfo(mean.dtype).eps)
   rho = jnp.where(eye, 0.0, jnp.clip(cov / ss, -one, one))
-  ai, aj = a[..., :, None, None], a[..., None, :, None]
-  t_max = jnp.arcsin(rho)[..., None]
-  t = t_max * ((_NODES + 1.0) / 2.0).astype(mean.dtype)
-  u, cos2 = jnp.sin(t), jnp.cos(t) ** 2
-  up, un = jnp.maximum(u, 0.0), jnp.minimum(u, 0.0)   # each branch sees a safe denominator
-  expo = jnp.where(u >= 0, (ai - aj) ** 2 / (2.0 * cos2) + ai * aj / (1.0 + up),
-                   (ai + aj) ** 2 / (2.0 * cos2) - ai * aj / (1.0 - un))
+  # Per pair (u = sin t has rho's sign on the whole interval): the exponent's two terms.
+  sign = jnp.where(rho >= 0, 1.0, -1.0)
+  ai, aj = a[..., :, None], a[..., None, :]
+  num = 0.5 * (ai - sign * aj) ** 2
+  cross = sign * ai * aj
+  t_max = jnp.arcsin(rho)
+  # Written out once per pair, not recomputed at each node (XLA would fuse arcsin into the loop).
+  num, cross, t_max = lax.optimization_barrier((num, cross, t_max))
+  t = t_max[..., None] * ((_NODES + 1.0) / 2.0).astype(mean.dtype)
+  u = jnp.sin(t)
+  expo = num[..., None] / jnp.cos(t) ** 2 + cross[..., None] / (1.0 + jnp.abs(u))
   integrand = (rho[..., None] - u) * jnp.exp(-expo)
-  integral = jnp.sum(integrand * (_WEIGHTS / 2.0).astype(mean.dtype), -1) * t_max[..., 0]
+  integral = jnp.sum(integrand * (_WEIGHTS / 2.0).astype(mean.dtype), -1) * t_max
   cdf = _phi_cdf(a)
   off = ss * (rho * _outer(cdf, cdf) + integral / (2.0 * math.pi))
   off = jnp.where(_outer(pos, pos), off, 0.0)

@@ -14,8 +14,9 @@ _CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_ca
           "remat2": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
           "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr"}
 _CUSTOM = {"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"}
-# Deterministic primitives evaluated at trace time when their inputs are constants, so that
-# `max(x, broadcast(0.0))` is recognised as a ReLU. Shape-only: no rounding can differ.
+# Deterministic primitives evaluated at trace time when their inputs are scalar constants, so that
+# `max(x, broadcast(0.0))` is recognised as a ReLU. Shape-only: no rounding can differ, and XLA
+# folds such constants anyway (larger constants are left to XLA: the program stays fn's).
 _FOLD = {"broadcast_in_dim", "convert_element_type", "reshape", "squeeze", "expand_dims",
          "transpose", "copy", "copy_p"}
 # A custom sub-program using one of these is taken as non-affine (a relu) without a try.
@@ -100,7 +101,8 @@ def interpret(jaxpr, consts, args, rules):
     ins = [read(v) for v in eqn.invars]
     name = eqn.primitive.name
     if not any(isinstance(x, (rules.value_type, Sign)) for x in ins):
-      if name in _FOLD and not any(isinstance(x, jax.core.Tracer) for x in ins):
+      if name in _FOLD and all(not isinstance(x, jax.core.Tracer) and np.size(x) <= 1
+                               for x in ins):
         with jax.ensure_compile_time_eval():
           outs = bind(eqn, ins)
       else:

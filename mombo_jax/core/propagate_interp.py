@@ -2,6 +2,8 @@
 random values whose moment rules a `rules` object gives (propagate.DiagonalRules,
 propagate_full.FullRules), and the pieces both rule sets share (relu recognised in any spelling,
 the error for an unsupported operation)."""
+import os
+
 import jax
 import numpy as np
 from jax import lax
@@ -71,13 +73,17 @@ def _uses(jaxpr, names):
       any(_uses(getattr(sub, "jaxpr", sub), names) for sub in jcore.subjaxprs(jaxpr))
 
 
+_OWN_FILES = {os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+              for name in ("propagate.py", "propagate_full.py", "propagate_interp.py")}
+
+
 def where_called(eqn, fallback):
   """'file.py:12 (function)': the user's line that produced this equation, else `fallback`."""
   try:
-    # jax's own frames are left out by user_frames; this module's too (propagate's wrapper).
+    # jax's own frames are left out by user_frames; propagate's modules too (its wrapper).
     from jax._src import source_info_util  # pylint: disable=import-outside-toplevel
     for frame in source_info_util.user_frames(eqn.source_info.traceback):
-      if frame.file_name != __file__:
+      if frame.file_name not in _OWN_FILES:
         return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
   except Exception:  # pylint: disable=broad-except  (a private jax API: never fail on it)
     pass

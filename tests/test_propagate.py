@@ -184,6 +184,8 @@ def test_unsupported_layer_names_the_primitive_and_the_users_line(mlp):
   assert "\n" not in msg
   with pytest.raises(PropagateError, match="`argmax`"):
     propagate(lambda v: v[jnp.argmax(v)])((x[0], var[0]))
+  with pytest.raises(PropagateError, match="comparison"):
+    propagate(lambda v: v > 0)((x, var))
   with pytest.raises(PropagateError, match="`reduce_max` at .*softmax"):
     propagate(jax.nn.softmax)((x, var))   # a library function as fn: it is named
 

@@ -49,8 +49,8 @@ import numpy as np
 from jax import lax
 
 from mombo_jax.core.moments import mm_leaky_relu, mm_relu
-from mombo_jax.core.propagate_interp import (PropagateError, Unsupported, bind,  # noqa: F401
-                                             interpret)
+from mombo_jax.core.propagate_interp import (PropagateError, Sign, Unsupported,  # noqa: F401
+                                             bind, interpret)
 from mombo_jax.errors import InvalidArgument
 
 class Gauss:
@@ -130,6 +130,9 @@ def propagate(fn: Callable, argnums: Union[int, Sequence[int]] = 0,
     rules.caller = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
     inputs = [rules.lift(x, next(var_leaves)) if r else x for x, r in zip(leaves, flags)]
     outs, _ = interpret(closed.jaxpr, closed.consts, inputs, rules)
+    if any(isinstance(o, Sign) for o in outs):
+      raise PropagateError("propagate: fn returns a comparison of a random value (x > 0), which "
+                           "has no Gaussian moments; return x itself or compute the mask outside.")
     pairs_out = [rules.output(o) if isinstance(o, rules.value_type) else rules.constant(o)
                  for o in outs]
     return jax.tree.unflatten(jax.tree.structure(out_shape), pairs_out)

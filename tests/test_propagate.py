@@ -224,6 +224,6 @@ def test_full_covariance_is_exact_through_affine_maps_and_plain_at_zero():
   m0, c0 = jax.jit(propagate(net.apply, argnums=1, covariance="full"))(params, (x, 0 * x))
   np.testing.assert_array_equal(m0, jax.jit(net.apply)(params, x))
   np.testing.assert_array_equal(c0, np.zeros((2, OUT, OUT)))
-  g = jax.grad(lambda p: jnp.sum(propagate(net.apply, argnums=1, covariance="full")(
-      p, (x, jnp.ones_like(x)))[1]))(params)
+  g = jax.jit(jax.grad(lambda p: jnp.sum(propagate(net.apply, argnums=1, covariance="full")(
+      p, (x, jnp.ones_like(x)))[1])))(params)
   assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(g))

@@ -13,6 +13,7 @@ _API = {
     "mm_relu": "mombo_jax.core.moments",
     "mm_linear": "mombo_jax.core.moments",
     "mc_moments": "mombo_jax.core.monte_carlo",
+    "propagate": "mombo_jax.core.propagate",
     "load_policy": "mombo_jax.analysis.policy",
     "Transitions": "mombo_jax.data.transitions",
     "load_transitions": "mombo_jax.data.transitions",

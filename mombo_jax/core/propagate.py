@@ -1,0 +1,278 @@
+"""propagate(fn): the moment-matched twin of a plain JAX function (paper Algorithm 1 for any net).
+
+API
+  propagate(fn, argnums=0, covariance="diagonal") -> g
+    g takes fn's arguments, except that each argument at `argnums` is a pair (mean, var) of
+    arrays (or of matching pytrees) describing a Gaussian input, and returns fn's output with
+    every array y replaced by a pair (mean, var) of y's first two moments ("full": (mean, cov),
+    propagate_full.py). Deterministic outputs come back with zero variance.
+
+How: g traces fn to a jaxpr (jax.make_jaxpr, on the arguments' shapes) and evaluates that jaxpr
+(propagate_interp.interpret, with this module's DiagonalRules) once, replacing each value that depends on a random argument by its moments. Values that do not
+depend on one (the parameters, their transposes, ...) are computed exactly as fn computes them. The
+rules, for a random x ~ N(m, v) (diagonal: independent coordinates, the paper's assumption after
+every layer) and deterministic c:
+
+  exact    x @ c, c @ x (dot_general: mean m @ c, variance v @ c^2), x + c, x - c, x * c, x / c,
+           -x, sum, cumsum, reshape / broadcast / transpose / squeeze / slice / pad / concatenate /
+           gather / dynamic_slice with deterministic indices, select with a deterministic mask,
+           dtype casts between floats;
+  Lemma 1  relu in any spelling (jax.nn.relu, jnp.maximum(x, 0), max(x, c), min(x, c),
+           jnp.where(x > 0, x, 0)) via moments.mm_relu, leaky relu (jax.nn.leaky_relu,
+           jnp.where(x >= 0, x, a * x)) via moments.mm_leaky_relu;
+  assumed  two random values meeting in one operation (x + y, x - y, x * y, x @ y, a
+           concatenation, a skip connection's add) are independent: Var[x + y] = v_x + v_y,
+           Var[x y] = v_x v_y + v_x m_y^2 + v_y m_x^2. This is the paper's independence assumption;
+           a skip connection y = x + f(x) drops Cov(x, f(x)) (tests/test_propagate_mc.py reports
+           the resulting error).
+
+Sub-programs are entered: jit (pjit), custom_jvp (jax.nn.relu, ...), custom_vjp (critics.matmul),
+checkpoint. Where a custom_jvp / custom_vjp sub-program is affine in its random inputs, its mean
+is that sub-program called on the means, so gradients go through its own rule, as in the plain
+function. Any other primitive with a random input raises PropagateError, naming it, the line of
+the user's code that called it, and what is supported.
+
+Exactness: zero input variance gives fn's output bit for bit and variance exactly 0 (the means are
+fn's own operations; mm_relu(m, 0) == (relu(m), 0)); a Flax Dense/ReLU stack equals the
+hand-written moments.mm_linear / mm_relu chain bit for bit, gradients included (tests/
+test_propagate.py). g composes with jit, vmap and grad: it is plain JAX at trace time. Concatenating
+a random input with a deterministic one (the critic's state and action) keeps the deterministic
+part out of the variance matmul, as critics.MMDense does, so the critic's moment-matched path is
+propagate on the plain critic bit for bit, and compiles to the same optimised HLO
+(benchmarks/bench_propagate.txt); the cost of propagate is its trace, once per jit compilation.
+"""
+import functools
+from typing import Callable, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from mombo_jax.core.moments import mm_leaky_relu, mm_relu
+from mombo_jax.core.propagate_interp import (PropagateError, Sign, Unsupported,  # noqa: F401
+                                             bind, interpret)
+from mombo_jax.errors import InvalidArgument
+
+class Gauss:
+  """A random value in the interpreted program: mean and diagonal variance (same shape).
+
+  slab: None, or (axis, start, total): var holds only positions [start, start + var.shape[axis])
+    of `axis`, of `total`; the rest is exactly 0 (a random value concatenated with deterministic
+    ones), so dot_general can leave those kernel rows out, as critics.MMDense does.
+  scaled: (x, c) when this value is x * c with x random and c deterministic (leaky relu's branch).
+  """
+  __slots__ = ("mean", "var", "slab", "scaled")
+
+  def __init__(self, mean, var, slab=None, scaled=None):
+    self.mean, self.var, self.slab, self.scaled = mean, var, slab, scaled
+
+  def full_var(self):
+    """The variance of the whole value, zeros filled in where slab says so."""
+    if self.slab is None:
+      return self.var
+    axis, start, total = self.slab
+    pad = [(0, 0, 0)] * self.var.ndim
+    pad[axis] = (start, total - start - self.var.shape[axis], 0)
+    return lax.pad(self.var, jnp.zeros((), self.var.dtype), pad)
+
+
+def _split_pair(arg, i):
+  if not (isinstance(arg, (tuple, list)) and len(arg) == 2):
+    raise InvalidArgument(f"propagate: argument {i} is random (in `argnums`), so it must be a "
+                          f"(mean, var) pair, got {type(arg).__name__}; pass (x_mean, x_var).")
+  return arg
+
+
+def propagate(fn: Callable, argnums: Union[int, Sequence[int]] = 0,
+              covariance: str = "diagonal") -> Callable:
+  """fn's moment-matched twin (see the module docstring).
+
+  Args:
+    fn: a function of arrays (pytrees of arrays), traceable by jax.make_jaxpr; fixed non-array
+      arguments belong in a closure or functools.partial.
+    argnums: the positions of the Gaussian arguments; each is passed as (mean, var) with mean and
+      var pytrees of the same structure and shapes (var broadcastable to mean).
+    covariance: "diagonal" (independent coordinates after every layer, the paper's Algorithm 1),
+      or "full" (covariance over each value's last axis, see propagate_full.py): then var may be
+      [..., d] (diagonal) or [..., d, d], and outputs are (mean [..., d], cov [..., d, d]).
+  Returns:
+    g(*args) -> fn's output pytree with each array y replaced by (mean [y.shape], var [y.shape])
+    ("full": (mean [..., d], cov [..., d, d])).
+  """
+  if covariance == "diagonal":
+    rules = DiagonalRules()
+  elif covariance == "full":
+    from mombo_jax.core import propagate_full  # pylint: disable=import-outside-toplevel
+    rules = propagate_full.FullRules()
+  else:
+    raise InvalidArgument(f"propagate: covariance={covariance!r} is not one of 'diagonal', "
+                          "'full'.", params=["covariance"])
+  nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+
+  @functools.wraps(fn)
+  def moments(*args):
+    for i in nums:
+      if not -len(args) <= i < len(args):
+        raise InvalidArgument(f"propagate: argnums={argnums} but the function got {len(args)} "
+                              "arguments.", params=["argnums"])
+    random = {i % len(args) for i in nums}
+    pairs = {i: _split_pair(args[i], i) for i in random}
+    plain = [pairs[i][0] if i in random else a for i, a in enumerate(args)]
+    leaves, tree = jax.tree.flatten(plain)
+    flags = jax.tree.leaves([jax.tree.map(lambda _, r=i in random: r, a)
+                             for i, a in enumerate(plain)])
+    var_leaves = iter(jax.tree.leaves([jax.tree.structure(pairs[i][0]).flatten_up_to(pairs[i][1])
+                                       if i in random else [] for i in range(len(args))]))
+    shapes = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in leaves]
+    flat_fn = lambda *xs: fn(*jax.tree.unflatten(tree, xs))  # noqa: E731
+    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*shapes)
+    # jax records no frame above make_jaxpr: a library function passed as fn is named instead.
+    rules.caller = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    inputs = [rules.lift(x, next(var_leaves)) if r else x for x, r in zip(leaves, flags)]
+    outs, _ = interpret(closed.jaxpr, closed.consts, inputs, rules)
+    if any(isinstance(o, Sign) for o in outs):
+      raise PropagateError("propagate: fn returns a comparison of a random value (x > 0), which "
+                           "has no Gaussian moments; return x itself or compute the mask outside.")
+    pairs_out = [rules.output(o) if isinstance(o, rules.value_type) else rules.constant(o)
+                 for o in outs]
+    return jax.tree.unflatten(jax.tree.structure(out_shape), pairs_out)
+
+  return moments
+
+
+class DiagonalRules:
+  """Moment rules for diagonal Gaussians (Gauss values)."""
+  value_type = Gauss
+  caller = "an unknown line"   # where an error points when no user frame is known
+
+  def lift(self, mean, var):
+    mean = jnp.asarray(mean)
+    if not jnp.issubdtype(mean.dtype, jnp.floating):
+      raise InvalidArgument(f"propagate: a random input's mean must be a float array, got "
+                            f"{mean.dtype}; cast it with .astype(jnp.float32).")
+    var = jnp.asarray(var, mean.dtype)
+    if jnp.broadcast_shapes(var.shape, mean.shape) != mean.shape:
+      raise InvalidArgument(f"propagate: var of shape {var.shape} does not fit mean of shape "
+                            f"{mean.shape}; pass var of mean's shape.")
+    return Gauss(mean, jnp.broadcast_to(var, mean.shape))
+
+  def output(self, g):
+    return g.mean, g.full_var()
+
+  def constant(self, x):
+    return x, jnp.zeros_like(x)
+
+  def mean_of(self, x):
+    return x.mean if isinstance(x, Gauss) else x
+
+  def with_mean(self, g, mean):
+    return Gauss(mean, g.var, g.slab)
+
+  def broadcast(self, g, shape):
+    if g.mean.shape == tuple(shape):
+      return g
+    return Gauss(jnp.broadcast_to(g.mean, shape), jnp.broadcast_to(g.full_var(), shape))
+
+  def relu(self, g):
+    return Gauss(*mm_relu(g.mean, g.full_var()))
+
+  def leaky_relu(self, g, slope):
+    return Gauss(*mm_leaky_relu(g.mean, g.full_var(), slope))
+
+  def neg(self, g):
+    return Gauss(lax.neg(g.mean), g.var, g.slab)
+
+  def add_det(self, g, c, op):
+    mean = op(g.mean, c)
+    return Gauss(mean, jnp.broadcast_to(g.full_var(), mean.shape))
+
+  def apply(self, eqn, ins):
+    name = eqn.primitive.name
+    shape = eqn.outvars[0].aval.shape
+    rand = [isinstance(x, Gauss) for x in ins]
+    mean_out = lambda: bind(eqn, [self.mean_of(x) for x in ins])[0]  # noqa: E731
+    var_of = lambda x: x.full_var() if isinstance(x, Gauss) else None  # noqa: E731
+
+    if name in ("add", "sub", "add_any"):
+      mean = mean_out()
+      if all(rand):
+        return [Gauss(mean, jnp.broadcast_to(ins[0].full_var() + ins[1].full_var(), shape))], True
+      g = ins[0] if rand[0] else ins[1]
+      return [Gauss(mean, jnp.broadcast_to(g.full_var(), shape))], True
+    if name == "neg":
+      return [self.neg(ins[0])], True
+    if name == "mul":
+      mean = mean_out()
+      if all(rand):
+        (ma, va), (mb, vb) = [(x.mean, x.full_var()) for x in ins]
+        return [Gauss(mean, jnp.broadcast_to(va * vb + va * (mb * mb) + vb * (ma * ma),
+                                             shape))], False
+      g, c = (ins[0], ins[1]) if rand[0] else (ins[1], ins[0])
+      scaled = (g, c) if np.ndim(c) == 0 else None
+      return [Gauss(mean, jnp.broadcast_to(g.full_var() * (c * c), shape), scaled=scaled)], True
+    if name == "div":
+      if rand[1]:
+        raise Unsupported("division by a random value")
+      return [Gauss(mean_out(), jnp.broadcast_to(ins[0].full_var() / (ins[1] * ins[1]),
+                                                 shape))], True
+    if name == "dot_general":
+      return [self._dot(eqn, ins, mean_out())], not all(rand)
+    if name == "concatenate":
+      return [self._concatenate(eqn, ins, mean_out())], True
+    if name == "pad":
+      if rand[1]:
+        raise Unsupported("a random padding value")
+      var = lax.pad(ins[0].full_var(), jnp.zeros((), ins[0].var.dtype), eqn.params["padding_config"])
+      return [Gauss(mean_out(), var)], True
+    if name == "select_n":
+      if rand[0]:
+        raise Unsupported("a mask computed from a random value other than x > 0")
+      zero = jnp.zeros(shape, eqn.outvars[0].aval.dtype)
+      var = lax.select_n(ins[0], *[var_of(x) if r else zero for x, r in zip(ins[1:], rand[1:])])
+      return [Gauss(mean_out(), var)], True
+    if name == "convert_element_type" and not jnp.issubdtype(eqn.params["new_dtype"],
+                                                             jnp.floating):
+      raise Unsupported(f"a cast of a random value to {eqn.params['new_dtype']}")
+    if name in ("reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice",
+                "rev", "copy", "copy_p", "convert_element_type", "reduce_sum", "cumsum",
+                "dynamic_slice", "gather", "reduce_precision"):
+      if any(rand[1:]):
+        raise Unsupported("a random value used as an index")
+      var = bind(eqn, [ins[0].full_var()] + ins[1:])[0]
+      return [Gauss(mean_out(), var)], True
+    raise Unsupported("")
+
+  def _dot(self, eqn, ins, mean):
+    """x @ c: variance v @ c^2 (the same dot_general); x @ y: independent products summed."""
+    a, b = ins
+    (lc, rc), _ = eqn.params["dimension_numbers"]
+    dot = lambda p, q: bind(eqn, [p, q])[0]  # noqa: E731
+    if isinstance(a, Gauss) and isinstance(b, Gauss):
+      va, vb = a.full_var(), b.full_var()
+      return Gauss(mean, dot(va, vb) + dot(va, b.mean * b.mean) + dot(a.mean * a.mean, vb))
+    g, c, g_dims, c_dims = (a, b, lc, rc) if isinstance(a, Gauss) else (b, a, rc, lc)
+    var = g.var
+    if g.slab is not None and g.slab[0] in g_dims:
+      # Only the random rows of c enter the variance (critics.MMDense: kernel[:num_var]).
+      axis, start = g.slab[:2]
+      c = lax.slice_in_dim(c, start, start + var.shape[axis], axis=c_dims[list(g_dims).index(axis)])
+    elif g.slab is not None:
+      var = g.full_var()
+    c2 = c * c
+    return Gauss(mean, dot(var, c2) if g is a else dot(c2, var))
+
+  def _concatenate(self, eqn, ins, mean):
+    """A random block among deterministic ones keeps its variance as a slab (Gauss.slab)."""
+    axis = eqn.params["dimension"]
+    sizes = [np.shape(self.mean_of(x))[axis] for x in ins]
+    rand = [i for i, x in enumerate(ins) if isinstance(x, Gauss)]
+    first, last = rand[0], rand[-1]
+    start, stop = sum(sizes[:first]), sum(sizes[:last + 1])
+    parts = [x.full_var() if isinstance(x, Gauss) else
+             jnp.zeros(np.shape(x), mean.dtype) for x in ins[first:last + 1]]
+    var = parts[0] if len(parts) == 1 else lax.concatenate(parts, axis)
+    if start == 0 and stop == sum(sizes):
+      return Gauss(mean, var)
+    return Gauss(mean, var, slab=(axis, start, sum(sizes)))
+

@@ -1,0 +1,188 @@
+"""The jaxpr interpreter behind propagate (core/propagate.py): evaluates a traced function on
+random values whose moment rules a `rules` object gives (propagate.DiagonalRules,
+propagate_full.FullRules), and the pieces both rule sets share (relu recognised in any spelling,
+the error for an unsupported operation)."""
+import os
+
+import jax
+import numpy as np
+from jax import lax
+from jax.extend import core as jcore
+
+from mombo_jax.errors import InvalidArgument
+
+# Sub-program primitives entered by the interpreter, and the parameter holding their jaxpr.
+_CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+          "remat2": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
+          "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr"}
+_CUSTOM = {"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"}
+# Deterministic primitives evaluated at trace time when their inputs are scalar constants, so that
+# `max(x, broadcast(0.0))` is recognised as a ReLU. Shape-only: no rounding can differ, and XLA
+# folds such constants anyway (larger constants are left to XLA: the program stays fn's).
+_FOLD = {"broadcast_in_dim", "convert_element_type", "reshape", "squeeze", "expand_dims",
+         "transpose", "copy", "copy_p"}
+# A custom sub-program using one of these is taken as non-affine (a relu) without a try.
+_NONLINEAR = {"max", "min", "gt", "ge", "lt", "le"}
+_CMP = {"gt": (True, False), "ge": (True, False), "lt": (False, True), "le": (False, True)}
+
+SUPPORTED = ("dot_general / matmul / einsum with deterministic weights, add, sub, mul and div by "
+             "deterministic values, neg, sum, cumsum, reshape, broadcast, transpose, squeeze, "
+             "slice, pad, concatenate, gather / dynamic_slice with deterministic indices, select "
+             "with a deterministic mask, float casts, relu (jax.nn.relu, jnp.maximum(x, 0), "
+             "jnp.where(x > 0, x, 0)), leaky relu (jax.nn.leaky_relu), and the sum or product "
+             "of two random values (taken as independent); jit, custom_jvp, custom_vjp and "
+             "checkpoint sub-calls are entered")
+
+
+class PropagateError(InvalidArgument):
+  """fn uses an operation that propagate has no moment rule for (on a random input)."""
+
+
+class Sign:
+  """The mask `x > 0` (or >=, <, <=, against zero) of a random x: only a select may use it."""
+  __slots__ = ("x", "true_is_positive")
+
+  def __init__(self, x, true_is_positive):
+    self.x, self.true_is_positive = x, true_is_positive
+
+
+class Unsupported(Exception):
+  """Raised by a rule; the interpreter turns it into a PropagateError naming the equation."""
+
+
+def bind(eqn, ins):
+  """Evaluate one equation on concrete or traced inputs, as jax.core.eval_jaxpr does."""
+  params = eqn.primitive.get_bind_params(eqn.params)
+  subfuns, params = params if isinstance(params, tuple) else ((), params)   # older jax: a pair
+  with eqn.ctx.manager:
+    out = eqn.primitive.bind(*subfuns, *ins, **params)
+  return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def is_zero(x):
+  """x is a constant known at trace time and all zeros."""
+  if isinstance(x, jax.core.Tracer) or not isinstance(x, (np.ndarray, np.generic, jax.Array,
+                                                          int, float)):
+    return False
+  return bool(np.all(np.asarray(x) == 0))
+
+
+def _uses(jaxpr, names):
+  """Whether jaxpr or a sub-jaxpr of it has an equation whose primitive is in `names`."""
+  return any(eqn.primitive.name in names for eqn in jaxpr.eqns) or \
+      any(_uses(getattr(sub, "jaxpr", sub), names) for sub in jcore.subjaxprs(jaxpr))
+
+
+_OWN_FILES = {os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+              for name in ("propagate.py", "propagate_full.py", "propagate_interp.py")}
+
+
+def where_called(eqn, fallback):
+  """'file.py:12 (function)': the user's line that produced this equation, else `fallback`."""
+  try:
+    # jax's own frames are left out by user_frames; propagate's modules too (its wrapper).
+    from jax._src import source_info_util  # pylint: disable=import-outside-toplevel
+    for frame in source_info_util.user_frames(eqn.source_info.traceback):
+      if frame.file_name not in _OWN_FILES:
+        return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+  except Exception:  # pylint: disable=broad-except  (a private jax API: never fail on it)
+    pass
+  return fallback
+
+
+def interpret(jaxpr, consts, args, rules):
+  """Evaluate `jaxpr` on args (arrays, Gauss-like values of `rules`, or Sign masks).
+
+  Returns (outputs, affine): affine is False when a non-affine moment rule ran (relu, a product of
+  two random values), i.e. when the means are not fn applied to the input means.
+  """
+  env = {}
+  read = lambda v: v.val if isinstance(v, jcore.Literal) else env[v]  # noqa: E731
+  for v, c in zip(jaxpr.constvars, consts):
+    env[v] = c
+  for v, a in zip(jaxpr.invars, args):
+    env[v] = a
+  affine = True
+  for eqn in jaxpr.eqns:
+    ins = [read(v) for v in eqn.invars]
+    name = eqn.primitive.name
+    if not any(isinstance(x, (rules.value_type, Sign)) for x in ins):
+      if name in _FOLD and all(not isinstance(x, jax.core.Tracer) and np.size(x) <= 1
+                               for x in ins):
+        with jax.ensure_compile_time_eval():
+          outs = bind(eqn, ins)
+      else:
+        outs = bind(eqn, ins)
+    elif name in _CALLS:
+      sub = eqn.params[_CALLS[name]]
+      sub_jaxpr, sub_consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
+      means = None
+      rebind = name in _CUSTOM and not any(isinstance(x, Sign) for x in ins) and \
+          not _uses(sub_jaxpr, _NONLINEAR)
+      # The means of an affine sub-program are the sub-program on the means: called as the
+      # custom function itself, so that its custom derivative rule (e.g. critics.matmul's) is the
+      # one differentiated, as in the plain function. Called before the variance is computed
+      # (mm_linear's order), or after when a slab's kernel rows get sliced (MMDense slices them
+      # first), so that gradients add up in the hand-written layers' order, bit for bit.
+      slab = any(getattr(x, "slab", None) is not None for x in ins)
+      if rebind and not slab:
+        means = bind(eqn, [rules.mean_of(x) for x in ins])
+      outs, sub_affine = interpret(sub_jaxpr, sub_consts, ins, rules)
+      affine = affine and sub_affine
+      if rebind and slab and sub_affine:
+        means = bind(eqn, [rules.mean_of(x) for x in ins])
+      if means is not None and sub_affine:
+        outs = [rules.with_mean(o, m) if isinstance(o, rules.value_type) else o
+                for o, m in zip(outs, means)]
+    else:
+      try:
+        outs, eqn_affine = apply_rule(eqn, ins, rules)
+      except Unsupported as err:
+        detail = f" ({err})" if str(err) else ""
+        raise PropagateError(
+            f"propagate: `{name}` at {where_called(eqn, rules.caller)} has no moment rule for a "
+            f"random (Gaussian) input{detail}. Supported: {SUPPORTED}. Rewrite that part of the "
+            "function with these, or compute it outside the propagated function.") from None
+      affine = affine and eqn_affine
+    for v, o in zip(eqn.outvars, outs):
+      if not isinstance(v, jcore.DropVar):
+        env[v] = o
+  return [read(v) for v in jaxpr.outvars], affine
+
+
+def apply_rule(eqn, ins, rules):
+  """The moment rule of one equation with at least one random input: (outputs, affine)."""
+  name, out_shape = eqn.primitive.name, eqn.outvars[0].aval.shape
+  vt = rules.value_type
+  if name in _CMP and len(ins) == 2:
+    x, y = ins
+    if isinstance(x, vt) and is_zero(y):
+      return [Sign(x, _CMP[name][0])], True
+    if isinstance(y, vt) and is_zero(x):
+      return [Sign(y, _CMP[name][1])], True
+    raise Unsupported("a comparison is supported only as the mask of a relu: x > 0")
+  if any(isinstance(x, Sign) for x in ins):
+    if name != "select_n" or not isinstance(ins[0], Sign) or len(ins) != 3:
+      raise Unsupported("a random value's sign may only pick between x and 0 or x and a * x")
+    sign = ins[0]
+    pos, neg = (ins[2], ins[1]) if sign.true_is_positive else (ins[1], ins[2])
+    if pos is sign.x:
+      if is_zero(neg):
+        return [rules.relu(sign.x)], False
+      if isinstance(neg, vt) and neg.scaled is not None and neg.scaled[0] is sign.x:
+        return [rules.leaky_relu(sign.x, neg.scaled[1])], False
+    raise Unsupported("a random value's sign may only pick between x and 0 or x and a * x")
+  if name in ("max", "min"):
+    x, c = ins if isinstance(ins[0], vt) else ins[::-1]
+    if isinstance(c, vt):
+      raise Unsupported("the max or min of two random values")
+    if is_zero(c):
+      return [rules.broadcast(rules.relu(x) if name == "max" else
+                              rules.neg(rules.relu(rules.neg(x))), out_shape)], False
+    # max(x, c) = c + relu(x - c); min(x, c) = c - relu(c - x).
+    shifted = rules.add_det(x, c, lax.sub) if name == "max" else \
+        rules.add_det(rules.neg(x), c, lax.add)
+    r = rules.relu(shifted)
+    return [rules.add_det(r, c, lax.add) if name == "max" else
+            rules.add_det(rules.neg(r), c, lax.add)], False
+  return rules.apply(eqn, ins)

@@ -1,0 +1,181 @@
+"""mombo_jax.propagate against Monte Carlo (mc_moments, 1e6 samples) and its quadrature against
+mpmath.
+
+Where moment matching is exact the comparison is tight: 6 Monte Carlo standard errors (SE) plus a
+float32 rounding allowance (1e-5 relative). Exact, for Gaussian inputs with variances from 1e-6 to
+1e2 (one row of the batch per decade):
+  * diagonal mode, one layer (Flax nn.Dense + relu, + leaky relu): every output's mean and
+    variance (each output's pre-activation is exactly Gaussian; Lemma 1);
+  * diagonal mode, a plain-jnp net with one hidden layer and a linear head, and a skip connection
+    x + relu(x W + b): the output means (expectation is linear);
+  * full mode, one hidden layer and a linear head with a correlated input: the output mean and the
+    whole output covariance (the hidden layer's covariance is exact up to the quadrature).
+Not exact, reported and only loosely bounded (the approximation, not a bug, makes the error): the
+diagonal mode's variance after a second layer or a skip connection, and the full mode's after a
+second relu layer (docs/moment_matching.md has the table, benchmarks/bench_propagate.py).
+
+SE: mean sqrt(Var[y] / n); variance sqrt(Var[(y - c)^2] / n) with c the propagated mean; for a
+covariance entry sqrt(Var[(y_i - c_i)(y_j - c_j)] / n), all from the same samples. With fixed keys
+and ~250 comparisons at 6 SE a false failure has probability ~1e-6.
+"""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mombo_jax.core.monte_carlo import mc_moments
+from mombo_jax.core.propagate import propagate
+from mombo_jax.core.propagate_full import QUAD_NODES, relu_cov
+
+N_MC = 1_000_000
+N_SE = 6.0
+REL = 1e-5                       # float32 rounding of the samples' statistics
+LEVELS = 10.0 ** np.arange(-6, 3)   # input variances, one batch row each
+IN = 4
+
+
+class Dense1(nn.Module):
+  act: str = "relu"
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(3)(x)
+    return nn.relu(h) if self.act == "relu" else jax.nn.leaky_relu(h, 0.1)
+
+
+class Deep(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    for _ in range(3):
+      x = nn.relu(nn.Dense(8)(x))
+    return nn.Dense(2)(x)
+
+
+def _check(name, got_mean, got_var, mc, exact_var=True):
+  """Compare one output's moments with MC: (mean, var-of-y, E(y-c)^2, var-of-(y-c)^2)."""
+  mc_mean, mc_var, sq_mean, sq_var = (np.asarray(a, np.float64) for a in mc)
+  got_mean, got_var = np.asarray(got_mean, np.float64), np.asarray(got_var, np.float64)
+  se_mean = np.sqrt(mc_var / N_MC)
+  bad = np.abs(got_mean - mc_mean) > N_SE * se_mean + REL * np.abs(mc_mean) + 1e-30
+  assert not bad.any(), (name, "mean", got_mean[bad], mc_mean[bad], se_mean[bad])
+  if exact_var:
+    se_var = np.sqrt(sq_var / N_MC)
+    bad = np.abs(got_var - sq_mean) > N_SE * se_var + REL * sq_mean + 1e-30
+    assert not bad.any(), (name, "var", got_var[bad], sq_mean[bad], se_var[bad])
+  return np.abs(got_var / sq_mean - 1.0).max()
+
+
+@pytest.fixture(scope="module")
+def diagonal_case():
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(len(LEVELS), IN)), jnp.float32)
+  var = jnp.asarray(LEVELS[:, None] * rng.uniform(0.5, 1.5, size=(len(LEVELS), IN)), jnp.float32)
+  # Inputs scaled with the level's std so that the pre-activations' a = m / s spans both signs.
+  x = x * jnp.sqrt(var)
+  w1, b1 = (jnp.asarray(rng.normal(size=s) / 2, jnp.float32) for s in ((IN, 5), (5,)))
+  w2, b2 = (jnp.asarray(rng.normal(size=s) / 2, jnp.float32) for s in ((5, 2), (2,)))
+  ws, bs = (jnp.asarray(rng.normal(size=s) / 2, jnp.float32) for s in ((IN, IN), (IN,)))
+  b1 = b1 * jnp.sqrt(var[:, :1])   # per row, on the level's scale
+  p_relu = Dense1().init(jax.random.PRNGKey(1), x)
+  p_leaky = Dense1("leaky").init(jax.random.PRNGKey(2), x)
+  p_deep = Deep().init(jax.random.PRNGKey(3), x)
+  nets = {
+      "flax_relu": lambda z: Dense1().apply(p_relu, z),
+      "flax_leaky": lambda z: Dense1("leaky").apply(p_leaky, z),
+      "jnp_head": lambda z: jnp.maximum(z @ w1 + b1, 0.0) @ w2 + b2,
+      "skip": lambda z: z + jax.nn.relu(z @ ws + bs),
+      "deep": lambda z: Deep().apply(p_deep, z),
+  }
+  got = {k: propagate(f)((x, var)) for k, f in nets.items()}
+  centre = {k: g[0] for k, g in got.items()}
+
+  def sample_fn(z):
+    out = {k: f(z) for k, f in nets.items()}
+    return out, {k: (out[k] - centre[k]) ** 2 for k in nets}
+
+  (mc_mean, sq_mean), (mc_var, sq_var) = mc_moments(sample_fn, x, var, jax.random.PRNGKey(42),
+                                                    N_MC)
+  mc = {k: (mc_mean[k], mc_var[k], sq_mean[k], sq_var[k]) for k in nets}
+  return got, mc
+
+
+@pytest.mark.parametrize("name", ["flax_relu", "flax_leaky"])
+def test_one_layer_is_exact_for_variances_1e_6_to_1e2(diagonal_case, name):
+  got, mc = diagonal_case
+  _check(name, *got[name], mc[name])
+
+
+@pytest.mark.parametrize("name", ["jnp_head", "skip"])
+def test_means_are_exact_and_variance_errors_reported(diagonal_case, name):
+  got, mc = diagonal_case
+  err = _check(name, *got[name], mc[name], exact_var=False)
+  print(f"{name}: worst relative variance error vs MC {err:.3f}")
+  assert err < 20.0    # a gross-error guard only: the assumption's error is not bounded
+
+
+def test_deep_net_error_is_reported_not_bounded_tightly(diagonal_case):
+  got, mc = diagonal_case
+  mean, var = (np.asarray(a, np.float64) for a in got["deep"])
+  mc_mean, _, sq_mean, _ = (np.asarray(a, np.float64) for a in mc["deep"])
+  scale = np.sqrt(sq_mean)
+  mean_err = np.abs(mean - mc_mean).max(axis=1) / scale.max(axis=1)
+  var_err = np.abs(var / sq_mean - 1.0).max(axis=1)
+  print("depth 3 width 8, per input variance: mean error / std", np.round(mean_err, 3),
+        "variance relative error", np.round(var_err, 3))
+  assert np.all(np.isfinite(var)) and np.all(var >= 0)
+  assert np.all(var_err < 20.0) and np.all(mean_err < 20.0)
+
+
+def test_full_covariance_one_hidden_layer_is_exact():
+  """Correlated input, relu hidden layer, linear head: mean and covariance vs MC."""
+  rng = np.random.default_rng(7)
+  levels = np.array([1e-4, 1e-2, 1.0, 1e2])
+  root = rng.normal(size=(len(levels), IN, IN))
+  chol = jnp.asarray(root * np.sqrt(levels / IN)[:, None, None], jnp.float32)
+  cov = jnp.einsum("lij,lkj->lik", chol, chol)
+  x = jnp.asarray(rng.normal(size=(len(levels), IN)) * np.sqrt(levels)[:, None], jnp.float32)
+  w1, w2 = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((IN, 6), (6, 3)))
+  b1 = jnp.asarray(rng.normal(size=6) * 0.3, jnp.float32)
+  net = lambda z: jax.nn.relu(z @ w1 + b1) @ w2  # noqa: E731
+  mean, got_cov = propagate(net, covariance="full")((x, cov))
+  assert got_cov.shape == (len(levels), 3, 3)
+
+  def sample_fn(eps):   # eps ~ N(0, I): the correlated input is x + chol eps
+    y = net(x + jnp.einsum("lij,lj->li", chol, eps))
+    d = y - mean
+    return y, d[:, :, None] * d[:, None, :]
+
+  (mc_mean, sq_mean), (mc_var, sq_var) = mc_moments(
+      sample_fn, jnp.zeros_like(x), jnp.ones_like(x), jax.random.PRNGKey(5), N_MC)
+  diag = lambda a: np.diagonal(np.asarray(a), axis1=-2, axis2=-1)  # noqa: E731
+  _check("full", mean, diag(got_cov), (mc_mean, mc_var, diag(sq_mean), diag(sq_var)))
+  se = np.sqrt(np.asarray(sq_var, np.float64) / N_MC)
+  scale = np.sqrt(diag(sq_mean)[:, :, None] * diag(sq_mean)[:, None, :])
+  err = np.abs(np.asarray(got_cov, np.float64) - np.asarray(sq_mean, np.float64))
+  assert np.all(err <= N_SE * se + REL * scale), (err / (se + 1e-30)).max()
+  # The diagonal mode on the same net drops the hidden correlations: visibly further off.
+  _, diag_var = propagate(net)((x, jnp.diagonal(cov, axis1=-2, axis2=-1)))
+  assert np.abs(np.asarray(diag_var) / diag(sq_mean) - 1).max() > 10 * (
+      np.abs(diag(got_cov) / diag(sq_mean) - 1).max())
+
+
+def test_relu_cov_quadrature_against_mpmath():
+  """Cov(relu X_1, relu X_2) for unit variances: |error| <= 1e-6 (20 nodes, float64)."""
+  mp = pytest.importorskip("mpmath")
+  assert QUAD_NODES == 20
+  grid = [(a1, a2, rho) for a1 in (-4.0, -0.5, 0.0, 1.5, 4.0) for a2 in (-3.0, 0.2, 2.0)
+          for rho in (-1.0, -0.99, -0.5, 0.3, 0.9, 0.999, 1.0)]
+
+  def exact(a1, a2, rho):
+    a1, a2, rho = mp.mpf(a1), mp.mpf(a2), mp.mpf(rho)
+    f = lambda t: (rho - mp.sin(t)) * mp.exp(  # noqa: E731
+        -(a1**2 - 2 * a1 * a2 * mp.sin(t) + a2**2) / (2 * mp.cos(t) ** 2))
+    return float(rho * mp.ncdf(a1) * mp.ncdf(a2) + mp.quad(f, [0, mp.asin(rho)]) / (2 * mp.pi))
+
+  with jax.enable_x64(True):
+    means = jnp.asarray([[a1, a2] for a1, a2, _ in grid], jnp.float64)
+    covs = jnp.asarray([[[1.0, r], [r, 1.0]] for _, _, r in grid], jnp.float64)
+    got = np.asarray(jax.jit(relu_cov)(means, covs)[:, 0, 1])
+  want = np.array([exact(*g) for g in grid])
+  assert np.abs(got - want).max() <= 1e-6, np.abs(got - want).max()

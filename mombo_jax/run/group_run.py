@@ -168,12 +168,18 @@ def record(r: GroupRun, returns, last, epoch, snap=None):
     r.loggers.write(new)
 
 
+# Evaluation intervals the progress line's steps/s is averaged over (runner.loop: a moving average;
+# a launch-long mean hides a change of pace, one interval's is noisy).
+RATE_POINTS = 3
+
+
 def log_progress(r: GroupRun, last, epoch, rate, eta, several_groups, snap=None):
   """The log line of group r's evaluation at epoch `epoch` (snap: as for `record`)."""
   c, cells = r.config, r.cells
   snap = snap or snapshot(r)
   log(f"epoch {epoch}/{c.epochs}{r.where(several_groups)}  {rate:.0f} steps/s (all "
-      f"{'seeds' if not several_groups else 'cells'})  score per seed "
+      f"{'seeds' if not several_groups else 'cells'}, moving average over up to the last "
+      f"{RATE_POINTS * c.eval_every} epochs)  score per seed "
       f"[{', '.join(f'{x:.1f}' for x in r.scores.mean(axis=1))}]  critic_loss "
       f"[{', '.join(f'{x:.3g}' for x in last['critic_loss'][cells])}]  q_mean "
       f"[{', '.join(f'{x:.4g}' for x in last['q_mean'][cells])}] (bound {snap['bound']:.4g})  "

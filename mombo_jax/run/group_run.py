@@ -196,7 +196,7 @@ def finish(r: GroupRun) -> dict:
   summary = outputs.summarise(r.rows, r.seeds, diverged, r.q)
   r.workdir.write_summary(summary)
   title = f"{algorithms.label(c.algo, c.target, 'title')} on {g.dataset}"
-  r.workdir.plot(r.rows, r.seeds, title, sorted(r.diverged))
+  r.workdir.plot(r.rows, r.seeds, title, sorted(r.diverged), r.dataset_score)
   log(f"{finish_line(summary, r.q, r.dataset_score)}; wrote {g.workdir}")
   return summary
 
@@ -217,7 +217,9 @@ def finish_line(summary: dict, q=None, dataset_score=None) -> str:
   if q is not None and q.flagged():
     line += (f"; seed(s) {q.flagged()} overestimated (mean Q above the return bound "
              f"{q.bound:.4g})")
-  return line
+  # What the two numbers are, where a newcomer reads them first.
+  return line + (" [+-: the std over the seeds; AULC: the mean score over all evaluations; "
+                 "docs/protocol.md]")
 
 
 def _num(x):

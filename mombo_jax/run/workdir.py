@@ -302,8 +302,8 @@ class Workdir:
   def write_summary(self, summary: dict):
     atomic.write_json(self.file(SUMMARY), summary)
 
-  def plot(self, rows, seeds, title: str, diverged=()):
-    outputs.plot_curve(rows, seeds, self.file(CURVE), title, diverged)
+  def plot(self, rows, seeds, title: str, diverged=(), dataset_score=None):
+    outputs.plot_curve(rows, seeds, self.file(CURVE), title, diverged, dataset_score)
 
 
 def _now() -> str:

@@ -130,8 +130,6 @@ def main(argv):
       raise _cli.UsageError(f"--{name} must be >= 1, got {value}.")
   if FLAGS.start_steps < 0:
     raise _cli.UsageError(f"--start_steps must be >= 0, got {FLAGS.start_steps}.")
-  if not 0.0 < FLAGS.medium_fraction <= 1.0:
-    raise _cli.UsageError(f"--medium_fraction must be in (0, 1], got {FLAGS.medium_fraction}.")
   try:
     if any(int(h) < 1 for h in FLAGS.hidden):
       raise ValueError

@@ -23,6 +23,9 @@ A run names its algorithm by Config.algo and, for an algorithm with several vari
 Bellman targets), Config.target; `get(algo, target)` / `Config.algorithm` give the record. The
 "algo[-target]" names runs carry (workdirs, titles, report columns) come from `label` alone.
 docs/architecture.md ("Add an algorithm") shows how to register one from outside the package.
+`register` notes the module that registered a name (`module_of`); runs record it (config.json's
+algo_module), and their readers import it again (`ensure`); `from_spec` reads the command line's
+`--algo=NAME` or `--algo=MODULE:NAME`.
 """
 from __future__ import annotations
 

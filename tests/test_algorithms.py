@@ -1,8 +1,10 @@
 """Algorithms as values (mombo_jax.core.algorithms) and the epoch's settings (config.EpochSettings).
 
-A toy algorithm registered from outside the package trains end to end with the tiny preset, its
-compiled epoch built from its EpochSettings alone (so the epoch reads nothing else of the
-Config); online SAC's settings are plain SAC's, with no faked dataset name."""
+A toy algorithm registered from outside the package is configured from its record, its compiled
+epoch built from its EpochSettings alone (so the epoch reads nothing else of the Config);
+docs/architecture.md's "Add an algorithm" runs as printed, from a module outside the package,
+through training, load_policy, export and the analyses; --algo lists the registry; online SAC's
+settings are plain SAC's, with no faked dataset name."""
 import dataclasses
 import json
 import os
@@ -11,7 +13,6 @@ import numpy as np
 import pytest
 
 from mombo_jax.core import algorithms, targets
-from mombo_jax.run import runner
 from mombo_jax.settings import config as config_lib
 from mombo_jax.run.workdir import run_dir
 
@@ -77,24 +78,18 @@ def test_epoch_settings_hold_what_the_epoch_computes_with():
   assert (cells.beta, cells.real_ratio, cells.rollout_length) == (None, None, a.rollout_length)
 
 
-def test_a_registered_toy_algorithm_trains_with_the_tiny_preset(hopper_random_2000, tmp_path):
-  """The toy algorithm, registered above from outside the package, through runner.train_run (the
-  library path of experiments.run): one epoch and its evaluation, its compiled epoch built from
-  its EpochSettings alone (train.make_cells_chunk); its label names the workdir, its config.json
-  records it, its results are finite."""
+def test_a_registered_toy_algorithm_is_configured_from_its_record(hopper_random_2000, tmp_path):
+  """The toy algorithm, registered above from outside the package: make_config takes its name and
+  its reference tables, its compiled epoch is built from its EpochSettings alone
+  (train.make_cells_chunk), its label names the workdir. (It trains end to end, through the
+  command line and every reader, in test_the_docs_example_runs_as_printed_outside_the_package.)"""
   config = config_lib.make_config(hopper_random_2000, "toy_bonus", preset="tiny", **TINY)
   assert config.reference == "offlinerl_kit"           # MOPO's tables, as it asked
   assert config_lib.epoch_settings(config).algorithm is TOY
   workdir = run_dir(str(tmp_path), hopper_random_2000, "toy_bonus", config.target, config.seed,
                     config.num_seeds)
   assert os.path.join(hopper_random_2000, TOY.label, "s0x1") in workdir
-  summary = runner.train_run(config, hopper_random_2000, workdir)
-  with open(os.path.join(workdir, "config.json")) as f:
-    assert json.load(f)["algo"] == "toy_bonus"
-  assert np.isfinite(summary["final_normalized_score"]).all()
-  with open(os.path.join(workdir, "metrics.csv")) as f:
-    rows = f.read().splitlines()
-  assert len(rows) >= 2 and "nan" not in rows[-1]
+  assert algorithms.module_of("toy_bonus") == __name__      # what its runs record
 
 
 def test_online_sac_is_plain_sac_with_its_own_env():
@@ -161,6 +156,10 @@ def test_the_docs_example_runs_as_printed_outside_the_package(hopper_random_2000
   run = tmp_path / "runs" / "hopper-random" / "toy_bonus" / "s0x1"
   record = Workdir(str(run)).read_record()
   assert (record["algo"], record["algo_module"]) == ("toy_bonus", "my_algorithms")
+  summary = json.loads((run / "summary.json").read_text())
+  assert np.isfinite(summary["final_normalized_score"]).all()
+  rows = (run / "metrics.csv").read_text().splitlines()
+  assert len(rows) >= 2 and "nan" not in rows[-1]
   assert (tmp_path / "toy_bonus.msgpack").stat().st_size > 0
   assert (run / "mm_vs_mc.csv").exists()
   assert "toy_bonus" in (tmp_path / "runs" / "report.md").read_text().lower()

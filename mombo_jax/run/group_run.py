@@ -8,6 +8,7 @@ resume the rows of an evaluation a killed launch lost (recover).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import threading
@@ -171,6 +172,21 @@ def record(r: GroupRun, returns, last, epoch, snap=None):
 # Evaluation intervals the progress line's steps/s is averaged over (runner.loop: a moving average;
 # a launch-long mean hides a change of pace, one interval's is noisy).
 RATE_POINTS = 3
+
+
+class Pace:
+  """The progress line's steps/s: a moving average over the last RATE_POINTS evaluation
+  intervals (the launch's start counting as the first point)."""
+
+  def __init__(self, epoch: int, now: float):
+    self.marks = collections.deque([(epoch, now)], maxlen=RATE_POINTS + 1)
+
+  def rate(self, epoch: int, now: float, steps_per_epoch: int) -> float:
+    """Records the point (epoch, now); steps per second (steps_per_epoch: of all cells) since the
+    oldest point kept."""
+    self.marks.append((epoch, now))
+    (e0, t0), (e1, t1) = self.marks[0], self.marks[-1]
+    return (e1 - e0) * steps_per_epoch / max(t1 - t0, 1e-9)
 
 
 def log_progress(r: GroupRun, last, epoch, rate, eta, several_groups, snap=None):

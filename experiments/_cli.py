@@ -80,7 +80,7 @@ def execute(main: Callable[[list], Optional[int]], define_flags: Callable[[], No
   try:
     left = FLAGS(argv)
   except flags.Error as e:
-    return _refuse(_flag_error(e), EXIT_USAGE)
+    return _refuse(_flag_error(e, own), EXIT_USAGE)
   line = _empty_lists(own) or (None if words else stray_words(left[1:]))
   if line:
     return _refuse(line, EXIT_USAGE)
@@ -100,15 +100,22 @@ def execute(main: Callable[[list], Optional[int]], define_flags: Callable[[], No
 
 
 @contextlib.contextmanager
-def as_user_error(*kinds):
+def as_user_error(*kinds, flag_names: Optional[Mapping[str, str]] = None):
   """`with as_user_error(ValueError): ...`: the library call's exceptions of those kinds are the
-  user's (e.g. config.make_config's ValueError naming a field): one `error:` line, exit 1."""
+  user's (e.g. config.make_config's ValueError naming a field): one `error:` line, exit 1. A
+  message that starts with a field (`num_seeds must be ...`) names the flag typed instead
+  (`--seeds must be ...`; flag_names: {field: flag} where they differ)."""
   try:
     yield
   except UserError:
     raise
   except kinds as e:
-    raise UserError(str(e)) from None
+    message = str(e)
+    found = re.match(r"(\w+)(?= must\b| =)", message)
+    flag = (flag_names or {}).get(found.group(1), found.group(1)) if found else None
+    if flag is not None and flag in FLAGS:
+      message = f"--{flag}" + message[found.end():]
+    raise UserError(message) from None
 
 
 def in_flags(error: UserError, flag_names: Optional[Mapping[str, str]] = None,
@@ -128,6 +135,35 @@ def in_flags(error: UserError, flag_names: Optional[Mapping[str, str]] = None,
     message = re.sub(rf"(?<![\w.-]){p}=", f"--{flag}=", message)
     message = message.replace(f"`{param}`", f"--{flag}")
   return message
+
+
+class AlgoParser(flags.ArgumentParser):
+  """--algo's values: a registered algorithm's name (mombo_jax.core.algorithms: the built-ins and
+  whatever was registered before the flags were defined), or MODULE:NAME, whose module is imported
+  first so that its register call adds NAME. The value is the name; a bad one is a usage error
+  naming the registered ones (absl: exit 2, with `did you mean`)."""
+
+  def parse(self, argument):
+    from mombo_jax.core import algorithms
+    return algorithms.from_spec(str(argument))
+
+  @property
+  def enum_values(self):          # for _flag_error's `did you mean`
+    from mombo_jax.core import algorithms
+    return list(algorithms.names())
+
+  def flag_type(self):
+    return "string"
+
+
+def define_algo(name: str, default: str, help_text: str):
+  """Defines flag `name` (AlgoParser), its help listing the registered algorithms."""
+  from mombo_jax.core import algorithms
+  flags.DEFINE(AlgoParser(), name, default,
+               f"{help_text} One of <{'|'.join(algorithms.names())}> (the registered algorithms), "
+               "or MODULE:NAME for one your own module registers (mombo_jax.core.algorithms."
+               "register; MODULE imported first, its folder on PYTHONPATH; docs/architecture.md, "
+               "\"Add an algorithm\"); runs record the module and every reader imports it again.")
 
 
 def stray_words(words: Sequence[str]) -> Optional[str]:
@@ -156,11 +192,13 @@ def _refuse(line: str, code: int) -> int:
   return code
 
 
-def _flag_error(e: flags.Error) -> str:
-  """absl's parse error in one line; its suggestions as `did you mean --x?`."""
+def _flag_error(e: flags.Error, own: Optional[Sequence[str]] = None) -> str:
+  """absl's parse error in one line; its suggestions as `did you mean --x?`, the program's own
+  flags only (own: their names; absl's own, --stderrthreshold and the like, are no answer)."""
   if isinstance(e, flags.UnrecognizedFlagError):
     found = re.search(r"Did you mean: (.*) \?$", str(e))
     names = [s.strip() for s in found.group(1).split(",")] if found else []
+    names = [n for n in names if own is None or n in own]
     hint = f" (did you mean {' or '.join('--' + n for n in names)}?)" if names else ""
     return f"unknown flag --{e.flagname}{hint}; see --help."
   text = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -121,8 +121,21 @@ def main(argv):
   with _cli.as_user_error(ValueError):    # unknown names: the message lists the valid ones
     for name in FLAGS.env:
       config_lib.parse_name(name)  # every name is checked before anything runs
-  if FLAGS.medium_consecutive < 1:   # refused before any env or SAC work
-    raise _cli.UsageError(f"--medium_consecutive must be >= 1, got {FLAGS.medium_consecutive}.")
+  # Every value checked before any look at existing data (a dataset already built skips its
+  # build, which must not let a bad value pass) or any env or SAC work.
+  for name in ("steps", "sac_steps", "eval_every", "eval_episodes", "medium_consecutive",
+               "checkpoint_every", "train_every", "log_every", "batch_size", "num_envs",
+               "max_episode_steps"):
+    value = getattr(FLAGS, name)
+    if value is not None and value < 1:
+      raise _cli.UsageError(f"--{name} must be >= 1, got {value}.")
+  if FLAGS.start_steps < 0:
+    raise _cli.UsageError(f"--start_steps must be >= 0, got {FLAGS.start_steps}.")
+  try:
+    if any(int(h) < 1 for h in FLAGS.hidden):
+      raise ValueError
+  except ValueError:
+    raise _cli.UsageError(f"--hidden must be widths >= 1, got {','.join(FLAGS.hidden)}.") from None
   builder = Builder(options_from_flags(), should_stop=stop)
   for name in FLAGS.env:
     builder.check(name)  # --from_actors / --actors_only: refusals before anything runs

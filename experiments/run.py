@@ -29,7 +29,7 @@ def define_flags():
                     "each gets its own workdir under --workdir.")
   flags.DEFINE_list("betas", None, "Several betas (MOPO: lambdas) trained in one program, each "
                     "(dataset, beta) in its own workdir; the dynamics are shared by the betas.")
-  flags.DEFINE_enum("algo", "mombo", ["mombo", "mobile", "mopo"], "Algorithm.")
+  _cli.define_algo("algo", "mombo", "Algorithm.")
   flags.DEFINE_enum("target", "elite_spread", ["elite_spread", "lcb", "mixture"],
                     "MOMBO's target. elite_spread (default): the released code's (adinlab/MOMBO), "
                     "which produced the paper's numbers and for which the per-task betas were "
@@ -43,7 +43,8 @@ def define_flags():
                       "authors (yihaosun1124/mobile configs). mopo: offlinerl_kit (run_mopo.py, "
                       "default). A non-default source adds -<reference> to the default workdir.")
   flags.DEFINE_enum("preset", "paper", ["paper", "quick", "tiny"], "Budget preset (config.PRESETS).")
-  flags.DEFINE_integer("seeds", 1, "Number of seeds, trained together (vmapped).")
+  flags.DEFINE_integer("seeds", None, "Number of seeds, trained together (vmapped). Default: "
+                       "the preset's (paper: the paper's 4; quick and tiny: 1).")
   flags.DEFINE_integer("seed", 0, "First seed.")
   flags.DEFINE_integer("epochs", None, "Epochs (each steps_per_epoch gradient steps + one rollout).")
   flags.DEFINE_integer("schedule_epochs", None, "Epochs the actor's cosine learning-rate schedule "
@@ -116,7 +117,9 @@ def _overrides():
     out["schedule_epochs"] = FLAGS.schedule_epochs or None
   if FLAGS.reference is not None:
     out["reference"] = FLAGS.reference
-  out.update(target=FLAGS.target, seed=FLAGS.seed, num_seeds=FLAGS.seeds)
+  out.update(target=FLAGS.target, seed=FLAGS.seed)
+  if FLAGS.seeds is not None:            # else the preset's (config.PRESETS)
+    out["num_seeds"] = FLAGS.seeds
   return out
 
 
@@ -139,7 +142,7 @@ def main(argv):
   # before anything touches JAX's devices
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                          auto=FLAGS.distributed, timeout=FLAGS.init_timeout)
-  with _cli.as_user_error(ValueError):     # a field's value, named by the config's check
+  with _cli.as_user_error(ValueError, flag_names=FLAG_NAMES):  # a field's value: its flag named
     config = config_lib.make_config(FLAGS.env, FLAGS.algo, FLAGS.preset, **_overrides())
   grid = FLAGS.datasets is not None or FLAGS.betas is not None
   if grid and (FLAGS.dataset or FLAGS.beta is not None):
@@ -163,7 +166,7 @@ def main(argv):
   else:
     dataset = FLAGS.dataset or FLAGS.env
     workdir = FLAGS.workdir or workdir_lib.run_dir("runs", dataset, FLAGS.algo, FLAGS.target,
-                                                   FLAGS.seed, FLAGS.seeds,
+                                                   FLAGS.seed, config.num_seeds,
                                                    reference=config.reference)
     groups = [groups_lib.Group(config, dataset, workdir, FLAGS.dynamics_dir)]
   compilation_cache.enable_compilation_cache(FLAGS.compilation_cache)

@@ -48,7 +48,10 @@ FLAGS = flags.FLAGS
 def define_flags():
   """Defined only when run as the program (absl flags are global)."""
   flags.DEFINE_list("envs", None, "Dataset short names, e.g. hopper-random,hopper-medium-replay.")
-  flags.DEFINE_list("algos", ["mombo", "mobile", "mopo"], "Algorithms.")
+  from mombo_jax.core import algorithms
+  flags.DEFINE_list("algos", ["mombo", "mobile", "mopo"], "Algorithms, each one of "
+                    f"<{'|'.join(algorithms.names())}> (the registered ones) or MODULE:NAME for "
+                    "one your own module registers (as experiments.run's --algo).")
   flags.DEFINE_integer("seeds", 3, "Seeds per cell, trained together in one launch.")
   flags.DEFINE_integer("seed", 0, "First seed.")
   flags.DEFINE_string("out", None, "The sweep's folder (required).")
@@ -64,6 +67,10 @@ def main(argv):
   line = _cli.stray_words([w for w in extra if not w.startswith("-")])
   if line:
     raise _cli.UsageError(line)
+  missing = [f"--{n}" for n in ("envs", "out") if not getattr(FLAGS, n)]
+  if missing:                               # a missing required flag: usage, exit 2
+    raise _cli.UsageError(f"{' and '.join(missing)} required, e.g. --envs=hopper-random "
+                          "--out=sweeps/hopper.")
   cells = plan(FLAGS.envs, FLAGS.algos, FLAGS.seeds, FLAGS.seed, FLAGS.out,
                {k: getattr(FLAGS, k) for k in BUDGET_FLAGS}, extra)
   budget = {k: getattr(FLAGS, k) for k in BUDGET_FLAGS}

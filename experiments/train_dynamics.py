@@ -22,10 +22,9 @@ def define_flags():
                       "walker2d-medium caps dynamics training at 30 epochs).")
   flags.DEFINE_string("dataset", None,
                       "Dataset to train on (short name or Minari id); default --env.")
-  flags.DEFINE_enum("algo", "mombo", ["mombo", "mobile", "mopo"], "Whose dynamics settings for "
-                    "--env (mombo_jax/settings/references.py: the references differ, e.g. in "
-                    "walker2d-medium's epoch cap); runs of every algorithm with the same settings "
-                    "reuse the ensembles.")
+  _cli.define_algo("algo", "mombo", "Whose dynamics settings for --env (mombo_jax/settings/"
+                   "references.py: the references differ, e.g. in walker2d-medium's epoch cap); "
+                   "runs of every algorithm with the same settings reuse the ensembles.")
   flags.DEFINE_string("reference", None, "The source of --algo's settings (as experiments.run's "
                       "--reference); default: the algorithm's.")
   flags.DEFINE_integer("seeds", 4, "Number of seeds, trained together (vmapped).")
@@ -40,6 +39,8 @@ def define_flags():
 
 def main(argv):
   del argv
+  if not FLAGS.env and not FLAGS.dataset:   # a missing required flag: usage, exit 2
+    raise _cli.UsageError("--env is required, e.g. --env=hopper-medium (or --dataset=...).")
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
   from mombo_jax import signals
   from mombo_jax.dynamics import dynamics_store

@@ -60,8 +60,10 @@ Writes (into --out, default the first --runs folder) uncertainty.csv and uncerta
 --states=policy, uncertainty_dataset.csv / .md for --states=dataset: one CSV row per run and seed
 (columns run, env, dataset, algo, target, states, seed, epoch, beta, transitions, draws,
 num_policy, accuracy, tightness, accuracy_unscaled, tightness_unscaled, penalty_mean,
-penalty_unscaled_mean, bellman_error_mean, then the alternatives' columns above); the markdown
-gives mean +- std over seeds per dataset and algorithm (the paper's bold / underline rule), the
+penalty_unscaled_mean, bellman_error_mean, below, then the alternatives' columns above); the
+markdown gives mean +- std over seeds per dataset and algorithm (the paper's bold / underline rule;
+a run below the paper's setup, `below`, marked § and never bold beside the paper's columns, as in
+report.md), the
 paper's own Table 2 numbers in their own columns beside the as-trained accuracy and tightness of
 the chosen reading and of each alternative (a note says what they compare with), and the mean U
 and Bellman error.

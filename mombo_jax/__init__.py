@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 _API = {
     "mm_relu": "mombo_jax.core.moments",
     "mm_linear": "mombo_jax.core.moments",
+    "mm_leaky_relu": "mombo_jax.core.moments",
     "mc_moments": "mombo_jax.core.monte_carlo",
     "propagate": "mombo_jax.core.propagate",
     "load_policy": "mombo_jax.analysis.policy",

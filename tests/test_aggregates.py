@@ -203,3 +203,31 @@ def test_without_rliable_the_report_asks_for_it_in_one_line(tmp_path, monkeypatc
   assert f"Not computed: {e.value}." in text.split("## Across tasks (rliable)")[1]
   assert not (tmp_path / "out" / aggregates.PROFILE_FILE).exists()
   assert all("performance_profile" not in f for f in result["files"])
+
+
+def test_runs_equal_as_printed_share_rank_and_bold_and_are_not_separated(tmp_path, monkeypatch):
+  """Two runs whose seeds' scores differ by 1e-5 (both print 2.9 ± 1.9): one rank (1.5 each),
+  both bold, no underline; rliable's probability of improvement and the profiles say the runs
+  cannot separate them instead of a number; a third column with 2 runs: too few runs."""
+  from tests.test_report import _md_block
+  monkeypatch.setattr(aggregates, "REPS", 50)
+  monkeypatch.setattr(aggregates, "PROFILE_REPS", 20)
+  scores = np.array([[0.5, 2.0], [1.0, 4.8]])                 # [evaluations, seeds]
+  _write_run(str(tmp_path / "runs" / "mopo"), "hopper-random", "mopo", [0, 1], scores)
+  _write_run(str(tmp_path / "runs" / "mombo"), "hopper-random", "mombo", [0, 1], scores + 1e-5,
+             target="elite_spread")
+  writer.write_report([str(tmp_path / "runs")], str(tmp_path / "out"), log=lambda *_: None)
+  text = (tmp_path / "out" / "report.md").read_text()
+  header, cells = _md_block(text, "Normalised score (final evaluation)")
+  ours = [j for j, h in enumerate(header) if "(paper)" not in h]
+  row = next(v for k, v in cells.items() if "hopper" in k)
+  assert [row[j] for j in ours] == ["**2.9 ± 1.9** [1.0, 4.8]"] * 2, row
+  assert [cells[("**Average rank**", "")][j].strip("*\\") for j in ours] == ["1.5", "1.5"]
+  section = text.split("## Across tasks (rliable)")[1]
+  assert "*not separable* (equal as printed" in section and "0.75" not in section
+  assert ("The runs cannot separate MOMBO (elite_spread) and MOPO (equal as printed with 1 "
+          "decimal)") in section
+  # Distinct scores, but 2 runs each: too few to separate.
+  far = {"A": np.array([[1.0], [2.0]]), "B": np.array([[5.0], [6.0]])}
+  assert aggregates.inseparable(far)[("A", "B")].startswith("too few runs: 2 and 2 per task")
+  assert aggregates.inseparable({"A": np.zeros((3, 1)), "B": np.ones((3, 1))}) == {}

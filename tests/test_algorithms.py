@@ -1,8 +1,10 @@
 """Algorithms as values (mombo_jax.core.algorithms) and the epoch's settings (epoch_settings.EpochSettings).
 
-A toy algorithm registered from outside the package trains end to end with the tiny preset, its
-compiled epoch built from its EpochSettings alone (so the epoch reads nothing else of the
-Config); online SAC's settings are plain SAC's, with no faked dataset name."""
+A toy algorithm registered from outside the package is configured from its record, its compiled
+epoch built from its EpochSettings alone (so the epoch reads nothing else of the Config);
+docs/architecture.md's "Add an algorithm" runs as printed, from a module outside the package,
+through training, load_policy, export and the analyses; --algo lists the registry; online SAC's
+settings are plain SAC's, with no faked dataset name."""
 import dataclasses
 import json
 import os
@@ -12,7 +14,6 @@ import pytest
 
 from mombo_jax.core import algorithms, targets
 from mombo_jax.core.epoch_settings import epoch_settings
-from mombo_jax.run import runner
 from mombo_jax.settings import config as config_lib
 from mombo_jax.records.workdir import run_dir
 
@@ -78,24 +79,18 @@ def test_epoch_settings_hold_what_the_epoch_computes_with():
   assert (cells.beta, cells.real_ratio, cells.rollout_length) == (None, None, a.rollout_length)
 
 
-def test_a_registered_toy_algorithm_trains_with_the_tiny_preset(hopper_random_2000, tmp_path):
-  """The toy algorithm, registered above from outside the package, through runner.train_run (the
-  library path of experiments.run): one epoch and its evaluation, its compiled epoch built from
-  its EpochSettings alone (train.make_cells_chunk); its label names the workdir, its config.json
-  records it, its results are finite."""
+def test_a_registered_toy_algorithm_is_configured_from_its_record(hopper_random_2000, tmp_path):
+  """The toy algorithm, registered above from outside the package: make_config takes its name and
+  its reference tables, its compiled epoch is built from its EpochSettings alone
+  (train.make_cells_chunk), its label names the workdir. (It trains end to end, through the
+  command line and every reader, in test_the_docs_example_runs_as_printed_outside_the_package.)"""
   config = config_lib.make_config(hopper_random_2000, "toy_bonus", preset="tiny", **TINY)
   assert config.reference == "offlinerl_kit"           # MOPO's tables, as it asked
   assert epoch_settings(config).algorithm is TOY
   workdir = run_dir(str(tmp_path), hopper_random_2000, "toy_bonus", config.target, config.seed,
                     config.num_seeds)
   assert os.path.join(hopper_random_2000, TOY.label, "s0x1") in workdir
-  summary = runner.train_run(config, hopper_random_2000, workdir)
-  with open(os.path.join(workdir, "config.json")) as f:
-    assert json.load(f)["algo"] == "toy_bonus"
-  assert np.isfinite(summary["final_normalized_score"]).all()
-  with open(os.path.join(workdir, "metrics.csv")) as f:
-    rows = f.read().splitlines()
-  assert len(rows) >= 2 and "nan" not in rows[-1]
+  assert algorithms.module_of("toy_bonus") == __name__      # what its runs record
 
 
 def test_online_sac_is_plain_sac_with_its_own_env():
@@ -103,3 +98,74 @@ def test_online_sac_is_plain_sac_with_its_own_env():
   settings = online_sac.online_config("hopper", (16, 16), 32)
   assert settings.algorithm is algorithms.SAC and algorithms.SAC.penalty is None
   assert settings.env_name == "hopper" and not hasattr(settings, "env")
+
+
+# --- docs/architecture.md's "Add an algorithm", run exactly as printed --------------------------
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _docs_example():
+  """(the module's source, [command lines]) of the section's python and bash blocks."""
+  import re
+  with open(os.path.join(REPO, "docs", "architecture.md")) as f:
+    text = f.read()
+  section = text[text.index("## Add an algorithm"):]
+  module = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+  commands = re.search(r"```bash\n(.*?)```", section, re.S).group(1).strip().splitlines()
+  return module, commands
+
+
+def test_a_registered_algorithm_shows_up_in_the_algo_flag():
+  """--algo's choices are the registry's: TOY (registered above) is in its help and parses;
+  MODULE:NAME imports the module; a bad value names the registered ones."""
+  from absl import flags
+  from experiments import _cli
+  _cli.define_algo("algo_probe", "mombo", "Probe.")
+  try:
+    assert "toy_bonus" in flags.FLAGS["algo_probe"].help
+    flags.FLAGS["algo_probe"].parse("toy_bonus")
+    assert flags.FLAGS.algo_probe == "toy_bonus"
+    flags.FLAGS["algo_probe"].parse("tests.test_algorithms:toy_bonus")
+    assert flags.FLAGS.algo_probe == "toy_bonus"
+    with pytest.raises(flags.IllegalFlagValueError, match="toy_bonus"):
+      flags.FLAGS["algo_probe"].parse("nope")
+    with pytest.raises(flags.IllegalFlagValueError, match="cannot import module 'no_such_mod'"):
+      flags.FLAGS["algo_probe"].parse("no_such_mod:toy_bonus")
+  finally:
+    delattr(flags.FLAGS, "algo_probe")
+
+
+@pytest.mark.slow
+def test_the_docs_example_runs_as_printed_outside_the_package(hopper_random_2000, tmp_path):
+  """The section's module, written to a folder outside the package, and its commands run there as
+  printed: it trains from the command line (--algo=MODULE:NAME), and load_policy, export,
+  uncertainty, mm_vs_mc and the report each read its run in a fresh process that imports the
+  recorded module again. Where the module is not on the path, a reader refuses in one line naming
+  it."""
+  import subprocess
+  import sys
+  from mombo_jax.errors import UserError
+  from mombo_jax.records.workdir import Workdir, config_from_record
+  module, commands = _docs_example()
+  (tmp_path / "my_algorithms.py").write_text(module)
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  for command in commands:
+    assert command.startswith("python3 "), command
+    proc = subprocess.run(command.replace("python3", sys.executable, 1), shell=True,
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (command, proc.stderr[-3000:])
+  run = tmp_path / "runs" / "hopper-random" / "toy_bonus" / "s0x1"
+  record = Workdir(str(run)).read_record()
+  assert (record["algo"], record["algo_module"]) == ("toy_bonus", "my_algorithms")
+  summary = json.loads((run / "summary.json").read_text())
+  assert np.isfinite(summary["final_normalized_score"]).all()
+  rows = (run / "metrics.csv").read_text().splitlines()
+  assert len(rows) >= 2 and "nan" not in rows[-1]
+  assert (tmp_path / "toy_bonus.msgpack").stat().st_size > 0
+  assert (run / "mm_vs_mc.csv").exists()
+  assert "toy_bonus" in (tmp_path / "runs" / "report.md").read_text().lower()
+  # Here tmp_path is not on the path, and "toy_bonus" is TOY of another module: refused, naming it.
+  assert str(tmp_path) not in sys.path
+  with pytest.raises(UserError, match="module 'my_algorithms', which cannot be imported.*"
+                     "PYTHONPATH"):
+    config_from_record(record)

@@ -66,6 +66,11 @@ def _drive():
   print(json.dumps(results))
 
 
+# The programs with a required flag, and a command line that gives the others but one.
+REQUIRED = {"collect": (), "describe": (), "export": (), "import_d4rl": ("--env=hopper-random",),
+            "mm_vs_mc": (), "render": ("--run=x",), "report": (), "sweep": ("--out=x",),
+            "train_dynamics": (), "uncertainty": ()}
+
 CASES = ([(p, ["--nosuchflag"]) for p in PROGRAMS]
          + [(p, ["--help"]) for p in PROGRAMS]
          + [(p, ["stray"]) for p in PROGRAMS if p not in ("report", "sweep")]
@@ -73,6 +78,10 @@ CASES = ([(p, ["--nosuchflag"]) for p in PROGRAMS]
             ("run", ["--betas="]), ("sweep", ["--envs=hopper-random", "--out=/x", "stray"]),
             ("run", ["--allow_epochs_change", "false"]),
             ("train_dynamics", ["--env=hopper-random", "--seeds=0"]), ("run", ["--epochs=-1"]),
+            ("run", ["--seeds=0"]), ("run", ["--algo=tests.test_cli:nope"]),
+            ("collect", ["--stp=1"]), ("collect", ["--env=hopper-random", "--steps=-5"])]
+         + [(p, []) for p in REQUIRED]
+         + [(p, list(a)) for p, a in REQUIRED.items() if a] + [
             ("toy:_raise_user_error", []), ("toy:_raise_interrupted", ["--seeds=4"]),
             ("toy:_raise_keyboard_interrupt", [])])
 
@@ -151,6 +160,13 @@ def test_a_library_user_error_is_one_line_in_the_programs_flags(outcomes):
   # config.make_config's ValueError naming the field (experiments.run: _cli.as_user_error).
   result = outcomes[("run", ("--epochs=-1",))]
   assert result["code"] == 1 and "epochs must be a positive integer" in _one_line(result)
+  # A config field whose flag has another name: the flag typed (num_seeds: --seeds).
+  result = outcomes[("run", ("--seeds=0",))]
+  assert result["code"] == 1
+  assert _one_line(result) == "error: --seeds must be a positive integer, got 0."
+  # --algo=MODULE:NAME: the module imported; a name it does not register is a usage error.
+  result = outcomes[("run", ("--algo=tests.test_cli:nope",))]
+  assert result["code"] == 2 and "registers no algorithm 'nope'" in _one_line(result)
   # A parameter whose flag has another name (num_seeds: --seeds).
   result = outcomes[("toy:_raise_user_error", ())]
   assert result["code"] == 1
@@ -193,3 +209,21 @@ def test_no_library_raise_names_a_flag():
           continue
         found |= {(name, flag) for flag in re.findall(r"(?<![\w-])--[a-z]\w*", text)}
   assert found <= _KNOWN_FLAG_RAISES, sorted(found - _KNOWN_FLAG_RAISES)
+
+
+@pytest.mark.parametrize("program, args", [(p, ()) for p in REQUIRED]
+                         + [(p, a) for p, a in REQUIRED.items() if a])
+def test_a_missing_required_flag_is_exit_2_in_every_program(outcomes, program, args):
+  result = outcomes[(program, tuple(args))]
+  assert result["code"] == 2, result
+  assert "required" in _one_line(result) or "pass " in _one_line(result)
+
+
+def test_every_value_is_checked_before_any_data_and_absl_flags_are_no_suggestion(outcomes):
+  # collect skips a dataset that exists: a bad value is refused before it looks.
+  result = outcomes[("collect", ("--env=hopper-random", "--steps=-5"))]
+  assert result["code"] == 2 and _one_line(result) == "error: --steps must be >= 1, got -5."
+  result = outcomes[("collect", ("--stp=1",))]
+  assert result["code"] == 2 and "--steps" in _one_line(result)
+  assert "stderrthreshold" not in _one_line(result)
+  assert "stderrthreshold" not in _one_line(outcomes[("run", ("--sed=1",))])

@@ -194,3 +194,13 @@ def test_config_json_names_the_source_and_old_records_keep_theirs(tmp_path):
   wd.write_config({k: v for k, v in workdir_lib.config_record(mombo, mombo.env).items()
                    if k != "reference"})
   assert wd.check_config(mombo, mombo.env)[0]["reference"] == "authors"
+
+
+def test_the_paper_preset_runs_the_papers_four_seeds():
+  """The paper's protocol is 4 seeds (its Table 1); the quick and tiny presets keep one, and an
+  explicit num_seeds wins (experiments.run's --seeds defaults to the preset's)."""
+  assert config_lib.make_config("hopper-random", preset="paper").num_seeds == 4
+  assert config_lib.make_config("hopper-random", "mopo").num_seeds == 4
+  assert config_lib.make_config("hopper-random", preset="quick").num_seeds == 1
+  assert config_lib.make_config("hopper-random", preset="tiny").num_seeds == 1
+  assert config_lib.make_config("hopper-random", preset="paper", num_seeds=2).num_seeds == 2

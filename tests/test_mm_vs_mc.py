@@ -136,6 +136,14 @@ def test_the_figure_and_console_name_the_target_and_define_spread(tiny_run, tmp_
   assert lines[1].startswith("spread = std of a state's 4 repeated MC estimates (each the mean of "
                              "N samples), averaged over the states"), lines[1]
   assert lines[2].startswith("N=     2: spread of estimates ")
+  # Bias and sampling error named apart: the spread is MC's sampling error, |mean - MM| is MM's
+  # bias against the MC truth (with the MC mean's own error), and a line gives the bias.
+  assert "sampling error" in lines[1] and "moment matching's bias against the MC truth" in lines[1]
+  assert "(sampling error)" in lines[2] and "(MM's bias)" in lines[2]
+  est = fake["estimates"][10]
+  bias = np.abs(est.mean(axis=0) - fake["mm_mean"]).mean()
+  assert lines[4].startswith(f"MM's bias against the MC truth (N=10): {bias:.3g} +- "
+                             f"{est.std(axis=0).mean() / 2:.2g};"), lines[4]
 
 
 @pytest.mark.slow

@@ -93,6 +93,34 @@ def test_the_last_line_sets_the_score_beside_the_datasets_own_mean():
   assert line.startswith("final normalised score 30.0 +- 21.6 (dataset's own episodes: mean 1.2), "
                          "AULC 30.0 over all 3 seed(s), 0 diverged"), line
   assert "dataset" not in group_run.finish_line(summary)
+  # It says what +- and AULC are (docs/protocol.md has the rest).
+  assert line.endswith("[+-: the std over the seeds; AULC: the mean score over all "
+                       "evaluations; docs/protocol.md]"), line
+
+
+def test_the_learning_curve_shows_seeds_band_points_and_the_datasets_level():
+  """Each seed with its evaluation points, the mean with a band of +- the std over the seeds
+  (said in the legend), the dataset's own level as a labelled line, axes with units."""
+  import matplotlib.pyplot as plt
+  scores = np.array([[1.0, 3.0], [2.0, 6.0], [4.0, 8.0], [5.0, 9.0]])
+  fig = outputs.curve_figure(_rows(scores, [0, 1]), [0, 1], "t", dataset_score=1.16)
+  try:
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["seed 0", "seed 1", "mean of 2 seeds", "± std over the 2 seeds",
+                      "dataset's own episodes (mean 1.2)"] or set(labels) == {
+        "seed 0", "seed 1", "mean of 2 seeds", "± std over the 2 seeds",
+        "dataset's own episodes (mean 1.2)"}, labels
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert all(lines[f"seed {s}"].get_marker() == "o" for s in (0, 1))
+    np.testing.assert_allclose(lines["mean of 2 seeds"].get_ydata(), scores.mean(1))
+    np.testing.assert_allclose(lines["dataset's own episodes (mean 1.2)"].get_ydata(), 1.16)
+    band = next(c for c in ax.collections if c.get_label() == "± std over the 2 seeds")
+    top = band.get_paths()[0].vertices[:, 1].max()
+    assert top == pytest.approx((scores.mean(1) + scores.std(1)).max())
+    assert "normalised" in ax.get_ylabel() and "gradient steps" in ax.get_xlabel()
+  finally:
+    plt.close(fig)
 
 
 def test_the_report_counts_a_diverged_seed_and_marks_its_cell(tmp_path):

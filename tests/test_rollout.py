@@ -120,6 +120,32 @@ def test_mopo_penalises_reward(setup):
                              2.0 * metrics["mopo_penalty"], rtol=1e-4)
 
 
+def _half(agent, batch, key, *, dyn, config, term_fn=None):
+  """A registered record's own penalty: 0.5 + |action[0]| per row [B] (not MOPO's)."""
+  del agent, key, dyn, config, term_fn
+  return 0.5 + jnp.abs(batch.action[:, 0])
+
+
+def test_a_registered_reward_penalty_is_the_records_own(setup):
+  """A record with penalize_reward subtracts beta x ITS penalty in the rollouts, row by row (not
+  MOPO's built-in mopo_penalty); the metric reports its mean."""
+  from mombo_jax.core import algorithms, targets
+  algorithms.register(algorithms.Algorithm("toy_reward_penalty", targets.mopo, _half,
+                                           penalize_reward=True, references="mopo"))
+  plain_cfg, dyn, start = setup
+  cfg = _config(algo="toy_reward_penalty", beta=2.0)
+  buf, metrics = _run(cfg, dyn, start, jax.random.PRNGKey(2))
+  plain, _ = _run(plain_cfg, dyn, start, jax.random.PRNGKey(2))
+  count = int(buf.count)
+  assert count == int(plain.count) > 0
+  want = np.asarray(plain.data.reward[:count]) - 2.0 * (
+      0.5 + np.abs(np.asarray(buf.data.action[:count, 0])))
+  np.testing.assert_allclose(np.asarray(buf.data.reward[:count]), want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      float(metrics["mopo_penalty"]),
+      np.mean(0.5 + np.abs(np.asarray(buf.data.action[:count, 0]))), rtol=1e-5)
+
+
 def test_only_the_elites_run_except_for_mopo(setup):
   """NaN weights in the non-elite member 1: MOMBO / MOBILE rollouts are exactly as with a healthy
   member 1; MOPO's penalty takes every member, so its rows all turn non-finite and are dropped."""

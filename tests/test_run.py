@@ -164,6 +164,8 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
   assert "Algorithm: MOMBO, target elite_spread (the released code's)" in out, out
   assert out.index("Compiled the epoch in") < out.index("epoch 1/3")
   assert out.count(" steps/s ") == 3
+  # The speed is a moving average over the recent epochs, and says so.
+  assert out.count("moving average over up to the last 3 epochs") == 3, out
   assert re.search(r"Seeds sharded over 1 \w+ device\(s\), 1 per device", out), out
   # The dataset's opening line says which physics its policies are evaluated in.
   assert re.search(r"hopper-random: \d+ transitions, obs dim 11, action dim 3; evaluated in "
@@ -172,6 +174,18 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
   own = scores.normalized_score(DATASET, transitions_lib.episode_returns(transitions_lib.load_transitions(DATASET)))
   final = next(line for line in out.splitlines() if line.startswith("final normalised score"))
   assert f" (dataset's own episodes: mean {own.mean():.1f}), AULC " in final, final
+
+
+def test_the_progress_speed_is_a_moving_average_of_the_recent_intervals():
+  """A fast start then a slow stretch: the progress line's steps/s follows the recent pace (the
+  last RATE_POINTS intervals), not the launch-long mean, which a fast start would inflate."""
+  from mombo_jax.run import group_run
+  pace = group_run.Pace(0, 0.0)
+  assert pace.rate(10, 1.0, 100) == pytest.approx(1000.0)          # 10 epochs in 1 s
+  for k in range(1, group_run.RATE_POINTS + 1):                    # then 10 epochs per 10 s
+    rate = pace.rate(10 + 10 * k, 1.0 + 10.0 * k, 100)
+  assert rate == pytest.approx(100.0)
+  assert 40 * 100 / 31.0 > 1.2 * rate            # the launch-long mean would read 129
 
 
 def test_compilation_cache_flag(tmp_path, capsys):

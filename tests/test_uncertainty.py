@@ -368,6 +368,29 @@ def test_table_has_the_papers_numbers_beside_the_as_trained_blocks():
   assert "Table 1 for D4RL" not in text          # writer.py's note on the score tables is replaced
 
 
+def test_reduced_runs_are_marked_as_in_the_report_and_never_bold_beside_the_paper():
+  """A run below the paper's setup (rows' `below`, paper_setup.shortfalls as report.md reads it)
+  is marked § with its footnote in every block, and takes no bold or underline beside the
+  paper's Table 2 columns; the same rows at the paper's setup are bold there."""
+  def rows(below):
+    return [dict(run="r", env="hopper", dataset="hopper-random", algo="MOMBO (elite_spread)",
+                 target="elite_spread", states="policy", seed=seed, epoch=1, beta=2.0,
+                 transitions=10, draws=5, num_policy=7, accuracy=0.8 + 0.05 * seed,
+                 tightness=-1.0, accuracy_unscaled=0.5, tightness_unscaled=-2.0, penalty_mean=2.0,
+                 penalty_unscaled_mean=1.0, bellman_error_mean=3.0, below=below)
+            for seed in (0, 1)]
+  short = "60 gradient steps (paper: 3,000,000)"
+  reduced, full = (_blocks(uncertainty_runs.table_markdown(rows(b))) for b in (short, ""))
+  title = uncertainty_runs.METRICS[0][1]
+  ours = [line for line in reduced[title].splitlines() if line.startswith("| random")][0]
+  cell = [c.strip() for c in ours.split("|")[1:-1]][2]
+  assert cell.startswith("0.825 ± 0.025") and "§" in cell and "**" not in cell, cell
+  assert f"§ MOMBO (elite_spread) on hopper-random: below the paper's setup: {short}." in \
+      reduced[title]
+  ours = [line for line in full[title].splitlines() if line.startswith("| random")][0]
+  assert [c.strip() for c in ours.split("|")[1:-1]][2].startswith("**0.825 ± 0.025**")
+
+
 def test_table_has_the_readings_blocks_and_columns(tmp_path):
   """The alternatives' columns (uncertainty_runs.READING_COLUMNS) go to the CSV after the chosen
   reading's; uncertainty.md gets their blocks, the paper's Table 2 numbers beside the as-trained

@@ -229,20 +229,30 @@ def run_experiment(trained, transitions, out: str, ns: Sequence[int], num_states
 def summary_lines(result: dict, out: str) -> list:
   """What experiments.mm_vs_mc prints: what was estimated (the run's algorithm with MOMBO's
   target, dataset, seed, epoch: run_experiment's title) and what "spread" means; per N the mean
-  over states of the estimates' spread and of |mean - MM|, the seconds per call against MM's;
-  then MM's cost and the files written."""
+  over states of the estimates' spread (MC's sampling error) and of |mean - MM| (MM's bias against
+  the MC truth, +- the MC mean's own error), the seconds per call against MM's; then the bias at
+  the largest N, MM's cost and the files written."""
   mm_ms = result["seconds"]["MM"] * 1e3
   repeats = result.get("repeats") or next(iter(result["estimates"].values())).shape[0]
   lines = [f"MM vs MC estimates of E[Q(s', a')]: {result['title']}."] if result.get("title") else []
   lines.append(f"spread = std of a state's {repeats} repeated MC estimates (each the mean of N "
-               "samples), averaged over the states; |mean - MM| = distance of their mean from "
-               "the MM estimate.")
+               "samples), averaged over the states: MC's sampling error, which falls as "
+               "1/sqrt(N); |mean - MM| = distance of their mean from the MM estimate: moment "
+               "matching's bias against the MC truth (their mean over all repeats is the truth "
+               "up to spread/sqrt(repeats), given as +-), which no N removes.")
+  bias = None
   for n in sorted(result["estimates"]):
     est = result["estimates"][n]                       # [R, B]
     err = np.abs(est.mean(axis=0) - result["mm_mean"]).mean()
-    lines.append(f"N={n:>6}: spread of estimates {est.std(axis=0).mean():.4g}, |mean - MM| "
-                 f"{err:.3g}, {result['seconds'][n] * 1e3:.3g} ms per call "
-                 f"({result['seconds'][n] * 1e3 / mm_ms:.3g}x MM)")
+    spread = est.std(axis=0).mean()
+    bias = (n, err, spread / np.sqrt(est.shape[0]))
+    lines.append(f"N={n:>6}: spread of estimates {spread:.4g} (sampling error), |mean - MM| "
+                 f"{err:.3g} +- {bias[2]:.2g} (MM's bias), {result['seconds'][n] * 1e3:.3g} ms "
+                 f"per call ({result['seconds'][n] * 1e3 / mm_ms:.3g}x MM)")
+  if bias is not None:
+    lines.append(f"MM's bias against the MC truth (N={bias[0]}): {bias[1]:.3g} +- {bias[2]:.2g}; "
+                 "the MC spread above is sampling error, which more samples reduce, the bias is "
+                 "moment matching's own (a Gaussian carried through the critic).")
   lines.append(f"MM: {mm_ms:.3g} ms per call for {result['num_states']} states; wrote "
                f"{os.path.join(out, 'mm_vs_mc.png')}, mm_vs_mc.csv, mm_vs_mc_estimates.csv")
   return lines

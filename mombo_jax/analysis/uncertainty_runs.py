@@ -59,6 +59,7 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
   """One row per (run, seed), as a dict of scalars: run, env, dataset, algo, target, states, seed,
   epoch, beta, transitions (tuples scored), draws, num_policy, accuracy, tightness,
   accuracy_unscaled, tightness_unscaled, penalty_mean, penalty_unscaled_mean, bellman_error_mean,
+  below (what the run has less of than the paper's setup, paper_setup.shortfalls; "" for none),
   then the READING_COLUMNS (each seed's mean over its tuples and draws; experiments.uncertainty
   defines them; the eq1 ones NaN for a run that is not MOMBO's). The arguments
   are experiments.uncertainty's flags of the same names; ValueError / FileNotFoundError (a dataset
@@ -69,7 +70,8 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
   import jax
   from mombo_jax.analysis import quantifier_quality, trained as trained_lib
   from mombo_jax.core import algorithms
-  from mombo_jax.report import labels
+  from mombo_jax.records.workdir import Workdir
+  from mombo_jax.report import labels, paper_setup
   if states not in STATES:
     raise InvalidArgument(f"states={states}: choose one of {', '.join(STATES)}.",
                           params=("states",))
@@ -84,6 +86,9 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
     trained_lib.check_data(trained, loaded[trained.dataset])
     log(f"{path}: {trained.memory_line()}")
     config = trained.config
+    # What the run has less of than the paper's setup (the report's one rule, paper_setup): its
+    # cells are marked § and take no bold beside the paper's columns, as in report.md.
+    below = "; ".join(paper_setup.shortfalls(Workdir(path).read_record()))
     if states == "dataset" and trained.dataset not in datasets:
       datasets[trained.dataset] = quantifier_quality.dataset_states(
           loaded[trained.dataset], num_states, seed)
@@ -103,7 +108,7 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
           **{k: res[f"{k}_mean"] for k in ("accuracy", "tightness", "accuracy_unscaled",
                                            "tightness_unscaled")},
           penalty_mean=res["penalty_mean"], penalty_unscaled_mean=res["penalty_unscaled_mean"],
-          bellman_error_mean=res["bellman_error_mean"],
+          bellman_error_mean=res["bellman_error_mean"], below=below,
           **{k: _reading_value(res, k) for k in READING_COLUMNS}))
       log(f"{path} seed {trained.seeds[i]} ({states} states): {len(res['exact'])} tuples x "
           f"{draws} draws, accuracy {res['accuracy_mean']:.2f} (unscaled "
@@ -117,6 +122,11 @@ class _Seeds:
 
   def __init__(self, rows, rename=None):
     self.rows, self.rename = rows, rename or {}
+    # What the runs have less of than the paper's setup (rows' `below`, paper_setup.shortfalls):
+    # tables.build_table marks such a cell BELOW_MARK and keeps it out of the bold / underline
+    # beside the paper's columns, the same rule as report.md's.
+    self.shortfalls = sorted({part for r in rows for part in str(r.get("below") or "").split("; ")
+                              if part})
 
   def stat(self, what):
     """(mean, std) over the seeds of column `what` (after `rename`); (None, None) where no seed

@@ -24,10 +24,15 @@ A run names its algorithm by Config.algo and, for an algorithm with several vari
 Bellman targets), Config.target; `get(algo, target)` / `Config.algorithm` give the record. The
 "algo[-target]" names runs carry (workdirs, titles, report columns) come from `label` alone.
 docs/architecture.md ("Add an algorithm") shows how to register one from outside the package.
+`register` notes the module that registered a name (`module_of`); runs record it (config.json's
+algo_module), and their readers import it again (`ensure`); `from_spec` reads the command line's
+`--algo=NAME` or `--algo=MODULE:NAME`.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import sys
 from typing import Callable, Dict, Optional, Tuple
 
 
@@ -77,12 +82,19 @@ class Algorithm:
 
 
 _REGISTRY: Dict[str, Dict[str, Algorithm]] = {}
+# name -> the module whose import registers it (the caller of register): what a run records
+# (config.json's "algo_module") so that every reader can import it again (`ensure`).
+_MODULES: Dict[str, str] = {}
 
 
-def register(algorithm: Algorithm) -> Algorithm:
+def register(algorithm: Algorithm, module: Optional[str] = None) -> Algorithm:
   """Adds `algorithm` under (name, variant); registering an equal record again is a no-op.
+  module: the module whose import registers it (default: the caller's, which is right when the
+  register call sits at a module's top level); runs record it, and readers import it again.
   ValueError when another record holds that name and variant, or when a name would hold both a
   plain record and variants."""
+  if module is None:
+    module = sys._getframe(1).f_globals.get("__name__", "__main__")
   have = _REGISTRY.setdefault(algorithm.name, {})
   old = have.get(algorithm.variant)
   if old is not None and old != algorithm:
@@ -93,7 +105,66 @@ def register(algorithm: Algorithm) -> Algorithm:
   if have and next(iter(have.values())).references != algorithm.references:
     raise ValueError(f"The variants of {algorithm.name!r} must share one references table key.")
   have[algorithm.variant] = algorithm
+  _MODULES.setdefault(algorithm.name, module)
   return algorithm
+
+
+def module_of(name: str) -> Optional[str]:
+  """The module whose import registers algorithm `name` (None for an unregistered name)."""
+  return _MODULES.get(name)
+
+
+def ensure(name: str, module: Optional[str] = None) -> None:
+  """Makes algorithm `name` registered for a reader of a run that recorded it (config.json's algo
+  and algo_module): nothing when it is, else imports `module`, the one that registered it when the
+  run trained. UserError in one line naming the module to put on the path when that fails, or
+  when the run recorded none (a run written before runs recorded it, or an algorithm registered
+  by a script, __main__, which cannot be imported again)."""
+  have = _MODULES.get(name)
+  if name in _REGISTRY and (not module or module in ("__main__", have)):
+    return
+  from mombo_jax.errors import UserError
+  fix = ("put the folder holding that module on PYTHONPATH (or import it before reading the "
+         "run); docs/architecture.md, \"Add an algorithm\"")
+  if not module or module == "__main__":
+    where = ("was registered by a script (__main__), which cannot be imported again"
+             if module == "__main__" else "is not registered and the run does not say where it "
+             "comes from")
+    raise UserError(f"The run's algorithm {name!r} {where}: move its register call into a "
+                    f"module, import that module first ({fix}).")
+  try:
+    importlib.import_module(module)
+  except ImportError as e:
+    raise UserError(f"The run's algorithm {name!r} comes from module {module!r}, which cannot "
+                    f"be imported ({e}): {fix}.") from None
+  except ValueError as e:      # its register call met another record of that name (register)
+    raise UserError(f"The run's algorithm {name!r} comes from module {module!r}, but {have!r} "
+                    f"registered another record of that name here ({e}).") from None
+  if name not in _REGISTRY:
+    raise UserError(f"The run's algorithm {name!r} was registered by module {module!r}, but "
+                    "importing it registers no such algorithm now: register it there again "
+                    "(mombo_jax.core.algorithms.register).")
+
+
+def from_spec(spec: str) -> str:
+  """The algorithm name of a command line's `NAME` (a registered one) or `MODULE:NAME` (MODULE
+  imported first: its register call adds NAME). ValueError in one line naming the choices, or
+  the module that cannot be imported and what to put on the path."""
+  module, _, name = spec.rpartition(":")
+  if module:
+    try:
+      importlib.import_module(module)
+    except ImportError as e:
+      raise ValueError(f"cannot import module {module!r} ({e}); put the folder holding it on "
+                       "PYTHONPATH, or run from that folder.") from None
+    if name not in _REGISTRY:
+      raise ValueError(f"module {module!r} registers no algorithm {name!r}; it registers "
+                       f"{', '.join(n for n, m in _MODULES.items() if m == module) or 'none'}.")
+    return name
+  if name not in _REGISTRY:
+    raise ValueError(f"value should be one of <{'|'.join(names())}>, or MODULE:NAME for an "
+                     "algorithm registered by your own module.")
+  return name
 
 
 def names() -> Tuple[str, ...]:

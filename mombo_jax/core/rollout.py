@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from mombo_jax.core import buffer as buffer_lib
-from mombo_jax.core import dynamics, termination
+from mombo_jax.core import dynamics, targets, termination
 
 
 def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
@@ -35,7 +35,8 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   writes its terminal row (done = 1) and then stops. Rows carry the producing elite's Gaussian
   (next_obs_mean/var, reward_mean/var) and the state's own variance obs_var (the previous step's
   next_obs_var; zero at step 0). MOPO (config.algorithm.penalize_reward): reward and reward_mean are
-  penalised by beta * mopo_penalty (beta: f32 scalar, may be traced; default config.beta).
+  penalised by beta * mopo_penalty (beta: f32 scalar, may be traced; default config.beta); another
+  record with penalize_reward by beta * its own `penalty` (agent None, the step's rows as batch).
 
   length: k, int32 scalar <= K = config.rollout_length (may be traced: a cell's own rollout
   length in a program of several, train.Cell; default K). The scan always runs K steps; steps
@@ -57,6 +58,9 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   k = config.rollout_length
   active = jnp.arange(k) < (k if length is None else length)     # bool [K]: step i runs
   penalise = config.algorithm.penalize_reward
+  # MOPO's penalty comes out of the step itself (every member's prediction); another record that
+  # penalises the reward brings its own penalty (its `penalty` on the step's rows).
+  own_penalty = penalise and config.algorithm.penalty not in (None, targets.penalty_mopo)
   beta = config.beta if beta is None else beta
 
   def one_step(carry, inputs):
@@ -65,11 +69,20 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
     k_pi, k_model = jax.random.split(step_key)
     action = policy_fn(obs, k_pi)
     chex.assert_rank(action, 2)
-    out = dynamics.step(dyn, obs, action, k_model, config, penalty=penalise)
+    out = dynamics.step(dyn, obs, action, k_model, config, penalty=penalise and not own_penalty)
     reward, reward_mean = out.reward, out.reward_mean
+    penalty = out.mopo_penalty
+    if own_penalty:
+      rows = buffer_lib.Batch(
+          obs=obs, action=action, reward=out.reward, next_obs=out.next_obs,
+          done=jnp.zeros_like(out.reward), obs_var=obs_var, next_obs_mean=out.next_obs_mean,
+          next_obs_var=out.next_obs_var, reward_mean=out.reward_mean, reward_var=out.reward_var)
+      penalty = config.algorithm.penalty(None, rows, jax.random.fold_in(k_model, 1), dyn=dyn,
+                                         config=config, term_fn=term_fn)
+      chex.assert_shape(penalty, (n,))
     if penalise:
-      reward = reward - beta * out.mopo_penalty
-      reward_mean = reward_mean - beta * out.mopo_penalty
+      reward = reward - beta * penalty
+      reward_mean = reward_mean - beta * penalty
     finite = _all_finite(out.next_obs, out.next_obs_mean, out.next_obs_var, reward, reward_mean,
                          out.reward_var)
     done = termination.model_done(term_fn, obs, action, out.next_obs, config.rollout_obs_limit)
@@ -85,7 +98,7 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
     # A step past the cell's k leaves the branches as they were (alive_end: alive after step k).
     still = jnp.where(on, still, alive)
     return (next_obs, next_var, still), (rows, written, alive & ~finite & on,
-                                         out.mopo_penalty if penalise else ())
+                                         penalty if penalise else ())
 
   init = (start_obs, jnp.zeros_like(start_obs), jnp.ones((n,), bool))
   (_, _, alive_end), (rows, written, dropped, penalty) = jax.lax.scan(

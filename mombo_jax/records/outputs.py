@@ -101,10 +101,22 @@ def summarise(rows: Sequence[dict], seeds: Sequence[int], diverged: Sequence[dic
 
 
 def plot_curve(rows: Sequence[dict], seeds: Sequence[int], path: str, title: str,
-               diverged: Sequence[int] = ()):
-  """learning_curve.png: every seed thin (diverged ones dashed: their frozen policy's scores),
-  the mean over every seed thick (summary.json's)."""
-  # matplotlib only when a curve is drawn: the report and the runs read this module's formats.
+               diverged: Sequence[int] = (), dataset_score: Optional[float] = None):
+  """learning_curve.png at `path`: curve_figure's figure."""
+  import matplotlib.pyplot as plt
+  fig = curve_figure(rows, seeds, title, diverged, dataset_score)
+  try:
+    save_figure(fig, path, dpi=100)
+  finally:
+    plt.close(fig)
+
+
+def curve_figure(rows: Sequence[dict], seeds: Sequence[int], title: str,
+                 diverged: Sequence[int] = (), dataset_score: Optional[float] = None):
+  """The learning curve's matplotlib figure: every seed thin with its evaluation points marked (diverged ones dashed:
+  their frozen policy's scores), the mean over every seed thick (summary.json's) with a band of
+  +- the std over the seeds (ddof 0, as summary.json's; said in the legend), and the dataset's own
+  episodes' mean normalised return as a labelled line (dataset_score, where given)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -112,15 +124,20 @@ def plot_curve(rows: Sequence[dict], seeds: Sequence[int], path: str, title: str
   bad = {int(s) for s in diverged}
   fig, ax = plt.subplots(figsize=(6, 4))
   for i, s in enumerate(seeds):
-    ax.plot(steps, table[:, i], lw=0.8, alpha=0.5, ls="--" if int(s) in bad else "-",
+    ax.plot(steps, table[:, i], lw=0.8, alpha=0.6, marker="o", ms=3,
+            ls="--" if int(s) in bad else "-",
             label=f"seed {s}" + (" (diverged, frozen)" if int(s) in bad else ""))
   if len(seeds):
-    ax.plot(steps, table.mean(1), lw=2, color="k",
-            label=f"mean of {len(seeds)}" + (f" ({len(bad)} diverged)" if bad else ""))
-  ax.set(xlabel="gradient steps", ylabel="normalised score", title=title)
+    mean, std = table.mean(1), table.std(1)
+    ax.fill_between(steps, mean - std, mean + std, color="k", alpha=0.12, lw=0,
+                    label=f"± std over the {len(seeds)} seeds")
+    ax.plot(steps, mean, lw=2, color="k", marker="o", ms=4,
+            label=f"mean of {len(seeds)} seeds" + (f" ({len(bad)} diverged)" if bad else ""))
+  if dataset_score is not None and np.isfinite(dataset_score):
+    ax.axhline(dataset_score, color="C3", lw=1, ls=":",
+               label=f"dataset's own episodes (mean {dataset_score:.1f})")
+  ax.set(xlabel="gradient steps per seed", ylabel="D4RL-normalised score (0 random, 100 expert)",
+         title=title)
   ax.legend(fontsize=7)
   fig.tight_layout()
-  try:
-    save_figure(fig, path, dpi=100)
-  finally:
-    plt.close(fig)
+  return fig

@@ -67,8 +67,10 @@ def grid_dynamics_dir(root: str, dataset: str, dynamics_dir: Optional[str] = Non
 
 
 def config_record(config, dataset: str) -> dict:
-  """config.json's content for `config` trained on `dataset` (JSON types: tuples become lists)."""
-  return json.loads(json.dumps(dict(dataclasses.asdict(config), dataset=dataset)))
+  """config.json's content for `config` trained on `dataset` (JSON types: tuples become lists),
+  with "algo_module": the module that registers its algorithm, which readers import again."""
+  return json.loads(json.dumps(dict(dataclasses.asdict(config), dataset=dataset,
+                                    algo_module=algorithms.module_of(config.algo))))
 
 
 def config_from_record(record: dict):
@@ -76,6 +78,8 @@ def config_from_record(record: dict):
   a record written before runs recorded their settings' source gets the source it was built from
   (references.upgrade_record), never today's default."""
   record = references.upgrade_record(record)
+  # An algorithm registered by the user's own module: imported again, or one line naming it.
+  algorithms.ensure(str(record.get("algo")), record.get("algo_module"))
   fields = {f.name for f in dataclasses.fields(config_lib.Config)}
   # JSON turned the config's tuples into lists; the frozen Config must stay hashable.
   values = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in fields}
@@ -145,7 +149,7 @@ class Workdir:
     # table came from (a MOBILE run: its authors' table), not as today's default.
     old = references.upgrade_record(written)
     changed = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v
-               and k not in ("epochs",) + HARMLESS}
+               and k not in ("epochs", "algo_module") + HARMLESS}
     if changed:
       hint = (f"Pass --reference={old['reference']} to continue it with the settings it was "
               "started with, pass" if "reference" in changed and old.get("reference") else "Pass")
@@ -302,8 +306,8 @@ class Workdir:
   def write_summary(self, summary: dict):
     atomic.write_json(self.file(SUMMARY), summary)
 
-  def plot(self, rows, seeds, title: str, diverged=()):
-    outputs.plot_curve(rows, seeds, self.file(CURVE), title, diverged)
+  def plot(self, rows, seeds, title: str, diverged=(), dataset_score=None):
+    outputs.plot_curve(rows, seeds, self.file(CURVE), title, diverged, dataset_score)
 
 
 def _now() -> str:

@@ -52,6 +52,13 @@ SEED = 0
 N_TAUS = 101
 AGGREGATES = ("IQM", "Median", "Mean", "Optimality gap")
 PROFILE_FILE = "performance_profile.png"
+# Fewer runs than this per task and column, and the runs cannot separate two columns: with 2 runs
+# each, the most extreme ordering of one task's 4 scores still happens 1 time in 6 by chance (two-
+# sided Mann-Whitney p = 1/3), so a P(X > Y) of 0.75 says nothing. The report says so instead.
+MIN_RUNS = 3
+# The decimals the report's tables print scores with (tables.build_table's digits): runs whose
+# scores are equal as printed are not told apart.
+DIGITS = 1
 INSTALL = "pip install 'mombo_jax[report]'"
 
 
@@ -178,6 +185,28 @@ def probability_of_improvement(scores: Dict[str, np.ndarray], reps: int = REPS,
       out[(a, b)] = np.array([p, lo, hi])
       # P(Y > X) = 1 - P(X > Y) (ties count half for both), on every resample alike.
       out[(b, a)] = np.array([1.0 - p, 1.0 - hi, 1.0 - lo])
+  return out
+
+
+def inseparable(scores: Dict[str, np.ndarray], digits: int = DIGITS,
+                min_runs: int = MIN_RUNS) -> Dict[Tuple[str, str], str]:
+  """{(x, y): why} for every ordered pair of columns of scores {column: [R, T]} that the runs
+  cannot separate: "equal as printed" (on every task the two columns' runs print, with `digits`
+  decimals, as the same numbers), or "too few runs" (fewer than min_runs runs of either column
+  per task). Pairs that can be separated are absent."""
+  from mombo_jax.report.tables import as_printed
+  out = {}
+  names = list(scores)
+  for i, a in enumerate(names):
+    for b in names[i + 1:]:
+      x, y = as_printed(scores[a], digits), as_printed(scores[b], digits)
+      if x.shape == y.shape and np.array_equal(np.sort(x, axis=0), np.sort(y, axis=0)):
+        why = f"equal as printed with {digits} decimal{'s' if digits != 1 else ''}"
+      elif min(x.shape[0], y.shape[0]) < min_runs:
+        why = (f"too few runs: {x.shape[0]} and {y.shape[0]} per task, {min_runs} each needed")
+      else:
+        continue
+      out[(a, b)] = out[(b, a)] = why
   return out
 
 
@@ -336,17 +365,21 @@ def report_section(groups: dict, out: str, log=print, order=None, what: str = "f
     label = name + (" ↓" if name == "Optimality gap" else "")
     lines.append(f"| {label} | " + " | ".join(_cell(est[k][:, i], 1) for k in names) + " |")
   lines.append("")
+  apart = inseparable(m.scores)
   if len(names) > 1:
     poi = probability_of_improvement(m.scores, reps=reps)
     lines += [
         "Probability of improvement P(row > column): the probability that a run of the row's "
         "column scores higher than a run of the column's on the same task (Mann-Whitney U over "
         "the pairs of runs, ties counting half, averaged over tasks), with its interval (runs of "
-        "both resampled independently within each task).", "",
+        "both resampled independently within each task). *Not separable*: the runs cannot tell "
+        f"the two columns apart (fewer than {MIN_RUNS} runs of one per task, or scores equal as "
+        "printed), so no probability is shown.", "",
         "| P(row > column) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for a in names:
-      lines.append(f"| {a} | " + " | ".join("–" if a == b else _cell(poi[(a, b)], 2)
-                                            for b in names) + " |")
+      lines.append(f"| {a} | " + " | ".join(
+          "–" if a == b else (f"*not separable* ({apart[(a, b)]})" if (a, b) in apart
+                              else _cell(poi[(a, b)], 2)) for b in names) + " |")
     lines.append("")
   taus, prof = performance_profiles(m.scores, reps=profile_reps)
   path = os.path.join(out, PROFILE_FILE)
@@ -354,6 +387,11 @@ def report_section(groups: dict, out: str, log=print, order=None, what: str = "f
   lines += [f"![Performance profiles]({PROFILE_FILE})", "",
             "Performance profiles: the fraction of all runs and tasks whose final score exceeds "
             f"τ, with its interval ({profile_reps:,} resamples).", ""]
+  pairs = sorted({tuple(sorted(k)) for k in apart})
+  if pairs:
+    lines += ["The runs cannot separate " + "; ".join(f"{a} and {b} ({apart[(a, b)]})"
+                                                       for a, b in pairs)
+              + ": the gap between their profiles is no evidence either way.", ""]
   if notes:
     lines += ["Notes:", ""] + notes + [""]
   return "\n".join(lines), [path]

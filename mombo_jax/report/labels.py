@@ -29,9 +29,9 @@ _TARGET_ORDER = ("lcb", "elite_spread", "mixture")
 # evaluation's schedule and its record (eval_every, eval_episodes, eval_changes: they change how
 # often and how precisely a run is measured, not what was trained; a warning names runs evaluated
 # at different steps), how often dynamics training checkpoints, and the fields the group key
-# holds already (env, dataset, algo, target).
+# holds already (env, dataset, algo, target; algo_module: where the algorithm is registered).
 NOT_SETUP = ("seed", "num_seeds", "eval_every", "eval_episodes", "eval_changes",
-             "dyn_checkpoint_every_s", "env", "dataset", "algo", "target")
+             "dyn_checkpoint_every_s", "env", "dataset", "algo", "target", "algo_module")
 
 # Fields told apart within one dataset only: the data's identity differs between datasets by
 # nature.

@@ -1,7 +1,7 @@
 """The reporting protocol as the report checks it: which summary.json protocols it reads
 (outputs.READABLE_PROTOCOLS: protocol/1's per-seed scores are protocol/2's, so the report computes
 every number from them, over every seed), which it refuses (any other, in one line), and the
-paragraph of report.md that links docs/protocol.md."""
+paragraph of report.md that names docs/protocol.md by version (protocol_reference)."""
 from __future__ import annotations
 
 import os
@@ -47,13 +47,20 @@ def check_protocols(runs: Sequence[Run]) -> List[str]:
                                                       if len(old) > 3 else "")]
 
 
+def protocol_reference() -> str:
+  """Where the protocol is defined, stably: its version, the page's path in the repository and
+  the package's version (not a path from where a report was written, which breaks once the report
+  is moved or shared)."""
+  return (f"{outputs.PROTOCOL}, defined in `{outputs.PROTOCOL_DOC}` of the mombo_jax repository "
+          f"(package version {mombo_jax.__version__})")
+
+
 def protocol_line(out: str, runs: Sequence[Run]) -> str:
-  """report.md's protocol paragraph: the link to docs/protocol.md (relative to `out`) and a note
-  on the runs read from an older protocol."""
-  doc = protocol_doc()
-  link = os.path.relpath(doc, os.path.abspath(out)) if os.path.exists(doc) else outputs.PROTOCOL_DOC
+  """report.md's protocol paragraph: the protocol's stable reference (protocol_reference; the same
+  wherever `out` is) and a note on the runs read from an older protocol."""
+  del out
   old = sum(r.protocol != outputs.PROTOCOL for r in runs)
-  return (f"Protocol: [{outputs.PROTOCOL}]({link}) (what the final score, the AULC, the std and "
+  return (f"Protocol: {protocol_reference()} (what the final score, the AULC, the std and "
           "the interval are, that every seed counts, diverged ones at their frozen policy, the "
           "environments' versions, the reference scores; no number is picked by online "
           "evaluation)."

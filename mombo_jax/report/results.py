@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mombo_jax.core import algorithms
 from mombo_jax.report import paper_setup
 from mombo_jax.records import outputs
 from mombo_jax.errors import UserError
@@ -176,6 +177,8 @@ def read_run(path: str) -> Run:
     config, summary, rows = wd.read_record(), wd.read_summary(), wd.read_rows()
   except (OSError, ValueError, KeyError, UserError) as e:
     raise ValueError(f"unreadable ({type(e).__name__}: {e})") from None
+  if config.get("algo_module"):       # its labels (variants) come from its registered record
+    algorithms.ensure(str(config.get("algo")), config["algo_module"])
   if not rows:
     raise ValueError("metrics.csv holds no evaluation rows")
   env = str(config.get("env", ""))

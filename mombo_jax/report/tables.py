@@ -14,6 +14,10 @@ A cell with diverged seeds (counted at their frozen policy) is marked DIVERGED_M
 giving how many and the mean over the others.
 Averages are plain means over tasks; the average rank is the mean over tasks of each algorithm's
 rank of the mean (1 = best, ties share the average of their ranks).
+Every comparison is made at the printed precision (`as_printed`: the values as the table shows
+them, `digits` decimals): means equal as printed share their rank and their bold / underline, and
+a summary row's best is its best as printed, so no mark or rank rests on a difference the reader
+cannot see (two runs at 2.9 ± 1.9 whose means differ by 2e-4 both rank 1.5).
 """
 from __future__ import annotations
 
@@ -31,6 +35,16 @@ PAPER = "paper"
 # Marks of our cells (the paper's cells carry † for the paper's own footnotes).
 DIVERGED_MARK = "‡"
 BELOW_MARK = "§"
+
+
+def as_printed(values, digits: Optional[int]) -> np.ndarray:
+  """values (any shape; NaN kept) as a table prints them with `digits` decimals (the number the
+  formatted text reads back as); None: unchanged."""
+  v = np.asarray(values, float)
+  if digits is None:
+    return v
+  return np.vectorize(lambda x: x if np.isnan(x) else float(f"{x:.{digits}f}"),
+                      otypes=[float])(v) if v.size else v
 
 
 def mark_row(means, stds) -> Tuple[np.ndarray, np.ndarray]:
@@ -214,7 +228,9 @@ def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
     ours = np.where(is_paper[None, :], np.nan, mean)
     # Beside the paper's numbers, a cell below the paper's setup competes for nothing.
     ranked = np.where(below, np.nan, ours) if paper else ours
-    rule = [mark_row(ranked[i], std[i]) for i in range(len(rows))]
+    # Marks and ranks compare the numbers as printed (as_printed): equal as shown, equal here.
+    ranked, shown_std = as_printed(ranked, digits), as_printed(std, digits)
+    rule = [mark_row(ranked[i], shown_std[i]) for i in range(len(rows))]
     bold = np.array([b for b, _ in rule], bool).reshape(mean.shape)
     under = np.array([u for _, u in rule], bool).reshape(mean.shape)
     unranked = is_paper | (below.any(axis=0) if paper else False)
@@ -228,7 +244,8 @@ def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
     type_avg = {t: _average(averaged[[r[0] == t for r in rows]]) for t in types}
     avg, complete = _average(averaged)
     blocks.append(Block(name=name, mean=mean, std=std, bold=bold, under=under, type_avg=type_avg,
-                        avg=avg, complete=complete, avg_rank=average_ranks(ours), digits=digits,
+                        avg=avg, complete=complete,
+                        avg_rank=average_ranks(as_printed(ours, digits)), digits=digits,
                         metric=what, columns=columns, paper=is_paper, lo=lo, hi=hi,
                         notes=notes, marks=marks, unranked=unranked, extra=extra))
   return Table(rows=rows, algos=algos, blocks=blocks)
@@ -264,11 +281,13 @@ def _average(mean) -> Tuple[np.ndarray, np.ndarray]:
   return avg, count == mean.shape[0]
 
 
-def summary_best(values, highest=True, complete=None, exclude=None) -> np.ndarray:
+def summary_best(values, highest=True, complete=None, exclude=None,
+                 digits: Optional[int] = None) -> np.ndarray:
   """bool [K]: the bold cells of a summary row (an average, an average rank): the best of
   `values` (never an `exclude`d column: the paper's); among the complete columns only, when some
-  are complete (an algorithm run on one easy task must not win the average)."""
-  v = np.asarray(values, float)
+  are complete (an algorithm run on one easy task must not win the average). digits: compared as
+  printed with that many decimals (as_printed): values equal as shown are all bold."""
+  v = as_printed(values, digits)
   if exclude is not None:
     v = np.where(exclude, np.nan, v)
   if complete is not None and np.any(complete & ~np.isnan(v)):

@@ -156,7 +156,7 @@ def mark_footnotes(b: Block) -> List[str]:
 
 
 def _md_summary_row(label, values, complete, highest, digits=1, paper=None) -> str:
-  best = summary_best(values, highest, complete, exclude=paper)
+  best = summary_best(values, highest, complete, exclude=paper, digits=digits)
   cells = []
   for j, v in enumerate(values):
     text = _fmt(v, digits)
@@ -292,7 +292,7 @@ def _tex_block(table: Table, b: Block) -> List[str]:
 
 
 def _tex_summary(label, values, complete, highest, paper, digits=1) -> str:
-  best = summary_best(values, highest, complete, exclude=paper)
+  best = summary_best(values, highest, complete, exclude=paper, digits=digits)
   cells = []
   for j, v in enumerate(values):
     text = _fmt(v, digits) + ("" if complete[j] else "^*")

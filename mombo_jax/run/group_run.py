@@ -8,6 +8,7 @@ resume the rows of an evaluation a killed launch lost (recover).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import threading
@@ -169,12 +170,33 @@ def record(r: GroupRun, returns, last, epoch, snap=None):
     r.loggers.write(new)
 
 
+# Evaluation intervals the progress line's steps/s is averaged over (runner.loop: a moving average;
+# a launch-long mean hides a change of pace, one interval's is noisy).
+RATE_POINTS = 3
+
+
+class Pace:
+  """The progress line's steps/s: a moving average over the last RATE_POINTS evaluation
+  intervals (the launch's start counting as the first point)."""
+
+  def __init__(self, epoch: int, now: float):
+    self.marks = collections.deque([(epoch, now)], maxlen=RATE_POINTS + 1)
+
+  def rate(self, epoch: int, now: float, steps_per_epoch: int) -> float:
+    """Records the point (epoch, now); steps per second (steps_per_epoch: of all cells) since the
+    oldest point kept."""
+    self.marks.append((epoch, now))
+    (e0, t0), (e1, t1) = self.marks[0], self.marks[-1]
+    return (e1 - e0) * steps_per_epoch / max(t1 - t0, 1e-9)
+
+
 def log_progress(r: GroupRun, last, epoch, rate, eta, several_groups, snap=None):
   """The log line of group r's evaluation at epoch `epoch` (snap: as for `record`)."""
   c, cells = r.config, r.cells
   snap = snap or snapshot(r)
   log(f"epoch {epoch}/{c.epochs}{r.where(several_groups)}  {rate:.0f} steps/s (all "
-      f"{'seeds' if not several_groups else 'cells'})  score per seed "
+      f"{'seeds' if not several_groups else 'cells'}, moving average over up to the last "
+      f"{RATE_POINTS * c.eval_every} epochs)  score per seed "
       f"[{', '.join(f'{x:.1f}' for x in r.scores.mean(axis=1))}]  critic_loss "
       f"[{', '.join(f'{x:.3g}' for x in last['critic_loss'][cells])}]  q_mean "
       f"[{', '.join(f'{x:.4g}' for x in last['q_mean'][cells])}] (bound {snap['bound']:.4g})  "
@@ -191,7 +213,7 @@ def finish(r: GroupRun) -> dict:
   summary = outputs.summarise(r.rows, r.seeds, diverged, r.q)
   r.workdir.write_summary(summary)
   title = f"{algorithms.label(c.algo, c.target, 'title')} on {g.dataset}"
-  r.workdir.plot(r.rows, r.seeds, title, sorted(r.diverged))
+  r.workdir.plot(r.rows, r.seeds, title, sorted(r.diverged), r.dataset_score)
   log(f"{finish_line(summary, r.q, r.dataset_score)}; wrote {g.workdir}")
   return summary
 
@@ -212,7 +234,9 @@ def finish_line(summary: dict, q=None, dataset_score=None) -> str:
   if q is not None and q.flagged():
     line += (f"; seed(s) {q.flagged()} overestimated (mean Q above the return bound "
              f"{q.bound:.4g})")
-  return line
+  # What the two numbers are, where a newcomer reads them first.
+  return line + (" [+-: the std over the seeds; AULC: the mean score over all evaluations; "
+                 "docs/protocol.md]")
 
 
 def _num(x):

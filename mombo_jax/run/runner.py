@@ -349,6 +349,7 @@ def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_
   if unwritten:
     group_run.recover(unwritten, program, eval_workers, should_stop)
   epoch, pace, t_start = program.start, None, time.time()
+  pace_line = group_run.Pace(epoch, t_start)      # the progress line's moving-average steps/s
   while epoch < end:
     stop_requested(epoch)
     n = chunk_length(epoch, end, config.eval_every, pace)
@@ -370,8 +371,7 @@ def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_
       continue
     flush(epoch)                 # the previous point's rows first: metrics.csv in epoch order
     last = {k: np.asarray(v[n - 1]) for k, v in metrics.items() if not k.startswith("diverged")}
-    rate = (epoch - program.start) * config.steps_per_epoch * program.num_cells / max(
-        time.time() - t_start, 1e-9)
+    rate = pace_line.rate(epoch, time.time(), config.steps_per_epoch * program.num_cells)
     eta = (config.epochs - epoch) * config.steps_per_epoch * program.num_cells / max(rate, 1e-9)
     actors = distributed.to_host(program.state.agent.actor.params)
     snaps = [group_run.snapshot(r) for r in runs]

@@ -143,6 +143,7 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
   --beta is part of the cells' folder names (<algo>[-<target>]-beta<b>), so sweeps of several
   betas share one --out; so is a --reference other than the algorithm's default source
   (<algo>[-<target>]-<reference>; an algorithm without that source is refused)."""
+  from mombo_jax.core import algorithms
   from mombo_jax.records import workdir as workdir_lib
   from mombo_jax.settings import config as config_lib
   if not envs:
@@ -165,7 +166,11 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
     overrides["schedule_epochs"] = overrides["schedule_epochs"] or None
   cells = []
   for env in envs:
-    for algo in algos:
+    for spec in algos:
+      try:   # MODULE:NAME imported (the cell's launch gets the same); a name: make_config's check
+        algo = algorithms.from_spec(spec) if ":" in spec else spec
+      except ValueError as e:
+        raise UserError(f"`algos` {spec}: {e}", params=("algos",)) from None
       try:
         config = config_lib.make_config(env, algo, budget.get("preset", "paper"), seed=seed,
                                         num_seeds=seeds, **overrides)
@@ -175,7 +180,7 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
       workdir = workdir_lib.run_dir(out, env, algo, target, seed, seeds, budget.get("beta"),
                                     config.reference)
       dynamics_dir = workdir_lib.grid_dynamics_dir(out, env)
-      command = [python, "-m", "experiments.run", f"--env={env}", f"--algo={algo}",
+      command = [python, "-m", "experiments.run", f"--env={env}", f"--algo={spec}",
                  f"--seeds={seeds}", f"--seed={seed}", f"--workdir={workdir}",
                  f"--dynamics_dir={dynamics_dir}"]
       command += [f"--{k}={v}" for k, v in budget.items()]

@@ -17,8 +17,8 @@ ENVS = ("halfcheetah", "hopper", "walker2d")
 D4RL_QUALITIES = ("random", "medium", "medium-replay", "medium-expert", "expert")
 MIXED_PARTNERS = ("medium", "expert")
 MIXED_PERCENTS = (1, 5, 10, 50)
-ALGOS = ("mombo", "mobile", "mopo")      # the paper's (the CLI's --algo); any registered name
-                                        # (mombo_jax.core.algorithms) trains from the Python API
+ALGOS = ("mombo", "mobile", "mopo")      # the paper's, with reference tables; any registered name
+                                        # (mombo_jax.core.algorithms) trains (the CLI's --algo)
 TARGETS = ("lcb", "elite_spread", "mixture")
 
 
@@ -245,7 +245,9 @@ class Preset:
 # and the README quick start, same code path, fewer and smaller everything; they build a missing
 # random dataset (fast, no online SAC run) at a reduced size.
 PRESETS = {
-    "paper": Preset({}, build_missing=False, build_steps=1_000_000, require_full=True),
+    # The paper's protocol: 4 seeds per task (its Table 1: mean +- std over 4 seeds).
+    "paper": Preset(dict(num_seeds=4), build_missing=False, build_steps=1_000_000,
+                    require_full=True),
     # README command 1 within 5 minutes on a 2-core CPU, install included (issue #28; timed by
     # benchmarks/quickstart.py): 20k gradient steps per seed of 128x128 networks on batches of 64
     # (elite_spread's CPU time per step ~9x below 256x256 on 256), since hopper-random's score

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mombo_jax.core import cell_layout
+from mombo_jax.settings import environment
 from mombo_jax.run import groups as groups_lib, runner
 from mombo_jax.records.workdir import Workdir
 
@@ -29,7 +30,7 @@ def _state(workdir):
 @pytest.mark.slow
 def test_a_vmapped_grid_stopped_and_resumed_ends_where_the_uninterrupted_one_ends(
     hopper_random_2000, tmp_path, monkeypatch):
-  monkeypatch.setenv(cell_layout.ENV, "vmap")
+  monkeypatch.setenv(environment.CELLS_ENV, "vmap")
   seen = []
   over_cells = cell_layout.over_cells
   monkeypatch.setattr(cell_layout, "over_cells",

@@ -38,7 +38,9 @@ def main():
   print("\n## JAX")
   print(f"jax {jax.__version__}; backend {jax.default_backend()}; devices: "
         + ", ".join(f"{d.device_kind} ({d.platform})" for d in jax.devices()))
-  print(f"cell layout: {__import__('mombo_jax.core.cell_layout', fromlist=['x']).layout()}")
+  from mombo_jax.core import cell_layout
+  from mombo_jax.settings import environment
+  print(f"cell layout: {cell_layout.layout(environment.cells())}")
   print("\n## The kit (benchmarks.device.prepare's manifest)")
   print(json.dumps(kit_lib.read_manifest(args.kit), indent=1))
   print(f"commit of this checkout: {kit_lib.git_commit()}")

@@ -8,7 +8,7 @@ that would not end before the part's soft deadline is named as skipped):
    s per epoch (best of 2 after a warm-up), per cell, memory (XLA's arguments + temporaries). Each
    program is the runner's own device call, train.make_cells_chunk, called with one epoch and its
    metrics pulled to the host as runner.loop does; cells vmapped (the GPU's layout).
-2. the runner's chunk length (runner.CHUNK_SECONDS, 3 s): MOPO at 16 cells, the epochs of one
+2. the runner's chunk length (program.CALL_SECONDS, 3 s): MOPO at 16 cells, the epochs of one
    3-second call against a call of CHUNK_LONG epochs (one compile serves both: n is traced);
 3. the evaluation's share of wall time at 16 cells: one evaluation (16 cells x 10 episodes x 1000
    steps, evaluate.Evaluator over env_pool's workers as the runner sizes them; benchmarks/bench_eval
@@ -86,7 +86,7 @@ def main():
   import jax
   import numpy as np
   from benchmarks import bench_eval, bench_scale, common
-  from mombo_jax.run import runner
+  from mombo_jax.run import program
   from mombo_jax.env import env_pool
   from mombo_jax.settings import config as config_lib
   rng = np.random.default_rng(0)
@@ -107,17 +107,19 @@ def main():
 
   # 1. whole epochs, one table per cell count; after the first (16 cells): 2. and 3.
   from mombo_jax.core import cell_layout
+  from mombo_jax.settings import environment
   chunk_rows = []
   chunk_at = (16, "mopo") if not sz.smoke else (sz.cells[0], sz.algos_c[-1])
   long_n = CHUNK_LONG if not sz.smoke else 4
 
   def chunk_length(run, seconds):
-    n3 = runner.chunk_length(0, 10**9, long_n, seconds)
+    n3 = program.chunk_length(0, 10**9, long_n, seconds)
     for n in dict.fromkeys((n3, long_n)):
       chunk_rows.append((n, run(n) / n))
 
   def epochs_table(cells):
-    say(f"\n## 1. Whole epochs at {cells} cell(s) in one program (cells: {cell_layout.layout()})")
+    how = cell_layout.layout(environment.cells())
+    say(f"\n## 1. Whole epochs at {cells} cell(s) in one program (cells: {how})")
     say("| algorithm | cells | compile s | s / epoch | s / epoch / cell | memory (args + temp) |")
     say("|---|---|---|---|---|---|")
     for name in sz.algos_c:
@@ -146,7 +148,7 @@ def main():
       return
     cells, name = chunk_at
     say(f"\n## 2. The runner's chunk length: {LABELS[name]}, {cells} cells, one call of n epochs "
-        f"(runner.CHUNK_SECONDS = {runner.CHUNK_SECONDS:g} s gives n = {chunk_rows[0][0]})")
+        f"(program.CALL_SECONDS = {program.CALL_SECONDS:g} s gives n = {chunk_rows[0][0]})")
     say("| epochs per call | s / epoch | x the longest call's |")
     say("|---|---|---|")
     for n, per in chunk_rows:

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from mombo_jax.core import buffer, critics, dynamics, rollout, termination
+from mombo_jax.data.transitions import Transitions
 from mombo_jax.dynamics import dynamics_training, training_data
 from mombo_jax.settings import config as config_lib
-from mombo_jax.data.transitions import Transitions
 
 OBS_DIM, ACTION_DIM = 11, 3
 

@@ -35,9 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from benchmarks.bench_epoch_changes import build, synthetic, ROWS
+from benchmarks.bench_epoch_changes import ROWS, build, synthetic
 from mombo_jax.core import buffer, critics, train, xla_options
-
 
 
 @jax.custom_vjp

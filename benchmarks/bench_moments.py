@@ -43,10 +43,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from mombo_jax.core import buffer, critics, sac, targets  # noqa: E402
-from mombo_jax.settings import config as config_lib
 from mombo_jax.core.critics import MMCritic  # noqa: E402
-from mombo_jax.core.monte_carlo import mc_moments  # noqa: E402
 from mombo_jax.core.moments import mm_linear, mm_relu  # noqa: E402
+from mombo_jax.core.monte_carlo import mc_moments  # noqa: E402
+from mombo_jax.settings import config as config_lib
 
 BATCH, OBS_DIM, ACT_DIM, HIDDEN = 256, 17, 6, (256, 256)
 MC_SAMPLES = (2, 10, 100, 10000)

@@ -28,6 +28,7 @@ from mombo_jax.collection import online_sac, options
 from mombo_jax.data import scores
 from mombo_jax.env import envs
 
+
 def _load() -> str:
   one, five, fifteen = os.getloadavg()
   return f"{one:.2f} {five:.2f} {fifteen:.2f} (1/5/15 min; {os.cpu_count()} visible cores)"

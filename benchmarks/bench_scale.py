@@ -67,10 +67,9 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.bench_train import ACT, OBS, _filled_ring, _real
-from mombo_jax.core import buffer, dynamics, moments, sac, targets
+from mombo_jax.core import buffer, dynamics, moments, sac, targets, termination, train
 from mombo_jax.env import envs
 from mombo_jax.settings import config as config_lib
-from mombo_jax.core import termination, train
 
 # name -> (algo, MOMBO target; MOBILE and MOPO ignore the target), the order of the tables.
 ALGOS = {"mombo": ("mombo", "elite_spread"), "mombo_lcb": ("mombo", "lcb"),

@@ -133,10 +133,9 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
   from mombo_jax import signals
-  from mombo_jax.run import compilation_cache, console, distributed, runner
-  from mombo_jax.settings import config as config_lib
-  from mombo_jax.run import groups as groups_lib
   from mombo_jax.records import workdir as workdir_lib
+  from mombo_jax.run import compilation_cache, console, distributed, groups as groups_lib, runner
+  from mombo_jax.settings import config as config_lib
   stop = signals.StopFlag()
   stop.install()
   # before anything touches JAX's devices

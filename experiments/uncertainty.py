@@ -80,7 +80,6 @@ import os
 from absl import flags, logging
 
 from experiments import _cli
-
 from mombo_jax.analysis import uncertainty_runs
 
 FLAGS = flags.FLAGS

@@ -22,11 +22,11 @@ TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, ev
 def tiny_run(hopper_random_2000, tmp_path_factory):
   """(workdir, CellState [2 seeds]) of a 2-seed MOMBO run folder on hopper-random."""
   import jax
-  from mombo_jax.core import buffer, dynamics
-  from mombo_jax.data import transitions as transitions_lib, provenance
-  from mombo_jax.settings import config as config_lib
-  from mombo_jax.core import train as train_lib
+
+  from mombo_jax.core import buffer, dynamics, train as train_lib
+  from mombo_jax.data import provenance, transitions as transitions_lib
   from mombo_jax.records.workdir import Workdir
+  from mombo_jax.settings import config as config_lib
   workdir = str(tmp_path_factory.mktemp("tiny_mombo_run"))
   wd = Workdir(workdir)
   config = config_lib.make_config(DATASET, "mombo", preset="tiny", **TINY)

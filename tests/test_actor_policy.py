@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from mombo_jax.collection import recording, saved_actors
+from mombo_jax.collection.online_sac import online_config
 from mombo_jax.core import actor_policy, critics, sac
 from mombo_jax.storage import atomic
-from mombo_jax.collection.online_sac import online_config
 
 HIDDEN, OBS, ACT = (8, 8), 5, 3
 

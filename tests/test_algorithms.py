@@ -14,8 +14,8 @@ import pytest
 
 from mombo_jax.core import algorithms, targets
 from mombo_jax.core.epoch_settings import epoch_settings
-from mombo_jax.settings import config as config_lib
 from mombo_jax.records.workdir import run_dir
+from mombo_jax.settings import config as config_lib
 
 
 # --- a toy algorithm, as a user writes it (docs/architecture.md, "Add an algorithm") -----------
@@ -119,6 +119,7 @@ def test_a_registered_algorithm_shows_up_in_the_algo_flag():
   """--algo's choices are the registry's: TOY (registered above) is in its help and parses;
   MODULE:NAME imports the module; a bad value names the registered ones."""
   from absl import flags
+
   from experiments import _cli
   _cli.define_algo("algo_probe", "mombo", "Probe.")
   try:
@@ -144,6 +145,7 @@ def test_the_docs_example_runs_as_printed_outside_the_package(hopper_random_2000
   it."""
   import subprocess
   import sys
+
   from mombo_jax.errors import UserError
   from mombo_jax.records.workdir import Workdir, config_from_record
   module, commands = _docs_example()

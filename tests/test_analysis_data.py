@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from mombo_jax.analysis import trained
-from mombo_jax.data import transitions as transitions_lib, provenance
+from mombo_jax.data import provenance, transitions as transitions_lib
 from mombo_jax.records.workdir import Workdir
 from tests.conftest import minari_root_at
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401  (session fixture)

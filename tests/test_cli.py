@@ -44,6 +44,7 @@ def _drive():
   import io
 
   from absl import flags
+
   from experiments import _cli
   results = []
   for program, args in json.load(sys.stdin):

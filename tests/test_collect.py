@@ -16,7 +16,7 @@ import pytest
 from mombo_jax import errors
 from mombo_jax.collection import online_sac, options, recipes, recording, saved_actors
 from mombo_jax.core import actor_policy
-from mombo_jax.data import transitions as transitions_lib, minari_io, provenance, scores
+from mombo_jax.data import minari_io, provenance, scores, transitions as transitions_lib
 from mombo_jax.env import envs
 from tests.conftest import minari_root_at
 

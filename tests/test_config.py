@@ -167,9 +167,9 @@ def test_config_json_names_the_source_and_old_records_keep_theirs(tmp_path):
   """config.json records `reference`; a record written before it existed is read as the table it
   came from (MOBILE: its authors'), so a resume with today's default is refused, not silently
   continued under another table, and the report labels the difference."""
+  from mombo_jax.errors import UserError
   from mombo_jax.records import workdir as workdir_lib
   from mombo_jax.report import labels
-  from mombo_jax.errors import UserError
   make = config_lib.make_config
   kit = make("halfcheetah-medium-expert", "mobile", "tiny")
   authors = make("halfcheetah-medium-expert", "mobile", "tiny", reference="authors")

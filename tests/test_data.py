@@ -8,10 +8,10 @@ import minari
 import numpy as np
 import pytest
 
-from mombo_jax.settings import config as config_lib
 from mombo_jax import errors
-from mombo_jax.data import transitions as transitions_lib, minari_io, names, scores
+from mombo_jax.data import minari_io, names, scores, transitions as transitions_lib
 from mombo_jax.env import envs
+from mombo_jax.settings import config as config_lib
 from tests.conftest import minari_root_at
 
 TINY_ID = "test/hopper/tiny-v0"

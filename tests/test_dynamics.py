@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax.settings import config as config_lib
 from mombo_jax.core import dynamics, termination
-from mombo_jax.dynamics import dynamics_training, saved_dynamics, training_data
 from mombo_jax.data.transitions import Transitions
+from mombo_jax.dynamics import dynamics_training, saved_dynamics, training_data
+from mombo_jax.settings import config as config_lib
 
 # Tiny ensemble: 3 members, 2 elites, 2 x 32 hidden.
 TINY = dict(dyn_hidden=(32, 32), dyn_weight_decay=(2.5e-5, 5e-5, 1e-4), dyn_members=3,
@@ -328,7 +328,7 @@ def test_termination_of_non_finite_and_far_states():
 def test_train_dynamics_cli(tmp_path, monkeypatch):
   """experiments.train_dynamics' work (dynamics_store.train_dynamics) end to end on a tiny
   in-memory dataset (no Minari, no network)."""
-  from mombo_jax.data import transitions as transitions_lib, provenance
+  from mombo_jax.data import provenance, transitions as transitions_lib
   from mombo_jax.dynamics import dynamics_store
   from mombo_jax.errors import UserError
   rng = np.random.default_rng(0)

@@ -16,13 +16,13 @@ import pytest
 
 from mombo_jax.core import dynamics, key_scheme
 from mombo_jax.data import provenance
+from mombo_jax.data.transitions import Transitions
 from mombo_jax.dynamics import dynamics_store, dynamics_training, saved_dynamics
+from mombo_jax.errors import UserError
 from mombo_jax.records import workdir as workdir_lib
 from mombo_jax.settings import config as config_lib
-from mombo_jax.storage import checkpoint
 from mombo_jax.settings.config import Config
-from mombo_jax.data.transitions import Transitions
-from mombo_jax.errors import UserError
+from mombo_jax.storage import checkpoint
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401
 
 # One valid other value per training setting, for the tiny preset's config.

@@ -103,6 +103,7 @@ def test_each_group_of_a_launch_is_evaluated_in_its_datasets_env(datasets):
   """group_run.build_evaluators gives groups of datasets with other physics their own Evaluator
   (and shares one between groups of the same)."""
   from types import SimpleNamespace
+
   from mombo_jax.run import group_run
   config = make_config("walker2d-medium", preset="tiny", actor_hidden=(8,), num_seeds=1,
                        eval_episodes=1)

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mombo_jax.core.critics import TanhGaussianActor
 from mombo_jax.env import env_pool, envs, evaluate
 from mombo_jax.settings.config import make_config
-from mombo_jax.core.critics import TanhGaussianActor
 
 HOPPER_OBS, HOPPER_ACT = 11, 3
 
@@ -254,9 +254,10 @@ def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path,
   Evaluator, the others share one."""
   import dataclasses
   import functools
+
+  from mombo_jax.records.workdir import Workdir
   from mombo_jax.run import group_run, overestimation
   from mombo_jax.run.groups import Group
-  from mombo_jax.records.workdir import Workdir
   monkeypatch.setattr(evaluate, "Evaluator",
                       functools.partial(evaluate.Evaluator, max_episode_steps=30))
   configs = [dataclasses.replace(config, seed=0, num_seeds=2, eval_episodes=2),

@@ -12,11 +12,10 @@ import pytest
 from mombo_jax.collection import dataset_writer
 from mombo_jax.core import buffer
 from mombo_jax.data import minari_io
-from mombo_jax.run import runner
-from mombo_jax.settings import config as config_lib
-from mombo_jax.run import groups as groups_lib
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import LOCK, Workdir
+from mombo_jax.run import groups as groups_lib, runner
+from mombo_jax.settings import config as config_lib
 
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
 SHORT = "mombo/hopper/short-random-v0"     # a shorter second hopper dataset (padded in the stack)

@@ -13,8 +13,7 @@ import pytest
 
 from mombo_jax import errors
 from mombo_jax.collection import cards, d4rl, d4rl_physics
-from mombo_jax.data import d4rl_stats, minari_io, provenance, scores
-from mombo_jax.data import transitions as transitions_lib
+from mombo_jax.data import d4rl_stats, minari_io, provenance, scores, transitions as transitions_lib
 from mombo_jax.env import envs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,8 +8,8 @@ import struct
 
 import pytest
 
-from mombo_jax.run import loggers
 from mombo_jax.errors import UserError
+from mombo_jax.run import loggers
 
 RECORD = dict(dataset="hopper-random", algo="mombo", target="elite_spread", beta=0.5,
               steps_per_epoch=10, seed=3, num_seeds=2, epochs=3, data={"transitions": 2000})

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mombo_jax.core import buffer
-from mombo_jax.run import overestimation, runner
 from mombo_jax.records import outputs
+from mombo_jax.run import overestimation, runner
 
 
 def _batch(rewards):

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 import mombo_jax
+from mombo_jax.errors import UserError
+from mombo_jax.records import outputs
 from mombo_jax.report import paper_results, protocols, results, tables, writer
 from mombo_jax.report.labels import algo_label, base_algo, label_key
 from mombo_jax.report.paper_setup import paper_dataset
-from mombo_jax.records import outputs
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import atomic
-from mombo_jax.errors import UserError
 
 NAN = np.nan
 

@@ -11,14 +11,14 @@ import os
 import numpy as np
 import pytest
 
+from mombo_jax.errors import UserError
+from mombo_jax.records import outputs
+from mombo_jax.records.workdir import Workdir
 from mombo_jax.report import results, writer
 from mombo_jax.run import group_run, overestimation
-from mombo_jax.records import outputs
+from mombo_jax.run.groups import Group
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import atomic
-from mombo_jax.errors import UserError
-from mombo_jax.run.groups import Group
-from mombo_jax.records.workdir import Workdir
 from tests.test_report import _md_block, _number, _write_run
 
 FINAL = "Normalised score (final evaluation)"

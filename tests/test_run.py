@@ -13,15 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax.core import buffer, dynamics, sac
-from mombo_jax.data import transitions as transitions_lib, provenance, scores
-from mombo_jax.run import compilation_cache, preflight, run_dataset, runner
+from mombo_jax.core import buffer, dynamics, placement, sac, train as train_lib
+from mombo_jax.data import provenance, scores, transitions as transitions_lib
 from mombo_jax.dynamics import dynamics_store
-from mombo_jax.records import outputs
-from mombo_jax.settings import config as config_lib
-from mombo_jax.core import placement, train as train_lib
 from mombo_jax.errors import UserError
+from mombo_jax.records import outputs
 from mombo_jax.records.workdir import Workdir
+from mombo_jax.run import compilation_cache, preflight, run_dataset, runner
+from mombo_jax.settings import config as config_lib
 
 DATASET = "hopper-random"
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -589,6 +588,7 @@ def test_evaluation_overlaps_the_next_device_call(dataset, dyn_dir, tmp_path, mo
   epoch 2 is dispatched: the fake returns wait for that dispatch (a sequential loop would make
   them time out). The rows are the same as an uninterrupted run's."""
   import threading
+
   from mombo_jax.run import group_run
   straight, _ = mombo_run
   dispatched, waited = threading.Event(), {}

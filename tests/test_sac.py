@@ -10,8 +10,8 @@ import pytest
 
 from mombo_jax.core import sac
 from mombo_jax.core.buffer import Batch
-from mombo_jax.settings.config import make_config
 from mombo_jax.core.critics import sample_tanh_gaussian
+from mombo_jax.settings.config import make_config
 
 OBS_DIM, ACT_DIM, B = 5, 2, 16
 
@@ -284,6 +284,7 @@ def pendulum_config():
 
 def run_pendulum(seed=0):
   import gymnasium as gym
+
   from mombo_jax.collection import online_sac
   result = online_sac.train_sac(lambda: gym.make("Pendulum-v1"), pendulum_config(), PENDULUM_STEPS,
                              start_steps=500, eval_every=PENDULUM_EVAL_EVERY, eval_episodes=3,

@@ -14,12 +14,12 @@ import sys
 
 import pytest
 
-from mombo_jax.run import run_dataset, runner
 from mombo_jax.dynamics import dynamics_store
-from mombo_jax.settings import config as config_lib
-from mombo_jax.storage import checkpoint, locks
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import Workdir
+from mombo_jax.run import run_dataset, runner
+from mombo_jax.settings import config as config_lib
+from mombo_jax.storage import checkpoint, locks
 
 DATASET = "hopper-random"
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -175,6 +175,7 @@ def test_a_half_deleted_step_is_removed_in_one_line_before_orbax_sees_it(tmp_pat
   launch (the lock holder) removes it before Orbax lists it, in one note line, and reading the
   run afterwards logs none of Orbax's "Metadata file does not exist" warnings."""
   import shutil
+
   import numpy as np
   wd = Workdir(str(tmp_path / "run"))
   ckpt = wd.checkpointer()
@@ -237,6 +238,7 @@ def test_a_failed_checkpoint_save_is_one_error_and_leaves_nothing(tmp_path, monk
   is removed and the earlier checkpoint restores."""
   import numpy as np
   import orbax.checkpoint as ocp
+
   from mombo_jax.storage import checkpoint
   ckpt = checkpoint.RunCheckpointer(str(tmp_path / "ck"))
   state = {"w": np.arange(4, dtype=np.float32)}
@@ -272,7 +274,9 @@ def test_a_save_that_cannot_fit_is_refused_before_orbax_writes(tmp_path, monkeyp
   """Less free space than the state's raw size: refused in one line with both sizes, before
   Orbax writes anything (its mid-write failures come with pages of tensorstore noise)."""
   import collections
+
   import numpy as np
+
   from mombo_jax.storage import checkpoint, checkpoint_files
   ckpt = checkpoint.RunCheckpointer(str(tmp_path / "ck"))
   usage = collections.namedtuple("usage", "total used free")

@@ -29,8 +29,8 @@ def _train(out_path):
   restored checkpoint; saves the state and metrics leaves of both."""
   import jax
   import jax.numpy as jnp
-  from mombo_jax.core import buffer, dynamics
-  from mombo_jax.core import placement, train as train_lib
+
+  from mombo_jax.core import buffer, dynamics, placement, train as train_lib
 
   cfg = _tiny_config(SEEDS)
   rng = np.random.default_rng(0)
@@ -79,9 +79,11 @@ def _check_shards(ckpt, step, state):
   lists a CRC32 for each device's block of cells (one device: one CRC32 a leaf), and a block whose
   bytes disagree is named on restore. A group's cells (placement.take_cells) stay where they are."""
   import json
+
   import jax
-  from mombo_jax.storage import checkpoint
+
   from mombo_jax.core import placement
+  from mombo_jax.storage import checkpoint
   devices = len(jax.devices())
   step_dir = ckpt.path(step)
   with open(os.path.join(step_dir, "meta", "metadata")) as f:
@@ -129,8 +131,8 @@ def _refuse():
   """make_cells_epoch and the launch's validate (experiments.run's checks) refuse 3 seeds on 4
   devices."""
   from mombo_jax.core import train as train_lib
-  from mombo_jax.run import preflight
   from mombo_jax.errors import UserError
+  from mombo_jax.run import preflight
   try:
     train_lib.make_cells_epoch(_tiny_config(3), 3)
   except ValueError as e:

@@ -12,13 +12,12 @@ import jax
 import numpy as np
 import pytest
 
-from mombo_jax.settings import config as config_lib
-from mombo_jax import errors
+from mombo_jax import errors, signals
 from mombo_jax.collection import dataset_writer, online_sac, recipes
 from mombo_jax.data import minari_io
-from mombo_jax.env import envs
-from mombo_jax import signals
 from mombo_jax.dynamics import dynamics_training
+from mombo_jax.env import envs
+from mombo_jax.settings import config as config_lib
 from tests.conftest import minari_root_at
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -133,6 +132,7 @@ def test_sigterm_mid_dynamics_epoch_stops_within_seconds(tmp_path):
   assert "minibatches an epoch" in out and "dynamics epoch 1:" not in out, out
   assert "Traceback" not in out and "the same command resumes" in out, out
   import glob
+
   from mombo_jax.storage import checkpoint
   found = glob.glob(str(tmp_path / "dyn" / "seed0x4*.partial"))   # <path>.partial (workdir)
   assert len(found) == 1, found
@@ -275,9 +275,10 @@ def test_a_stop_during_an_evaluation_does_not_wait_for_it_and_resumes_bit_for_bi
   (its checkpoint holds what its rows need), writes that evaluation's rows and ends with the
   metrics, summary and parameters of an uninterrupted run."""
   import threading
+
   from mombo_jax.env import env_pool
-  from mombo_jax.run import runner
   from mombo_jax.records.workdir import Workdir
+  from mombo_jax.run import runner
   cfg = config_lib.make_config(hopper_random_2000, "mombo", preset="tiny", epochs=2,
                                steps_per_epoch=5, rollout_batch_size=32, eval_every=1,
                                eval_episodes=1)
@@ -314,6 +315,7 @@ def test_a_launch_passes_its_stop_on_to_the_collector_it_started(tmp_path):
   sent to the launch alone reaches the child as a stop request (SIGUSR1 to its StopFlag), which
   stops as from a first signal (143) and is not taken as a second one (no abort)."""
   import threading
+
   from mombo_jax import signals
   ready = tmp_path / "ready"
   child = ("import sys, time\nfrom mombo_jax import signals\nf = signals.StopFlag()\nf.install()\n"

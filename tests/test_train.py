@@ -8,10 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax.core import buffer, dynamics
-from mombo_jax.settings import config as config_lib
-from mombo_jax.core import placement, train as train_lib
+from mombo_jax.core import buffer, dynamics, placement, train as train_lib
 from mombo_jax.core.epoch_settings import epoch_settings
+from mombo_jax.settings import config as config_lib
 
 S_DIM, A_DIM, N = 11, 3, 256
 SEEDS = 2

@@ -397,6 +397,7 @@ def test_table_has_the_readings_blocks_and_columns(tmp_path):
   ones only; MOMBO's U as eq. (1) is MOMBO's (–, never a number, for MOBILE); no background
   document is cited."""
   import csv
+
   from mombo_jax.report import paper_results
   base = dict(run="r", env="hopper", dataset="hopper-random", target="", states="policy", epoch=1,
               beta=2.0, transitions=10, draws=5, num_policy=7, accuracy=0.5, tightness=-1.0,

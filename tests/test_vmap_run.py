@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from mombo_jax.core import cell_layout
-from mombo_jax.settings import environment
-from mombo_jax.run import groups as groups_lib, runner
 from mombo_jax.records.workdir import Workdir
+from mombo_jax.run import groups as groups_lib, runner
+from mombo_jax.settings import environment
 
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1,
             num_seeds=2)

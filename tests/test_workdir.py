@@ -9,10 +9,10 @@ import pytest
 
 from mombo_jax.core import key_scheme, train as train_lib
 from mombo_jax.dynamics import dynamics_store, saved_dynamics
-from mombo_jax.records import run_search, workdir as workdir_lib
-from mombo_jax.settings import config as config_lib
 from mombo_jax.errors import UserError
+from mombo_jax.records import run_search, workdir as workdir_lib
 from mombo_jax.records.workdir import Workdir
+from mombo_jax.settings import config as config_lib
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401
 
 

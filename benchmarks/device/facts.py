@@ -24,7 +24,7 @@ def main():
   print(f"# Device record, part a: the facts ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
   print(f"host: {platform.node()}; {platform.platform()}; Python {sys.version.split()[0]} "
         f"({sys.executable})")
-  from benchmarks import common     # /proc/cpuinfo's model name and the core count
+  from benchmarks import common  # /proc/cpuinfo's model name and the core count
   print(f"CPU: {common.cpu_name()}; load average {os.getloadavg()[0]:.1f}")
   try:
     with open("/proc/meminfo") as f:

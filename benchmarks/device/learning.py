@@ -166,8 +166,9 @@ def write_table(args, dataset, workdirs, epochs, train_s, dyn_s, sz) -> dict:
   """d_learning.md's tables (printed: they stream into the file) and d_curves.png; returns the
   rates (s per epoch of the three side by side)."""
   import numpy as np
-  from mombo_jax.report import paper_results
+
   from mombo_jax.records import outputs
+  from mombo_jax.report import paper_results
   seeds = list(range(sz.seeds))
   curves, done = {}, {}
   say(f"\n## {dataset}: normalised score, mean +- std over {sz.seeds} seeds (ddof 0, every seed), "

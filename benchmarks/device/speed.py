@@ -42,6 +42,7 @@ def time_program(name, cells, sz, rng, max_epochs, then=None):
   import jax
   import jax.numpy as jnp
   import numpy as np
+
   from benchmarks import bench_scale
   from mombo_jax.core import dynamics, train
   program = bench_scale.seeds_program(name, cells, sz.rollout, sz.steps, sz.real_rows, rng)
@@ -85,9 +86,10 @@ def main():
   os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", ".95")
   import jax
   import numpy as np
+
   from benchmarks import bench_eval, bench_scale, common
-  from mombo_jax.run import program
   from mombo_jax.env import env_pool
+  from mombo_jax.run import program
   from mombo_jax.settings import config as config_lib
   rng = np.random.default_rng(0)
   rates = {"epoch_s": {}, "compile_s": {}, "mem_gb": {}}

@@ -13,7 +13,6 @@ import optax
 
 from mombo_jax.core import sac
 
-
 # ---- ours: mombo_jax/core/sac.py update, split after the critics' optimiser step ----------------
 
 def ours_critic(agent, batch, key, target_fn, config):

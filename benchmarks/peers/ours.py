@@ -11,10 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.peers import work as work_lib
-from mombo_jax.core import buffer, dynamics, rollout, sac, targets
-from mombo_jax.settings import config as config_lib
-from mombo_jax.core import placement, termination, train
-from mombo_jax.settings import environment
+from mombo_jax.core import buffer, dynamics, placement, rollout, sac, targets, termination, train
+from mombo_jax.settings import config as config_lib, environment
 
 
 def make_config(work: work_lib.Work, seeds: int = 1, **overrides):

@@ -41,6 +41,7 @@ def _count_flops(side, steps):
   """{'xla', 'jaxpr'}: FLOPs of one span = rollout + steps x gradient step, each piece counted by
   XLA's cost analysis (the rollout's 5-step scan unrolled for the count) and on its jaxpr."""
   import jax
+
   from benchmarks import common
   out = {}
   roll_fn, roll_args = side.rollout_piece()
@@ -73,6 +74,7 @@ def worker(args):
     version = side.version
   else:
     import jax
+
     from benchmarks.peers import ours
     from mombo_jax.core import cell_layout
     from mombo_jax.settings import environment

@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax.core import dynamics
-from mombo_jax.report import labels
-from mombo_jax.records import outputs
-from mombo_jax.errors import InvalidArgument
 from mombo_jax.analysis.trained import SeedNets, load_data, load_run
+from mombo_jax.core import dynamics
+from mombo_jax.errors import InvalidArgument
+from mombo_jax.records import outputs
+from mombo_jax.report import labels
 
 
 def elite_gaussian(nets: SeedNets, obs, action, elite_rank: int = 0):

@@ -34,8 +34,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mombo_jax.errors import UserError
 from mombo_jax.core import actor_policy
+from mombo_jax.errors import UserError
 
 FORMAT = "mombo_jax.policy/1"
 _EXPORT_HINT = ("export one with: python -m experiments.export --run=DIR --seed=S "
@@ -116,6 +116,7 @@ class Policy:
       seed (the same key gives the same actions; draw a new one per call for fresh noise).
     """
     import jax
+
     from mombo_jax.env import envs
     obs = np.asarray(obs, np.float32)
     if obs.ndim not in (1, 2) or obs.shape[-1] != self.obs_dim:

@@ -37,12 +37,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mombo_jax.analysis.trained import SeedNets
 from mombo_jax.core import buffer, dynamics, targets, termination
-from mombo_jax.env import envs
+
 # The targets' own terminal rule (selection: a NaN behind a terminal stays out), not a copy.
 from mombo_jax.core.targets import _continue
+from mombo_jax.env import envs
 from mombo_jax.errors import InvalidArgument
-from mombo_jax.analysis.trained import SeedNets
 
 
 def selected_steps(length: int, every: int = 10) -> np.ndarray:

@@ -19,9 +19,9 @@ import numpy as np
 from flax.training.train_state import TrainState
 
 from mombo_jax.core import dynamics, sac
-from mombo_jax.settings import config as config_lib
 from mombo_jax.core.critics import sample_tanh_gaussian
 from mombo_jax.data import provenance, transitions as transitions_lib
+from mombo_jax.settings import config as config_lib
 
 
 @flax.struct.dataclass

@@ -68,6 +68,7 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
   the peak memory, TrainedRun.memory_line) and a progress line per seed."""
 
   import jax
+
   from mombo_jax.analysis import quantifier_quality, trained as trained_lib
   from mombo_jax.core import algorithms
   from mombo_jax.records.workdir import Workdir
@@ -176,6 +177,7 @@ def table_markdown(rows):
   numbers beside the as-trained accuracy and tightness), then the mean U and Bellman error per
   task and algorithm."""
   import numpy as np
+
   from mombo_jax.report import paper_results, tables, writer
   groups = {}
   for r in rows:

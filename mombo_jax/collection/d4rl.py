@@ -42,14 +42,14 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from mombo_jax.settings import config as config_lib
 from mombo_jax.collection import dataset_writer
-from mombo_jax.data import d4rl_stats, minari_io, names
-from mombo_jax.env import envs
 from mombo_jax.collection.d4rl_physics import OBS_TOLERANCE, replay_check, same_shaped_envs
+from mombo_jax.data import d4rl_stats, minari_io, names
+from mombo_jax.data.scores import D4RL_REF_SCORES
+from mombo_jax.env import envs
 from mombo_jax.env.envs import ACTION_DIM, OBS_DIM
 from mombo_jax.errors import UserError
-from mombo_jax.data.scores import D4RL_REF_SCORES
+from mombo_jax.settings import config as config_lib
 
 REQUIRED = ("observations", "actions", "rewards", "terminals", "timeouts")
 

@@ -11,9 +11,9 @@ from typing import Optional, Sequence
 
 from mombo_jax.collection import cards
 from mombo_jax.data import names, scores
+from mombo_jax.data.minari_io import PROVENANCE_KEY, datasets_root, env_name as dataset_env
 from mombo_jax.env import envs
 from mombo_jax.errors import UserError
-from mombo_jax.data.minari_io import PROVENANCE_KEY, datasets_root, env_name as dataset_env
 
 AUTHOR = "mombo_jax experiments/collect.py"
 

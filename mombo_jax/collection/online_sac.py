@@ -21,14 +21,18 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mombo_jax.core import algorithms
-from mombo_jax.env import envs, host_state
-from mombo_jax.core.actor_policy import numpy_actor
-from mombo_jax.errors import Interrupted, UserError
-from mombo_jax.collection.sac_checkpoints import (REPLAY_FIELDS, SacCheckpoints, SacResult,
-                                                  empty_replay, run_settings)
-from mombo_jax.core import sac
 from mombo_jax import signals
+from mombo_jax.collection.sac_checkpoints import (
+  REPLAY_FIELDS,
+  SacCheckpoints,
+  SacResult,
+  empty_replay,
+  run_settings,
+)
+from mombo_jax.core import algorithms, sac
+from mombo_jax.core.actor_policy import numpy_actor
+from mombo_jax.env import envs, host_state
+from mombo_jax.errors import Interrupted, UserError
 
 
 def _print(msg: str):
@@ -93,6 +97,7 @@ def _make_jitted(config):
   """
   import jax
   import jax.numpy as jnp
+
   from mombo_jax.core.buffer import Batch
   target_fn = functools.partial(sac.soft_target, config=config)
 

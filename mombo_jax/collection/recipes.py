@@ -36,19 +36,25 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from mombo_jax.collection import saved_actors
-from mombo_jax.data import minari_io, names
-from mombo_jax.env import envs
-from mombo_jax.settings.config import parse_name
 from mombo_jax.collection.dataset_writer import write_dataset
-from mombo_jax.collection.options import RECORD_FLAGS, SAC_FLAGS, Options, collect_command
-from mombo_jax.errors import UserError
-from mombo_jax.data.minari_io import read_episodes
 from mombo_jax.collection.online_sac import SEED_OFFSETS, _print, online_config, train_sac
+from mombo_jax.collection.options import RECORD_FLAGS, SAC_FLAGS, Options, collect_command
+from mombo_jax.collection.recording import (
+  mix_episodes,
+  random_policy,
+  replay_episodes,
+  rollout,
+  sac_policy,
+  summary,
+)
 from mombo_jax.collection.sac_checkpoints import SacResult, restore_sac
+from mombo_jax.data import minari_io, names
+from mombo_jax.data.minari_io import read_episodes
 from mombo_jax.data.provenance import RECIPE_STEPS
 from mombo_jax.data.scores import D4RL_REF_SCORES
-from mombo_jax.collection.recording import (mix_episodes, random_policy, replay_episodes, rollout,
-                                       sac_policy, summary)
+from mombo_jax.env import envs
+from mombo_jax.errors import UserError
+from mombo_jax.settings.config import parse_name
 
 SAC_QUALITIES = ("medium-replay", "medium", "expert", "medium-expert")
 

@@ -11,9 +11,9 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
+from mombo_jax.core import actor_policy
 from mombo_jax.env.envs import finish_episode, new_episode, record_step, step
 from mombo_jax.errors import Interrupted, InvalidArgument
-from mombo_jax.core import actor_policy
 
 
 def rollout(make_env: Callable, policy: Callable, num_steps: int, seed: int,

@@ -99,6 +99,7 @@ class SacCheckpoints:
   def restore(self, obs_dim: int, action_dim: int):
     """(state, meta) of the latest valid checkpoint, or (None, None) when there is none."""
     import jax
+
     from mombo_jax.core import sac
     from mombo_jax.storage import checkpoint
     try:

@@ -24,11 +24,11 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from mombo_jax.storage import atomic
-from mombo_jax.env.envs import GYM_IDS
-from mombo_jax.errors import UserError
 from mombo_jax.collection.online_sac import online_config
 from mombo_jax.core import sac
+from mombo_jax.env.envs import GYM_IDS
+from mombo_jax.errors import UserError
+from mombo_jax.storage import atomic
 
 ACTOR_FORMAT = "mombo_jax-actor-v1"
 ACTOR_QUALITIES = ("medium", "expert")

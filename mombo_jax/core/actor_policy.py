@@ -56,6 +56,7 @@ def actor_functions(shape: ActorShape) -> ActorFunctions:
   shape on first call)."""
   import jax
   import jax.numpy as jnp
+
   from mombo_jax.core.critics import TanhGaussianActor, deterministic_action, sample_tanh_gaussian
   actor = TanhGaussianActor(shape.hidden_dims, shape.action_dim, shape.log_std_min,
                             shape.log_std_max)
@@ -80,6 +81,7 @@ def numpy_actor(actor_params, log_std_min: float, log_std_max: float) -> Callabl
   costs tens of microseconds in numpy, several times less than a jitted call's dispatch, and the
   online loop acts once per environment step."""
   import jax
+
   from mombo_jax.core import sac
   hidden, (mean_w, mean_b), (std_w, std_b) = jax.tree.map(
       np.asarray, sac.actor_layers(jax.device_get(actor_params)))

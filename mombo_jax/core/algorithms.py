@@ -36,7 +36,6 @@ import sys
 from typing import Callable, Dict, Optional, Tuple
 
 
-
 @dataclasses.dataclass(frozen=True)
 class _Target:
   """targets.<name>, looked up when called (under jit: when traced, the same function): the

@@ -14,7 +14,6 @@ import jax.numpy as jnp
 from mombo_jax.core import inits
 from mombo_jax.core.moments import mm_linear, mm_relu
 
-
 # Kernels with at most this many output features (the critics' scalar heads) get their weight
 # gradient as XLA:CPU's gemv on x in place instead of x^T written out (0: never; the benchmark's
 # switch). Read when the backward is traced.

@@ -22,7 +22,6 @@ import jax.numpy as jnp
 
 from mombo_jax.core import inits, pieces
 
-
 # ----------------------------------------------------------------------------------------------
 # Model
 

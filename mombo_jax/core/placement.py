@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
 CELL_AXIS = "cells"
 
 

@@ -50,9 +50,9 @@ import numpy as np
 from jax import lax
 
 from mombo_jax.core.moments import mm_leaky_relu, mm_relu
-from mombo_jax.core.propagate_interp import (PropagateError, Sign, Unsupported,  # noqa: F401
-                                             bind, interpret)
+from mombo_jax.core.propagate_interp import PropagateError, Sign, Unsupported, bind, interpret  # noqa: F401
 from mombo_jax.errors import InvalidArgument
+
 
 class Gauss:
   """A random value in the interpreted program: mean and diagonal variance (same shape).

@@ -19,8 +19,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from mombo_jax.core import buffer as buffer_lib
-from mombo_jax.core import dynamics, targets, termination
+from mombo_jax.core import buffer as buffer_lib, dynamics, targets, termination
 
 
 def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,

@@ -26,8 +26,13 @@ from flax.training.train_state import TrainState
 
 from mombo_jax.core import pieces
 from mombo_jax.core.buffer import Batch
-from mombo_jax.core.critics import (CriticEnsemble, TanhGaussianActor, actor_layer_names,
-                                    deterministic_action, sample_tanh_gaussian)
+from mombo_jax.core.critics import (
+  CriticEnsemble,
+  TanhGaussianActor,
+  actor_layer_names,
+  deterministic_action,
+  sample_tanh_gaussian,
+)
 
 # A Config or an EpochSettings (or online SAC's settings): read by attribute names only, so the
 # core imports no settings module.

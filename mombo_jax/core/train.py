@@ -21,10 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax.core import (buffer, cell_layout, dynamics, rollout, sac, termination,
-                            xla_options)
-from mombo_jax.core.placement import CELL_AXIS, cell_mesh, check_cell_count
+from mombo_jax.core import buffer, cell_layout, dynamics, rollout, sac, termination, xla_options
 from mombo_jax.core.epoch_settings import EpochSettings, epoch_settings
+from mombo_jax.core.placement import CELL_AXIS, cell_mesh, check_cell_count
 
 
 class CellState(struct.PyTreeNode):

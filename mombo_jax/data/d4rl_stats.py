@@ -25,8 +25,8 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from mombo_jax.settings import config as config_lib
 from mombo_jax.data.scores import D4RL_REF_SCORES
+from mombo_jax.settings import config as config_lib
 
 # Published statistics of D4RL's v2 MuJoCo files: (rows in complete episodes, mean and std of the
 # episode return). Source: the recorded output of the Decision Transformer repository's

@@ -23,13 +23,14 @@ import shutil
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-from mombo_jax.errors import Interrupted, UserError
 from mombo_jax.core.key_scheme import cell_keys
-from mombo_jax.records.workdir import DYNAMICS, LOCK
 from mombo_jax.data import minari_io, names, provenance, transitions as transitions_lib
+from mombo_jax.errors import Interrupted, UserError
+from mombo_jax.records.workdir import DYNAMICS, LOCK
 from mombo_jax.settings import config as config_lib, references
 from mombo_jax.settings.config import Config
 from mombo_jax.storage import locks
+
 
 def default_dynamics_root(dataset: str, root: str = "runs") -> str:
   """experiments.train_dynamics' default folder of saved ensembles: runs/dynamics/<dataset>."""
@@ -41,7 +42,7 @@ def dynamics_path(dynamics_dir: str, config) -> str:
   config's dynamics settings (tag: saved_dynamics.settings_tag, e.g. "cap30-1a2b3c4d"). Runs
   whose settings differ get different folders, so one dynamics_dir may hold several; runs whose
   settings agree (a --betas grid, a sweep's algorithms) share one."""
-  from mombo_jax.dynamics import saved_dynamics   # loads JAX: see sharing_plan
+  from mombo_jax.dynamics import saved_dynamics  # loads JAX: see sharing_plan
   return f"{legacy_dynamics_path(dynamics_dir, config)}-{saved_dynamics.settings_tag(config)}"
 
 
@@ -171,8 +172,8 @@ def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop,
 def _other_settings(dynamics_dir, config, path, key):
   """[(path, reuse_mismatch)] of the saved ensembles of config's seeds in dynamics_dir other than
   `path` (trained with other settings or on other data); unreadable ones are skipped."""
-  from mombo_jax.dynamics import saved_dynamics   # loads JAX: see sharing_plan
-  from mombo_jax.storage import checkpoint   # loads JAX: see sharing_plan
+  from mombo_jax.dynamics import saved_dynamics  # loads JAX: see sharing_plan
+  from mombo_jax.storage import checkpoint  # loads JAX: see sharing_plan
   prefix = os.path.basename(legacy_dynamics_path(dynamics_dir, config)) + "-"
   out = []
   names = os.listdir(dynamics_dir) if os.path.isdir(dynamics_dir) else []
@@ -198,7 +199,7 @@ def settings_sources(env: str, algo: str, preset: str = "paper", flags: Sequence
   set), the preset (config.PRESETS), the algorithm's reference source (references.source: its row
   for env, or its settings for every task; each citing its file), else the Config default (the
   references' shared dynamics settings)."""
-  from mombo_jax.dynamics import saved_dynamics   # loads JAX: see sharing_plan
+  from mombo_jax.dynamics import saved_dynamics  # loads JAX: see sharing_plan
   src, ref = references.source(algo, reference), references.check(algo, reference)
   out = {}
   for name in saved_dynamics.TRAINING_FIELDS:
@@ -289,7 +290,7 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
   the source `reference` (config.make_config; None: the algorithm's default; the references
   differ, e.g. in walker2d-medium's epoch cap), so the ensembles are reused by runs of the
   algorithms whose settings agree. UserError for what the user can fix."""
-  from mombo_jax.dynamics import saved_dynamics   # loads JAX: see sharing_plan
+  from mombo_jax.dynamics import saved_dynamics  # loads JAX: see sharing_plan
 
   try:
     env, dataset, note = dynamics_task(env, dataset)

@@ -28,14 +28,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mombo_jax.core import cell_layout
 from mombo_jax import signals
+from mombo_jax.core import cell_layout
+from mombo_jax.core.dynamics import DynamicsState, apply, loss_fn, make_module
 from mombo_jax.dynamics import saved_dynamics
+from mombo_jax.dynamics.training_data import make_arrays, seed_keys, split_indices, split_sizes
 from mombo_jax.settings import environment
 from mombo_jax.settings.config import Config
 from mombo_jax.storage import checkpoint
-from mombo_jax.core.dynamics import DynamicsState, apply, loss_fn, make_module
-from mombo_jax.dynamics.training_data import make_arrays, seed_keys, split_indices, split_sizes
 
 # Holdout loss of a member before its first epoch: any finite loss is a > 1 % improvement on it.
 _INITIAL_BEST = 1e10

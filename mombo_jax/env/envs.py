@@ -23,9 +23,9 @@ from typing import Any, Callable, List, NamedTuple, Optional, Union
 
 import numpy as np
 
+from mombo_jax import signals
 from mombo_jax.data import minari_io, names
 from mombo_jax.errors import UserError
-from mombo_jax import signals
 
 GYM_IDS = {"halfcheetah": "HalfCheetah-v5", "hopper": "Hopper-v5", "walker2d": "Walker2d-v5"}
 OBS_DIM = {"hopper": 11, "walker2d": 17, "halfcheetah": 17}

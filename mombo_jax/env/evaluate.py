@@ -15,9 +15,9 @@ import chex
 import jax
 import numpy as np
 
+from mombo_jax import signals
 from mombo_jax.core import actor_policy
 from mombo_jax.env import env_pool, envs
-from mombo_jax import signals
 from mombo_jax.settings.config import Config
 
 

@@ -34,7 +34,7 @@ def env_state(env) -> dict:
   """A gymnasium MuJoCo env mid-episode as JSON: MuJoCo's integration state (time, qpos, qvel,
   act, controls, applied forces, the solver's warm start: what mj_step reads, so that stepping
   on from it is bit for bit stepping on the original) and the time limit's elapsed steps."""
-  import mujoco   # loaded only when an env is saved or restored: its native library is heavy
+  import mujoco  # loaded only when an env is saved or restored: its native library is heavy
   model, data = env.unwrapped.model, env.unwrapped.data
   spec = mujoco.mjtState.mjSTATE_INTEGRATION
   out = np.empty(mujoco.mj_stateSize(model, spec), np.float64)
@@ -45,7 +45,7 @@ def env_state(env) -> dict:
 def restore_env(env, state: dict):
   """Puts env (built as the saved one was, then reset: gymnasium wants a reset before a step)
   into env_state's `state`."""
-  import mujoco   # loaded only when an env is saved or restored: its native library is heavy
+  import mujoco  # loaded only when an env is saved or restored: its native library is heavy
   model, data = env.unwrapped.model, env.unwrapped.data
   spec = mujoco.mjtState.mjSTATE_INTEGRATION
   values = np.asarray(state["mujoco"], np.float64)

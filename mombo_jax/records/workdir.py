@@ -28,8 +28,8 @@ import os
 from typing import List, Optional, Sequence, Tuple
 
 from mombo_jax.core import algorithms
-from mombo_jax.errors import UserError
 from mombo_jax.data import provenance
+from mombo_jax.errors import UserError
 from mombo_jax.records import outputs
 from mombo_jax.settings import config as config_lib, references
 from mombo_jax.storage import atomic, locks
@@ -236,14 +236,14 @@ class Workdir:
     unfinished checkpoint folders of a save (Orbax's *.orbax-checkpoint-tmp*) and the step folders
     of a delete of an old step cut off (checkpoint_files.leftovers); call only while holding the lock.
     Returns one line per removal ("removed <path>, <what it was>")."""
-    from mombo_jax.storage import checkpoint_files   # its room check loads JAX: records import none
+    from mombo_jax.storage import checkpoint_files  # its room check loads JAX: records import none
     return checkpoint_files.remove_leftovers(self.checkpoints)
 
   # ------------------------------------------------------------------------------ checkpoints
 
   def checkpointer(self, keep: Optional[int] = 3):
     """The run's checkpoint.RunCheckpointer (keep None: keep all, for reading)."""
-    from mombo_jax.storage import checkpoint     # Orbax and JAX: the records import neither
+    from mombo_jax.storage import checkpoint  # Orbax and JAX: the records import neither
     return checkpoint.RunCheckpointer(self.checkpoints, keep=keep)
 
   def state_template(self, config=None):
@@ -277,7 +277,7 @@ class Workdir:
     against `template` (default: state_template()); partial: template is a sub-tree of the saved
     state (e.g. the actors only) and only its leaves are read. UserError when there is none or it
     cannot be read."""
-    from mombo_jax.storage import checkpoint     # Orbax and JAX: the records import neither
+    from mombo_jax.storage import checkpoint  # Orbax and JAX: the records import neither
     if not os.path.isdir(self.checkpoints):
       raise UserError(f"{self.path} has no checkpoints folder; pass a run workdir of "
                       "experiments.run that finished at least one evaluation.")

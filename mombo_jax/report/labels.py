@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mombo_jax.core import algorithms
 from mombo_jax.report import paper_setup
+
 # Setups alike exactly when their keys are; defined beside the paper setup it compares against.
 from mombo_jax.report.paper_setup import setup_key as _setup_key
 

@@ -8,8 +8,8 @@ import os
 from typing import List, Sequence
 
 import mombo_jax
-from mombo_jax.records import outputs
 from mombo_jax.errors import UserError
+from mombo_jax.records import outputs
 from mombo_jax.report.results import Run
 
 

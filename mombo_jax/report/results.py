@@ -31,11 +31,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mombo_jax.core import algorithms
-from mombo_jax.report import paper_setup
-from mombo_jax.records import outputs
 from mombo_jax.errors import UserError
-from mombo_jax.report.labels import algo_label, column_labels, setup_of
+from mombo_jax.records import outputs
 from mombo_jax.records.workdir import Workdir
+from mombo_jax.report import paper_setup
+from mombo_jax.report.labels import algo_label, column_labels, setup_of
 
 TYPE_ORDER = ("random", "medium", "medium-replay", "medium-expert", "expert")
 ENV_ORDER = ("halfcheetah", "hopper", "walker2d")

@@ -31,21 +31,39 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from mombo_jax.report import aggregates, paper_results
-from mombo_jax.report.curves import plot_curves
-from mombo_jax.records import outputs
-from mombo_jax.storage import atomic
 from mombo_jax.errors import UserError
-from mombo_jax.report.protocols import check_protocols, protocol_line
-from mombo_jax.report.labels import label_key
-from mombo_jax.report.paper_setup import paper_dataset
-from mombo_jax.report.results import (CI_LEVEL, ENV_ORDER, LAST_K, N_BOOTSTRAP, TYPE_ORDER, Pool,
-                                      beta_text, check_duplicates, dataset_type, group_runs,
-                                      ordered, read_run)
-from mombo_jax.report.tables import (BELOW_MARK, DIVERGED_MARK, PAPER, Block, Table, build_table,
-                                     summary_best)
+from mombo_jax.records import outputs
 from mombo_jax.records.run_search import find_runs
 from mombo_jax.records.workdir import RUN_FILES
+from mombo_jax.report import aggregates, paper_results
+from mombo_jax.report.curves import plot_curves
+from mombo_jax.report.labels import label_key
+from mombo_jax.report.paper_setup import paper_dataset
+from mombo_jax.report.protocols import check_protocols, protocol_line
+from mombo_jax.report.results import (
+  CI_LEVEL,
+  ENV_ORDER,
+  LAST_K,
+  N_BOOTSTRAP,
+  TYPE_ORDER,
+  Pool,
+  beta_text,
+  check_duplicates,
+  dataset_type,
+  group_runs,
+  ordered,
+  read_run,
+)
+from mombo_jax.report.tables import (
+  BELOW_MARK,
+  DIVERGED_MARK,
+  PAPER,
+  Block,
+  Table,
+  build_table,
+  summary_best,
+)
+from mombo_jax.storage import atomic
 
 MISSING = "–"
 

@@ -33,7 +33,6 @@ from typing import Any, Optional
 
 from mombo_jax.errors import InvalidArgument
 
-
 # initialize's parameters that say how to join (errors name them; the CLI names its flags)
 _JOIN_PARAMS = ("coordinator_address", "num_processes", "process_id", "auto")
 EXIT_INIT_TIMEOUT = 4   # the other processes did not all connect within the init timeout
@@ -120,7 +119,7 @@ def _detect(timeout: float):
   jax.distributed.initialize() would find them; ValueError when there is none. All None when
   this JAX's detection is not reachable (then JAX detects inside initialize)."""
   try:
-    from jax._src import clusters              # private: JAX's own detection, to name the wait
+    from jax._src import clusters  # private: JAX's own detection, to name the wait
     found = clusters.ClusterEnv.auto_detect_unset_distributed_params(
         os.environ.get("JAX_COORDINATOR_ADDRESS"), None, None, None, None, int(timeout))
   except (ImportError, AttributeError, TypeError):

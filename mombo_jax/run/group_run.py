@@ -14,16 +14,15 @@ import json
 import threading
 from typing import Any, List
 
-from mombo_jax.core import algorithms
-from mombo_jax.errors import Interrupted
-from mombo_jax.run.groups import Group
-from mombo_jax.run.console import log
-from mombo_jax.records.workdir import Workdir
-from mombo_jax.core import train as train_lib
+from mombo_jax.core import algorithms, train as train_lib
 from mombo_jax.data import scores
 from mombo_jax.env import envs, evaluate as evaluate_lib
-from mombo_jax.run import distributed
+from mombo_jax.errors import Interrupted
 from mombo_jax.records import outputs
+from mombo_jax.records.workdir import Workdir
+from mombo_jax.run import distributed
+from mombo_jax.run.console import log
+from mombo_jax.run.groups import Group
 
 
 @dataclasses.dataclass

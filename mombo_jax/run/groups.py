@@ -8,10 +8,10 @@ import dataclasses
 import os
 from typing import Any, Optional
 
-from mombo_jax.errors import UserError
-from mombo_jax.records.workdir import grid_dynamics_dir, run_dir
 from mombo_jax.core import train as train_lib
 from mombo_jax.core.epoch_settings import epoch_settings
+from mombo_jax.errors import UserError
+from mombo_jax.records.workdir import grid_dynamics_dir, run_dir
 from mombo_jax.settings import config as config_lib
 
 

@@ -4,8 +4,8 @@ written. Errors are errors.UserError naming the flag."""
 import os
 import tempfile
 
-from mombo_jax.settings import environment
 from mombo_jax.errors import UserError
+from mombo_jax.settings import environment
 
 
 def _check_dir(path: str, flag: str):
@@ -47,6 +47,7 @@ def check_seeds_fit_devices(num_seeds: int):
   """The seed axis is sharded over all devices (of every process): --seeds must be a multiple of
   their count."""
   import jax
+
   from mombo_jax.core import placement
   n = jax.device_count()
   try:

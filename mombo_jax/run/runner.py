@@ -12,20 +12,19 @@ from __future__ import annotations
 
 import time
 
-from mombo_jax.run import group_run
-from mombo_jax.run.program import Program, chunk_length, compile_chunk, program_config
-from mombo_jax.run.console import log
-from mombo_jax.dynamics.dynamics_store import check_legacy_dynamics, get_dynamics
-from mombo_jax.errors import Interrupted, UserError
-from mombo_jax.run.groups import Group, check_groups, describe_algorithm
-from mombo_jax.core.key_scheme import cell_keys
-from mombo_jax.run.preflight import validate
-from mombo_jax.run.run_dataset import load_or_build
-from mombo_jax.records.workdir import Workdir
 from mombo_jax.core import buffer, dynamics, placement, train as train_lib
+from mombo_jax.core.key_scheme import cell_keys
 from mombo_jax.data import provenance, scores, transitions as transitions_lib
+from mombo_jax.dynamics.dynamics_store import check_legacy_dynamics, get_dynamics
 from mombo_jax.env import envs
-from mombo_jax.run import distributed, loggers, overestimation
+from mombo_jax.errors import Interrupted, UserError
+from mombo_jax.records.workdir import Workdir
+from mombo_jax.run import distributed, group_run, loggers, overestimation
+from mombo_jax.run.console import log
+from mombo_jax.run.groups import Group, check_groups, describe_algorithm
+from mombo_jax.run.preflight import validate
+from mombo_jax.run.program import Program, chunk_length, compile_chunk, program_config
+from mombo_jax.run.run_dataset import load_or_build
 from mombo_jax.settings import references
 
 # -------------------------------------------------------------------------------------- train
@@ -126,6 +125,7 @@ def prepare(groups, records, keep, should_stop, data_options):
   import jax
   import jax.numpy as jnp
   import numpy as np
+
   from mombo_jax.storage import checkpoint
 
   names = list(dict.fromkeys(g.dataset for g in groups))      # distinct datasets, in order

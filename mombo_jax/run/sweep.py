@@ -21,12 +21,17 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
-from mombo_jax.storage import atomic
 from mombo_jax.errors import UserError
 from mombo_jax.run.console import EXIT_DIVERGED
-from mombo_jax.storage import locks
-from mombo_jax.run.sweep_record import (SEVERITY, finished_status, history_of, now, read_record,
-                                        signal_of)
+from mombo_jax.run.sweep_record import (
+  SEVERITY,
+  finished_status,
+  history_of,
+  now,
+  read_record,
+  signal_of,
+)
+from mombo_jax.storage import atomic, locks
 
 # experiments.run's flags that a sweep sets for every cell (name -> absl type). They make the
 # cell's setup (its config.json), which the sweep checks and compares with finished cells.

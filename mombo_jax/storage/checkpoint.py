@@ -51,8 +51,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from mombo_jax.storage import manifest as mf
-from mombo_jax.storage.checkpoint_files import (delete_advice, os_cause, remove_leftovers,
-                                                 room_problem)
+from mombo_jax.storage.checkpoint_files import (
+  delete_advice,
+  os_cause,
+  remove_leftovers,
+  room_problem,
+)
 
 # What the meta item's manifest holds per leaf: /3 one CRC32 of the whole leaf; /4 (written when
 # some leaf is split over devices) also, for such leaves, a CRC32 per shard. Both are read.

@@ -16,7 +16,6 @@ import jax
 
 from mombo_jax.storage import manifest as mf
 
-
 # Files every step Orbax commits holds (written in its temporary folder before the rename that
 # commits it): the step's metadata and each item's own. A step folder missing one is what a stopped
 # launch left of deleting an old step (Orbax deletes a step's files one by one, then the folder):

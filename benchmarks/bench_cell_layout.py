@@ -1,4 +1,5 @@
-"""Several seeds in one program on CPU: cells vmapped vs looped (core/cell_layout) vs one-cell programs.
+"""Several seeds in one program on CPU: cells vmapped vs looped (core/cell_layout) vs one-cell
+programs.
 
 Run (repo root):  python3 -m benchmarks.bench_cell_layout [--parts=epoch,dynamics] [--algos=mopo]
                   [--cells=4] [--steps=200] [--rollout_batch=10000] [--dyn_rows=100000]
@@ -16,11 +17,11 @@ for bit. Work per seed: 10 critics, actor and critics 3x256, batch 256, real rat
 --rollout_batch x 5 (retained 5 epochs), a random 7-member 4x200 ensemble, synthetic hopper-shaped
 data (200,000 rows), float32.
 
---parts=dynamics: the same three ways for the dynamics ensemble's training (dynamics/dynamics_training:
-one whole epoch = its plan, minibatch and end calls), C seeds of the paper's 7-member 4x200 ensemble
-on --dyn_rows synthetic transitions; `separate` is the one-seed (unbatched) program, as a 1-seed
-run trains. Leaves equal to `separate`'s are counted as above (the one-seed program is not a vmap
-of one, so few are).
+--parts=dynamics: the same three ways for the dynamics ensemble's training
+(dynamics/dynamics_training: one whole epoch = its plan, minibatch and end calls), C seeds of the
+paper's 7-member 4x200 ensemble on --dyn_rows synthetic transitions; `separate` is the one-seed
+(unbatched) program, as a 1-seed run trains. Leaves equal to `separate`'s are counted as above (the
+one-seed program is not a vmap of one, so few are).
 """
 import argparse
 import os
@@ -168,7 +169,8 @@ def main():
         f"{args.dyn_rows} synthetic transitions")
     table += run_dynamics(args, out)
   out("")
-  out("| algorithm (or dynamics) | way | compile s (dynamics: + init + first epoch) | median s per round | x separate (median of rounds) | "
+  out("| algorithm (or dynamics) | way | compile s (dynamics: + init + first epoch) | "
+      "median s per round | x separate (median of rounds) | "
       "state leaves equal to separate's after epoch 1 |")
   out("|---|---|---|---|---|---|")
   for row in table:

@@ -74,7 +74,8 @@ def _xla_extra(name):
 
 
 def _bad_flag(args):
-  """What is wrong with the flags (one sentence naming the fix), or None; checked before any work."""
+  """What is wrong with the flags (one sentence naming the fix), or None; checked before any
+  work."""
   parts = args.parts.split(",")
   if not set(parts) <= {"dot", "epoch"}:
     return f"--parts={args.parts}: use dot, epoch or dot,epoch"

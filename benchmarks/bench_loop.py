@@ -8,11 +8,12 @@ Per setting (steps_per_epoch, "tiny" preset, hopper-random, --seeds cells):
 - device ms / epoch: the state built as the runner builds it, the compiled epoch
   (train.make_cells_epoch, or train.make_seeds_epoch in older trees) called N2 times back to
   back with keys made beforehand, blocked at the end;
-- T(N): wall time of runner.train_run for N epochs (eval_every = N: one evaluation and one checkpoint,
-  at the end) in a fresh workdir, the dataset and the dynamics ensembles built once beforehand and
-  reused, compilation served by a persistent compilation cache that untimed warm-up launches of
-  both N filled (the compile time the runner logs is listed to show it); the actor's lr schedule
-  spans N2 epochs in both (schedule_epochs), so the N1 launch trains the N2 launch's first epochs;
+- T(N): wall time of runner.train_run for N epochs (eval_every = N: one evaluation and one
+  checkpoint, at the end) in a fresh workdir, the dataset and the dynamics ensembles built once
+  beforehand and reused, compilation served by a persistent compilation cache that untimed warm-up
+  launches of both N filled (the compile time the runner logs is listed to show it); the actor's lr
+  schedule spans N2 epochs in both (schedule_epochs), so the N1 launch trains the N2 launch's first
+  epochs;
 - marginal ms / epoch = (T(N2) - T(N1)) / (N2 - N1);
 - host overhead = marginal - device, in ms and as a % of the device time;
 - chunk ms / epoch (trees with train.make_cells_chunk, the rewrite's several epochs per device
@@ -24,9 +25,9 @@ median of the repeats' differences).
 The fixed costs of a launch (data and dynamics loading, compilation, the evaluation, the
 checkpoint, summary and plot) cancel in the difference; what remains is what the loop adds per
 epoch (dispatch, key folding, the per-epoch pulls of metrics to the host, Python). The evaluation
-is timed on its own (the `eval s` column, where the runner has an evaluation function): its cost depends on the
-actor's episode lengths, so it is the one fixed cost that may not cancel exactly; the `excl. eval`
-column takes it out.
+is timed on its own (the `eval s` column, where the runner has an evaluation function): its cost
+depends on the actor's episode lengths, so it is the one fixed cost that may not cancel exactly; the
+`excl. eval` column takes it out.
 
 Run it from the root of the tree to measure: that tree's mombo_jax is the one imported (printed in
 the header with the tree's git version). On a shared machine the timings are noisy: the header and
@@ -147,7 +148,8 @@ def device_timer(config, dataset, dyn_dir, build_steps, epochs):
   `epochs` epochs, or None where the tree has none). Each call trains the same state on."""
   with contextlib.redirect_stdout(io.StringIO()):
     # run_dataset.load_or_build; an older tree's launch.load_dataset.
-    load = getattr(_module("run.run_dataset", "run_dataset"), "load_or_build", None) or _module("launch").load_dataset
+    load = (getattr(_module("run.run_dataset", "run_dataset"), "load_or_build", None)
+            or _module("launch").load_dataset)
     transitions = load(dataset, config, "random", build_steps)
     dyn = _dynamics(config, transitions, dataset, dyn_dir)
   s = config.num_seeds
@@ -190,8 +192,8 @@ def device_timer(config, dataset, dyn_dir, build_steps, epochs):
 
 
 def launch_seconds(config, dataset, workdir, dyn_dir, build_steps, log_path):
-  """(wall s of runner.train_run in a fresh workdir, compile s it logged or nan, s in its evaluations
-  or nan); its log goes to log_path, the workdir is removed."""
+  """(wall s of runner.train_run in a fresh workdir, compile s it logged or nan, s in its
+  evaluations or nan); its log goes to log_path, the workdir is removed."""
   evals = []
   # The evaluation function: group_run.evaluate now, runner._evaluate in older checkouts.
   host, name = ((runner.group_run, "evaluate") if hasattr(runner, "group_run")
@@ -330,7 +332,8 @@ def main():
         f"{chunk} |")
   say()
   say("device: the compiled epoch called N2 times back to back; marginal: (T(N2) - T(N1)) / "
-      "(N2 - N1) of runner.train_run launches; host overhead: median over the repeats of marginal - "
+      "(N2 - N1) of runner.train_run launches; host overhead: median over the repeats of "
+      "marginal - "
       "device of the same repeat (each repeat: launch N1, launch N2, device timing), % of the "
       "median device time; excl. eval: the same with each launch's evaluation time (eval s) "
       "taken out of its T. chunk: one call of train.make_cells_chunk running N2 epochs (n/a: the "

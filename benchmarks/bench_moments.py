@@ -9,10 +9,10 @@ jitted, warmed up, each call timed with block_until_ready; the median over repet
 min) in ms. The short calls are timed round-robin so that background load on a shared machine
 hits them alike; "x plain" is the ratio of medians, "x plain (min)" the ratio of minima. Monte
 Carlo draws N next states per batch row from N(obs, obs_var) and returns the mean and variance of
-Q over them (mombo_jax.core.monte_carlo.mc_moments, chunked so N = 10000 fits in memory). "MM, textbook
-formula" is the same network with the unstable closed form of the reference code, to show what
-the stable mm_relu costs on top of it; the last three rows time the elementwise step alone on one
-hidden layer ([256, 256]).
+Q over them (mombo_jax.core.monte_carlo.mc_moments, chunked so N = 10000 fits in memory). "MM,
+textbook formula" is the same network with the unstable closed form of the reference code, to show
+what the stable mm_relu costs on top of it; the last three rows time the elementwise step alone on
+one hidden layer ([256, 256]).
 
 Training step (what the moment matching costs where it is used): one `sac.update` (batch 256,
 critics and actor [256, 256], 2 critics, walker2d dims obs 17 / action 6, state variances 0.01),

@@ -10,15 +10,16 @@ action 6, as bench_moments.py), jitted: the moment-matched forward through its o
 critic, and the gradient of the lcb-style loss mean - var w.r.t. the parameters through each.
 The compiled programs are checked to give bit-identical outputs and to be the same optimised HLO
 (instruction by instruction, names and source locations aside); times are medians of calls timed
-round-robin, so their differences are the machine's noise. "trace + compile" is the one-off cost of jit's first call.
+round-robin, so their differences are the machine's noise. "trace + compile" is the one-off cost of
+jit's first call.
 
 Part 2, the error table: random Flax nn.Dense ReLU MLPs (input 8, output 4, Flax's default
 init, biases N(0, 0.1^2)), depth 1-3 hidden layers of width 16 and 64; inputs N(x, diag var) with x
-~ N(0, 1), var in {0.1, 1}, 16 rows each. Error against Monte Carlo (mc_moments, 1e5 samples, float64
-to keep the reference's own error below the table's precision): "mean err" is the median over rows
-and outputs of |mean - mean_MC| / std_MC, "var err" the median of |var / var_MC - 1| (and its
-95th percentile). ms: one jitted float32 call on the 16 rows (median of round-robin calls), "plain"
-the network itself, "MC 100" Monte Carlo with 100 samples.
+~ N(0, 1), var in {0.1, 1}, 16 rows each. Error against Monte Carlo (mc_moments, 1e5 samples,
+float64 to keep the reference's own error below the table's precision): "mean err" is the median
+over rows and outputs of |mean - mean_MC| / std_MC, "var err" the median of |var / var_MC - 1| (and
+its 95th percentile). ms: one jitted float32 call on the 16 rows (median of round-robin calls),
+"plain" the network itself, "MC 100" Monte Carlo with 100 samples.
 """
 import argparse
 import os
@@ -162,7 +163,8 @@ def main():
   lines += ["", "## Error against Monte Carlo (1e5 samples) and cost, random ReLU MLPs, "
             "input 8, output 4, 16 rows, float64", ""]
   lines += error_table(args.seconds)
-  lines.append(f"(load average {os.getloadavg()[0]:.1f} at the end; total {time.time() - t0:.0f} s)")
+  lines.append(f"(load average {os.getloadavg()[0]:.1f} at the end; "
+               f"total {time.time() - t0:.0f} s)")
   report = "\n".join(lines)
   print(report)
   if args.out:

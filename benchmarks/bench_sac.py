@@ -1,5 +1,5 @@
-"""Benchmark: the online SAC behind the medium / expert datasets (mombo_jax.collection.online_sac), on
-CPU.
+"""Benchmark: the online SAC behind the medium / expert datasets (mombo_jax.collection.online_sac),
+on CPU.
 
   nice -n 10 python -m benchmarks.bench_sac --steps=250000 --workdir=/tmp/sac_long  # bench_sac.txt
   python -m benchmarks.bench_sac --steps=3000 --start_steps=1000 --eval_every=1000   # smoke test
@@ -136,7 +136,8 @@ def main():
     rate_ex = (step - prev_step) / max(span - prev_eval_s, 1e-9)
     norm = float(scores.normalized_score(args.env, mean))
     mark = "  <- medium point" if step == result.medium_step else ""
-    print(f"{step:>8} {online_sac._fmt_time(t_eval):>9} {rate:>8.1f} {rate_ex:>16.1f} {eval_s:>7.1f} "
+    print(f"{step:>8} {online_sac._fmt_time(t_eval):>9} {rate:>8.1f} {rate_ex:>16.1f} "
+          f"{eval_s:>7.1f} "
           f"{mean:>9.1f} +- {std:>6.1f} {norm:>10.1f}{mark}")
     prev_step, prev_t = step, t_prog
   best_step, best = result.best_eval
@@ -156,7 +157,8 @@ def main():
         f"{float(scores.normalized_score(args.env, best)):.1f}); final "
         f"{result.evals[-1][1]:.1f}; medium point "
         f"{'step ' + str(result.medium_step) if result.medium_step >= 0 else 'not reached'}")
-  print(f"# total wall time {online_sac._fmt_time(total)} ({args.steps / total:.1f} steps/s overall)")
+  print(f"# total wall time {online_sac._fmt_time(total)} "
+        f"({args.steps / total:.1f} steps/s overall)")
   print(f"# load average after: {_load()}")
 
 

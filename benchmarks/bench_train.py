@@ -5,8 +5,8 @@ and whole epochs (rollout + 1000 steps) for 1 and 4 vmapped seeds.
 
 Paper-size networks (actor and critics [256, 256], dynamics 7 x 4x200), walker2d dimensions
 (obs 17, action 6), batch 256, real ratio 0.05. Data are random arrays: speed does not depend on
-their values, and the rollout writes fixed shapes. Each timing is the best of `--repeats` runs after a
-warm-up (compilation) run; ratios are between timings of this same process.
+their values, and the rollout writes fixed shapes. Each timing is the best of `--repeats` runs after
+a warm-up (compilation) run; ratios are between timings of this same process.
 """
 import argparse
 import os

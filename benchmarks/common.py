@@ -95,9 +95,10 @@ def _jaxpr_flops(jaxpr) -> float:
 def jaxpr_flops(fn, *args) -> float:
   """FLOPs of one call fn(*args), counted on its jaxpr: 2 M N K per matrix product (dot_general,
   batch dims included), one per output element of floating-point elementwise ops, one per input
-  element of reductions, unused equations left out; a scan's body times its length (XLA's cost analysis counts it once), a
-  cond's costliest branch, a while loop's body once. Integer work (the RNG's threefry, index
-  arithmetic), gathers, scatters and data movement count nothing. Tracing only: nothing runs."""
+  element of reductions, unused equations left out; a scan's body times its length (XLA's cost
+  analysis counts it once), a cond's costliest branch, a while loop's body once. Integer work (the
+  RNG's threefry, index arithmetic), gathers, scatters and data movement count nothing. Tracing
+  only: nothing runs."""
   jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
   # Equations whose results nothing uses are left out, as XLA drops them: e.g. the primal call a
   # custom_vjp keeps beside its forward rule under differentiation (critics.matmul).

@@ -207,7 +207,8 @@ def zero_torque_score(python, cwd, env, episodes=10) -> str:
   torque (Hopper-v5 stands, then falls over), with the run's own normaliser; "n/a" on failure."""
   out = subprocess.run([python, "-c", ZERO_TORQUE.format(episodes=episodes)], cwd=cwd, env=env,
                        capture_output=True, text=True)
-  return out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else "n/a"
+  return (out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip()
+          else "n/a")
 
 
 def run_lines(run) -> list:
@@ -267,7 +268,8 @@ def main():
   final = next((l[2] for l in lines if "final normalised score" in l[2]), "(no final line)")
   text = [f"# Recorded output of: python3 benchmarks/quickstart.py --python={args.python}",
           *( [args.label] if args.label else []),
-          f"{time.strftime('%Y-%m-%d %H:%M %Z')}; repository at {head} (git clone of HEAD)", *header,
+          f"{time.strftime('%Y-%m-%d %H:%M %Z')}; repository at {head} (git clone of HEAD)",
+          *header,
           f"load average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}",
           f"python: {args.python} venv ({venv_s:.1f} s to create, not counted)",
           f"command (README.md's command 1): {command}", f"exit code: {code}", "",

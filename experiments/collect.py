@@ -5,11 +5,11 @@ r"""Build D4RL-recipe datasets as local Minari datasets (docs/spec.md section 7)
       --env=hopper-medium-replay,hopper-medium,hopper-expert,hopper-medium-expert
   python -m experiments.collect --env=walker2d-random-expert-5pct
 
-The recipes (D4RL's, and the paper's mixed datasets) are in mombo_jax/collection/recipes.py, the online
-SAC behind the medium / medium-replay / expert qualities in mombo_jax/collection/online_sac.py, the saved
-actors in mombo_jax/collection/saved_actors.py. Datasets are written under MINARI_DATASETS_PATH as
-`mombo/<env>/<quality>-v0`; an existing one is never overwritten (it is skipped, with a message)
-unless --overwrite.
+The recipes (D4RL's, and the paper's mixed datasets) are in mombo_jax/collection/recipes.py, the
+online SAC behind the medium / medium-replay / expert qualities in
+mombo_jax/collection/online_sac.py, the saved actors in mombo_jax/collection/saved_actors.py.
+Datasets are written under MINARI_DATASETS_PATH as `mombo/<env>/<quality>-v0`; an existing one is
+never overwritten (it is skipped, with a message) unless --overwrite.
 
 The SAC run lives in --workdir/<env>/sac: Orbax checkpoints (agent, replay buffer, medium snapshot,
 and the loop's host state: the env mid-episode, the RNGs) every --checkpoint_every steps, at the

@@ -22,7 +22,8 @@ def define_flags():
   """Defined only when this module runs as the program (absl flags are global)."""
   flags.DEFINE_string("env", "hopper-random", "Short dataset name, e.g. walker2d-medium-replay; "
                       "selects the paper's hyperparameters and the evaluation environment.")
-  flags.DEFINE_string("dataset", None, "Dataset to train on (short name or Minari id); default --env.")
+  flags.DEFINE_string("dataset", None,
+                      "Dataset to train on (short name or Minari id); default --env.")
   flags.DEFINE_list("datasets", None, "Several datasets of one env trained in one program "
                     "(each short name with its own paper settings, its rollout length, real "
                     "ratio and alpha included; other settings must agree or be set by flags); "
@@ -37,16 +38,19 @@ def define_flags():
                     "those betas (see benchmarks/learning/README.md for its matched beta); "
                     "mixture: law of total variance over the elites.")
   flags.DEFINE_string("reference", None, "Whose settings the per-task values follow "
-                      "(config.json's `reference`; mombo_jax/settings/references.py). mombo: authors "
-                      "(adinlab/MOMBO configs, default). mobile: offlinerl_kit (default: OfflineRL-Kit "
+                      "(config.json's `reference`; mombo_jax/settings/references.py). mombo: "
+                      "authors (adinlab/MOMBO configs, default). mobile: offlinerl_kit (default: "
+                      "OfflineRL-Kit "
                       "run_example/run_mobile.py, whose logs are the paper's MOBILE column) or "
                       "authors (yihaosun1124/mobile configs). mopo: offlinerl_kit (run_mopo.py, "
                       "default). A non-default source adds -<reference> to the default workdir.")
-  flags.DEFINE_enum("preset", "paper", ["paper", "quick", "tiny"], "Budget preset (config.PRESETS).")
+  flags.DEFINE_enum("preset", "paper", ["paper", "quick", "tiny"],
+                    "Budget preset (config.PRESETS).")
   flags.DEFINE_integer("seeds", None, "Number of seeds, trained together (vmapped). Default: "
                        "the preset's (paper: the paper's 4; quick and tiny: 1).")
   flags.DEFINE_integer("seed", 0, "First seed.")
-  flags.DEFINE_integer("epochs", None, "Epochs (each steps_per_epoch gradient steps + one rollout).")
+  flags.DEFINE_integer("epochs", None,
+                       "Epochs (each steps_per_epoch gradient steps + one rollout).")
   flags.DEFINE_integer("schedule_epochs", None, "Epochs the actor's cosine learning-rate schedule "
                        "spans, apart from when the run stops (--epochs). Default: the paper's "
                        "3000 (2000 for the mixed datasets) under --preset=paper, so a shorter run "
@@ -64,12 +68,14 @@ def define_flags():
   flags.DEFINE_float("real_ratio", None, "Fraction of real transitions in each batch.")
   flags.DEFINE_string("workdir", None, "Output folder; default runs/<dataset>/<algo>[-target]/"
                       "s<seed>x<seeds>. With --datasets / --betas: the root under which each "
-                      "cell gets <dataset>/<algo>[-target][-beta<b>]/s<seed>x<seeds> (default runs).")
+                      "cell gets <dataset>/<algo>[-target][-beta<b>]/s<seed>x<seeds> "
+                      "(default runs).")
   flags.DEFINE_string("dynamics_dir", None, "Where the dynamics ensembles are saved / reused, "
                       "in seed<s>x<S>-<tag> (<tag>: the dynamics settings; only a run of the same "
                       "data, seeds and settings reuses them); default <workdir>/dynamics.")
   flags.DEFINE_bool("build_missing", None, "Build a missing dataset locally with the collector "
-                    "(any short name: random, SAC-based, mixed); default: random datasets only, with "
+                    "(any short name: random, SAC-based, mixed); default: random datasets only, "
+                    "with "
                     "--preset=quick/tiny.")
   flags.DEFINE_integer("build_steps", None, "Steps of each dataset recorded by --build_missing "
                        "(default 1M, quick preset 100k, tiny 5k).")
@@ -102,7 +108,8 @@ def define_flags():
                        "else one per 2 envs up to the host's cores (1 cell x 10 episodes: 5; 16 "
                        "or 48 cells on a 16-core host: 16); 1: in the training process. Changes "
                        "no result, only the time (benchmarks/bench_eval.txt).", lower_bound=0)
-  flags.DEFINE_integer("stop_after", None, "Stop after this many epochs of this launch (e.g. to fit "
+  flags.DEFINE_integer("stop_after", None, "Stop after this many epochs of this launch (e.g. to "
+                       "fit "
                        "a job time limit); the same command resumes.")
 
 

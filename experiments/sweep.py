@@ -31,8 +31,9 @@ passed to every cell (a given --beta also names the cells' folders, <algo>[-<tar
 so does a --reference that is not the algorithm's default source); after `--` go
 only experiments.run's flags that do not change the setup (--keep_checkpoints,
 --compilation_cache, --build_missing, --build_steps, --download, --allow_small_dataset, --log,
---eval_workers, --allow_epochs_change: it continues finished cells to a larger --epochs). Any other word is
-refused. The cells and their launch are mombo_jax.run.sweep's; this program only parses the flags.
+--eval_workers, --allow_epochs_change: it continues finished cells to a larger --epochs). Any other
+word is refused. The cells and their launch are mombo_jax.run.sweep's; this program only parses the
+flags.
 """
 import sys
 

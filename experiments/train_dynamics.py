@@ -6,8 +6,9 @@ r"""Train the dynamics ensembles of several seeds in one launch (vmapped) and sa
 The result lands in <workdir>/seed<seed>x<seeds>-<tag> (default workdir runs/dynamics/<dataset>;
 <tag> names the dynamics settings: saved_dynamics.settings_tag), the layout
 `experiments.run --dynamics_dir=<workdir>` reuses when its dynamics settings are the same (its
---algo's and --reference's settings for the dataset, its --preset and --dynamics_max_epochs); seed i's key is the one
-run.py derives (fold_in(PRNGKey(seed + i), 0)), so both entry points train identical models.
+--algo's and --reference's settings for the dataset, its --preset and --dynamics_max_epochs); seed
+i's key is the one run.py derives (fold_in(PRNGKey(seed + i), 0)), so both entry points train
+identical models.
 """
 from absl import flags, logging
 

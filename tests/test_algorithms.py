@@ -1,4 +1,5 @@
-"""Algorithms as values (mombo_jax.core.algorithms) and the epoch's settings (epoch_settings.EpochSettings).
+"""Algorithms as values (mombo_jax.core.algorithms) and the epoch's settings
+(epoch_settings.EpochSettings).
 
 A toy algorithm registered from outside the package is configured from its record, its compiled
 epoch built from its EpochSettings alone (so the epoch reads nothing else of the Config);

@@ -1,6 +1,6 @@
 """core/cell_layout: the layout passed down from MOMBO_JAX_CELLS (settings/environment.py reads it;
-loop on CPU by default), refused with a clear error before any work when it names no layout. (That a looped cell trains as its own one-cell
-program: tests/test_train.py.)"""
+loop on CPU by default), refused with a clear error before any work when it names no layout. (That a
+looped cell trains as its own one-cell program: tests/test_train.py.)"""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,7 +74,8 @@ def test_map_cells_maps_any_mix_of_mapped_and_shared_arguments():
   def fn(a, shared, b):
     return {"sum": a + shared, "outer": jnp.outer(b, shared)}, jnp.sum(b)
 
-  a, shared, b = jnp.arange(6.0).reshape(3, 2), jnp.array([10.0, 20.0]), jnp.arange(9.0).reshape(3, 3)
+  a, shared, b = (jnp.arange(6.0).reshape(3, 2), jnp.array([10.0, 20.0]),
+                  jnp.arange(9.0).reshape(3, 3))
   out = {how: jax.jit(cell_layout.map_cells(fn, (0, None, 0), how))(a, shared, b)
          for how in cell_layout.LAYOUTS}
   for c in range(3):

@@ -1,6 +1,6 @@
-"""Dataset building (mombo_jax.collection.recipes, behind experiments.collect): recipes on tiny budgets,
-written as real Minari datasets, read back; the robust medium point; saved actors and datasets
-rebuilt from them (--from_actors)."""
+"""Dataset building (mombo_jax.collection.recipes, behind experiments.collect): recipes on tiny
+budgets, written as real Minari datasets, read back; the robust medium point; saved actors and
+datasets rebuilt from them (--from_actors)."""
 import dataclasses
 import hashlib
 import json
@@ -88,7 +88,8 @@ def test_build_random(root):
   with pytest.raises(errors.UserError, match="overwrite=True"):
     recipes.build_random("hopper-random", steps=10, log_fn=lambda *_: None)
   recipes.build_random("hopper-random", steps=50, seed=1, log_fn=lambda *_: None, overwrite=True)
-  assert len(transitions_lib.load_transitions("hopper-random").rewards) == 50  # not the cached 300 rows
+  # not the cached 300 rows
+  assert len(transitions_lib.load_transitions("hopper-random").rewards) == 50
   # Provenance: the recipe, what was written, the recipe's full size and how to rebuild it.
   assert provenance.provenance("hopper-random") == {
       "recipe": "random", "steps": 50, "recipe_steps": 1_000_000,
@@ -230,7 +231,8 @@ def test_medium_builds_stop_the_sac_run_at_the_medium_point(tmp_path):
     builder = recipes.Builder(opts, log_fn=logs.append)
     builder.build("hopper-medium-replay")
     result = builder.sac_run("hopper", until_medium=True)
-    assert result.steps_done == result.medium_step == 100 and result.evals == [(100, result.evals[0][1])]
+    assert (result.steps_done == result.medium_step == 100
+            and result.evals == [(100, result.evals[0][1])])
     assert any("stopped at its medium point" in line for line in logs)
     assert len(transitions_lib.load_transitions("hopper-medium-replay").rewards) == 100
     # The medium actor is saved at the medium point; there is no expert yet.

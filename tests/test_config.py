@@ -78,7 +78,8 @@ def test_schedule_spans_the_papers_run_apart_from_the_stop():
   assert make("hopper-random-medium-1pct", "mombo").schedule_epochs == 2000   # the mixed runs
   # The smaller presets span their own --epochs; 0 / None on the command line does the same.
   quick = make("hopper-random", "mombo", "quick")
-  assert quick.schedule_epochs is None and quick.schedule_steps == quick.epochs * quick.steps_per_epoch
+  assert (quick.schedule_epochs is None
+          and quick.schedule_steps == quick.epochs * quick.steps_per_epoch)
   assert make("hopper-random", schedule_epochs=None, epochs=7).schedule_steps == 7 * 1000
   with pytest.raises(ValueError, match="schedule_epochs"):
     make("hopper-random", epochs=4000)

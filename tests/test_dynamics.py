@@ -337,7 +337,8 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
   fake = Transitions(obs, rng.uniform(-1, 1, (n, a)).astype(np.float32),
                      rng.normal(size=n).astype(np.float32), obs + 0.1, np.zeros(n, np.float32))
   asked = []
-  monkeypatch.setattr(transitions_lib, "load_transitions", lambda name, **_: asked.append(name) or fake)
+  monkeypatch.setattr(transitions_lib, "load_transitions",
+                      lambda name, **_: asked.append(name) or fake)
   lines = []
   path = dynamics_store.train_dynamics(env="hopper-medium", seeds=2, seed=3, max_epochs=2,
                                        preset="tiny", workdir=str(tmp_path), log_fn=lines.append)

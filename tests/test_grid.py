@@ -165,6 +165,8 @@ def test_groups_of_an_envs_datasets_settings_train_as_their_single_runs(datasets
 
 def test_the_log_names_the_variant_and_every_beta_of_a_grid():
   mombo = config_lib.make_config("hopper-medium-replay", "mombo", target="lcb")
-  assert groups_lib.describe_algorithm(mombo) == "MOMBO, target lcb (the paper's eq. (1)), beta 0.15"
+  assert (groups_lib.describe_algorithm(mombo)
+          == "MOMBO, target lcb (the paper's eq. (1)), beta 0.15")
   assert groups_lib.describe_algorithm(mombo, [0.15, 1.0]).endswith("betas 0.15, 1")
-  assert groups_lib.describe_algorithm(config_lib.make_config("hopper-random", "mopo")) == "MOPO, lambda 1"
+  assert (groups_lib.describe_algorithm(config_lib.make_config("hopper-random", "mopo"))
+          == "MOPO, lambda 1")

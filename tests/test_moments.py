@@ -339,7 +339,8 @@ def test_float32_rational_c2_table_is_positive_and_matches_mpmath():
   """The float32 c2 = P / Q as STORED: every coefficient is positive (Horner in t >= 0 then has no
   cancellation), and it agrees with c2 from mpmath far below float32's resolution on the fitted
   range. The refit is ill-conditioned (its coefficients differ between CPUs/BLAS builds by ~1e-4
-  relative while fitting equally well), so the test checks what the fit achieves, never its digits."""
+  relative while fitting equally well), so the test checks what the fit achieves, never its
+  digits."""
   assert min(moments._C2_P32) > 0 and min(moments._C2_Q32) > 0
   ts = np.linspace(0.0, moments._C2_RATIONAL_T_MAX, 121)
   ref = _c2_mpmath(ts)

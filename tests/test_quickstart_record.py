@@ -23,9 +23,11 @@ LOG = [(1.0, 0.5, "Obtaining file:///tmp/x/mombo_jax"),
        (84.0, 78.0, "hopper-random: 100000 transitions, obs dim 11, action dim 3; evaluated in "
                     "Hopper-v5 in its v5 model (hopper.xml)."),
        (84.5, 78.4, "Training 2 dynamics ensemble(s) of 7 members (200x200x200x200, ...)"),
-       (120.0, 114.0, "Dynamics trained in 36 s; elites per seed: [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]."),
+       (120.0, 114.0,
+        "Dynamics trained in 36 s; elites per seed: [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]."),
        (136.0, 130.0, "Compiled the epoch in 11.0 s."),
-       (200.0, 194.0, "epoch 10/20  250 steps/s (all seeds)  score per seed [1.9, 2.0]  critic_loss "
+       (200.0, 194.0, "epoch 10/20  250 steps/s (all seeds)  score per seed [1.9, 2.0]  "
+                      "critic_loss "
                       "[1, 1]  q_mean [2, 2] (bound 355.9)  ETA 0h01m20s"),
        (297.0, 291.0, "epoch 20/20  250 steps/s (all seeds)  score per seed [11.2, 7.6]  "
                       "critic_loss [36.7, 54.5]  q_mean [31.5, 32.2] (bound 355.9)  ETA 0h00m00s"),

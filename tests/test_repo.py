@@ -71,7 +71,8 @@ def _outside_citations(path, text):
 
 
 def test_nothing_cites_a_file_outside_the_repo(texts):
-  assert "README.md" in texts and "mombo_jax/settings/config.py" in texts    # the listing found the repo
+  # the listing found the repo
+  assert "README.md" in texts and "mombo_jax/settings/config.py" in texts
   hits = [h for p, t in sorted(texts.items()) if p.replace(os.sep, "/") not in RECORDED
           for h in _outside_citations(p, t)]
   assert not hits, ("These lines cite files outside the repository; cite docs/spec.md's section, "

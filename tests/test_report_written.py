@@ -1,6 +1,6 @@
 """experiments.report's writer end to end (mombo_jax.report.writer) on run folders written in the
-real on-disk format by mombo_jax.records.outputs' writers (tests.test_report._write_run): one report of
-synthetic runs whose per-seed scores are known, written once (the `written` fixture), and one
+real on-disk format by mombo_jax.records.outputs' writers (tests.test_report._write_run): one report
+of synthetic runs whose per-seed scores are known, written once (the `written` fixture), and one
 proposition of it per test: columns, numbers, marks, averages, ranks, footnotes, pooling, figures,
 LaTeX, CSV; then the command line."""
 import csv

@@ -1,8 +1,9 @@
-"""End-to-end runs of runner.train_run (experiments.run's loop) on a tiny locally built dataset (CI-sized), plus the
-properties the training loop promises: kill-and-resume = one run, and the moment-matching critic
-at zero variance = the plain critic inside the update. Seeds vmapped = seeds run alone is tested
-where it is strongest: a grid cell resumed alone = a single run (test_grid.py), seeds over 4
-devices = on 1 (test_sharding.py), one seed per process = both seeds in one (test_distributed.py)."""
+"""End-to-end runs of runner.train_run (experiments.run's loop) on a tiny locally built dataset
+(CI-sized), plus the properties the training loop promises: kill-and-resume = one run, and the
+moment-matching critic at zero variance = the plain critic inside the update. Seeds vmapped = seeds
+run alone is tested where it is strongest: a grid cell resumed alone = a single run (test_grid.py),
+seeds over 4 devices = on 1 (test_sharding.py), one seed per process = both seeds in one
+(test_distributed.py)."""
 import dataclasses
 import json
 import os
@@ -97,14 +98,16 @@ def test_the_opening_line_names_the_settings_source(minari_root, tmp_path, capsy
   assert first.startswith(f"{algo.upper()} settings (--reference={config.reference}): {code}")
   every = {"mombo": "every 50 epochs.", "mobile": "every 10 epochs"}[algo]
   assert f"evaluation {every}" in first
-  assert ("the reference evaluates every epoch" in first) == (reference is None and algo == "mobile")
+  assert (("the reference evaluates every epoch" in first)
+          == (reference is None and algo == "mobile"))
 
 
 @pytest.mark.slow
 def test_kill_and_resume_equals_uninterrupted(dataset, dyn_dir, tmp_path, mombo_run):
   straight, _ = mombo_run
   config = _config("mombo", num_seeds=2)
-  assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1) is None
+  assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir,
+                          stop_after=1) is None
   with open(tmp_path / "metrics.csv") as f:
     assert len(f.read().strip().splitlines()) == 1 + 1 * 2
   # Resumed at epoch 1, one more epoch finishes the run: a run that restarted from scratch would
@@ -170,7 +173,8 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
   assert re.search(r"hopper-random: \d+ transitions, obs dim 11, action dim 3; evaluated in "
                    r"Hopper-v5 in its v5 model \(hopper.xml\)\.", out), out
   # The final line sets the score beside the dataset's own episodes' mean normalised return.
-  own = scores.normalized_score(DATASET, transitions_lib.episode_returns(transitions_lib.load_transitions(DATASET)))
+  own = scores.normalized_score(
+      DATASET, transitions_lib.episode_returns(transitions_lib.load_transitions(DATASET)))
   final = next(line for line in out.splitlines() if line.startswith("final normalised score"))
   assert f" (dataset's own episodes: mean {own.mean():.1f}), AULC " in final, final
 
@@ -364,7 +368,8 @@ def test_epochs_change_needs_consent_and_is_recorded(tmp_path):
   (tmp_path / "x" / "config.json").write_text(json.dumps(fixed))
   new, notes = Workdir(str(tmp_path / "x")).check_config(
       _config("mombo", epochs=5, schedule_epochs=9), DATASET, allow_epochs_change=True)
-  assert new["schedule_epochs"] == 9 and "unchanged" in new["epochs_changes"][0]["actor_lr_schedule"]
+  assert (new["schedule_epochs"] == 9
+          and "unchanged" in new["epochs_changes"][0]["actor_lr_schedule"])
 
 
 def test_dynamics_of_another_setup_are_refused(dataset, dyn_dir, tmp_path, mombo_run):
@@ -403,7 +408,8 @@ def test_a_diverging_seed_is_frozen_and_the_others_finish_unchanged(dataset, dyn
     return call
 
   monkeypatch.setattr(runner, "compile_chunk", poisoning)
-  summary = runner.train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path), dynamics_dir=dyn_dir)
+  summary = runner.train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path),
+                             dynamics_dir=dyn_dir)
   monkeypatch.undo()
   assert [(d["seed"], d["epoch"]) for d in summary["diverged"]] == [(0, 2)]
   assert "params" in summary["diverged"][0]["quantity"]
@@ -428,7 +434,8 @@ def test_a_diverging_seed_is_frozen_and_the_others_finish_unchanged(dataset, dyn
                _final_params(str(straight_dir)).agent, _final_params(str(tmp_path)).agent)
   assert json.loads((tmp_path / "summary.json").read_text())["diverged"][0]["seed"] == 0
   # Resuming a finished run with a diverged seed keeps the record (it lives in the checkpoint).
-  again = runner.train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path), dynamics_dir=dyn_dir)
+  again = runner.train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path),
+                           dynamics_dir=dyn_dir)
   assert again["diverged"] == summary["diverged"]
 
 
@@ -565,14 +572,16 @@ def _assert_same_rows(a, b):
 
 
 @pytest.mark.slow
-def test_a_resume_writes_the_rows_of_an_evaluation_the_killed_launch_lost(dataset, dyn_dir, tmp_path,
-                                                                          mombo_run, capsys):
+def test_a_resume_writes_the_rows_of_an_evaluation_the_killed_launch_lost(dataset, dyn_dir,
+                                                                          tmp_path, mombo_run,
+                                                                          capsys):
   """The evaluation of epoch E runs while the device trains on; a launch killed after E's
   checkpoint but before E's rows reached metrics.csv resumes by evaluating the restored actors
   with E's env seeds and writing those rows first: metrics.csv ends as an uninterrupted run's."""
   straight, _ = mombo_run
   config = _config("mombo", num_seeds=2)
-  assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1) is None
+  assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir,
+                          stop_after=1) is None
   wd = Workdir(str(tmp_path))
   assert [r["epoch"] for r in wd.read_rows()] == [1, 1]
   wd.write_rows([])                         # the kill: checkpoint at epoch 1, no rows of it

@@ -294,9 +294,9 @@ def run_pendulum(seed=0):
 
 @pytest.mark.slow
 def test_sac_learns_pendulum():
-  """Online SAC (mombo_jax.collection.online_sac, the loop the collector builds datasets with) swings the
-  pendulum up. Fails when the actor ascends -Q (checked by hand: about -1900), when the critic
-  target or the tanh action mapping is wrong, or when updates do not happen."""
+  """Online SAC (mombo_jax.collection.online_sac, the loop the collector builds datasets with)
+  swings the pendulum up. Fails when the actor ascends -Q (checked by hand: about -1900), when the
+  critic target or the tanh action mapping is wrong, or when updates do not happen."""
   returns = run_pendulum()
   assert len(returns) == PENDULUM_STEPS // PENDULUM_EVAL_EVERY
   final = float(np.mean(returns[-2:]))

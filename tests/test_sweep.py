@@ -50,7 +50,8 @@ def test_plan_is_dataset_major_with_shared_dynamics(tmp_path):
   for flag in ("--env=hopper-random", "--algo=mopo", "--seeds=2", "--seed=0", "--preset=tiny",
                "--epochs=1", "--dynamics_max_epochs=2", f"--dynamics_dir={cells[1].dynamics_dir}"):
     assert flag in cmd, (flag, cmd)
-  assert _cells(tmp_path, target="mixture")[0].workdir.endswith(os.path.join("mombo-mixture", "s0x2"))
+  assert _cells(tmp_path, target="mixture")[0].workdir.endswith(
+      os.path.join("mombo-mixture", "s0x2"))
 
 
 def test_a_sweep_chooses_the_settings_source(tmp_path):

@@ -34,7 +34,8 @@ def agent(cfg):
 def dyn(cfg):
   dyn = dynamics.init_state(jax.random.PRNGKey(1), S, A, cfg)
   # Elites out of member order, to catch a target that ignores dyn.elites.
-  elites = jnp.arange(cfg.dyn_members - 1, cfg.dyn_members - 1 - cfg.dyn_elites, -1, dtype=jnp.int32)
+  elites = jnp.arange(cfg.dyn_members - 1, cfg.dyn_members - 1 - cfg.dyn_elites, -1,
+                      dtype=jnp.int32)
   return dyn.replace(input_mean=jnp.full((S + A,), 0.1), input_std=jnp.full((S + A,), 1.5),
                      elites=elites)
 
@@ -53,7 +54,8 @@ def batch():
 def _layers(critic_params, member):
   p = critic_params["params"]["members"]
   names = sorted(p, key=lambda n: int(n.split("_")[1]))
-  return [(np.asarray(p[n]["kernel"][member], np.float64), np.asarray(p[n]["bias"][member], np.float64))
+  return [(np.asarray(p[n]["kernel"][member], np.float64),
+           np.asarray(p[n]["bias"][member], np.float64))
           for n in names]
 
 
@@ -131,12 +133,14 @@ def test_mopo_soft_target(cfg, agent, batch):
   a, logp = map(np.asarray, sample_tanh_gaussian(mean, log_std, key))
   nb = jax.tree.map(np.asarray, batch)
   alpha = np.exp(mopo_cfg.log_alpha_init)
-  expected = nb.reward + mopo_cfg.gamma * (1 - nb.done) * (np_min_q(agent, nb.next_obs, a) - alpha * logp)
+  expected = nb.reward + mopo_cfg.gamma * (1 - nb.done) * (np_min_q(agent, nb.next_obs, a)
+                                                          - alpha * logp)
   np.testing.assert_allclose(np.asarray(y), expected, rtol=RTOL, atol=ATOL)
 
 
 def _np_elites(dyn, batch, cfg, term_fn):
-  s_mean, s_var, r_mean, r_var = map(np.asarray, dynamics.predict(dyn, batch.obs, batch.action, cfg))
+  s_mean, s_var, r_mean, r_var = map(np.asarray,
+                                     dynamics.predict(dyn, batch.obs, batch.action, cfg))
   e = np.asarray(dyn.elites)
   s_mean, s_var, r_mean, r_var = s_mean[e], s_var[e], r_mean[e], r_var[e]
   done = np.stack([np.asarray(term_fn(batch.obs, batch.action, jnp.asarray(s))) for s in s_mean])
@@ -289,7 +293,8 @@ def test_soft_backup_is_honoured_by_mombo_and_mobile(cfg, agent, batch, dyn):
   key = jax.random.PRNGKey(7)
   y_det, _ = targets.mobile(agent, batch, key, dyn=dyn, config=mob, term_fn=None)
   y_soft, _ = targets.mobile(agent, batch, key, dyn=dyn,
-                             config=dataclasses.replace(mob, deterministic_backup=False), term_fn=None)
+                             config=dataclasses.replace(mob, deterministic_backup=False),
+                             term_fn=None)
   k_next = jax.random.split(key, 3)[2]
   bonus = -alpha * _logp(agent, batch.next_obs, k_next, mob)
   np.testing.assert_allclose(np.asarray(y_soft) - np.asarray(y_det),

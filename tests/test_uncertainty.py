@@ -533,6 +533,7 @@ def test_experiment_end_to_end(tiny_run, tmp_path, states):
     assert len(f.read().strip().splitlines()) == 1 + len(rows)
   if states == "dataset":
     from mombo_jax.data import transitions as transitions_lib
-    picked = quantifier_quality.dataset_states(transitions_lib.load_transitions(rows[0]["dataset"]), 8, 0)
+    picked = quantifier_quality.dataset_states(
+        transitions_lib.load_transitions(rows[0]["dataset"]), 8, 0)
     assert len(picked["index"]) == 8             # the same 8 for every seed and algorithm
   assert os.path.isdir(workdir)

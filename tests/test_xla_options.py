@@ -1,5 +1,6 @@
 """core/xla_options (#29): the CPU dot choice read from MOMBO_JAX_CPU_DOTS (above the core, by
-settings/environment.py), the compiler options it gives, and that a program built with xla_options.jit compiles without YNNPACK dot fusions."""
+settings/environment.py), the compiler options it gives, and that a program built with
+xla_options.jit compiles without YNNPACK dot fusions."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,7 +48,8 @@ def test_an_option_this_jaxlib_refuses_is_dropped():
 def test_jit_compiles_dots_without_ynnpack(monkeypatch):
   """A [64, 64] @ [64, 64] dot: plain jax.jit hands it to YNNPACK on this jaxlib (checked, so the
   test would notice an XLA that no longer does), xla_options.jit does not; cpu_dots='xla'
-  (MOMBO_JAX_CPU_DOTS=xla, passed down) gives XLA's default again. Same values to float32 rounding."""
+  (MOMBO_JAX_CPU_DOTS=xla, passed down) gives XLA's default again. Same values to float32
+  rounding."""
   x = jnp.asarray(np.random.default_rng(0).normal(size=(64, 64)), jnp.float32)
 
   def f(a, b):

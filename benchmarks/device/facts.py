@@ -21,7 +21,8 @@ def _run(cmd) -> str:
 
 def main():
   args = kit_lib.part_args(__doc__)
-  print(f"# Device record, part a: the facts ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
+  print(f"# Device record, part a: the facts "
+        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
   print(f"host: {platform.node()}; {platform.platform()}; Python {sys.version.split()[0]} "
         f"({sys.executable})")
   from benchmarks import common  # /proc/cpuinfo's model name and the core count

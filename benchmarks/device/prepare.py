@@ -112,7 +112,8 @@ def check(kit, dataset, need_wheels, say) -> bool:
       ok = False
   facts = dataset_facts(kit, dataset)
   if facts["transitions"] is None:
-    say(f"missing: the dataset {dataset} ({facts['minari_id']}) in {kit_lib.kit_path(kit, 'minari')}")
+    say(f"missing: the dataset {dataset} ({facts['minari_id']}) in "
+        f"{kit_lib.kit_path(kit, 'minari')}")
     ok = False
   manifest = kit_lib.read_manifest(kit)
   if manifest is None or manifest.get("dataset") != dataset:

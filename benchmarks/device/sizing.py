@@ -155,8 +155,8 @@ RESERVED = ("a", "b", "c", "d")
 def plan(part: str, left_s: float, smoke: bool, measured: Optional[Dict] = None,
          done: tuple = (), algos_d=ALGOS) -> Plan:
   """The next part's cap from `left_s` seconds: its want, less the floors (x RESERVE_MARGIN) of the
-  later reserved parts that have not run (as many of them as leave this part its floor, the highest first);
-  skipped (with the reason) when what is left is under its floor. `done`: parts
+  later reserved parts that have not run (as many of them as leave this part its floor, the highest
+  first); skipped (with the reason) when what is left is under its floor. `done`: parts
   that ran or were skipped (a skipped part reserves nothing). Part d's epochs follow from its cap
   (at least the minimum, a multiple of its evaluation cadence, at most the paper's 3000); part d
   leaves part e its want when d still gets its minimum without it."""

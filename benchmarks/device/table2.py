@@ -28,7 +28,8 @@ def main():
   cmd = [sys.executable, "-m", "experiments.uncertainty", f"--runs={runs}", "--states=policy",
          f"--out={out}", *flags]
   print(f"# Device record, part e: Table 2 on part d's runs\n$ {' '.join(cmd[2:])}\n"
-        + ("(REDUCED settings: " + " ".join(flags) + ")\n" if flags else "(the paper's settings)\n"),
+        + ("(REDUCED settings: " + " ".join(flags) + ")\n" if flags
+           else "(the paper's settings)\n"),
         flush=True)
   rc = subprocess.run(cmd, cwd=kit_lib.ROOT, timeout=max(args.soft_s, 1.0)).returncode
   table = os.path.join(out, "uncertainty.md")

@@ -77,7 +77,8 @@ class Ours:
     lengths; the chunk's epoch loop counts once, = one epoch)."""
     from benchmarks import common
     # __wrapped__: a program compiled with compiler options cannot be traced inside make_jaxpr.
-    return common.jaxpr_flops(self.chunk.__wrapped__, self.state, self.stacked, self.keys, self.cells, 0, 1)
+    return common.jaxpr_flops(self.chunk.__wrapped__, self.state, self.stacked, self.keys,
+                              self.cells, 0, 1)
 
   # ---- one seed's pieces, as make_epoch runs them (profile.py and the FLOP count) -------------
 

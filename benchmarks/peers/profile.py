@@ -112,11 +112,13 @@ def profile_ours(side, n, repeats):
                                 feed=lambda a, o: (o, a[1], a[2]))
   ring = roll(k, agent, side._agent_ring()[1])[0]
   sample_fn, _ = side.sample_piece()
-  out["sampling"] = measure_ours(_scan(lambda acc, k: (acc + _tree_sum(sample_fn(k, ring)), None), n),
+  out["sampling"] = measure_ours(_scan(lambda acc, k: (acc + _tree_sum(sample_fn(k, ring)), None),
+                                       n),
                             (jnp.zeros(()), key), repeats)
   batch = jax.jit(sample_fn)(key, ring)
   target_fn = side.target_fn()
-  out["critic"] = measure_ours(_scan(lambda a, k: halves.ours_critic(a, batch, k, target_fn, config),
+  out["critic"] = measure_ours(_scan(lambda a, k: halves.ours_critic(a, batch, k, target_fn,
+                                                                     config),
                                 n), (agent, key), repeats)
   out["actor+alpha"] = measure_ours(_scan(lambda a, k: halves.ours_actor_alpha(a, batch, k, config),
                                      n), (agent, key), repeats)

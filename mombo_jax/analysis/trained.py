@@ -153,9 +153,10 @@ def load_run(workdir: str, step: Optional[int] = None) -> TrainedRun:
 def check_data(trained: TrainedRun, transitions) -> None:
   """Refuses to analyse a run with data other than it trained on, as training refuses to resume
   it (workdir.Workdir.check_data): ValueError in one line naming what changed (the dataset's
-  fingerprint, size or id: provenance.identity_changes) when `transitions` (transitions_lib.Transitions of
-  trained.dataset as it is now) are not the data config.json records. Nothing to check for
-  transitions None (the dataset is not local) or a run written before runs recorded their data."""
+  fingerprint, size or id: provenance.identity_changes) when `transitions`
+  (transitions_lib.Transitions of trained.dataset as it is now) are not the data config.json
+  records. Nothing to check for transitions None (the dataset is not local) or a run written before
+  runs recorded their data."""
   if trained.data is None or transitions is None:
     return
   changes = provenance.identity_changes(
@@ -170,9 +171,9 @@ def check_data(trained: TrainedRun, transitions) -> None:
 
 
 def load_data(trained: TrainedRun, required: bool = True):
-  """transitions_lib.Transitions of the run's dataset, checked to be the data it trained on (check_data).
-  required=False: None when the dataset is not local (an analysis that reads only its name);
-  otherwise a missing dataset raises errors.DatasetNotFoundError (a FileNotFoundError)."""
+  """transitions_lib.Transitions of the run's dataset, checked to be the data it trained on
+  (check_data). required=False: None when the dataset is not local (an analysis that reads only its
+  name); otherwise a missing dataset raises errors.DatasetNotFoundError (a FileNotFoundError)."""
   from mombo_jax.errors import DatasetNotFoundError
   try:
     transitions = transitions_lib.load_transitions(trained.dataset)

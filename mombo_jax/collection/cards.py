@@ -94,9 +94,9 @@ def card_text(name: str, stats: Optional[dict] = None) -> str:
 
 def _provenance_lines(prov: dict) -> list:
   """Card lines for the saved actors a dataset was recorded from and the SAC run's medium point
-  (mombo_jax.collection.recipes), and for an import of D4RL's file its timeout mode, physics check, the
-  non-finite rows it dropped and its quality check (mombo_jax.collection.d4rl), where its provenance
-  records them."""
+  (mombo_jax.collection.recipes), and for an import of D4RL's file its timeout mode, physics check,
+  the non-finite rows it dropped and its quality check (mombo_jax.collection.d4rl), where its
+  provenance records them."""
   lines = []
   if prov.get("recipe") == "d4rl-import":
     mode = prov.get("timeouts")

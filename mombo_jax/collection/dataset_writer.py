@@ -1,6 +1,6 @@
-"""Episodes (mombo_jax.collection.recording, D4RL imports) written as local Minari datasets, with their
-reference returns, provenance and dataset card: the write side of mombo_jax.data.minari_io, which
-reads them back."""
+"""Episodes (mombo_jax.collection.recording, D4RL imports) written as local Minari datasets, with
+their reference returns, provenance and dataset card: the write side of mombo_jax.data.minari_io,
+which reads them back."""
 from __future__ import annotations
 
 import json

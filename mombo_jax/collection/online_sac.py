@@ -1,16 +1,16 @@
 """Online SAC for building datasets (D4RL's recipe): one gradient step per environment step, run in
-chunks, resumable from Orbax checkpoints. experiments/collect.py (through mombo_jax.collection.recipes)
-trains one such run per environment; its medium policy, replay buffer and final policy become the
-medium, medium-replay and expert datasets.
+chunks, resumable from Orbax checkpoints. experiments/collect.py (through
+mombo_jax.collection.recipes) trains one such run per environment; its medium policy, replay buffer
+and final policy become the medium, medium-replay and expert datasets.
 
 The SAC itself is mombo_jax.core.sac with the standard online hyperparameters (OnlineSettings).
 Acting runs in numpy on the host (actor_policy.numpy_actor: one small MLP call per env step is
 cheaper than a jitted call's dispatch); gradient steps run on the device in chunks of `train_every`,
 each a loop over batches sampled on the device from a device copy of the replay buffer, in device
-calls of about signals.POLL_SECONDS so that a stop request is seen within seconds. A stop checkpoints
-the run where it is, and a resume continues it bit for bit (train_sac). The checkpoints are
-mombo_jax.collection.sac_checkpoints'; restore_sac reads one without training (for exporting its actors,
-mombo_jax.collection.saved_actors.save_actor).
+calls of about signals.POLL_SECONDS so that a stop request is seen within seconds. A stop
+checkpoints the run where it is, and a resume continues it bit for bit (train_sac). The checkpoints
+are mombo_jax.collection.sac_checkpoints'; restore_sac reads one without training (for exporting its
+actors, mombo_jax.collection.saved_actors.save_actor).
 """
 from __future__ import annotations
 
@@ -266,7 +266,8 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
         reached = (f"  -> medium point ({medium_consecutive} evaluation(s) in a row >= "
                    f"{medium_return:.1f}); snapshot taken")
       elif passed:
-        reached_once = f"  (>= {medium_return:.1f}: {meta['medium_streak']} of {medium_consecutive})"
+        reached_once = (f"  (>= {medium_return:.1f}: {meta['medium_streak']} "
+                        f"of {medium_consecutive})")
         log_fn(f"  eval @ {step}: return {returns.mean():.1f} +- {returns.std():.1f}{reached_once}")
         return False
     log_fn(f"  eval @ {step}: return {returns.mean():.1f} +- {returns.std():.1f}{reached}")

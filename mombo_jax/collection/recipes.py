@@ -2,11 +2,11 @@
 
 Recipes (D4RL, Fu et al. 2020):
 - random: `steps` steps of a uniform random policy.
-- One online SAC run per environment (mombo_jax.collection.online_sac) gives the other qualities. Its
-  deterministic evaluation return (`eval_episodes` episodes) is checked every `eval_every` steps;
-  once `medium_consecutive` (default 2) evaluations in a row reach `medium_fraction` x the D4RL
-  expert return, the policy of the last of them is snapshotted ("medium") and the replay buffer up
-  to that step is `medium-replay`. Training continues to `sac_steps`; the final policy is the
+- One online SAC run per environment (mombo_jax.collection.online_sac) gives the other qualities.
+  Its deterministic evaluation return (`eval_episodes` episodes) is checked every `eval_every`
+  steps; once `medium_consecutive` (default 2) evaluations in a row reach `medium_fraction` x the
+  D4RL expert return, the policy of the last of them is snapshotted ("medium") and the replay buffer
+  up to that step is `medium-replay`. Training continues to `sac_steps`; the final policy is the
   "expert".
 - medium / expert: `steps` steps of the medium / final policy, actions sampled from the stochastic
   policy as D4RL did (rollout_policy="deterministic" uses tanh(mean)), many envs stepped together
@@ -21,13 +21,13 @@ the D4RL reference returns and their provenance (recipe, size, rebuild command; 
 they were recorded from and the SAC medium point where there are such) in the metadata, and a
 dataset card beside them (mombo_jax.collection.cards).
 
-Saved actors (mombo_jax.collection.saved_actors). The Builder saves the SAC run's medium / expert actors
-to `<workdir>/<env>/actors/` as soon as it has them. Options.actors_only (collect --actors_only)
-only exports them from the checkpoint (restore_sac: no training, nothing written to the run).
-Options.from_actors (collect --from_actors=DIR) records medium / expert / medium-expert from DIR's
-saved actors alone, through the same rollout / _policy_episodes (and seeds) as a SAC build, so the
-same actor file and options give the same episodes; random and medium-replay (the SAC run's replay
-buffer) are refused (Builder.check).
+Saved actors (mombo_jax.collection.saved_actors). The Builder saves the SAC run's medium / expert
+actors to `<workdir>/<env>/actors/` as soon as it has them. Options.actors_only (collect
+--actors_only) only exports them from the checkpoint (restore_sac: no training, nothing written to
+the run). Options.from_actors (collect --from_actors=DIR) records medium / expert / medium-expert
+from DIR's saved actors alone, through the same rollout / _policy_episodes (and seeds) as a SAC
+build, so the same actor file and options give the same episodes; random and medium-replay (the SAC
+run's replay buffer) are refused (Builder.check).
 """
 from __future__ import annotations
 

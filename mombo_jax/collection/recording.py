@@ -1,8 +1,8 @@
 """Episodes as the datasets hold them (dicts of observations [T+1, S], actions [T, A], rewards,
 terminations, truncations [T]): recorded from a policy in environments stepped side by side
 (rollout; the uniform random and SAC policies), cut from a SAC run's replay buffer, mixed (the
-paper's random + p% datasets), summarized for the log. mombo_jax.collection.recipes says which of them
-each dataset is; mombo_jax.data.minari_io writes and reads them.
+paper's random + p% datasets), summarized for the log. mombo_jax.collection.recipes says which of
+them each dataset is; mombo_jax.data.minari_io writes and reads them.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Saved behaviour actors: the SAC actors the medium / expert datasets are recorded from, as small
 files anyone can record those datasets from again (collect --from_actors) without the SAC run.
 
-mombo_jax.collection.recipes.Builder writes the SAC run's medium actor once the run has its medium point,
-and its final ("expert") actor once it reaches `sac_steps`, including when it finds them in an
-existing checkpoint, to `<workdir>/<env>/actors/`:
+mombo_jax.collection.recipes.Builder writes the SAC run's medium actor once the run has its medium
+point, and its final ("expert") actor once it reaches `sac_steps`, including when it finds them in
+an existing checkpoint, to `<workdir>/<env>/actors/`:
   medium.msgpack, expert.msgpack   flax.serialization.to_bytes of the actor variables
   medium.json, expert.json         env, gym id, obs / action dims, actor_hidden, log-std bounds
                                    (actor_config rebuilds the Config sac_policy needs), SAC step,

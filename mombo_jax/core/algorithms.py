@@ -231,7 +231,8 @@ MOMBO_LCB = register(Algorithm(
     moment_matching=True, references="mombo", origin="the paper's eq. (1)"))
 MOMBO_ELITE_SPREAD = register(Algorithm(
     "mombo", _Target("mombo_elite_spread"), _Target("penalty_elite_spread"),
-    variant="elite_spread", moment_matching=True, references="mombo", min_elites=2, origin="the released code's"))
+    variant="elite_spread", moment_matching=True, references="mombo", min_elites=2,
+    origin="the released code's"))
 MOMBO_MIXTURE = register(Algorithm(
     "mombo", _Target("mombo_mixture"), _Target("penalty_mixture"), variant="mixture",
     moment_matching=True, references="mombo", min_elites=2, origin="law of total variance"))

@@ -2,9 +2,9 @@
 
 Batch fields, per row (B rows; S = obs dim, A = action dim):
   obs [B, S], action [B, A], reward [B] (the sampled reward; MOPO: already penalised),
-  next_obs [B, S] (the sampled next state; real data: the recorded one), done [B] float32 (1 = terminal),
-  obs_var [B, S] (variance of the state itself: 0 for real rows and at a rollout's first step),
-  next_obs_mean [B, S], next_obs_var [B, S], reward_mean [B], reward_var [B]
+  next_obs [B, S] (the sampled next state; real data: the recorded one), done [B] float32 (1 =
+  terminal), obs_var [B, S] (variance of the state itself: 0 for real rows and at a rollout's first
+  step), next_obs_mean [B, S], next_obs_var [B, S], reward_mean [B], reward_var [B]
   (the Gaussian of the elite that produced the row; real rows: mean = recorded value, var = 0).
 """
 import chex

@@ -43,7 +43,8 @@ def check_cell_count(num_cells: int, fix: str = ""):
                   "(CUDA_VISIBLE_DEVICES, or XLA_FLAGS=--xla_force_host_platform_device_count "
                   "on CPU)")
     raise ValueError(f"{num_cells} seed(s) do not split evenly over the {n} "
-                     f"{devices[0].platform} device(s){where} the seed axis is sharded over: {fix}.")
+                     f"{devices[0].platform} device(s){where} the seed axis is sharded over: "
+                     f"{fix}.")
 
 
 def _place(tree, sharding):
@@ -73,7 +74,8 @@ def replicate(tree):
 
 
 def resize_rings(state, rows: int):
-  """state [C] (train.CellState) with its ring buffers cut or zero-padded to `rows` slots (ptr, count untouched).
+  """state [C] (train.CellState) with its ring buffers cut or zero-padded to `rows` slots (ptr,
+  count untouched).
 
   A program's ring has its longest rollout's capacity; a cell with a shorter one uses only its
   first capacity(config, k) slots (ptr, count < that), so its checkpoint holds what a plain run
@@ -86,8 +88,8 @@ def resize_rings(state, rows: int):
 
 
 def take_cells(state, cells: slice, rows: int):
-  """state [C] (train.CellState) -> state [cells] with its ring buffers cut or zero-padded to `rows` slots: what a
-  plain run of those cells' group checkpoints (resize_rings of the slice).
+  """state [C] (train.CellState) -> state [cells] with its ring buffers cut or zero-padded to `rows`
+  slots: what a plain run of those cells' group checkpoints (resize_rings of the slice).
 
   Moves no data it need not: a leaf sharded over its cell axis (a launch's state, on the devices
   of every process) becomes an array over the devices that hold the cells asked for, each keeping

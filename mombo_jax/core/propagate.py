@@ -8,10 +8,10 @@ API
     propagate_full.py). Deterministic outputs come back with zero variance.
 
 How: g traces fn to a jaxpr (jax.make_jaxpr, on the arguments' shapes) and evaluates that jaxpr
-(propagate_interp.interpret, with this module's DiagonalRules) once, replacing each value that depends on a random argument by its moments. Values that do not
-depend on one (the parameters, their transposes, ...) are computed exactly as fn computes them. The
-rules, for a random x ~ N(m, v) (diagonal: independent coordinates, the paper's assumption after
-every layer) and deterministic c:
+(propagate_interp.interpret, with this module's DiagonalRules) once, replacing each value that
+depends on a random argument by its moments. Values that do not depend on one (the parameters, their
+transposes, ...) are computed exactly as fn computes them. The rules, for a random x ~ N(m, v)
+(diagonal: independent coordinates, the paper's assumption after every layer) and deterministic c:
 
   exact    x @ c, c @ x (dot_general: mean m @ c, variance v @ c^2), x + c, x - c, x * c, x / c,
            -x, sum, cumsum, reshape / broadcast / transpose / squeeze / slice / pad / concatenate /
@@ -223,7 +223,8 @@ class DiagonalRules:
     if name == "pad":
       if rand[1]:
         raise Unsupported("a random padding value")
-      var = lax.pad(ins[0].full_var(), jnp.zeros((), ins[0].var.dtype), eqn.params["padding_config"])
+      var = lax.pad(ins[0].full_var(), jnp.zeros((), ins[0].var.dtype),
+                    eqn.params["padding_config"])
       return [Gauss(mean_out(), var)], True
     if name == "select_n":
       if rand[0]:

@@ -17,8 +17,8 @@ Rules (x ~ N(m, C) over the last axis; c deterministic):
           a = m / s, rho = C_ij / (s_i s_j). It is Price's theorem, dCov/dC_ij = P(X_i > 0, X_j > 0)
           (the route of Wu et al., "Deterministic Variational Inference for Robust Bayesian Neural
           Networks", ICLR 2019, Sec. 3 and App. A, who then approximate the integral in closed
-          form), with Sheppard's formula for the bivariate normal CDF integrated over rho. Instead of
-          their closed-form approximation, the integral is evaluated by 20-point Gauss-Legendre
+          form), with Sheppard's formula for the bivariate normal CDF integrated over rho. Instead
+          of their closed-form approximation, the integral is evaluated by 20-point Gauss-Legendre
           (relu_cov), written so that no term cancels (below). Its error against mpmath is checked
           in tests/test_propagate_mc.py (<= 1e-6 of s_i s_j over a grid of a in [-6, 6],
           rho in [-1, 1]); the approximation error of the whole network is what remains of
@@ -147,7 +147,8 @@ class FullRules:
     return FGauss(mean, g.cov, g.scalar)
 
   def broadcast(self, g, shape):
-    """g as a value of `shape` (rows broadcast; a feature axis of 1 copied: perfectly correlated)."""
+    """g as a value of `shape` (rows broadcast; a feature axis of 1 copied: perfectly
+    correlated)."""
     shape = tuple(shape)
     if g.mean.shape == shape:
       return g

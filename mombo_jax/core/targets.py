@@ -62,7 +62,8 @@ def _beta(beta, config):
 
 
 def _continue(done, value):
-  """value where the episode goes on, 0 at terminals (selection: a NaN behind a terminal stays out)."""
+  """value where the episode goes on, 0 at terminals (selection: a NaN behind a terminal stays
+  out)."""
   return jnp.where(done > 0, jnp.zeros_like(value), value)
 
 
@@ -139,8 +140,8 @@ def mombo_lcb(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=N
   """MOMBO (paper eq. 1 + reward variance), from the stored Gaussian of the producing elite:
 
   y = r + g(1-d) m* - beta sqrt(var_r + g^2 (1-d) v*),  (m*, v*) = MM moments of the target critic
-  with the smaller mean at (mu_s', a' ~ pi(mu_s')), input variance var_s'. The Gaussian's mean is the
-  elite's mean (next_obs_mean, reward_mean), not the sample the rollout continued from.
+  with the smaller mean at (mu_s', a' ~ pi(mu_s')), input variance var_s'. The Gaussian's mean is
+  the elite's mean (next_obs_mean, reward_mean), not the sample the rollout continued from.
   """
   del dyn, term_fn, real_rows          # real rows: zero variance, no penalty by themselves
   t, std = lcb_moments(agent, batch, key, config, auto_alpha)
@@ -175,7 +176,8 @@ def penalty_elite_spread(agent, batch, key, *, dyn, config, term_fn):
 
 def mombo_elite_spread(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None,
                        auto_alpha=None):
-  """What the public MOMBO code does: y = mean_e T_e - beta std_e T_e (ddof=1); MM variance unused."""
+  """What the public MOMBO code does: y = mean_e T_e - beta std_e T_e (ddof=1); MM variance
+  unused."""
   _, k_real = jax.random.split(key)
   mean, std = elite_spread_moments(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn,
                                    auto_alpha=auto_alpha)
@@ -201,7 +203,8 @@ def penalty_mixture(agent, batch, key, *, dyn, config, term_fn):
 
 def mombo_mixture(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None,
                   auto_alpha=None):
-  """Law of total variance over elites: var = mean_e(MM var_e) + var_e(T_e); y = mean - beta sqrt(var)."""
+  """Law of total variance over elites: var = mean_e(MM var_e) + var_e(T_e); y = mean - beta
+  sqrt(var)."""
   _, k_real = jax.random.split(key)
   mean, std = mixture_moments(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn,
                               auto_alpha=auto_alpha)

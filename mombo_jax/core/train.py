@@ -54,7 +54,8 @@ class Cell(struct.PyTreeNode):
   """What may differ between the cells (seeds x datasets x betas x their datasets' paper settings)
   of one compiled program; vmapped with the state (leading cell axis). Every other setting is the
   program config's, shared by all cells."""
-  dataset: jax.Array        # int32 scalar: which of the stacked datasets (buffer.stack) it trains on
+  dataset: jax.Array        # int32 scalar: which of the stacked datasets (buffer.stack) it
+                            # trains on
   size: jax.Array           # int32 scalar: that dataset's real transitions (rows past it: padding)
   beta: jax.Array           # f32 scalar: MOMBO / MOBILE beta, MOPO lambda
   # Its rollout length k <= the program's config.rollout_length K (the scan's static length; the
@@ -235,10 +236,10 @@ def make_cells_epoch(config, num_cells: int, per_cell=(), layout=None, cpu_dots:
   shard_cells / replicate (or uncommitted ones): a committed array on another placement is refused
   by jit. num_cells is C and must split evenly over the devices (check_cell_count). The state
   argument is donated: its buffers (the ring buffer above all) are reused in place. Cached per
-  config's EpochSettings (epoch_settings.epoch_settings: what the epoch reads), so runs in one process
-  share the compiled function. layout ('vmap', 'loop'; None: the backend's default) and cpu_dots
-  ('eigen', 'xla': xla_options) come from above the core (settings/environment.py reads them from
-  MOMBO_JAX_CELLS and MOMBO_JAX_CPU_DOTS; program.compile_chunk passes them).
+  config's EpochSettings (epoch_settings.epoch_settings: what the epoch reads), so runs in one
+  process share the compiled function. layout ('vmap', 'loop'; None: the backend's default) and
+  cpu_dots ('eigen', 'xla': xla_options) come from above the core (settings/environment.py reads
+  them from MOMBO_JAX_CELLS and MOMBO_JAX_CPU_DOTS; program.compile_chunk passes them).
   """
   check_cell_count(num_cells)
   per_cell = _settings(per_cell)

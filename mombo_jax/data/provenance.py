@@ -1,6 +1,6 @@
 """Where a local dataset comes from and what identifies it: the provenance its metadata records
-(mombo_jax.collection.recipes writes it), whether it is a reduced build of its recipe, its environment,
-and the identity (id, size, fingerprint) that saved dynamics are matched against.
+(mombo_jax.collection.recipes writes it), whether it is a reduced build of its recipe, its
+environment, and the identity (id, size, fingerprint) that saved dynamics are matched against.
 """
 from __future__ import annotations
 

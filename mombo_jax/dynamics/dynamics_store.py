@@ -93,7 +93,8 @@ def get_dynamics(config, transitions, dataset, dynamics_dir, *, should_stop=None
   lock.acquire()
   ok = False
   try:
-    dyn = _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop, overwrite, log)
+    dyn = _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop, overwrite,
+                        log)
     ok = True
     return dyn
   finally:
@@ -103,7 +104,8 @@ def get_dynamics(config, transitions, dataset, dynamics_dir, *, should_stop=None
 def dynamics_lock(dynamics_dir: str, config, shared: bool = False):
   """locks.FolderLock of config's ensembles in dynamics_dir (<dir>/seed<s>x<S>-<tag>.lock;
   acquire() it): exclusive while they are trained or written, shared while read."""
-  return locks.FolderLock(dynamics_dir, os.path.basename(dynamics_path(dynamics_dir, config)) + LOCK,
+  return locks.FolderLock(dynamics_dir,
+                          os.path.basename(dynamics_path(dynamics_dir, config)) + LOCK,
                           shared=shared, what="dynamics ensemble", fix=(
                               "wait until it has trained them (then they are reused), or pass "
                               "another --dynamics_dir"))
@@ -117,7 +119,8 @@ def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop,
 
   from mombo_jax.dynamics import dynamics_training, saved_dynamics
   from mombo_jax.storage import checkpoint
-  key = saved_dynamics.reuse_key(config, transitions, provenance.dataset_identity(dataset, transitions))
+  key = saved_dynamics.reuse_key(config, transitions,
+                                 provenance.dataset_identity(dataset, transitions))
   if os.path.exists(path) and not overwrite:
     try:
       dyn, meta = saved_dynamics.load(path)

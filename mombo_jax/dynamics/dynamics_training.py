@@ -1,6 +1,6 @@
 """Training of the dynamics ensemble (core/dynamics.py, which holds its loss `loss_fn`): the
-train / holdout split and bootstrap, the compiled epoch, early stopping, elites, and resumable partial training
-(checkpoint_dir / should_stop -> DynamicsTrainingStopped).
+train / holdout split and bootstrap, the compiled epoch, early stopping, elites, and resumable
+partial training (checkpoint_dir / should_stop -> DynamicsTrainingStopped).
 
 Training follows the MBPO/OfflineRL-Kit recipe: holdout split, per-member bootstrap, per-member
 snapshots on > 1 % holdout improvement, patience-based early stopping, elites = best holdout MSE.

@@ -76,7 +76,8 @@ def summarise(rows: Sequence[dict], seeds: Sequence[int], diverged: Sequence[dic
   docs/protocol.md); `*_healthy`: the same over the seeds that did not diverge (None when none is
   left); `num_seeds`, `num_diverged`; `protocol`: PROTOCOL; with `q` (the run's
   OverestimationWatch, mombo_jax.run.overestimation) also its fields (OverestimationWatch.summary).
-  A statistic over values of which one is not finite is None (never NaN in the file): the per-seed lists show which."""
+  A statistic over values of which one is not finite is None (never NaN in the file): the per-seed
+  lists show which."""
   epochs, table = score_table(rows, seeds)
   final, aulc = table[-1], table.mean(axis=0)
   bad = {int(d["seed"]) for d in diverged}
@@ -113,10 +114,11 @@ def plot_curve(rows: Sequence[dict], seeds: Sequence[int], path: str, title: str
 
 def curve_figure(rows: Sequence[dict], seeds: Sequence[int], title: str,
                  diverged: Sequence[int] = (), dataset_score: Optional[float] = None):
-  """The learning curve's matplotlib figure: every seed thin with its evaluation points marked (diverged ones dashed:
-  their frozen policy's scores), the mean over every seed thick (summary.json's) with a band of
-  +- the std over the seeds (ddof 0, as summary.json's; said in the legend), and the dataset's own
-  episodes' mean normalised return as a labelled line (dataset_score, where given)."""
+  """The learning curve's matplotlib figure: every seed thin with its evaluation points marked
+  (diverged ones dashed: their frozen policy's scores), the mean over every seed thick
+  (summary.json's) with a band of +- the std over the seeds (ddof 0, as summary.json's; said in the
+  legend), and the dataset's own episodes' mean normalised return as a labelled line (dataset_score,
+  where given)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt

@@ -1,12 +1,13 @@
 """A run on disk, owned in one place: the layout of a run's folder, its config.json (write, read,
 compare), its checkpoints (restored against a typed template) and its outputs. No other module
 spells a path inside a run. It imports no JAX, flax or Orbax (the checkpoint methods import them
-when called), so the report reads runs without them. The dynamics ensembles' own folder scheme and get-or-train:
-mombo_jax.dynamics.dynamics_store; the run's key scheme: mombo_jax.core.key_scheme; finding runs under
-folders: mombo_jax.records.run_search.
+when called), so the report reads runs without them. The dynamics ensembles' own folder scheme and
+get-or-train: mombo_jax.dynamics.dynamics_store; the run's key scheme: mombo_jax.core.key_scheme;
+finding runs under folders: mombo_jax.records.run_search.
 
     <workdir>/
-      .lock                the OS lock of the launch writing here (locks.FolderLock: the holder's PID, host, start)
+      .lock                the OS lock of the launch writing here (locks.FolderLock: the holder's
+                           PID, host, start)
       config.json          the Config fields + "dataset", "data" (the dataset's identity:
                            transitions and fingerprint; a resume on other data is refused),
                            "epochs_changes" (--allow_epochs_change), "eval_changes"
@@ -153,10 +154,11 @@ class Workdir:
     if changed:
       hint = (f"Pass --reference={old['reference']} to continue it with the settings it was "
               "started with, pass" if "reference" in changed and old.get("reference") else "Pass")
-      raise UserError(f"{self.path} holds a run with another config "
-                      f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in sorted(changed.items()))}). "
-                      f"{hint} another `workdir`, or delete that folder to start over.",
-                      params=("workdir",))
+      raise UserError(
+          f"{self.path} holds a run with another config "
+          f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in sorted(changed.items()))}). "
+          f"{hint} another `workdir`, or delete that folder to start over.",
+          params=("workdir",))
     notes, history = [], list(old.get("epochs_changes", []))
     if "reference" not in written and "reference" in old:
       notes.append(f"config.json did not record its settings' source (written before "
@@ -234,8 +236,8 @@ class Workdir:
   def remove_leftovers(self) -> List[str]:
     """Removes what a killed or failed launch left under checkpoints/ before Orbax sees it: the
     unfinished checkpoint folders of a save (Orbax's *.orbax-checkpoint-tmp*) and the step folders
-    of a delete of an old step cut off (checkpoint_files.leftovers); call only while holding the lock.
-    Returns one line per removal ("removed <path>, <what it was>")."""
+    of a delete of an old step cut off (checkpoint_files.leftovers); call only while holding the
+    lock. Returns one line per removal ("removed <path>, <what it was>")."""
     from mombo_jax.storage import checkpoint_files  # its room check loads JAX: records import none
     return checkpoint_files.remove_leftovers(self.checkpoints)
 

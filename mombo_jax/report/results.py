@@ -242,12 +242,13 @@ def group_runs(runs: Sequence[Run]) -> Tuple[Dict[tuple, Pool], List[str]]:
   with one setup (Run.setup_fields: config.json but the seeds and evaluation fields); curves are
   kept at the evaluation steps all of them share. Runs of one algorithm whose setups differ are
   separate groups, each label naming the fields that differ over the whole table
-  (`labels.column_labels`): pooling them would average two different experiments. One (setup, seed) in two folders is
-  refused (check_duplicates). Returns (groups, warnings)."""
+  (`labels.column_labels`): pooling them would average two different experiments. One (setup, seed)
+  in two folders is refused (check_duplicates). Returns (groups, warnings)."""
   check_duplicates(runs)
   by_key: Dict[tuple, List[Run]] = {}
   for r in runs:
-    by_key.setdefault((r.env, r.dataset, r.algo, paper_setup.setup_key(r.setup_fields())), []).append(r)
+    by_key.setdefault((r.env, r.dataset, r.algo, paper_setup.setup_key(r.setup_fields())),
+                      []).append(r)
   labels = column_labels({k: m[0] for k, m in by_key.items()})
   groups, warnings = {}, []
   for (env, dataset, algo, skey), members in by_key.items():

@@ -224,7 +224,8 @@ def finish_line(summary: dict, q=None, dataset_score=None) -> str:
   n, bad = len(summary["seeds"]), len(summary["diverged"])
   line = (f"final normalised score {_num(summary['final_normalized_score_mean'])} "
           f"+- {_num(summary['final_normalized_score_std'])}"
-          + ("" if dataset_score is None else f" (dataset's own episodes: mean {dataset_score:.1f})")
+          + ("" if dataset_score is None
+             else f" (dataset's own episodes: mean {dataset_score:.1f})")
           + f", AULC {_num(summary['aulc_mean'])} over all {n} seed(s), {bad} diverged")
   if bad:
     line += (f" (counted at their frozen policy; over the {n - bad} healthy seed(s): "

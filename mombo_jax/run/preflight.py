@@ -24,7 +24,8 @@ def _check_dir(path: str, flag: str):
     with tempfile.TemporaryFile(dir=parent):
       pass
   except OSError as e:
-    raise UserError(f"{flag}={path} cannot be {'written' if parent == os.path.abspath(path) else 'created'} "
+    raise UserError(f"{flag}={path} cannot be "
+                    f"{'written' if parent == os.path.abspath(path) else 'created'} "
                     f"({e.strerror or e}: {parent}); pass a writable `{flag}`.",
                     params=(flag,)) from None
 

@@ -43,8 +43,8 @@ def load_or_build(dataset, config, build_missing, build_steps, download=False, r
           "where the recipe has 1M); paper-preset runs will refuse it until it is rebuilt with "
           f"`python -m experiments.collect --env={dataset} --overwrite`.")
     # A separate process: experiments.collect defines absl flags of its own.
-    cmd = [sys.executable, "-m", "experiments.collect", f"--env={dataset}", f"--steps={build_steps}",
-           f"--seed={config.seed}"]
+    cmd = [sys.executable, "-m", "experiments.collect", f"--env={dataset}",
+           f"--steps={build_steps}", f"--seed={config.seed}"]
     code = run_child(cmd, should_stop)
     # The collector checkpoints and stops on Ctrl-C (one process group) or the stop passed on.
     signum = (getattr(should_stop, "signum", None) if should_stop is not None and should_stop()

@@ -95,7 +95,8 @@ def train_grid(groups, build_missing=False, build_steps=1_000_000, keep=3, stop_
 def plan(groups, keep, stop_after, build_steps, allow_epochs_change, held):
   """Every check that needs no data: the groups fit one program, the flags and folders are valid,
   no other launch writes these workdirs (their locks are taken and appended to `held`; process 0
-  holds them), each workdir's config.json agrees. Returns each group's (config.json record, notes)."""
+  holds them), each workdir's config.json agrees. Returns each group's (config.json record,
+  notes)."""
   check_groups(groups)
   cells = sum(g.config.num_seeds for g in groups)
   for g in groups:
@@ -139,7 +140,8 @@ def prepare(groups, records, keep, should_stop, data_options):
     log(f"{name}: {len(t.rewards)} transitions, obs dim {t.observations.shape[1]}, action dim "
         f"{t.actions.shape[1]}; evaluated in {envs.eval_env_spec(name)['physics']}.")
     # What the behaviour policy scored: the final line sets the run's score beside it.
-    dataset_scores[name] = float(np.mean(scores.normalized_score(name, transitions_lib.episode_returns(t))))
+    dataset_scores[name] = float(np.mean(
+        scores.normalized_score(name, transitions_lib.episode_returns(t))))
   for g, (record, notes) in zip(groups, records):
     wd = Workdir(g.workdir, g.dynamics_dir)
     record, more = wd.check_data(record, provenance.dataset_identity(g.dataset,

@@ -142,12 +142,13 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
          python: str = sys.executable) -> List[SweepCell]:
   """The cells in launch order (dataset-major: a dataset's ensemble is trained by the first cell
   that needs it and reused by the later cells whose dynamics settings agree; cells of other
-  settings train their own beside it, SweepCell.dynamics_path, dynamics_plan). Every name and budget is checked first by building each cell's
-  config, so a typo fails here and not hours into the sweep; `extra` (the words after `--`) by
-  check_passthrough. budget: experiments.run flag -> value (None = the cell's default). A given
-  --beta is part of the cells' folder names (<algo>[-<target>]-beta<b>), so sweeps of several
-  betas share one --out; so is a --reference other than the algorithm's default source
-  (<algo>[-<target>]-<reference>; an algorithm without that source is refused)."""
+  settings train their own beside it, SweepCell.dynamics_path, dynamics_plan). Every name and budget
+  is checked first by building each cell's config, so a typo fails here and not hours into the
+  sweep; `extra` (the words after `--`) by check_passthrough. budget: experiments.run flag -> value
+  (None = the cell's default). A given --beta is part of the cells' folder names
+  (<algo>[-<target>]-beta<b>), so sweeps of several betas share one --out; so is a --reference other
+  than the algorithm's default source (<algo>[-<target>]-<reference>; an algorithm without that
+  source is refused)."""
   from mombo_jax.core import algorithms
   from mombo_jax.records import workdir as workdir_lib
   from mombo_jax.settings import config as config_lib

@@ -56,8 +56,8 @@ def history_of(entry: dict) -> List[dict]:
 
 
 def finished_status(cell, history: Sequence[dict]) -> str:
-  """A finished cell's (sweep.SweepCell) outcome: diverged when its summary.json lists diverged seeds or its last
-  launch ended diverged, else finished."""
+  """A finished cell's (sweep.SweepCell) outcome: diverged when its summary.json lists diverged
+  seeds or its last launch ended diverged, else finished."""
   from mombo_jax.records.workdir import Workdir
   try:
     if Workdir(cell.workdir).read_summary().get("diverged"):

@@ -52,7 +52,8 @@ class Config:
   critic_lr: float = 3e-4
   alpha_lr: float = 1e-4
   auto_alpha: bool = True
-  alpha_max: Optional[float] = 1.0    # the MOMBO, MOBILE and MOPO references clamp alpha <= 1; None: uncapped
+  alpha_max: Optional[float] = 1.0    # the MOMBO, MOBILE and MOPO references clamp alpha <= 1;
+                                      # None: uncapped
   alpha: float = 0.2                  # the fixed alpha when auto_alpha is False
   log_alpha_init: float = 0.0
   target_entropy: Optional[float] = None   # None -> -dim(A)
@@ -67,7 +68,8 @@ class Config:
   # Offline loop.
   epochs: int = 3000                  # when the run stops
   # What the actor's cosine schedule spans, apart from the stop: the paper preset fixes it to the
-  # paper's 3000 epochs, so `--epochs=300` trains the first tenth of the paper's run. None: --epochs.
+  # paper's 3000 epochs, so `--epochs=300` trains the first tenth of the paper's run. None:
+  # --epochs.
   schedule_epochs: Optional[int] = None
   steps_per_epoch: int = 1000
   real_ratio: float = 0.05
@@ -203,13 +205,15 @@ def _validate(c: "Config"):
                        "learning rate would be 0 after epoch schedule_epochs. Pass "
                        f"--schedule_epochs >= {c.epochs} (or 0 to span --epochs).")
   if c.dyn_max_epochs is not None and (not is_int(c.dyn_max_epochs) or c.dyn_max_epochs < 1):
-    raise ValueError(f"dyn_max_epochs must be a positive integer or None, got {c.dyn_max_epochs!r}.")
+    raise ValueError(f"dyn_max_epochs must be a positive integer or None, "
+                     f"got {c.dyn_max_epochs!r}.")
   for name in ("actor_hidden", "critic_hidden", "dyn_hidden"):
     v = getattr(c, name)
     if not v or not all(is_int(h) and h > 0 for h in v):
       raise ValueError(f"{name} must be a non-empty tuple of positive integers, got {v!r}.")
   if not all(is_num(w) and w >= 0 for w in c.dyn_weight_decay):
-    raise ValueError(f"dyn_weight_decay entries must be finite numbers >= 0, got {c.dyn_weight_decay!r}.")
+    raise ValueError(f"dyn_weight_decay entries must be finite numbers >= 0, "
+                     f"got {c.dyn_weight_decay!r}.")
   if c.dyn_elites > c.dyn_members:
     raise ValueError(f"dyn_elites ({c.dyn_elites}) > dyn_members ({c.dyn_members}).")
   if c.dyn_elites < algorithm.min_elites:
@@ -275,7 +279,8 @@ def valid_names() -> list:
 
 
 def parse_name(name: str) -> tuple:
-  """'walker2d-medium-replay' -> ('walker2d', 'medium-replay'). Raises ValueError with the valid names."""
+  """'walker2d-medium-replay' -> ('walker2d', 'medium-replay'). Raises ValueError with the valid
+  names."""
   env, _, quality = name.partition("-")
   if env not in ENVS or name not in valid_names():
     raise ValueError(f"Unknown dataset name {name!r}. Valid names: {', '.join(valid_names())} "

@@ -10,7 +10,8 @@ the cadence at which the paper preset evaluates a run of it. `Config.reference` 
                           from OfflineRL-Kit's log files (paper, section 5) (default)
           authors         the MOBILE authors' yihaosun1124/mobile configs/gym/<task>.py
   mopo    offlinerl_kit   OfflineRL-Kit run_example/run_mopo.py; the random datasets from the MOPO
-                          authors' tianheyu927/mopo (OfflineRL-Kit suggests nothing for them) (default)
+                          authors' tianheyu927/mopo (OfflineRL-Kit suggests nothing for them)
+                          (default)
 
 Keys of `tasks` and `settings` are Config fields; everything not listed keeps the Config default,
 which all three references share (adinlab/MOMBO configs/gym/default.py, yihaosun1124/mobile
@@ -117,7 +118,8 @@ MOBILE_AUTHORS = {
 # OfflineRL-Kit suggests nothing for the random datasets: those come from the MOPO authors' code,
 # tianheyu927/mopo examples/config/d4rl/<env>_random.py (D4RL -v0; rollout_length, penalty_coeff).
 MOPO_OFFLINERL_KIT = {
-    "halfcheetah-random": dict(rollout_length=5, beta=0.5),    # tianheyu927/mopo halfcheetah_random.py
+    # tianheyu927/mopo halfcheetah_random.py
+    "halfcheetah-random": dict(rollout_length=5, beta=0.5),
     "halfcheetah-medium": dict(rollout_length=5, beta=0.5),    # run_mopo.py
     "halfcheetah-medium-replay": dict(rollout_length=5, beta=0.5),  # run_mopo.py
     "halfcheetah-medium-expert": dict(rollout_length=5, beta=2.5),  # run_mopo.py

@@ -95,8 +95,8 @@ def _encode(tree: Any, metadata: Optional[dict], kind: str, where: str):
 
   Whole leaves go to Orbax as host copies (one copy serves the CRC and the write); leaves split
   over devices go as they are: Orbax writes each process's own shards, and the manifest lists a
-  CRC per distinct shard (each process computes those of its shards; manifest.combine shares them). In a
-  multi-process run every process calls this together, with the same tree structure."""
+  CRC per distinct shard (each process computes those of its shards; manifest.combine shares them).
+  In a multi-process run every process calls this together, with the same tree structure."""
   try:
     meta_json = json.loads(json.dumps(metadata or {}, default=_json_default))
   except (TypeError, ValueError) as e:
@@ -248,8 +248,8 @@ def _read_step(mngr, step: int, template: Any, kind: str, partial: bool = False)
 
 def save_pytree(path: str, tree: Any, metadata: Optional[dict] = None, overwrite: bool = False,
                 kind: str = "saved"):
-  """Save `tree` (any pytree of arrays / Python scalars, e.g. a train.CellState with a leading seed axis)
-  and JSON-serialisable `metadata` as the CheckpointManager directory `path` (one step kept).
+  """Save `tree` (any pytree of arrays / Python scalars, e.g. a train.CellState with a leading seed
+  axis) and JSON-serialisable `metadata` as the CheckpointManager directory `path` (one step kept).
 
   Refuses an existing checkpoint at `path` unless overwrite=True; even then the old step stays in
   place until the new one is committed. `kind` names the checkpoint in error messages ("run",

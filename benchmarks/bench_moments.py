@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchmarks import common  # noqa: E402
 from mombo_jax.core import buffer, critics, sac, targets  # noqa: E402
 from mombo_jax.core.critics import MMCritic  # noqa: E402
 from mombo_jax.core.moments import mm_linear, mm_relu  # noqa: E402
@@ -290,11 +291,7 @@ def main():
     lines += ["", "## mm_relu accuracy vs mpmath (80 digits)", ""]
     lines += accuracy_table()
   lines.append(f"total runtime {time.time() - t0:.0f} s")
-  report = "\n".join(lines)
-  print(report)
-  if args.out:
-    with open(args.out, "w") as f:
-      f.write(report + "\n")
+  common.emit(lines, args.out)
 
 
 if __name__ == "__main__":

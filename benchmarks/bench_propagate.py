@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import common
 from mombo_jax.core.critics import CriticEnsemble
 from mombo_jax.core.monte_carlo import mc_moments
 from mombo_jax.core.propagate import propagate
@@ -165,11 +166,7 @@ def main():
   lines += error_table(args.seconds)
   lines.append(f"(load average {os.getloadavg()[0]:.1f} at the end; "
                f"total {time.time() - t0:.0f} s)")
-  report = "\n".join(lines)
-  print(report)
-  if args.out:
-    with open(args.out, "w") as f:
-      f.write(report + "\n")
+  common.emit(lines, args.out)
 
 
 if __name__ == "__main__":

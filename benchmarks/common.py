@@ -1,5 +1,6 @@
 """Measurements shared by the benchmarks: this machine's matmul throughput, XLA's FLOP count of a
-compiled call, and a FLOP count from the jaxpr that multiplies loop bodies by their trip counts."""
+compiled call, a FLOP count from the jaxpr that multiplies loop bodies by their trip counts, and a
+report printed and written to its record."""
 import math
 import os
 import time
@@ -175,3 +176,12 @@ def equal_leaves(tree, reference) -> int:
   """How many leaves of `tree` equal `reference`'s (same structure) bit for bit."""
   return sum(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(tree),
                                                   jax.tree.leaves(reference)))
+
+
+def emit(lines, out=None):
+  """Prints the report's lines and, where `out` names a file, writes them there (the record)."""
+  report = "\n".join(lines)
+  print(report)
+  if out:
+    with open(out, "w") as f:
+      f.write(report + "\n")

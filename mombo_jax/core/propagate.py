@@ -50,7 +50,14 @@ import numpy as np
 from jax import lax
 
 from mombo_jax.core.moments import mm_leaky_relu, mm_relu
-from mombo_jax.core.propagate_interp import PropagateError, Sign, Unsupported, bind, interpret  # noqa: F401
+from mombo_jax.core.propagate_interp import (  # noqa: F401
+  PropagateError,
+  Sign,
+  Unsupported,
+  bind,
+  float_mean,
+  interpret,
+)
 from mombo_jax.errors import InvalidArgument
 
 
@@ -147,10 +154,7 @@ class DiagonalRules:
   caller = "an unknown line"   # where an error points when no user frame is known
 
   def lift(self, mean, var):
-    mean = jnp.asarray(mean)
-    if not jnp.issubdtype(mean.dtype, jnp.floating):
-      raise InvalidArgument(f"propagate: a random input's mean must be a float array, got "
-                            f"{mean.dtype}; cast it with .astype(jnp.float32).")
+    mean = float_mean(mean)
     var = jnp.asarray(var, mean.dtype)
     if jnp.broadcast_shapes(var.shape, mean.shape) != mean.shape:
       raise InvalidArgument(f"propagate: var of shape {var.shape} does not fit mean of shape "

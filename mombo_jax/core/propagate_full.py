@@ -41,7 +41,7 @@ import numpy as np
 from jax import lax
 
 from mombo_jax.core.moments import mm_leaky_relu, mm_relu
-from mombo_jax.core.propagate_interp import Unsupported, bind
+from mombo_jax.core.propagate_interp import Unsupported, bind, float_mean
 from mombo_jax.errors import InvalidArgument
 
 QUAD_NODES = 20
@@ -116,10 +116,7 @@ class FullRules:
   caller = "an unknown line"   # where an error points when no user frame is known
 
   def lift(self, mean, var):
-    mean = jnp.asarray(mean)
-    if not jnp.issubdtype(mean.dtype, jnp.floating):
-      raise InvalidArgument(f"propagate: a random input's mean must be a float array, got "
-                            f"{mean.dtype}; cast it with .astype(jnp.float32).")
+    mean = float_mean(mean)
     var = jnp.asarray(var, mean.dtype)
     if mean.ndim == 0 and var.ndim == 0:
       return FGauss(mean, var.reshape(1, 1), scalar=True)

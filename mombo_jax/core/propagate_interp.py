@@ -5,6 +5,7 @@ the error for an unsupported operation)."""
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend import core as jcore
@@ -186,3 +187,13 @@ def apply_rule(eqn, ins, rules):
     return [rules.add_det(r, c, lax.add) if name == "max" else
             rules.add_det(rules.neg(r), c, lax.add)], False
   return rules.apply(eqn, ins)
+
+
+def float_mean(mean):
+  """A random input's mean as a float array (both modes lift their inputs through this), or one
+  error saying how to cast it."""
+  mean = jnp.asarray(mean)
+  if not jnp.issubdtype(mean.dtype, jnp.floating):
+    raise InvalidArgument(f"propagate: a random input's mean must be a float array, got "
+                          f"{mean.dtype}; cast it with .astype(jnp.float32).")
+  return mean

@@ -67,10 +67,11 @@ def bench_training(config, transitions, num_seeds, epochs):
 
 
 def bench_rollout(config, transitions, reps):
-  """(compile + first s, steady seconds) of rollout.run with N = config.rollout_batch_size."""
+  """(compile + first s, steady seconds) of rollout.run with N =
+  config.rollout.rollout_batch_size."""
   dyn = dynamics.init_state(jax.random.PRNGKey(0), OBS_DIM, ACTION_DIM, config)
-  actor = critics.TanhGaussianActor(config.actor_hidden, ACTION_DIM, config.log_std_min,
-                                    config.log_std_max)
+  actor = critics.TanhGaussianActor(config.agent.actor_hidden, ACTION_DIM, config.agent.log_std_min,
+                                    config.agent.log_std_max)
   actor_params = actor.init(jax.random.PRNGKey(1), jnp.zeros((1, OBS_DIM)))
   term_fn = termination.termination_fn("hopper")
 
@@ -81,7 +82,7 @@ def bench_rollout(config, transitions, reps):
   run = jax.jit(lambda k, d, s, b: rollout.run(k, policy_fn, d, s, b, config, term_fn),
                 donate_argnums=3)
   obs = jnp.asarray(transitions.observations)
-  n = config.rollout_batch_size
+  n = config.rollout.rollout_batch_size
   buf = buffer.init_ring(config.synthetic_capacity, OBS_DIM, ACTION_DIM)
   t0 = time.perf_counter()
   start = obs[jax.random.randint(jax.random.PRNGKey(2), (n,), 0, obs.shape[0])]
@@ -112,24 +113,25 @@ def main():
         f"{os.cpu_count()} visible cores, jax backend {jax.default_backend()} "
         f"{[d.device_kind for d in jax.devices()]})")
   print(f"# jax {jax.__version__}, numpy {np.__version__}, python {platform.python_version()}")
-  print(f"# ensemble: {config.dyn_members} members x {'x'.join(map(str, config.dyn_hidden))} SiLU, "
-        f"batch {config.dyn_batch_size}; data: {args.n} synthetic transitions, obs {OBS_DIM} + "
-        f"action {ACTION_DIM}")
+  shape = config.dynamics
+  print(f"# ensemble: {shape.dyn_members} members x {'x'.join(map(str, shape.dyn_hidden))} SiLU, "
+        f"batch {config.dynamics_training.dyn_batch_size}; data: {args.n} synthetic transitions, "
+        f"obs {OBS_DIM} + action {ACTION_DIM}")
   data = _data(args.n)
   n_train, n_hold = training_data.split_sizes(args.n, config)
-  steps = -(-n_train // config.dyn_batch_size)
+  steps = -(-n_train // config.dynamics_training.dyn_batch_size)
   print(f"# per epoch: {n_train} train rows -> {steps} minibatch steps per member; "
         f"holdout {n_hold}")
   for seeds, epochs in ((1, args.epochs), (args.seeds, args.epochs_seeds)):
     first, per_epoch, times = bench_training(config, data, seeds, epochs)
-    print(f"train  seeds={seeds}  members x seeds={config.dyn_members * seeds:3d}  "
+    print(f"train  seeds={seeds}  members x seeds={config.dynamics.dyn_members * seeds:3d}  "
           f"compile+first epoch {first:7.2f} s  |  {per_epoch:7.2f} s/epoch  "
           f"{1 / per_epoch:6.3f} epochs/s  ({seeds / per_epoch:6.3f} seed-epochs/s)  "
           f"[timed epochs: {', '.join(f'{t:.2f}' for t in times)}]")
   first, per_roll, times, count, metrics = bench_rollout(config, data, args.rollout_reps)
-  n_steps = config.rollout_batch_size * config.rollout_length
-  print(f"rollout  N={config.rollout_batch_size} k={config.rollout_length} actor "
-        f"{list(config.actor_hidden)}  ring {config.synthetic_capacity} rows  "
+  n_steps = config.rollout.rollout_batch_size * config.rollout.rollout_length
+  print(f"rollout  N={config.rollout.rollout_batch_size} k={config.rollout.rollout_length} actor "
+        f"{list(config.agent.actor_hidden)}  ring {config.synthetic_capacity} rows  "
         f"compile+first {first:7.2f} s  |  {per_roll:6.2f} s/rollout  "
         f"({n_steps / per_roll / 1e3:7.1f}k model steps/s)  "
         f"[timed: {', '.join(f'{t:.2f}' for t in times)}]; ring count after "

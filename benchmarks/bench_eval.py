@@ -39,8 +39,8 @@ from mombo_jax.core import actor_policy
 from mombo_jax.env import env_pool, envs, evaluate
 from mombo_jax.settings import config as config_lib
 
-EPISODES, HORIZON = config_lib.Config.eval_episodes, 1000
-EVAL_EVERY = config_lib.Config.eval_every
+EPISODES, HORIZON = config_lib.Config().evaluation.eval_episodes, 1000
+EVAL_EVERY = config_lib.Config().evaluation.eval_every
 # benchmarks/bench_scale_gpu.txt: s / epoch of MOMBO lcb on one H100 by cell count.
 H100_S_PER_EPOCH = {1: 0.17, 2: 0.19, 4: 0.26, 8: 0.37, 16: 0.54, 32: 0.94, 64: 1.86}
 GPU_HOST_CORES = 16
@@ -62,7 +62,7 @@ def standing_actor(config, num_cells, env, seed=0):
   """Actor variables [C, ...]: random hidden layers of the config's sizes (numpy), mean head zero
   (so tanh(mean) = 0), log-std head random."""
   rng = np.random.default_rng(seed)
-  hidden = tuple(config.actor_hidden)
+  hidden = tuple(config.agent.actor_hidden)
   ins = [OBS_DIMS[env], *hidden, hidden[-1]]
   outs = [*hidden, ACT_DIMS[env], ACT_DIMS[env]]
   params = {}
@@ -133,8 +133,9 @@ def round_trip_us(workers, num_envs, act_dim, steps):
 def policy_ms(config, cells, env, repeats=20):
   """Best ms of the evaluation's jitted policy call on obs [C, episodes, obs_dim]."""
   params = standing_actor(config, cells, env)
+  agent = config.agent
   fn = actor_policy.actor_functions(actor_policy.ActorShape.of(
-      config.actor_hidden, ACT_DIMS[env], config.log_std_min, config.log_std_max)).mode_per_seed
+      agent.actor_hidden, ACT_DIMS[env], agent.log_std_min, agent.log_std_max)).mode_per_seed
   obs = np.zeros((cells, EPISODES, OBS_DIMS[env]), np.float32)
   np.asarray(fn(params, obs))
   best = math.inf
@@ -193,7 +194,7 @@ def main():
   common.print_header("bench_eval")
   print(f"cores this process may use: {cores}; gymnasium envs v5; {EPISODES} episodes per cell "
         f"of {HORIZON} steps, every {EVAL_EVERY} epochs (config defaults); actor "
-        f"{list(config.actor_hidden)}")
+        f"{list(config.agent.actor_hidden)}")
 
   print("\n## 1. One env step, one core (gymnasium's env in this process; resets not timed; best "
         f"of {args.repeats} x 1000 steps): random actions (uniform in the bounds, as "

@@ -30,7 +30,6 @@ logspace(-30, 10, 41), per dtype and regime; where the true value is subnormal o
 absolute error in units of the smallest normal number.
 """
 import argparse
-import dataclasses
 import os
 import platform
 import statistics
@@ -154,7 +153,7 @@ def step_table(steps=50, rounds=9):
                       reward_mean=f(n), reward_var=var(n))
   mombo = config_lib.make_config("walker2d-medium", "mombo")
   mopo = config_lib.make_config("walker2d-medium", "mopo")
-  plain_actor = dataclasses.replace(mombo, algo="mobile")   # sac.update's plain actor loss
+  plain_actor = mombo.replace(algo="mobile")   # sac.update's plain actor loss
 
   def lcb(agent, batch, key):
     return targets.mombo_lcb(agent, batch, key, dyn=None, config=mombo, term_fn=None)

@@ -51,7 +51,7 @@ def compute_bound(config, obs_dim: int, action_dim: int, seconds: float = 5.0) -
             "next_obs": np.zeros((n, obs_dim), np.float32), "terminated": np.zeros(n, np.float32)}
   flops = common.xla_flops(train.lower(agent, replay, np.int32(n),
                                        jax.random.split(jax.random.key(1), 1)).compile())
-  gflops = common.matmul_gflops(config.batch_size, max(config.critic_hidden), seconds)
+  gflops = common.matmul_gflops(config.agent.batch_size, max(config.agent.critic_hidden), seconds)
   return dict(flops=flops, matmul_gflops=gflops, updates_per_s_bound=gflops * 1e9 / flops)
 
 

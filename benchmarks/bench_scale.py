@@ -92,8 +92,10 @@ STEP_TYPES = [("SAC = MOPO's step (soft target, plain critics)", "mopo", "lcb"),
 # EVAL_EVERY epochs on EPISODES episodes of at most HORIZON steps (config defaults).
 QUALITIES = ("random", "medium", "medium-replay", "medium-expert")
 SEEDS, EPOCHS = 4, config_lib.Config.epochs
-EVAL_EVERY, EPISODES, HORIZON = config_lib.Config.eval_every, config_lib.Config.eval_episodes, 1000
-PAPER_ROLLOUT, PAPER_STEPS = config_lib.Config.rollout_batch_size, config_lib.Config.steps_per_epoch
+_DEFAULT = config_lib.Config()
+EVAL_EVERY, EPISODES, HORIZON = (_DEFAULT.evaluation.eval_every, _DEFAULT.evaluation.eval_episodes,
+                                 1000)
+PAPER_ROLLOUT, PAPER_STEPS = _DEFAULT.rollout.rollout_batch_size, _DEFAULT.steps_per_epoch
 
 
 def _timed(fn):
@@ -209,8 +211,9 @@ def bench_steps(args, rng, precisions):
     def one(agent, ring, dyn, k, config=config):
       target_fn = targets.bind(config, dyn, term_fn)
       k1, k2 = jax.random.split(k)
-      batch = buffer.sample_mixed(real, ring, k1, config.batch_size,
-                                  buffer.real_rows(config.batch_size, config.real_ratio))
+      batch = buffer.sample_mixed(real, ring, k1, config.agent.batch_size,
+                                  buffer.real_rows(config.agent.batch_size,
+                                                   config.rollout.real_ratio))
       return sac.update(agent, batch, k2, target_fn, config)
 
     def steps(agent, ring, dyn, key, one=one):
@@ -287,8 +290,7 @@ def launch_program(name, env, rollout, steps, real_rows, rng) -> Program:
   """One launch of the projection: QUALITIES x SEEDS cells of env in one program, as
   program.program_config and train.make_cells build it (dataset-major cells)."""
   configs = launch_configs(name, env, rollout, steps)
-  program = dataclasses.replace(configs[0],
-                                rollout_length=max(c.rollout_length for c in configs))
+  program = configs[0].replace(rollout_length=max(c.rollout.rollout_length for c in configs))
   obs_dim, act_dim = envs.OBS_DIM[env], envs.ACTION_DIM[env]
   one = _random_real(real_rows, obs_dim, act_dim, rng)
   stacked = jax.tree.map(lambda x: np.broadcast_to(x, (len(configs),) + x.shape), one)
@@ -422,11 +424,11 @@ def policy_call_seconds(env_name: str, calls: int = 200) -> float:
   from mombo_jax.core.critics import TanhGaussianActor
   c = config_lib.Config()
   obs_dim, act_dim = envs.OBS_DIM[env_name], envs.ACTION_DIM[env_name]
-  actor = TanhGaussianActor(c.actor_hidden, act_dim, c.log_std_min, c.log_std_max)
+  actor = TanhGaussianActor(c.agent.actor_hidden, act_dim, c.agent.log_std_min, c.agent.log_std_max)
   params = jax.vmap(lambda k: actor.init(k, jnp.zeros((1, obs_dim))))(
       jax.random.split(jax.random.PRNGKey(0), SEEDS))
   fn = actor_policy.actor_functions(actor_policy.ActorShape.of(
-      c.actor_hidden, act_dim, c.log_std_min, c.log_std_max)).mode_per_seed
+      c.agent.actor_hidden, act_dim, c.agent.log_std_min, c.agent.log_std_max)).mode_per_seed
   obs = np.zeros((SEEDS, EPISODES, obs_dim), np.float32)
   np.asarray(fn(params, jnp.asarray(obs)))
   t0 = time.perf_counter()
@@ -521,7 +523,7 @@ def project(args, rng, precision, cells_table):
     epoch_s = {}
     for env in order:
       configs = launch_configs(name, env, args.rollout, args.steps)
-      ks = [c.rollout_length for c in configs]
+      ks = [c.rollout.rollout_length for c in configs]
       per_cell = ",".join(train.per_cell_settings(configs)) or "none"
       if env in measured:
         try:

@@ -76,8 +76,9 @@ def bench_steps(args, rng):
 
       def body(agent, k):
         k1, k2 = jax.random.split(k)
-        batch = buffer.sample_mixed(real, ring, k1, config.batch_size,
-                                    buffer.real_rows(config.batch_size, config.real_ratio))
+        batch = buffer.sample_mixed(real, ring, k1, config.agent.batch_size,
+                                    buffer.real_rows(config.agent.batch_size,
+                                                     config.rollout.real_ratio))
         return sac.update(agent, batch, k2, target_fn, config)
 
       return jax.lax.scan(body, agent, jax.random.split(key, args.steps))

@@ -39,7 +39,8 @@ def test_one_cache_of_jitted_functions_per_actor_shape(params):
   assert a == b and actor_policy.actor_functions(a) is actor_policy.actor_functions(b)
   config = online_config("hopper", HIDDEN, 4)
   shape = actor_policy.ActorShape.from_config(config, params)
-  assert shape == actor_policy.ActorShape.of(HIDDEN, ACT, config.log_std_min, config.log_std_max)
+  assert shape == actor_policy.ActorShape.of(HIDDEN, ACT, config.agent.log_std_min,
+                                             config.agent.log_std_max)
   fns = actor_policy.actor_functions(shape)
   obs = np.random.default_rng(0).standard_normal((4, OBS)).astype(np.float32)
   mode = np.asarray(fns.mode(params, obs))

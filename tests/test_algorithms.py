@@ -68,16 +68,18 @@ def test_epoch_settings_hold_what_the_epoch_computes_with():
   a = config_lib.make_config("hopper-random", "mobile", "tiny")
   same = config_lib.make_config("hopper-medium", "mobile", "tiny", reference="authors",
                                 beta=a.beta, seed=3, num_seeds=2, eval_every=7, dyn_lr=1e-2,
-                                dyn_max_epochs=9, real_ratio=a.real_ratio,
-                                rollout_length=a.rollout_length, auto_alpha=a.auto_alpha,
-                                alpha=a.alpha)
+                                dyn_max_epochs=9, real_ratio=a.rollout.real_ratio,
+                                rollout_length=a.rollout.rollout_length,
+                                auto_alpha=a.agent.auto_alpha,
+                                alpha=a.agent.alpha)
   assert epoch_settings(a) == epoch_settings(same)
   assert not hasattr(epoch_settings(a), "env")          # no faked dataset name
   for change in (dict(gamma=0.9), dict(actor_lr=1e-3), dict(algo="mopo")):
     assert epoch_settings(a) != epoch_settings(
-        dataclasses.replace(a, **change))
+        a.replace(**change))
   cells = epoch_settings(a, ("rollout_length", "real_ratio"))
-  assert (cells.beta, cells.real_ratio, cells.rollout_length) == (None, None, a.rollout_length)
+  assert (cells.beta, cells.rollout.real_ratio, cells.rollout.rollout_length) == (
+      None, None, a.rollout.rollout_length)
 
 
 def test_a_registered_toy_algorithm_is_configured_from_its_record(hopper_random_2000, tmp_path):

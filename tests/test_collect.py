@@ -366,8 +366,8 @@ def test_medium_point_needs_consecutive_evaluations(monkeypatch):
   probe, seen = _scripted_evaluations(monkeypatch, [0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
   result = _tiny_sac(log_fn=logs.append)
   assert result.medium_step == result.medium_size == 300
-  medium = actor_policy.numpy_actor(result.medium_actor, result.config.log_std_min,
-                                   result.config.log_std_max)(probe)
+  medium = actor_policy.numpy_actor(result.medium_actor, result.config.agent.log_std_min,
+                                   result.config.agent.log_std_max)(probe)
   np.testing.assert_array_equal(medium, seen[5])
   assert not np.array_equal(seen[4], seen[5])
   # One evaluation is enough with medium_consecutive=1.
@@ -401,7 +401,8 @@ def _actor(key: int, hidden=(8, 8)):
                                       "bias": rng.standard_normal(s[1]).astype(np.float32) * 0.1}
                        for i, s in enumerate(shapes)}}
   info = dict(env="hopper", obs_dim=11, action_dim=3, actor_hidden=list(hidden),
-              log_std_min=config.log_std_min, log_std_max=config.log_std_max, batch_size=32,
+              log_std_min=config.agent.log_std_min, log_std_max=config.agent.log_std_max,
+              batch_size=32,
               sac_step=key)
   return params, config, info
 

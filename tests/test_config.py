@@ -39,9 +39,9 @@ def test_paper_tables_and_reference_defaults():
   assert config_lib.make_config("halfcheetah-random", "mopo").beta == 0.5   # tianheyu927/mopo
   assert config_lib.make_config("hopper-medium", "mombo").beta == 3.0
   mopo = config_lib.make_config("walker2d-medium-replay", "mopo")
-  assert mopo.deterministic_backup is False and mopo.clip_target_min is None
+  assert mopo.agent.deterministic_backup is False and mopo.agent.clip_target_min is None
   cfg = config_lib.make_config("hopper-random")
-  assert cfg.alpha_max == 1.0 and cfg.rollout_obs_limit == 100.0
+  assert cfg.agent.alpha_max == 1.0 and cfg.rollout.rollout_obs_limit == 100.0
   assert hash(cfg) == hash(dataclasses.replace(cfg))            # frozen and hashable
 
 
@@ -50,21 +50,21 @@ def test_each_algorithm_runs_its_own_references_settings():
   # MOMBO (adinlab/MOMBO configs/gym): the released code's variant, fixed alpha on hopper-medium.
   mombo = make("hopper-medium-replay", "mombo")
   assert mombo.target == "elite_spread" and mombo.beta == 0.15
-  assert mombo.auto_alpha is False and mombo.alpha == 0.2
-  assert make("halfcheetah-medium-expert", "mombo").real_ratio == 0.5
-  assert make("walker2d-medium", "mombo").dyn_max_epochs == 30
+  assert mombo.agent.auto_alpha is False and mombo.agent.alpha == 0.2
+  assert make("halfcheetah-medium-expert", "mombo").rollout.real_ratio == 0.5
+  assert make("walker2d-medium", "mombo").dynamics_training.dyn_max_epochs == 30
   # MOBILE (yihaosun1124/mobile configs/gym): its own betas, the same extras.
   assert make("hopper-medium", "mobile").beta == 1.5
-  assert make("hopper-medium", "mobile").auto_alpha is False
+  assert make("hopper-medium", "mobile").agent.auto_alpha is False
   assert make("walker2d-random", "mobile").beta == 2.0
   # MOPO (OfflineRL-Kit run_mopo.py): learned alpha, real ratio 0.05, its own lambda and k; no
   # extras inherited from MOMBO / MOBILE.
   mopo = make("hopper-medium-replay", "mopo")
-  assert mopo.beta == 2.5 and mopo.auto_alpha is True
+  assert mopo.beta == 2.5 and mopo.agent.auto_alpha is True
   hcme = make("halfcheetah-medium-expert", "mopo")
-  assert hcme.beta == 2.5 and hcme.real_ratio == 0.05
-  assert make("walker2d-medium", "mopo").dyn_max_epochs is None
-  assert make("walker2d-random", "mopo").rollout_length == 1      # tianheyu927/mopo
+  assert hcme.beta == 2.5 and hcme.rollout.real_ratio == 0.05
+  assert make("walker2d-medium", "mopo").dynamics_training.dyn_max_epochs is None
+  assert make("walker2d-random", "mopo").rollout.rollout_length == 1      # tianheyu927/mopo
   # Every D4RL task is in every table.
   for algo, table in config_lib.TASKS.items():
     assert set(table) == set(config_lib.MOMBO_TASKS), algo
@@ -93,33 +93,34 @@ def test_mobile_defaults_to_offlinerl_kits_run_mobile():
   make = config_lib.make_config
   hcme = make("halfcheetah-medium-expert", "mobile")
   assert hcme.reference == "offlinerl_kit"
-  assert hcme.beta == 2.0 and hcme.real_ratio == 0.05 and hcme.auto_alpha is True
+  assert hcme.beta == 2.0 and hcme.rollout.real_ratio == 0.05 and hcme.agent.auto_alpha is True
   hmr = make("hopper-medium-replay", "mobile")            # alpha fixed on hopper-medium only
-  assert hmr.beta == 0.1 and hmr.auto_alpha is True
+  assert hmr.beta == 0.1 and hmr.agent.auto_alpha is True
   hm = make("hopper-medium", "mobile")
-  assert hm.beta == 1.5 and hm.auto_alpha is False and hm.alpha == 0.2
+  assert hm.beta == 1.5 and hm.agent.auto_alpha is False and hm.agent.alpha == 0.2
   wmr = make("walker2d-medium-replay", "mobile")
-  assert wmr.rollout_length == 1 and wmr.beta == 0.5
+  assert wmr.rollout.rollout_length == 1 and wmr.beta == 0.5
   # --dynamics-max-epochs 30 on every task, the mixed datasets included.
   for env in ("hopper-random", "walker2d-medium", "halfcheetah-medium-expert",
               "hopper-random-medium-1pct"):
-    assert make(env, "mobile").dyn_max_epochs == 30, env
-  assert make("hopper-random", "mobile", "quick").dyn_max_epochs == 2       # the preset's cap wins
+    assert make(env, "mobile").dynamics_training.dyn_max_epochs == 30, env
+  # The preset's cap wins.
+  assert make("hopper-random", "mobile", "quick").dynamics_training.dyn_max_epochs == 2
   for env, row in references.MOBILE_OFFLINERL_KIT.items():
     config = make(env, "mobile")
-    assert {k: getattr(config, k) for k in row} == row, env
+    assert {k: config.settings()[k] for k in row} == row, env
 
 
 def test_reference_authors_gives_the_mobile_authors_table():
   make = lambda env: config_lib.make_config(env, "mobile", reference="authors")  # noqa: E731
   hcme = make("halfcheetah-medium-expert")
-  assert hcme.reference == "authors" and hcme.beta == 1.0 and hcme.real_ratio == 0.5
-  assert make("hopper-medium-replay").auto_alpha is False
-  assert make("hopper-random").dyn_max_epochs is None
-  assert make("walker2d-medium").dyn_max_epochs == 30
+  assert hcme.reference == "authors" and hcme.beta == 1.0 and hcme.rollout.real_ratio == 0.5
+  assert make("hopper-medium-replay").agent.auto_alpha is False
+  assert make("hopper-random").dynamics_training.dyn_max_epochs is None
+  assert make("walker2d-medium").dynamics_training.dyn_max_epochs == 30
   for env, row in references.MOBILE_AUTHORS.items():
     config = make(env)
-    assert {k: getattr(config, k) for k in row} == row, env
+    assert {k: config.settings()[k] for k in row} == row, env
   # Every source has every D4RL task (the expert datasets reuse medium-expert's row).
   for algo, sources in references.SOURCES.items():
     for name, src in sources.items():
@@ -147,21 +148,21 @@ def test_paper_preset_evaluates_at_each_references_cadence():
   """adinlab/MOMBO evaluates every 50 epochs, yihaosun1124/mobile every 10; OfflineRL-Kit every
   epoch, which this project replaces by 10 (a documented choice: docs/protocol.md)."""
   make = config_lib.make_config
-  assert make("hopper-medium", "mombo").eval_every == 50
-  assert make("hopper-random-medium-1pct", "mombo").eval_every == 50
-  assert make("hopper-medium", "mobile", reference="authors").eval_every == 10
-  assert make("hopper-medium", "mobile").eval_every == 10
-  assert make("hopper-medium", "mopo").eval_every == 10
+  assert make("hopper-medium", "mombo").evaluation.eval_every == 50
+  assert make("hopper-random-medium-1pct", "mombo").evaluation.eval_every == 50
+  assert make("hopper-medium", "mobile", reference="authors").evaluation.eval_every == 10
+  assert make("hopper-medium", "mobile").evaluation.eval_every == 10
+  assert make("hopper-medium", "mopo").evaluation.eval_every == 10
   for algo, sources in references.SOURCES.items():
     for name, src in sources.items():
-      assert make("walker2d-medium", algo, reference=name).eval_every == src.eval_every
+      assert make("walker2d-medium", algo, reference=name).evaluation.eval_every == src.eval_every
       assert src.eval_every == src.reference_eval_every or src.reference_eval_every == 1, name
   assert references.SOURCES["mombo"]["authors"].reference_eval_every == 50
   assert references.SOURCES["mobile"]["authors"].reference_eval_every == 10
   assert references.SOURCES["mobile"]["offlinerl_kit"].reference_eval_every == 1
   # Presets and flags still win.
-  assert make("hopper-medium", "mombo", "quick").eval_every == 5
-  assert make("hopper-medium", "mombo", eval_every=7).eval_every == 7
+  assert make("hopper-medium", "mombo", "quick").evaluation.eval_every == 5
+  assert make("hopper-medium", "mombo", eval_every=7).evaluation.eval_every == 7
 
 
 def test_config_json_names_the_source_and_old_records_keep_theirs(tmp_path):

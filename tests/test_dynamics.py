@@ -1,7 +1,6 @@
 """Dynamics ensemble: fitting, early stopping / snapshots / elites, seed vmapping, resumable
 training (dynamics_training); predict / step (dynamics); termination functions against gymnasium
 (termination); save / load and the reuse key (saved_dynamics)."""
-import dataclasses
 import os
 
 import jax
@@ -72,23 +71,24 @@ def test_early_stopping_snapshots_and_elites_follow_the_rule(fitted):
   > 1% improvement, training stops after `patience` epochs without any, elites = best losses.
   Then the returned parameters must reproduce the kept losses on the holdout split."""
   cfg, data, dyn, hist = fitted
-  best = np.full(cfg.dyn_members, 1e10)
+  best = np.full(cfg.dynamics.dyn_members, 1e10)
   since, stop_epoch = 0, None
   for h in hist:
     mse = h["holdout_mse"][0]
-    improved = (best - mse) / best > cfg.dyn_improvement
+    improved = (best - mse) / best > cfg.dynamics_training.dyn_improvement
     best = np.where(improved, mse, best)
     since = 0 if improved.any() else since + 1
     np.testing.assert_allclose(h["best"][0], best, rtol=1e-6)
-    if since >= cfg.dyn_patience or h["epoch"][0] >= cfg.dyn_max_epochs:
+    training = cfg.dynamics_training
+    if since >= training.dyn_patience or h["epoch"][0] >= training.dyn_max_epochs:
       stop_epoch = h["epoch"][0]
       break
   assert stop_epoch is not None and stop_epoch == hist[-1]["epoch"][0] == len(hist)
-  assert stop_epoch < cfg.dyn_max_epochs      # it stopped on patience in this case
-  np.testing.assert_array_equal(dyn.elites, np.argsort(best)[:cfg.dyn_elites])
+  assert stop_epoch < cfg.dynamics_training.dyn_max_epochs    # it stopped on patience in this case
+  np.testing.assert_array_equal(dyn.elites, np.argsort(best)[:cfg.dynamics.dyn_elites])
   inputs, targets = training_data.make_arrays(data)
   _, hold = training_data.split_indices(jax.random.PRNGKey(0), len(data.rewards), cfg)
-  assert len(hold) == min(int(0.2 * len(data.rewards)), cfg.dyn_max_holdout)
+  assert len(hold) == min(int(0.2 * len(data.rewards)), cfg.dynamics_training.dyn_max_holdout)
   s_mean, _, r_mean, _ = dynamics.predict(dyn, inputs[hold, :1], inputs[hold, 1:], cfg)
   pred = np.concatenate([np.asarray(s_mean) - np.asarray(inputs[hold, :1]),
                          np.asarray(r_mean)[..., None]], axis=-1)
@@ -112,7 +112,7 @@ def test_vmapped_seeds_equal_single_seed_training(fitted):
   keys = jax.random.split(jax.random.PRNGKey(3), 2)
   hist = []
   batched = dynamics_training.train_seeds(keys, data, cfg, log_fn=lambda _: None, history=hist)
-  assert batched.elites.shape == (2, cfg.dyn_elites)
+  assert batched.elites.shape == (2, cfg.dynamics.dyn_elites)
   stops = [sum(h["active"][s] for h in hist) for s in range(2)]
   assert stops[0] != stops[1], "seeds should stop at different epochs to exercise the freezing"
   for i in range(2):
@@ -171,7 +171,7 @@ def test_save_load_round_trip(fitted, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, d, loaded)
     assert meta["obs_dim"] == 1 and meta["action_dim"] == 1
     assert meta["num_seeds"] == (None if name == "one" else 2)
-    assert saved_dynamics.config_overrides(meta)["dyn_hidden"] == cfg.dyn_hidden
+    assert saved_dynamics.config_overrides(meta)["dyn_hidden"] == cfg.dynamics.dyn_hidden
   obs, act = jnp.asarray(data.observations[:5]), jnp.asarray(data.actions[:5])
   cfg2 = config_lib.make_config("hopper-medium", **saved_dynamics.config_overrides(meta))
   np.testing.assert_array_equal(dynamics.predict(loaded, obs, act, cfg2)[0][0],
@@ -184,10 +184,11 @@ def _legacy_save(path, dyn, cfg, **meta_changes):
   """Writes dyn as dynamics.save did before saved_dynamics: a plain dict tree, metadata with the
   reuse key under "identity"; meta_changes: None drops a field, anything else sets it."""
   from mombo_jax.storage import checkpoint
-  meta = dict(dyn_members=cfg.dyn_members, dyn_elites=cfg.dyn_elites,
-              dyn_hidden=list(cfg.dyn_hidden), dyn_weight_decay=list(cfg.dyn_weight_decay),
-              dyn_max_logvar_init=cfg.dyn_max_logvar_init,
-              dyn_min_logvar_init=cfg.dyn_min_logvar_init, obs_dim=3, action_dim=2,
+  meta = dict(dyn_members=cfg.dynamics.dyn_members, dyn_elites=cfg.dynamics.dyn_elites,
+              dyn_hidden=list(cfg.dynamics.dyn_hidden),
+              dyn_weight_decay=list(cfg.dynamics_training.dyn_weight_decay),
+              dyn_max_logvar_init=cfg.dynamics.dyn_max_logvar_init,
+              dyn_min_logvar_init=cfg.dynamics.dyn_min_logvar_init, obs_dim=3, action_dim=2,
               num_seeds=2, env=cfg.env, kind="mombo_jax.dynamics", identity={"seed": 0})
   meta = {k: v for k, v in {**meta, **meta_changes}.items() if v is not None}
   tree = {"params": dyn.params, "input_mean": dyn.input_mean, "input_std": dyn.input_std,
@@ -396,7 +397,7 @@ def test_saved_identity_is_checked(fitted, tmp_path):
   saved_dynamics.save(str(tmp_path / "d"), dyn, cfg, reuse_key=ident)
   _, meta = saved_dynamics.load(str(tmp_path / "d"))
   assert saved_dynamics.reuse_mismatch(meta, ident) == {}
-  seven = saved_dynamics.reuse_key(dataclasses.replace(cfg, dyn_members=7, dyn_elites=5), data,
+  seven = saved_dynamics.reuse_key(cfg.replace(dyn_members=7, dyn_elites=5), data,
                                    {"dataset": "test/hetero-v0", "fingerprint": "abc"})
   assert saved_dynamics.reuse_mismatch(meta, seven) == {"dyn_members": (3, 7), "dyn_elites": (2, 5)}
   assert "fingerprint" in saved_dynamics.reuse_mismatch(meta, dict(ident, fingerprint="zzz"))
@@ -408,9 +409,9 @@ def test_training_config_keeps_the_algorithm():
   """The training cache key keeps algo and target: MOPO with one elite is a valid run (only
   MOMBO's elite_spread needs two), so its dynamics training must not be refused."""
   cfg = config_lib.make_config("hopper-medium", "mopo", "tiny", dyn_elites=1)
-  assert dynamics_training._dyn_config(cfg).dyn_elites == 1
+  assert dynamics_training._dyn_config(cfg).dynamics.dyn_elites == 1
   assert dynamics_training._dyn_config(cfg) == dynamics_training._dyn_config(
-      dataclasses.replace(cfg, dyn_max_epochs=7, beta=3.0))
+      cfg.replace(dyn_max_epochs=7, beta=3.0))
 
 
 def test_flat_clamp_predictions_equal_the_plain_clamp():

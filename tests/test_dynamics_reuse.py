@@ -57,18 +57,22 @@ def _key(config, transitions, dataset="hopper-random"):
 
 
 def test_every_dynamics_field_is_listed_once():
-  """Every dyn_* Config field either changes the trained ensemble (TRAINING_FIELDS: reuse key and
-  folder) or is named as not doing so; FLIPS covers every training field."""
-  dyn = {f for f in Config.__dataclass_fields__ if f.startswith("dyn_")}
-  training, harmless = set(saved_dynamics.TRAINING_FIELDS), set(saved_dynamics.NOT_TRAINING_FIELDS)
-  assert training | harmless == dyn and not training & harmless
+  """The reuse key holds exactly the settings of the two dynamics groups (the ensemble's shape and
+  its training): every dyn_* setting but how often training is checkpointed, a field of the run;
+  FLIPS covers every one of them."""
+  dyn = {f for f in Config.setting_names() if f.startswith("dyn_")}
+  training = set(saved_dynamics.TRAINING_FIELDS)
+  assert training == dyn - {"dyn_checkpoint_every_s"}
+  assert "dyn_checkpoint_every_s" in {f.name for f in dataclasses.fields(Config)}
+  assert set(saved_dynamics.training_settings(Config())) == training | {
+      saved_dynamics.TRAINING_CODE_FIELD}
   assert set(FLIPS) == training
 
 
 @pytest.mark.parametrize("field", sorted(FLIPS))
 def test_each_training_setting_changes_the_key_and_the_folder(field):
   base = _tiny()
-  other = dataclasses.replace(base, **{field: FLIPS[field]})
+  other = base.replace(**{field: FLIPS[field]})
   data = _transitions(20)
   meta = {saved_dynamics.REUSE_KEY_FIELD: _key(base, data)}
   assert saved_dynamics.reuse_mismatch(meta, _key(base, data)) == {}
@@ -81,8 +85,8 @@ def test_each_training_setting_changes_the_key_and_the_folder(field):
 def test_what_does_not_change_the_ensemble_changes_neither():
   base = _tiny()
   data = _transitions(20)
-  same = [dataclasses.replace(base, dyn_checkpoint_every_s=1.0),        # how often it is saved
-          dataclasses.replace(base, beta=9.0, epochs=7, algo="mombo", reference="authors")]
+  same = [base.replace(dyn_checkpoint_every_s=1.0),        # how often it is saved
+          base.replace(beta=9.0, epochs=7, algo="mombo", reference="authors")]
   for config in same:
     assert _key(config, data) == _key(base, data)
     assert dynamics_store.dynamics_path("d", config) == dynamics_store.dynamics_path("d", base)
@@ -102,7 +106,7 @@ def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypat
   quick = config_lib.make_config("hopper-random", "mombo", "quick")
   # The same seeds (the paper preset's default is the paper's 4; the quick preset's 1).
   paper = config_lib.make_config("hopper-random", "mombo", "paper", num_seeds=quick.num_seeds)
-  assert quick.dyn_max_epochs != paper.dyn_max_epochs
+  assert quick.dynamics_training.dyn_max_epochs != paper.dynamics_training.dyn_max_epochs
   dyn_dir = str(tmp_path / "dynamics")
   quick_path = dynamics_store.dynamics_path(dyn_dir, quick)
   saved_dynamics.save(quick_path, _untrained(quick), quick, reuse_key=_key(quick, data))
@@ -115,7 +119,8 @@ def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypat
   monkeypatch.setattr(dynamics_training, "train_seeds", train_seeds)
   lines = []
   dynamics_store.get_dynamics(paper, data, "hopper-random", dyn_dir, log=lines.append)
-  assert [c.dyn_max_epochs for c in trained] == [paper.dyn_max_epochs]
+  assert ([c.dynamics_training.dyn_max_epochs for c in trained]
+          == [paper.dynamics_training.dyn_max_epochs])
   paper_path = dynamics_store.dynamics_path(dyn_dir, paper)
   assert paper_path != quick_path and os.path.isdir(paper_path)
   note = next(line for line in lines if line.startswith("note:"))
@@ -171,7 +176,7 @@ def test_an_unfinished_training_of_other_settings_is_refused(tmp_path):
     dynamics_training.train_seeds(keys, data, config, log_fn=lambda _: None,
                                   checkpoint_dir=ckpt, should_stop=lambda: True,
                                   reuse_key=_key(config, data))
-  other = dataclasses.replace(config, dyn_lr=config.dyn_lr / 2)
+  other = config.replace(dyn_lr=config.dynamics_training.dyn_lr / 2)
   with pytest.raises(checkpoint.CheckpointError, match="another setup.*dyn_lr"):
     dynamics_training.train_seeds(keys, data, other, log_fn=lambda _: None, checkpoint_dir=ckpt,
                                   reuse_key=_key(other, data))

@@ -24,8 +24,8 @@ def config():
 
 
 def _random_params(config, num_seeds, obs_dim=HOPPER_OBS, action_dim=HOPPER_ACT, seed=0):
-  actor = TanhGaussianActor(config.actor_hidden, action_dim, config.log_std_min,
-                            config.log_std_max)
+  actor = TanhGaussianActor(config.agent.actor_hidden, action_dim, config.agent.log_std_min,
+                            config.agent.log_std_max)
   keys = jax.random.split(jax.random.PRNGKey(seed), num_seeds)
   return jax.vmap(lambda k: actor.init(k, jnp.zeros((1, obs_dim))))(keys)
 
@@ -36,16 +36,17 @@ def _numpy_params(config, num_seeds, seed=0, obs_dim=HOPPER_OBS, action_dim=HOPP
   evaluation), made without compiling anything: Dense kernels [in, out] ~ N(0, 1 / in). With
   `actions` [S, A]: tanh(mean) is actions[s] for every observation (as _constant_params)."""
   rng = np.random.default_rng(seed)
-  ins = [obs_dim, *config.actor_hidden, config.actor_hidden[-1]]      # ..., mean and log-std heads
+  # ..., mean and log-std heads
+  ins = [obs_dim, *config.agent.actor_hidden, config.agent.actor_hidden[-1]]
   params = {}
-  for i, (n_in, n_out) in enumerate(zip(ins, [*config.actor_hidden, action_dim, action_dim])):
+  for i, (n_in, n_out) in enumerate(zip(ins, [*config.agent.actor_hidden, action_dim, action_dim])):
     params[f"Dense_{i}"] = dict(
         kernel=rng.normal(0.0, n_in ** -0.5, (num_seeds, n_in, n_out)).astype(np.float32),
         bias=rng.normal(0.0, 0.1, (num_seeds, n_out)).astype(np.float32))
   if actions is not None:
     for layer in params.values():
       layer["kernel"][:] = 0.0
-    params[f"Dense_{len(config.actor_hidden)}"]["bias"][:] = np.arctanh(actions)
+    params[f"Dense_{len(config.agent.actor_hidden)}"]["bias"][:] = np.arctanh(actions)
   return {"params": params}
 
 
@@ -55,7 +56,7 @@ def _constant_params(config, actions, obs_dim):
   actions = np.asarray(actions, np.float32)
   params = _random_params(config, len(actions), obs_dim, actions.shape[1])
   params = jax.tree.map(jnp.zeros_like, params)
-  mean_head = f"Dense_{len(config.actor_hidden)}"
+  mean_head = f"Dense_{len(config.agent.actor_hidden)}"
   params["params"][mean_head]["bias"] = jnp.arctanh(jnp.asarray(actions))
   return params
 
@@ -252,7 +253,6 @@ def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path,
   then its finish recording them in the main thread) writes each group's metrics.csv rows exactly
   as an Evaluator of the group's own does; a group with another eval_episodes gets its own
   Evaluator, the others share one."""
-  import dataclasses
   import functools
 
   from mombo_jax.records.workdir import Workdir
@@ -260,9 +260,9 @@ def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path,
   from mombo_jax.run.groups import Group
   monkeypatch.setattr(evaluate, "Evaluator",
                       functools.partial(evaluate.Evaluator, max_episode_steps=30))
-  configs = [dataclasses.replace(config, seed=0, num_seeds=2, eval_episodes=2),
-             dataclasses.replace(config, seed=7, num_seeds=1, eval_episodes=2, beta=2.0),
-             dataclasses.replace(config, seed=3, num_seeds=2, eval_episodes=1)]
+  configs = [config.replace(seed=0, num_seeds=2, eval_episodes=2),
+             config.replace(seed=7, num_seeds=1, eval_episodes=2, beta=2.0),
+             config.replace(seed=3, num_seeds=2, eval_episodes=1)]
   actors = _numpy_params(config, num_seeds=5, seed=9)       # every cell's actor [C=5, ...]
   last = {"q_mean": np.arange(5.0), "critic_loss": np.ones(5)}
 
@@ -289,7 +289,7 @@ def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path,
     """Group r evaluated by an Evaluator of its own (the reference)."""
     c = r.config
     if r.evaluator is None:
-      r.evaluator = evaluate.Evaluator(c, c.env_name, c.num_seeds, c.eval_episodes)
+      r.evaluator = evaluate.Evaluator(c, c.env_name, c.num_seeds, c.evaluation.eval_episodes)
     group_run.record(r, r.evaluator.run(jax.tree.map(lambda x: x[r.cells], actors),
                                         seed=group_run.eval_seed(r, done)), last, done)
 

@@ -152,7 +152,7 @@ def test_predict_in_pieces_equals_one_piece(dyn_setup, monkeypatch, elites):
   rows = 2 * 16 + 5
   obs, act = _normal(9, rows, obs_dim), _normal(10, rows, act_dim)
   members = dyn.elites if elites else None
-  k = 2 if elites else config.dyn_members
+  k = 2 if elites else config.dynamics.dyn_members
 
   def run(piece_rows):
     monkeypatch.setattr(dynamics, "PREDICT_ROWS", piece_rows)

@@ -81,7 +81,7 @@ def _pool(tree):
 @pytest.fixture(scope="module")
 def cfg():
   c = config_lib.make_config("walker2d-medium", "mombo", preset="paper")
-  assert tuple(c.actor_hidden) == (256, 256) and tuple(c.critic_hidden) == (256, 256)
+  assert tuple(c.agent.actor_hidden) == (256, 256) and tuple(c.agent.critic_hidden) == (256, 256)
   return c
 
 
@@ -121,7 +121,7 @@ def test_ensemble_linear_init_function():
 def test_actor_layers_are_torch_linear(agents, cfg):
   layers = _pool(agents.actor.params["params"])
   # hidden layers, then the mean head, then the log-std head (sac.actor_layers' order)
-  fan_ins = [OBS] + list(cfg.actor_hidden) + [cfg.actor_hidden[-1]]
+  fan_ins = [OBS] + list(cfg.agent.actor_hidden) + [cfg.agent.actor_hidden[-1]]
   assert sorted(layers) == [f"Dense_{i}" for i in range(len(fan_ins))]
   for i, fan_in in enumerate(fan_ins):
     layer = layers[f"Dense_{i}"]
@@ -133,7 +133,7 @@ def test_actor_layers_are_torch_linear(agents, cfg):
 def test_critic_layers_are_torch_linear(agents, cfg):
   """Both critics (the member axis) and the target copy; the MM path shares these parameters."""
   layers = _pool(agents.critic.params["params"]["members"])
-  fan_ins = [OBS + ACT] + list(cfg.critic_hidden)
+  fan_ins = [OBS + ACT] + list(cfg.agent.critic_hidden)
   assert sorted(layers) == [f"MMDense_{i}" for i in range(len(fan_ins))]
   for i, fan_in in enumerate(fan_ins):
     layer = layers[f"MMDense_{i}"]
@@ -148,16 +148,16 @@ def test_dynamics_layers_are_ensemble_linear(cfg):
   keys = jax.random.split(jax.random.key(3), 2)
   states = jax.vmap(lambda k: dynamics.init_state(k, obs_dim, act_dim, cfg))(keys)
   layers = _pool(states.params["members"])
-  hidden = tuple(cfg.dyn_hidden)
+  hidden = tuple(cfg.dynamics.dyn_hidden)
   fan_ins = [obs_dim + act_dim] + list(hidden)
   names = [f"layer_{i}" for i in range(len(hidden))] + ["out"]
   assert sorted(layers) == sorted(names)
   for name, fan_in in zip(names, fan_ins):
     kernel, bias = layers[name]["kernel"], layers[name]["bias"]
-    assert kernel.shape[:2] == (2, cfg.dyn_members) and kernel.shape[-2] == fan_in
+    assert kernel.shape[:2] == (2, cfg.dynamics.dyn_members) and kernel.shape[-2] == fan_in
     check_trunc_normal(kernel, 1 / (2 * math.sqrt(fan_in)), -2.0, 2.0, f"dynamics {name}")
     assert not np.any(bias), f"dynamics {name} bias must start at zero"
-  assert cfg.dyn_max_logvar_init == 0.5 and cfg.dyn_min_logvar_init == -10.0
+  assert cfg.dynamics.dyn_max_logvar_init == 0.5 and cfg.dynamics.dyn_min_logvar_init == -10.0
   np.testing.assert_array_equal(states.params["max_logvar"], np.full((2, obs_dim + 1), 0.5))
   np.testing.assert_array_equal(states.params["min_logvar"], np.full((2, obs_dim + 1), -10.0))
 

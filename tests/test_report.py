@@ -3,7 +3,6 @@ mombo_jax.report.tables) on fixed tables, including the paper's own Table 1; the
 (bootstrap interval, mean of the last evaluations), labels and grouping (MOMBO's target, beta never
 pooled; mombo_jax.report.results); the paper's columns; the writer's faults. Its run folders in the
 real on-disk format (_write_run); the writer end to end on them: tests/test_report_written.py."""
-import dataclasses
 import json
 import os
 import re
@@ -123,7 +122,7 @@ def _write_run(path, env, algo, seeds, scores, target="lcb", diverged=(), preset
   config = config_lib.make_config(env, algo, preset=preset, target=target, seed=seeds[0],
                                   num_seeds=len(seeds), epochs=every * len(scores),
                                   eval_every=every, **overrides)
-  record = dict(dataclasses.asdict(config), dataset=env)
+  record = dict(config.settings(), dataset=env)
   if data is not None:
     record["data"] = data
   atomic.write_json(os.path.join(path, "config.json"), record)

@@ -4,7 +4,6 @@ the paper's setup are marked and never bold beside the paper's numbers, and colu
 from what differs over the whole table. Run folders are written in the real on-disk format by
 tests/test_report.py's `_write_run`; nothing trains."""
 import csv
-import dataclasses
 import json
 import os
 
@@ -198,7 +197,7 @@ def test_one_folder_reached_twice_is_one_run(tmp_path):
 
 def _record(env="hopper-random", algo="mombo", preset="paper", **fields):
   config = config_lib.make_config(env, algo, preset, target="lcb")
-  return json.loads(json.dumps(dict(dataclasses.asdict(config), dataset=env, **fields)))
+  return json.loads(json.dumps(dict(config.settings(), dataset=env, **fields)))
 
 
 def test_what_falls_short_of_the_papers_setup():

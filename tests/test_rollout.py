@@ -57,7 +57,7 @@ def _elite_match(dyn, cfg, buf, beta=0.0):
   std_all = jnp.sqrt(jnp.concatenate([s_var, r_var[..., None]], -1))
   penalty = np.asarray(jnp.max(jnp.linalg.norm(std_all, axis=-1), axis=0))
   match = []
-  for m in range(cfg.dyn_members):
+  for m in range(cfg.dynamics.dyn_members):
     ok = (np.all(np.isclose(rows.next_obs_mean, s_mean[m], rtol=1e-5, atol=1e-6), -1)
           & np.all(np.isclose(rows.next_obs_var, s_var[m], rtol=1e-5, atol=1e-7), -1)
           & np.isclose(rows.reward_var, r_var[m], rtol=1e-5, atol=1e-7)
@@ -172,7 +172,7 @@ def test_elite_only_step_matches_the_all_member_step(setup):
   for penalty in (True, False):
     cost = step.lower(*args, penalty).compile().cost_analysis()
     flops.append((cost[0] if isinstance(cost, list) else cost)["flops"])
-  assert cfg.dyn_members == 3 and cfg.dyn_elites == 2
+  assert cfg.dynamics.dyn_members == 3 and cfg.dynamics.dyn_elites == 2
   assert flops[1] < flops[0] * 2.5 / 3, flops         # 2 of 3 networks, plus the shared work
   full, elites = step(*args, True), step(*args, False)
   assert elites.mopo_penalty is None and full.mopo_penalty.shape == (N,)

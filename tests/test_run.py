@@ -4,7 +4,6 @@ moment-matching critic at zero variance = the plain critic inside the update. Se
 run alone is tested where it is strongest: a grid cell resumed alone = a single run (test_grid.py),
 seeds over 4 devices = on 1 (test_sharding.py), one seed per process = both seeds in one
 (test_distributed.py)."""
-import dataclasses
 import json
 import os
 import re
@@ -76,7 +75,7 @@ def test_end_to_end(dataset, dyn_dir, tmp_path, algo, request):
   header = rows[0].split(",")
   assert {"q_mean", "q_bound", "overestimated"} <= set(header)
   real = transitions_lib.load_transitions(dataset).rewards
-  bound = float(np.abs(real).max()) / (1 - config.gamma)
+  bound = float(np.abs(real).max()) / (1 - config.agent.gamma)
   assert summary["q_bound"] == pytest.approx(bound, rel=1e-5)
   assert len(summary["q_mean_last"]) == len(summary["q_mean_max"]) == 2
   assert all(np.isfinite(q) and m >= q for q, m in zip(summary["q_mean_last"],
@@ -255,7 +254,7 @@ def tiny_setup(dataset):
 def test_mm_critic_at_zero_variance_matches_plain_update(tiny_setup):
   """With zero state variance the MOMBO actor update (MM mean) equals the plain-Q actor update."""
   config, real, keys, dyn = tiny_setup
-  plain_cfg = dataclasses.replace(config, algo="mobile")
+  plain_cfg = config.replace(algo="mobile")
   agent = sac.init_agent(keys[0], real.obs.shape[1], real.action.shape[1], config, total_steps=10)
   batch = jax.tree.map(lambda x: x[:32], real)
   assert float(jnp.abs(batch.obs_var).max()) == 0.0
@@ -509,7 +508,7 @@ def test_the_loaded_policy_reproduces_the_runs_evaluation_returns(mombo_run):
   rows = wd.read_rows()
   last = max(r["epoch"] for r in rows)
   env_seeds = evaluate.env_seeds(10_000 * config.seed + last, config.num_seeds,
-                                 config.eval_episodes)
+                                 config.evaluation.eval_episodes)
   env = envs.make_env(config.env_name)
   try:
     for i, seed in enumerate(range(config.seed, config.seed + config.num_seeds)):

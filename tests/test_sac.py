@@ -1,6 +1,5 @@
 """SAC: state layout, one update's arithmetic, target rules, schedules, scan/vmap, and a learning
 check on Pendulum-v1 that fails when SAC is broken."""
-import dataclasses
 import functools
 
 import jax
@@ -64,23 +63,23 @@ def test_init_layout(agent, cfg):
   for leaf in _leaves((agent.actor.params, agent.critic.params, agent.target_critic_params)):
     assert leaf.dtype == jnp.float32
   assert agent.log_alpha.params["log_alpha"].shape == ()
-  assert float(agent.log_alpha.params["log_alpha"]) == cfg.log_alpha_init
+  assert float(agent.log_alpha.params["log_alpha"]) == cfg.agent.log_alpha_init
   assert agent.actor.step.dtype == jnp.int32
   for a, b in zip(_leaves(agent.critic.params), _leaves(agent.target_critic_params)):
     np.testing.assert_array_equal(a, b)
   # The critic ensemble has a leading member axis of size num_critics.
   kernel = agent.critic.params["params"]["members"]["MMDense_0"]["kernel"]
-  assert kernel.shape == (cfg.num_critics, OBS_DIM + ACT_DIM, 16)
+  assert kernel.shape == (cfg.agent.num_critics, OBS_DIM + ACT_DIM, 16)
   with pytest.raises(ValueError, match="total_steps"):
     sac.init_agent(jax.random.key(1), OBS_DIM, ACT_DIM, cfg, total_steps=0)
 
 
 def test_alpha(agent, cfg):
-  assert float(sac.alpha(agent, cfg)) == pytest.approx(np.exp(cfg.log_alpha_init))
-  fixed = dataclasses.replace(cfg, auto_alpha=False, alpha=0.2)
+  assert float(sac.alpha(agent, cfg)) == pytest.approx(np.exp(cfg.agent.log_alpha_init))
+  fixed = cfg.replace(auto_alpha=False, alpha=0.2)
   assert float(sac.alpha(agent, fixed)) == pytest.approx(0.2)
   assert sac.target_entropy(cfg, ACT_DIM) == -ACT_DIM
-  assert sac.target_entropy(dataclasses.replace(cfg, target_entropy=-0.5), ACT_DIM) == -0.5
+  assert sac.target_entropy(cfg.replace(target_entropy=-0.5), ACT_DIM) == -0.5
 
 
 def test_alpha_is_capped_like_the_references(agent, cfg):
@@ -88,11 +87,11 @@ def test_alpha_is_capped_like_the_references(agent, cfg):
   gradient step are untouched by the cap."""
   big = agent.replace(log_alpha=agent.log_alpha.replace(
       params={"log_alpha": jnp.asarray(2.0, jnp.float32)}))
-  assert cfg.alpha_max == 1.0
+  assert cfg.agent.alpha_max == 1.0
   assert float(sac.alpha(big, cfg)) == 1.0
-  assert float(sac.alpha(big, dataclasses.replace(cfg, alpha_max=None))) == pytest.approx(
+  assert float(sac.alpha(big, cfg.replace(alpha_max=None))) == pytest.approx(
       np.exp(2.0), rel=1e-6)
-  assert float(sac.alpha(big, dataclasses.replace(cfg, alpha_max=3.0))) == pytest.approx(3.0)
+  assert float(sac.alpha(big, cfg.replace(alpha_max=3.0))) == pytest.approx(3.0)
   small = agent.replace(log_alpha=agent.log_alpha.replace(
       params={"log_alpha": jnp.asarray(-1.0, jnp.float32)}))
   assert float(sac.alpha(small, cfg)) == pytest.approx(np.exp(-1.0), rel=1e-6)
@@ -100,23 +99,23 @@ def test_alpha_is_capped_like_the_references(agent, cfg):
   assert float(metrics["alpha"]) == 1.0
   # The alpha loss still moves log_alpha from 2.0 (Adam's first step is ~lr in size).
   assert float(new.log_alpha.params["log_alpha"]) != 2.0
-  assert abs(float(new.log_alpha.params["log_alpha"]) - 2.0) < 2 * cfg.alpha_lr
+  assert abs(float(new.log_alpha.params["log_alpha"]) - 2.0) < 2 * cfg.agent.alpha_lr
 
 
 def _expected_soft_target(agent, batch, key, config):
   mean, log_std = agent.actor.apply_fn(agent.actor.params, batch.next_obs)
   a, logp = sample_tanh_gaussian(mean, log_std, key)
   q = agent.critic.apply_fn(agent.target_critic_params, batch.next_obs, a).min(0)
-  if not config.deterministic_backup:
+  if not config.agent.deterministic_backup:
     q = q - sac.alpha(agent, config) * logp
-  return batch.reward + config.gamma * (1 - batch.done) * q
+  return batch.reward + config.agent.gamma * (1 - batch.done) * q
 
 
 def test_soft_target(agent, cfg):
   """The formula with and without the entropy term, terminals, and the clamp only when asked."""
-  det = dataclasses.replace(cfg, deterministic_backup=True, clip_target_min=None)
-  soft = dataclasses.replace(cfg, deterministic_backup=False, clip_target_min=None)
-  clamp = dataclasses.replace(cfg, clip_target_min=0.0)
+  det = cfg.replace(deterministic_backup=True, clip_target_min=None)
+  soft = cfg.replace(deterministic_backup=False, clip_target_min=None)
+  clamp = cfg.replace(clip_target_min=0.0)
   done = np.zeros(B)
   done[:4] = 1.0
   batch = _batch(1, done=done)
@@ -163,8 +162,8 @@ def test_update_one_step(agent, cfg):
   # Polyak: target' = (1 - tau) target + tau critic'.
   for t_old, c_new, t_new in zip(_leaves(agent.target_critic_params), _leaves(new.critic.params),
                                  _leaves(new.target_critic_params)):
-    np.testing.assert_allclose(t_new, (1 - cfg.tau) * t_old + cfg.tau * c_new, rtol=1e-5,
-                               atol=1e-7)
+    tau = cfg.agent.tau
+    np.testing.assert_allclose(t_new, (1 - tau) * t_old + tau * c_new, rtol=1e-5, atol=1e-7)
   for old, fresh in zip(_leaves(agent.actor.params), _leaves(new.actor.params)):
     assert not np.array_equal(old, fresh)
   # Temperature: loss -log_alpha * mean(logp + H*) has gradient entropy - H*, so Adam's first
@@ -173,7 +172,7 @@ def test_update_one_step(agent, cfg):
   delta = float(new.log_alpha.params["log_alpha"] - agent.log_alpha.params["log_alpha"])
   gap = float(metrics["entropy"]) - sac.target_entropy(cfg, ACT_DIM)
   assert np.sign(delta) == -np.sign(gap)
-  assert abs(delta) == pytest.approx(cfg.alpha_lr, rel=1e-2)
+  assert abs(delta) == pytest.approx(cfg.agent.alpha_lr, rel=1e-2)
   assert float(metrics["alpha_loss"]) == 0.0  # log_alpha starts at 0
 
 
@@ -182,7 +181,7 @@ def test_plain_critic_fixed_alpha_and_mombo_variance(agent, cfg):
   critic's bit for bit; with variance it differs (the MM mean of a ReLU net is not the net at the
   mean), while the plain actor ignores obs_var."""
   # alpha = exp(log_alpha_init) keeps both actor losses comparable.
-  plain = dataclasses.replace(cfg, algo="mobile", auto_alpha=False, alpha=1.0)
+  plain = cfg.replace(algo="mobile", auto_alpha=False, alpha=1.0)
   key = jax.random.key(11)
   zero_var, with_var = _batch(12), _batch(12, obs_var_scale=4.0)
   new, plain_zero = update(agent, zero_var, key, plain)
@@ -206,11 +205,11 @@ def test_actor_cosine_schedule_reaches_zero(agent, cfg):
   assert any(not np.array_equal(a, b) for a, b in zip(_leaves(new.critic.params),
                                                       _leaves(after.critic.params)))
   schedule = sac.actor_lr_schedule(cfg, 10)
-  assert float(schedule(0)) == pytest.approx(cfg.actor_lr)
-  assert float(schedule(5)) == pytest.approx(cfg.actor_lr / 2)
+  assert float(schedule(0)) == pytest.approx(cfg.agent.actor_lr)
+  assert float(schedule(5)) == pytest.approx(cfg.agent.actor_lr / 2)
   assert float(schedule(10)) == 0.0
-  constant = dataclasses.replace(cfg, actor_cosine_schedule=False)
-  assert sac.actor_lr_schedule(constant, 10) == cfg.actor_lr
+  constant = cfg.replace(actor_cosine_schedule=False)
+  assert sac.actor_lr_schedule(constant, 10) == cfg.agent.actor_lr
 
 
 def test_scan_and_seed_vmap_match_sequential_updates(agent, cfg):

@@ -98,16 +98,17 @@ def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_
   assert bool(apart) == (len(groups) > 1)
   if apart:
     assert f"apart because these settings differ: {', '.join(apart)}" in lines[0]
-  default = config_lib.Config()
+  default = config_lib.Config().settings()
   for c in cells:                                  # every value set by the algorithm's source
     table = config_lib.task_overrides(env, c.algo, c.config.reference)
+    values = c.config.settings()
     for f in saved_dynamics.TRAINING_FIELDS:
-      if f in table and getattr(c.config, f) != getattr(default, f) and \
+      if f in table and values[f] != default[f] and \
           f not in config_lib.PRESETS[preset].overrides:
         code = references.source(c.algo, c.config.reference).code
-        assert f"{f}={getattr(c.config, f)!r}: " in text and code in text, (c.algo, f)
+        assert f"{f}={values[f]!r}: " in text and code in text, (c.algo, f)
   if preset == "quick":                            # the preset's cap overrides every table's
-    assert {c.config.dyn_max_epochs for c in cells} == {2}
+    assert {c.config.dynamics_training.dyn_max_epochs for c in cells} == {2}
     assert "dyn_max_epochs=2: preset quick" in text
 
 

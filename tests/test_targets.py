@@ -4,7 +4,6 @@ The random draws (policy actions, MOBILE's next-state samples) are reproduced by
 exactly as the target does; everything else — the moment-matched critic, the min over critics,
 the elite statistics — is recomputed independently in numpy/scipy.
 """
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +33,8 @@ def agent(cfg):
 def dyn(cfg):
   dyn = dynamics.init_state(jax.random.PRNGKey(1), S, A, cfg)
   # Elites out of member order, to catch a target that ignores dyn.elites.
-  elites = jnp.arange(cfg.dyn_members - 1, cfg.dyn_members - 1 - cfg.dyn_elites, -1,
+  shape = cfg.dynamics
+  elites = jnp.arange(shape.dyn_members - 1, shape.dyn_members - 1 - shape.dyn_elites, -1,
                       dtype=jnp.int32)
   return dyn.replace(input_mean=jnp.full((S + A,), 0.1), input_std=jnp.full((S + A,), 1.5),
                      elites=elites)
@@ -99,7 +99,7 @@ def test_lcb(cfg, agent, batch):
   j = np.argmin([moments[0][0], moments[1][0]], axis=0)
   m = np.where(j == 0, moments[0][0], moments[1][0])
   v = np.where(j == 0, moments[0][1], moments[1][1])
-  g, nd = cfg.gamma, 1 - nb.done
+  g, nd = cfg.agent.gamma, 1 - nb.done
   expected = nb.reward_mean + g * nd * m - cfg.beta * np.sqrt(nb.reward_var + g**2 * nd * v)
   np.testing.assert_allclose(np.asarray(y), expected, rtol=RTOL, atol=ATOL)
 
@@ -116,7 +116,7 @@ def test_lcb_zero_variance_is_plain_backup(cfg, agent, batch):
 
 
 def test_clamp(cfg, agent, batch):
-  clamped = dataclasses.replace(cfg, clip_target_min=0.0)
+  clamped = cfg.replace(clip_target_min=0.0)
   key = jax.random.PRNGKey(3)
   y, _ = targets.mombo_lcb(agent, batch, key, dyn=None, config=cfg, term_fn=None)
   yc, _ = targets.mombo_lcb(agent, batch, key, dyn=None, config=clamped, term_fn=None)
@@ -132,8 +132,8 @@ def test_mopo_soft_target(cfg, agent, batch):
   from mombo_jax.core.critics import sample_tanh_gaussian
   a, logp = map(np.asarray, sample_tanh_gaussian(mean, log_std, key))
   nb = jax.tree.map(np.asarray, batch)
-  alpha = np.exp(mopo_cfg.log_alpha_init)
-  expected = nb.reward + mopo_cfg.gamma * (1 - nb.done) * (np_min_q(agent, nb.next_obs, a)
+  alpha = np.exp(mopo_cfg.agent.log_alpha_init)
+  expected = nb.reward + mopo_cfg.agent.gamma * (1 - nb.done) * (np_min_q(agent, nb.next_obs, a)
                                                           - alpha * logp)
   np.testing.assert_allclose(np.asarray(y), expected, rtol=RTOL, atol=ATOL)
 
@@ -146,8 +146,8 @@ def _np_elites(dyn, batch, cfg, term_fn):
   done = np.stack([np.asarray(term_fn(batch.obs, batch.action, jnp.asarray(s))) for s in s_mean])
   # The references' runaway bound on each elite's next-state mean (adinlab/MOMBO
   # utils/termination_fns.py, used by its per-elite targets).
-  if cfg.rollout_obs_limit is not None:
-    done = done | np.any(np.abs(s_mean) >= cfg.rollout_obs_limit, axis=-1)
+  if cfg.rollout.rollout_obs_limit is not None:
+    done = done | np.any(np.abs(s_mean) >= cfg.rollout.rollout_obs_limit, axis=-1)
   return s_mean, s_var, r_mean, r_var, done.astype(np.float64)
 
 
@@ -168,8 +168,8 @@ def _np_per_elite(agent, batch, key, dyn, cfg, term_fn, alpha=None):
     v = np.where(pick == 0, mom[0][1], mom[1][1])
     if alpha is not None:
       m = m - alpha * _logp(agent, jnp.asarray(s_mean[e]), keys[e], cfg)
-    t.append(r_mean[e] + cfg.gamma * (1 - done[e]) * m)
-    tv.append(r_var[e] + cfg.gamma**2 * (1 - done[e]) * v)
+    t.append(r_mean[e] + cfg.agent.gamma * (1 - done[e]) * m)
+    tv.append(r_var[e] + cfg.agent.gamma**2 * (1 - done[e]) * v)
   return np.array(t), np.array(tv)
 
 
@@ -180,7 +180,7 @@ def _np_plain(agent, batch, key, cfg, alpha=None):
   value = np_min_q(agent, nb.next_obs, a)
   if alpha is not None:
     value = value - alpha * _logp(agent, batch.next_obs, key, cfg)
-  return nb.reward + cfg.gamma * (1 - nb.done) * value
+  return nb.reward + cfg.agent.gamma * (1 - nb.done) * value
 
 
 def _np_elite_target(agent, batch, key, dyn, cfg, term_fn, mode, alpha=None):
@@ -192,7 +192,7 @@ def _np_elite_target(agent, batch, key, dyn, cfg, term_fn, mode, alpha=None):
     model_y = t.mean(0) - cfg.beta * t.std(0, ddof=1)
   else:
     model_y = t.mean(0) - cfg.beta * np.sqrt(tv.mean(0) + t.var(0))
-  n_real = int(B * cfg.real_ratio)
+  n_real = int(B * cfg.rollout.real_ratio)
   return np.concatenate([_np_plain(agent, batch, k_real, cfg, alpha)[:n_real], model_y[n_real:]])
 
 
@@ -200,7 +200,7 @@ def _np_elite_target(agent, batch, key, dyn, cfg, term_fn, mode, alpha=None):
 def test_mombo_elite_modes(cfg, agent, batch, dyn, mode):
   term_fn = termination.termination_fn("hopper")
   key = jax.random.PRNGKey(6)
-  y, _ = targets.get_target(dataclasses.replace(cfg, target=mode))(
+  y, _ = targets.get_target(cfg.replace(target=mode))(
       agent, batch, key, dyn=dyn, config=cfg, term_fn=term_fn)
   expected = _np_elite_target(agent, batch, key, dyn, cfg, term_fn, mode)
   np.testing.assert_allclose(np.asarray(y), expected, rtol=RTOL, atol=ATOL)
@@ -208,9 +208,9 @@ def test_mombo_elite_modes(cfg, agent, batch, dyn, mode):
 
 @pytest.mark.parametrize("mode", ["elite_spread", "mixture"])
 def test_runaway_elite_prediction_is_terminal_in_the_targets(cfg, agent, batch, dyn, mode):
-  """An elite whose next-state mean has some |x| >= config.rollout_obs_limit (100) bootstraps
-  nothing in MOMBO's per-elite targets, as a rollout ends such a branch; halfcheetah's termination
-  function alone never ends a finite state, so the bound is what decides here."""
+  """An elite whose next-state mean has some |x| >= config.rollout.rollout_obs_limit (100)
+  bootstraps nothing in MOMBO's per-elite targets, as a rollout ends such a branch; halfcheetah's
+  termination function alone never ends a finite state, so the bound is what decides here."""
   term_fn = termination.termination_fn("halfcheetah")
   obs = np.asarray(batch.obs).copy()
   runaway = np.arange(8, B, 2)                         # model rows only (the first 4 are real)
@@ -219,7 +219,7 @@ def test_runaway_elite_prediction_is_terminal_in_the_targets(cfg, agent, batch, 
   s_mean, _, r_mean, r_var, done = _np_elites(dyn, far, cfg, term_fn)
   assert np.all(np.abs(s_mean[:, runaway, 0]) >= 100), "the premise: every elite runs away there"
   assert np.all(done[:, runaway] == 1) and not np.any(done[:, np.setdiff1d(np.arange(B), runaway)])
-  mode_cfg = dataclasses.replace(cfg, target=mode)
+  mode_cfg = cfg.replace(target=mode)
   key = jax.random.PRNGKey(6)
   y = np.asarray(targets.get_target(mode_cfg)(agent, far, key, dyn=dyn, config=mode_cfg,
                                               term_fn=term_fn)[0])
@@ -229,7 +229,7 @@ def test_runaway_elite_prediction_is_terminal_in_the_targets(cfg, agent, batch, 
     model_y = t.mean(0) - cfg.beta * t.std(0, ddof=1)
   else:
     model_y = t.mean(0) - cfg.beta * np.sqrt(tv.mean(0) + t.var(0))
-  n_real = int(B * cfg.real_ratio)
+  n_real = int(B * cfg.rollout.real_ratio)
   expected = np.concatenate([_np_plain(agent, far, k_real, cfg)[:n_real], model_y[n_real:]])
   np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
   # There the target is the elites' rewards alone: no next value, no next-value variance.
@@ -238,7 +238,7 @@ def test_runaway_elite_prediction_is_terminal_in_the_targets(cfg, agent, batch, 
            r.mean(0) - cfg.beta * np.sqrt(rv.mean(0) + r.var(0)))
   np.testing.assert_allclose(y[runaway], alone, rtol=RTOL, atol=ATOL)
   # Without the bound those rows bootstrap (the check has teeth).
-  loose = dataclasses.replace(mode_cfg, rollout_obs_limit=None)
+  loose = mode_cfg.replace(rollout_obs_limit=None)
   y_loose = np.asarray(targets.get_target(loose)(agent, far, key, dyn=dyn, config=loose,
                                                  term_fn=term_fn)[0])
   assert np.all(np.abs(y_loose[runaway] - y[runaway]) > 1e-4)
@@ -255,16 +255,16 @@ def test_mobile(cfg, agent, batch, dyn):
   s_mean, s_var, _, _ = map(np.asarray, dynamics.predict(dyn, batch.obs, batch.action, mob))
   e = np.asarray(dyn.elites)
   s_mean, s_std = s_mean[e], np.sqrt(s_var[e])
-  eps = np.asarray(jax.random.normal(k_noise, (mob.mobile_num_samples,) + s_mean.shape))
+  eps = np.asarray(jax.random.normal(k_noise, (mob.agent.mobile_num_samples,) + s_mean.shape))
   samples = s_mean + s_std * eps
   a = np.asarray(sac.policy_sample(agent, jnp.asarray(samples, jnp.float32), k_pi, mob))
   q = np_min_q(agent, samples, a)                                    # [N, E, B]
   penalty = q.mean(0).std(0, ddof=1)
-  penalty[: int(B * mob.real_ratio)] = 0.0
+  penalty[: int(B * mob.rollout.real_ratio)] = 0.0
   nb = jax.tree.map(np.asarray, batch)
   a_next = np.asarray(sac.policy_sample(agent, batch.next_obs, k_next, mob))
   expected = (nb.reward - mob.beta * penalty
-              + mob.gamma * (1 - nb.done) * np_min_q(agent, nb.next_obs, a_next))
+              + mob.agent.gamma * (1 - nb.done) * np_min_q(agent, nb.next_obs, a_next))
   np.testing.assert_allclose(np.asarray(y), expected, rtol=RTOL, atol=ATOL)
 
 
@@ -280,12 +280,12 @@ def test_soft_backup_is_honoured_by_mombo_and_mobile(cfg, agent, batch, dyn):
   nb = jax.tree.map(np.asarray, batch)
   alpha = float(sac.alpha(agent, cfg))
   key = jax.random.PRNGKey(3)
-  soft = dataclasses.replace(cfg, deterministic_backup=False)
+  soft = cfg.replace(deterministic_backup=False)
   y_det, _ = targets.mombo_lcb(agent, batch, key, dyn=None, config=cfg, term_fn=None)
   y_soft, _ = targets.mombo_lcb(agent, batch, key, dyn=None, config=soft, term_fn=None)
   bonus = -alpha * _logp(agent, batch.next_obs_mean, key, cfg)
   np.testing.assert_allclose(np.asarray(y_soft) - np.asarray(y_det),
-                             cfg.gamma * (1 - nb.done) * bonus, rtol=1e-3, atol=1e-3)
+                             cfg.agent.gamma * (1 - nb.done) * bonus, rtol=1e-3, atol=1e-3)
   assert np.any(np.abs(bonus[nb.done == 0]) > 1e-2)   # the check has teeth
 
   mob = config_lib.make_config("hopper-random", "mobile", preset="tiny", real_ratio=0.25, beta=0.7,
@@ -293,12 +293,12 @@ def test_soft_backup_is_honoured_by_mombo_and_mobile(cfg, agent, batch, dyn):
   key = jax.random.PRNGKey(7)
   y_det, _ = targets.mobile(agent, batch, key, dyn=dyn, config=mob, term_fn=None)
   y_soft, _ = targets.mobile(agent, batch, key, dyn=dyn,
-                             config=dataclasses.replace(mob, deterministic_backup=False),
+                             config=mob.replace(deterministic_backup=False),
                              term_fn=None)
   k_next = jax.random.split(key, 3)[2]
   bonus = -alpha * _logp(agent, batch.next_obs, k_next, mob)
   np.testing.assert_allclose(np.asarray(y_soft) - np.asarray(y_det),
-                             mob.gamma * (1 - nb.done) * bonus, rtol=1e-3, atol=1e-3)
+                             mob.agent.gamma * (1 - nb.done) * bonus, rtol=1e-3, atol=1e-3)
 
   # elite_spread / mixture: each elite's next value gains its own bonus, so the elites' spread
   # (the penalty) moves too; real rows gain the plain backup's. The soft target and what the
@@ -307,10 +307,10 @@ def test_soft_backup_is_honoured_by_mombo_and_mobile(cfg, agent, batch, dyn):
   # these random states is terminal and bootstraps nothing, so no bonus would reach a model row.
   term_fn = termination.termination_fn("halfcheetah")
   for mode in ("elite_spread", "mixture"):
-    det_cfg = dataclasses.replace(cfg, target=mode)
+    det_cfg = cfg.replace(target=mode)
     y_det, _ = targets.get_target(det_cfg)(agent, batch, key, dyn=dyn, config=det_cfg,
                                            term_fn=term_fn)
-    soft_cfg = dataclasses.replace(det_cfg, deterministic_backup=False)
+    soft_cfg = det_cfg.replace(deterministic_backup=False)
     y_soft, _ = targets.get_target(soft_cfg)(agent, batch, key, dyn=dyn, config=soft_cfg,
                                              term_fn=term_fn)
     want_det = _np_elite_target(agent, batch, key, dyn, det_cfg, term_fn, mode)
@@ -319,7 +319,7 @@ def test_soft_backup_is_honoured_by_mombo_and_mobile(cfg, agent, batch, dyn):
     bonus = want_soft - want_det
     np.testing.assert_allclose(np.asarray(y_soft) - np.asarray(y_det), bonus, rtol=1e-3,
                                atol=1e-3, err_msg=mode)
-    n_real = int(B * cfg.real_ratio)
+    n_real = int(B * cfg.rollout.real_ratio)
     for rows in (slice(0, n_real), slice(n_real, B)):     # the check has teeth on both kinds
       assert np.any(np.abs(bonus[rows]) > 1e-2), (mode, rows)
 
@@ -335,9 +335,9 @@ def test_nan_behind_a_terminal_never_reaches_the_target(cfg, agent, batch, dyn):
                       next_obs_mean=poison(batch.next_obs_mean),
                       next_obs_var=poison(batch.next_obs_var))
   key = jax.random.PRNGKey(8)
-  mob = dataclasses.replace(cfg, algo="mobile", mobile_num_samples=3)
+  mob = cfg.replace(algo="mobile", mobile_num_samples=3)
   mopo = config_lib.make_config("hopper-random", "mopo", preset="tiny")
-  for config in (cfg, dataclasses.replace(cfg, deterministic_backup=False), mob, mopo):
+  for config in (cfg, cfg.replace(deterministic_backup=False), mob, mopo):
     y, _ = targets.get_target(config)(agent, bad, key, dyn=dyn, config=config,
                                       term_fn=termination.termination_fn("hopper"))
     assert np.all(np.isfinite(np.asarray(y))), config.algo
@@ -350,8 +350,8 @@ def test_nan_behind_a_terminal_never_reaches_the_target(cfg, agent, batch, dyn):
 def test_penalty_is_what_the_target_subtracts(cfg, agent, batch, dyn, algo, mode):
   """targets.get_penalty(config) with the target's key is exactly the per-row U its target
   subtracts times beta, on model rows (past the leading real rows): y(beta=0) - y(beta=1) = U."""
-  config = (dataclasses.replace(cfg, target=mode) if algo == "mombo" else
-            dataclasses.replace(cfg, algo="mobile", mobile_num_samples=3))
+  config = (cfg.replace(target=mode) if algo == "mombo" else
+            cfg.replace(algo="mobile", mobile_num_samples=3))
   term_fn = termination.termination_fn("hopper")
   key = jax.random.PRNGKey(11)
   target, penalty = targets.get_target(config), targets.get_penalty(config)
@@ -359,7 +359,7 @@ def test_penalty_is_what_the_target_subtracts(cfg, agent, batch, dyn, algo, mode
                               beta=b)[0], np.float64) for b in (0.0, 1.0))
   u = np.asarray(penalty(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn))
   assert u.shape == (B,) and np.all(u > 0)
-  n_real = 0 if mode == "lcb" else int(B * config.real_ratio)
+  n_real = 0 if mode == "lcb" else int(B * config.rollout.real_ratio)
   np.testing.assert_allclose(y0[n_real:] - y1[n_real:], u[n_real:], rtol=1e-5, atol=1e-5)
   # And it is the named function of that algorithm.
   named = {"lcb": targets.penalty_mombo_lcb, "elite_spread": targets.penalty_elite_spread,
@@ -376,7 +376,7 @@ def test_mopo_penalty_is_the_rollout_penalty(cfg, batch, dyn):
   _, s_var, _, r_var = map(np.asarray, dynamics.predict(dyn, batch.obs, batch.action, mopo_cfg))
   # ||sigma||_2 = sqrt(sum of the variances) per member [M, B]; the max over all M members.
   norms = np.sqrt(np.concatenate([s_var, r_var[..., None]], -1).astype(np.float64).sum(-1))
-  assert norms.shape[0] == mopo_cfg.dyn_members
+  assert norms.shape[0] == mopo_cfg.dynamics.dyn_members
   np.testing.assert_allclose(u, norms.max(0), rtol=1e-5)
   step = dynamics.step(dyn, batch.obs, batch.action, jax.random.PRNGKey(1), mopo_cfg)
   np.testing.assert_allclose(u, np.asarray(step.mopo_penalty), rtol=1e-6)

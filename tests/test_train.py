@@ -106,7 +106,7 @@ def test_nonfinite_seed_is_frozen_and_others_untouched(cfg, real):
 
 def _inflate(state, value=1e8):
   """Every seed's critic outputs shifted by `value` (its output biases): finite, but critic losses
-  of ~value**2 (1e16), beyond the default config.max_abs_loss (1e12)."""
+  of ~value**2 (1e16), beyond the default config.agent.max_abs_loss (1e12)."""
   shifted = []
 
   def one(path, x):
@@ -121,7 +121,7 @@ def _inflate(state, value=1e8):
 
 
 def test_a_finite_explosion_counts_as_divergence(cfg, real):
-  """A loss beyond config.max_abs_loss freezes the seed too (the state is an argument: the
+  """A loss beyond config.agent.max_abs_loss freezes the seed too (the state is an argument: the
   compiled epoch is the other tests')."""
   state = _inflate(_fresh(cfg, real))
   before = _host(state.agent)
@@ -130,7 +130,7 @@ def test_a_finite_explosion_counts_as_divergence(cfg, real):
   assert np.all(np.asarray(metrics["diverged/critic_loss"]))
   assert not np.any(np.asarray(metrics["diverged/params"]))   # finite, just too large
   losses = np.asarray(metrics["critic_loss"])
-  assert np.all(np.isfinite(losses)) and np.all(np.abs(losses[:, 0]) > cfg.max_abs_loss)
+  assert np.all(np.isfinite(losses)) and np.all(np.abs(losses[:, 0]) > cfg.agent.max_abs_loss)
   _assert_tree_equal(_host(state.agent), before)
 
 
@@ -228,12 +228,11 @@ def test_cells_differing_in_their_datasets_settings_train_as_their_single_progra
   auto_alpha (train.CELL_SETTINGS, read per cell; one cell differs in all three): each cell ends
   where a plain program of its own config ends (cfg's: chunk_fn, cells 0 and 1 both of cfg), its
   ring in the first capacity(config, k) slots of the program's."""
-  import dataclasses
-  configs = [cfg, dataclasses.replace(cfg, rollout_length=1, real_ratio=0.5, auto_alpha=False)]
+  configs = [cfg, cfg.replace(rollout_length=1, real_ratio=0.5, auto_alpha=False)]
   per_cell = train_lib.per_cell_settings(configs)
   assert per_cell == train_lib.CELL_SETTINGS
   assert epoch_settings(configs[1], per_cell) == epoch_settings(
-      dataclasses.replace(cfg, rollout_length=1), per_cell)
+      cfg.replace(rollout_length=1), per_cell)
   n = len(configs)
   keys = jax.random.split(jax.random.PRNGKey(3), n)
   one = dynamics.init_state(jax.random.PRNGKey(1), S_DIM, A_DIM, cfg)
@@ -264,7 +263,7 @@ def test_cells_differing_in_their_datasets_settings_train_as_their_single_progra
                  "critic_loss"):
       np.testing.assert_allclose(metrics[name][:, i], alone_metrics[name][:, 0], rtol=2e-4,
                                  atol=2e-5, err_msg=f"{name} of cell {i}")
-  assert np.all(metrics["alpha"][:, 1] == np.float32(cfg.alpha))
+  assert np.all(metrics["alpha"][:, 1] == np.float32(cfg.agent.alpha))
   assert np.all(metrics["alpha_loss"][:, 1] == 0.0) and np.all(metrics["alpha_loss"][:, 0] != 0.0)
   assert metrics["rollout/length"][0, 1] <= 1.0 < metrics["rollout/length"][0, 0]
 

@@ -4,7 +4,6 @@ on known Bellman errors, the definition against a closed form (linear critic, Ga
 model), U against what the run's own target subtracts, the two alternative readings (the real
 reward in B^ Q; MOMBO's U as eq. (1)) against hand computations, and the experiment end to end on a
 run folder in both --states modes, with the paper's numbers beside ours."""
-import dataclasses
 import os
 import subprocess
 import sys
@@ -145,11 +144,11 @@ def test_exact_backup_uses_the_real_next_state_and_the_policy_mean(tiny_run):
   done = jnp.array([1.0, 0.0, 0.0])
   key = jax.random.PRNGKey(5)
   got = quantifier_quality.exact_bellman(policy_fn, q_fn, reward, next_obs, done, key,
-                               gamma=nets.config.gamma, num_policy=64)
+                               gamma=nets.config.agent.gamma, num_policy=64)
   assert float(got[0]) == 1.0
   actions, _ = nets.policy(jnp.broadcast_to(next_obs, (64, 3, 11)), key)
   q = np.asarray(nets.q(jnp.broadcast_to(next_obs, (64, 3, 11)), actions)).min(axis=0)
-  want = np.asarray(reward) + nets.config.gamma * q.mean(axis=0)
+  want = np.asarray(reward) + nets.config.agent.gamma * q.mean(axis=0)
   np.testing.assert_allclose(np.asarray(got)[1:], want[1:], rtol=1e-5, atol=1e-6)
 
 
@@ -174,7 +173,7 @@ def test_u_is_what_the_runs_target_subtracts(tiny_run):
     step = dynamics.step(nets.dyn, obs, action, k_step, nets.config, penalty=False)
     out = {}
     for mode in modes:
-      cfg = dataclasses.replace(nets.config, target=mode, clip_target_min=None)
+      cfg = nets.config.replace(target=mode, clip_target_min=None)
       mode_nets = nets.replace(config=cfg)
       y = [targets.get_target(cfg)(mode_nets.agent(), row, k_u, dyn=nets.dyn, config=cfg,
                                    term_fn=term_fn, beta=b)[0] for b in (0.0, 1.0)]
@@ -190,7 +189,7 @@ def test_u_is_what_the_runs_target_subtracts(tiny_run):
   np.testing.assert_allclose(np.asarray(scaled), nets.config.beta * np.asarray(u), rtol=1e-6)
   if nets.config.target in out:
     np.testing.assert_array_equal(np.asarray(u), np.asarray(out[nets.config.target][1]))
-  n_real = int(8 * nets.config.real_ratio)
+  n_real = int(8 * nets.config.rollout.real_ratio)
   for mode, (diff, u) in out.items():
     diff, u = np.asarray(diff), np.asarray(u)
     assert u.shape == (8,) and np.all(u[n_real:] > 0), mode
@@ -257,7 +256,7 @@ def test_eq1_u_is_the_mm_std_of_the_min_target_critic(tiny_run):
   the run's own U, for the released code's elite_spread another number."""
   workdir, _ = tiny_run
   nets = trained.load_run(workdir).nets[0]
-  g = nets.config.gamma
+  g = nets.config.agent.gamma
   rng = np.random.default_rng(4)
   B = 6
   obs = jnp.asarray(rng.normal(scale=0.1, size=(B, 11)) + np.r_[1.25, np.zeros(10)], jnp.float32)
@@ -273,7 +272,7 @@ def test_eq1_u_is_the_mm_std_of_the_min_target_critic(tiny_run):
                         obs_var=zeros, next_obs_mean=mean, next_obs_var=var,
                         reward_mean=jnp.zeros(B), reward_var=reward_var)
 
-  lcb = nets.replace(config=dataclasses.replace(nets.config, target="lcb"))
+  lcb = nets.replace(config=nets.config.replace(target="lcb"))
 
   @jax.jit
   def run(nets, lcb, key):

@@ -180,7 +180,7 @@ def main():
     for name, per in trained.items():
       if not per:
         continue
-      every = config_lib.make_config("hopper-medium-replay", name).eval_every
+      every = config_lib.make_config("hopper-medium-replay", name).evaluation.eval_every
       span = every * per
       left = max(0.0, one - span)
       say(f"| {LABELS[name]} | {every} | {span:.1f} | {one / (one + span):.3f} | "

@@ -50,7 +50,8 @@ def ours_actor_alpha(agent, batch, key, config):
   alpha_loss, alpha_grads = jax.value_and_grad(
       lambda p: -jnp.mean(p["log_alpha"] * gap))(agent.log_alpha.params)
   log_alpha = agent.log_alpha.apply_gradients(grads=alpha_grads)
-  target = optax.incremental_update(agent.critic.params, agent.target_critic_params, config.tau)
+  target = optax.incremental_update(agent.critic.params, agent.target_critic_params,
+                                    config.agent.tau)
   return agent.replace(actor=actor, log_alpha=log_alpha, target_critic_params=target), (
       actor_loss, alpha_loss, -logp.mean())
 

@@ -103,7 +103,7 @@ class Ours:
 
     def fn(key, agent, ring):
       k_start, k_roll = jax.random.split(key)
-      start = jax.random.randint(k_start, (config.rollout_batch_size,), 0,
+      start = jax.random.randint(k_start, (config.rollout.rollout_batch_size,), 0,
                                  self.real.reward.shape[0])
       policy_fn = functools.partial(train._policy, agent, config)
       return rollout.run(k_roll, policy_fn, self.dyn1, buffer.take(self.real, start).obs, ring,
@@ -118,26 +118,26 @@ class Ours:
   def step_piece(self):
     """(fn, args): one gradient step as make_epoch's scan body: buffer.sample_mixed + sac.update."""
     config, target_fn = self.config, self.target_fn()
-    n_real = buffer.real_rows(config.batch_size, config.real_ratio)
+    n_real = buffer.real_rows(config.agent.batch_size, config.rollout.real_ratio)
 
     def fn(agent, ring, key):
       k_batch, k_update = jax.random.split(key)
-      batch = buffer.sample_mixed(self.real, ring, k_batch, config.batch_size, n_real)
+      batch = buffer.sample_mixed(self.real, ring, k_batch, config.agent.batch_size, n_real)
       return sac.update(agent, batch, k_update, target_fn, config)
     agent, ring = self._agent_ring()
     return fn, (agent, ring, jax.random.PRNGKey(3))
 
   def sample_piece(self):
     config = self.config
-    n_real = buffer.real_rows(config.batch_size, config.real_ratio)
+    n_real = buffer.real_rows(config.agent.batch_size, config.rollout.real_ratio)
 
     def fn(key, ring):
-      return buffer.sample_mixed(self.real, ring, key, config.batch_size, n_real)
+      return buffer.sample_mixed(self.real, ring, key, config.agent.batch_size, n_real)
     return fn, (jax.random.PRNGKey(2), self._agent_ring()[1])
 
   def write_piece(self):
     """(fn, args): buffer.add of one rollout's rows (all masked in), as rollout.run writes them."""
     ring = self._agent_ring()[1]
-    n = self.config.rollout_batch_size * self.config.rollout_length
+    n = self.config.rollout.rollout_batch_size * self.config.rollout.rollout_length
     rows = jax.tree.map(lambda x: jnp.ones((n,) + x.shape[1:], x.dtype), ring.data)
     return buffer.add, (ring, rows, jnp.asarray(np.ones(n, bool)))

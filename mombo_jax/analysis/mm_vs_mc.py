@@ -7,7 +7,6 @@ Shapes: B = states, S = obs dim, A = action dim, E = critics, N = Monte Carlo sa
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from typing import Callable, Sequence
@@ -219,7 +218,7 @@ def run_experiment(trained, transitions, out: str, ns: Sequence[int], num_states
   outputs.write_rows(os.path.join(out, "mm_vs_mc.csv"), summary)
   outputs.write_rows(os.path.join(out, "mm_vs_mc_estimates.csv"), raw)
   # The algorithm as every report labels it: MOMBO's target is part of it (labels.algo_label).
-  result["title"] = (f"{labels.algo_label(dataclasses.asdict(trained.config))} on "
+  result["title"] = (f"{labels.algo_label(trained.config.settings())} on "
                      f"{trained.dataset}, seed {trained.seeds[seed_index]}, epoch {trained.epoch}")
   result["repeats"] = int(repeats)
   plot_mm_vs_mc(result, os.path.join(out, "mm_vs_mc.png"), result["title"])

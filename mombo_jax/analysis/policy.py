@@ -256,8 +256,9 @@ def _from_workdir(path: str, seed: Optional[int], step: Optional[int],
   low, high, dtype = _action_space(config.env_name)
   return Policy(params=params, env_name=config.env_name, dataset=dataset,
                 obs_dim=envs.OBS_DIM[config.env_name], action_dim=envs.ACTION_DIM[config.env_name],
-                hidden_dims=tuple(config.actor_hidden), log_std_min=float(config.log_std_min),
-                log_std_max=float(config.log_std_max), action_low=low, action_high=high,
+                hidden_dims=tuple(config.agent.actor_hidden),
+                log_std_min=float(config.agent.log_std_min),
+                log_std_max=float(config.agent.log_std_max), action_low=low, action_high=high,
                 action_dtype=dtype, seed=seed, epoch=epoch, config=record, source=path,
                 eval_env=envs.eval_env_spec(dataset))
 

@@ -183,8 +183,8 @@ def bellman_metrics(u, exact, sample) -> dict:
 
 def model_done(config, term_fn: Callable, obs, action, next_obs):
   """d^ [B] float32 of a model draw as rollout.run marks it: the termination function, or a runaway
-  state (any |x| >= config.rollout_obs_limit, which ends a rollout branch as terminal)."""
-  done = termination.model_done(term_fn, obs, action, next_obs, config.rollout_obs_limit)
+  state (any |x| >= config.rollout.rollout_obs_limit, which ends a rollout branch as terminal)."""
+  done = termination.model_done(term_fn, obs, action, next_obs, config.rollout.rollout_obs_limit)
   return done.astype(jnp.float32)
 
 
@@ -259,7 +259,7 @@ def _seed_gaps(nets, obs, action, reward, next_obs, done, key, num_draws, num_po
   # The networks are an argument, never closed over: XLA would fold the weights in as constants.
   policy_fn, q_fn, draw_fn = seed_functions(nets)
   return bellman_gaps(policy_fn, q_fn, draw_fn, obs, action, reward, next_obs, done, key,
-                      gamma=nets.config.gamma, num_draws=num_draws, num_policy=num_policy)
+                      gamma=nets.config.agent.gamma, num_draws=num_draws, num_policy=num_policy)
 
 
 def _chunk_rows(n: int, chunk: int) -> int:

@@ -8,7 +8,6 @@ seed), and writing uncertainty[_<states>].csv / .md (`write_outputs`, `table_mar
 over seeds beside the paper's own Table 2 numbers). The per-tuple Bellman backups, penalties and
 scores are mombo_jax.analysis.quantifier_quality's.
 """
-import dataclasses
 import os
 
 from mombo_jax.errors import InvalidArgument, UserError
@@ -102,7 +101,7 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
                                                    draws, num_policy, chunk)
       rows.append(dict(
           run=path, env=config.env_name, dataset=trained.dataset,
-          algo=labels.algo_label(dataclasses.asdict(config)),
+          algo=labels.algo_label(config.settings()),
           target=algorithms.variant_of(config.algo, config.target), states=states,
           seed=trained.seeds[i], epoch=trained.epoch, beta=float(config.beta),
           transitions=int(len(res["exact"])), draws=int(draws), num_policy=int(num_policy),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from mombo_jax.core import algorithms, sac
 from mombo_jax.core.actor_policy import numpy_actor
 from mombo_jax.env import envs, host_state
 from mombo_jax.errors import Interrupted, UserError
+from mombo_jax.settings import groups
 
 
 def _print(msg: str):
@@ -44,34 +45,22 @@ def _fmt_time(seconds: float) -> str:
   return f"{seconds // 3600:d}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
+# Standard online SAC (Haarnoja et al. 2018; the D4RL behaviour policies were trained like this):
+# Adam 3e-4 everywhere, automatic temperature (uncapped), soft backup, no target clamp, constant lr.
+ONLINE_AGENT = groups.AgentConfig(actor_lr=3e-4, critic_lr=3e-4, alpha_lr=3e-4, alpha_max=None,
+                                  actor_cosine_schedule=False, deterministic_backup=False,
+                                  clip_target_min=None)
+
+
 @dataclasses.dataclass(frozen=True)
 class OnlineSettings:
-  """What an online SAC run's networks, updates and actors read (mombo_jax.core.sac reads them by
-  Config's names). Standard online SAC (Haarnoja et al. 2018; the D4RL behaviour policies were
-  trained like this): Adam 3e-4 everywhere, automatic temperature (uncapped), soft backup, no
-  target clamp, constant lr; plain SAC's algorithm record (no penalty, plain critic in the actor
-  loss). env_name: the environment it trains on (halfcheetah | hopper | walker2d, or any)."""
+  """What an online SAC run's networks, updates and actors read (mombo_jax.core.sac reads them as
+  it reads a Config: its `agent` group, ONLINE_AGENT's values); plain SAC's algorithm record (no
+  penalty, plain critic in the actor loss). env_name: the environment it trains on (halfcheetah |
+  hopper | walker2d, or any)."""
   env_name: str
-  actor_hidden: Tuple[int, ...] = (256, 256)
-  critic_hidden: Tuple[int, ...] = (256, 256)
-  batch_size: int = 256
+  agent: groups.AgentConfig = ONLINE_AGENT
   algorithm: algorithms.Algorithm = algorithms.SAC
-  gamma: float = 0.99
-  tau: float = 0.005
-  num_critics: int = 2
-  actor_lr: float = 3e-4
-  critic_lr: float = 3e-4
-  alpha_lr: float = 3e-4
-  auto_alpha: bool = True
-  alpha_max: Optional[float] = None
-  alpha: float = 0.2
-  log_alpha_init: float = 0.0
-  target_entropy: Optional[float] = None   # None -> -dim(A)
-  log_std_min: float = -5.0
-  log_std_max: float = 2.0
-  actor_cosine_schedule: bool = False
-  deterministic_backup: bool = False
-  clip_target_min: Optional[float] = None
 
 
 SEED_OFFSETS = {"random": 0, "sac": 1, "medium": 2, "expert": 3, "mix": 4, "eval": 5}
@@ -79,8 +68,9 @@ SEED_OFFSETS = {"random": 0, "sac": 1, "medium": 2, "expert": 3, "mix": 4, "eval
 
 def online_config(env: str, hidden: Sequence[int], batch_size: int) -> OnlineSettings:
   """The settings of the online SAC run on env (halfcheetah | hopper | walker2d)."""
-  return OnlineSettings(env_name=env, actor_hidden=tuple(hidden), critic_hidden=tuple(hidden),
-                        batch_size=batch_size)
+  agent = dataclasses.replace(ONLINE_AGENT, actor_hidden=tuple(hidden),
+                              critic_hidden=tuple(hidden), batch_size=batch_size)
+  return OnlineSettings(env_name=env, agent=agent)
 
 
 def _make_jitted(config):
@@ -111,7 +101,7 @@ def _make_jitted(config):
   def sac_updates(agent, replay, size, keys, start=None, stop=None):
     def one(i, agent):
       k_idx, k_update = jax.random.split(keys[i])
-      idx = jax.random.randint(k_idx, (config.batch_size,), 0, size)
+      idx = jax.random.randint(k_idx, (config.agent.batch_size,), 0, size)
       o, a, r, o2, d = (replay[k][idx] for k in REPLAY_FIELDS)
       batch = Batch(obs=o, action=a, reward=r, next_obs=o2, done=d, obs_var=jnp.zeros_like(o),
                     next_obs_mean=o2, next_obs_var=jnp.zeros_like(o2), reward_mean=r,
@@ -211,7 +201,7 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   key = jax.random.wrap_key_data(np.asarray(state["key"], np.uint32))
   device_replay, uploaded = None, 0   # the sampling copy on the device and the rows it holds
   # Refreshed after every training chunk.
-  policy = numpy_actor(agent.actor.params, config.log_std_min, config.log_std_max)
+  policy = numpy_actor(agent.actor.params, config.agent.log_std_min, config.agent.log_std_max)
   step = meta["step"]
   if loop is None:
     act_rng = np.random.default_rng([seed, meta["step"], 1])
@@ -274,7 +264,7 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
     return bool(reached)
 
   # Gradient steps start once the warm-up is over and a full batch exists.
-  learning_starts = max(start_steps, config.batch_size)
+  learning_starts = max(start_steps, config.agent.batch_size)
   if meta.get("trained") is None:   # a checkpoint from before chunked training: one per step
     meta["trained"] = max(0, meta["step"] - learning_starts + 1)
 
@@ -306,7 +296,7 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
       chunk["done"] += n
     meta["trained"] += chunk["due"]
     chunk = None
-    policy = numpy_actor(agent.actor.params, config.log_std_min, config.log_std_max)
+    policy = numpy_actor(agent.actor.params, config.agent.log_std_min, config.agent.log_std_max)
 
   window = (step, time.time())  # (step, time) of the last progress line
 

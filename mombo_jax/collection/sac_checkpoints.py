@@ -89,8 +89,8 @@ class SacCheckpoints:
 
   def _settings(self):
     c = self.config
-    return dict(actor_hidden=list(c.actor_hidden), critic_hidden=list(c.critic_hidden),
-                batch_size=c.batch_size, **self.run_settings)
+    return dict(actor_hidden=list(c.agent.actor_hidden), critic_hidden=list(c.agent.critic_hidden),
+                batch_size=c.agent.batch_size, **self.run_settings)
 
   def save(self, step: int, state: dict, meta: dict):
     meta = dict(meta, settings=self._settings(), capacity=int(state["replay"]["obs"].shape[0]))

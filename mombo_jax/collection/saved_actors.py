@@ -72,9 +72,10 @@ def network_info(env: str, config, actor_params) -> dict:
   return dict(env=env, gym_id=GYM_IDS[env],
               obs_dim=int(np.shape(sac.actor_layers(actor_params)[0][0][0])[0]),
               action_dim=sac.actor_action_dim(actor_params),
-              actor_hidden=[int(h) for h in config.actor_hidden],
-              log_std_min=float(config.log_std_min), log_std_max=float(config.log_std_max),
-              batch_size=int(config.batch_size))
+              actor_hidden=[int(h) for h in config.agent.actor_hidden],
+              log_std_min=float(config.agent.log_std_min),
+              log_std_max=float(config.agent.log_std_max),
+              batch_size=int(config.agent.batch_size))
 
 
 def git_commit() -> Optional[str]:
@@ -108,8 +109,9 @@ def actor_config(info: dict):
   """The online-SAC settings an actor sidecar describes (what make_actor / sac_policy read)."""
   config = online_config(info["env"], tuple(int(h) for h in info["actor_hidden"]),
                          int(info.get("batch_size", 256)))
-  return dataclasses.replace(config, log_std_min=float(info["log_std_min"]),
-                             log_std_max=float(info["log_std_max"]))
+  agent = dataclasses.replace(config.agent, log_std_min=float(info["log_std_min"]),
+                              log_std_max=float(info["log_std_max"]))
+  return dataclasses.replace(config, agent=agent)
 
 
 def check_saved(directory: str, quality: str, env: str, needed_by: str):

@@ -32,8 +32,9 @@ class ActorShape:
   def from_config(cls, config, actor_params) -> "ActorShape":
     """The shape of config's actor whose variables are actor_params (they give the action width)."""
     from mombo_jax.core import sac
-    return cls.of(config.actor_hidden, sac.actor_action_dim(actor_params), config.log_std_min,
-                  config.log_std_max)
+    agent = config.agent
+    return cls.of(agent.actor_hidden, sac.actor_action_dim(actor_params), agent.log_std_min,
+                  agent.log_std_max)
 
 
 class ActorFunctions(NamedTuple):

@@ -103,11 +103,12 @@ def on_flat(fn, x, *rows):
 
 def make_module(config, obs_dim: int, num_members: Optional[int] = None,
                 flat_clamp: bool = False) -> EnsembleDynamics:
-  """The ensemble of config.dyn_members members (or num_members: a subset's parameters)."""
-  return EnsembleDynamics(hidden_dims=tuple(config.dyn_hidden), out_dim=obs_dim + 1,
-                          num_members=num_members or config.dyn_members,
-                          max_logvar_init=config.dyn_max_logvar_init,
-                          min_logvar_init=config.dyn_min_logvar_init, flat_clamp=flat_clamp)
+  """The ensemble of config.dynamics.dyn_members members (or num_members: a subset's parameters)."""
+  shape = config.dynamics
+  return EnsembleDynamics(hidden_dims=tuple(shape.dyn_hidden), out_dim=obs_dim + 1,
+                          num_members=num_members or shape.dyn_members,
+                          max_logvar_init=shape.dyn_max_logvar_init,
+                          min_logvar_init=shape.dyn_min_logvar_init, flat_clamp=flat_clamp)
 
 
 class DynamicsState(struct.PyTreeNode):
@@ -165,9 +166,9 @@ def apply(config, params, x_std, flat_clamp: bool = False):
 def _decay(config, params):
   """sum_l wd_l * 0.5 * ||W_l||^2 over all members (kernels only, no biases)."""
   members = params["members"]
-  names = [f"layer_{i}" for i in range(len(config.dyn_hidden))] + ["out"]
+  names = [f"layer_{i}" for i in range(len(config.dynamics.dyn_hidden))] + ["out"]
   return sum(wd * 0.5 * jnp.sum(jnp.square(members[n]["kernel"]))
-             for wd, n in zip(config.dyn_weight_decay, names))
+             for wd, n in zip(config.dynamics_training.dyn_weight_decay, names))
 
 
 def loss_fn(config, params, x_std, y, weight):
@@ -179,7 +180,7 @@ def loss_fn(config, params, x_std, y, weight):
   mse_inv = jnp.sum(w * jnp.square(mean - y) * jnp.exp(-logvar), axis=(1, 2)) / denom
   var_loss = jnp.sum(w * logvar, axis=(1, 2)) / denom
   loss = jnp.sum(mse_inv + var_loss) + _decay(config, params)
-  return loss + config.dyn_logvar_coef * (jnp.sum(params["max_logvar"])
+  return loss + config.dynamics_training.dyn_logvar_coef * (jnp.sum(params["max_logvar"])
                                           - jnp.sum(params["min_logvar"]))
 
 
@@ -216,7 +217,7 @@ def predict(dyn: DynamicsState, obs, action, config, members=None):
 def _predict(dyn: DynamicsState, obs, action, config, members):
   """predict's arithmetic on one piece of rows."""
   obs_dim = obs.shape[-1]
-  params, num = dyn.params, config.dyn_members
+  params, num = dyn.params, config.dynamics.dyn_members
   if members is not None:
     params = dict(params, members=jax.tree.map(lambda p: p[members], params["members"]))
     num = members.shape[0]
@@ -262,7 +263,7 @@ def step(dyn: DynamicsState, obs, action, key, config, penalty: bool = True) -> 
 def init_state(key, obs_dim: int, action_dim: int, config) -> DynamicsState:
   """An untrained ensemble (identity normaliser, elites 0..E-1): for tests and shape templates."""
   params = make_module(config, obs_dim).init(
-      key, jnp.zeros((config.dyn_members, 1, obs_dim + action_dim)))["params"]
+      key, jnp.zeros((config.dynamics.dyn_members, 1, obs_dim + action_dim)))["params"]
   return DynamicsState(params=params, input_mean=jnp.zeros((obs_dim + action_dim,)),
                        input_std=jnp.ones((obs_dim + action_dim,)),
-                       elites=jnp.arange(config.dyn_elites, dtype=jnp.int32))
+                       elites=jnp.arange(config.dynamics.dyn_elites, dtype=jnp.int32))

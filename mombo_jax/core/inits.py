@@ -16,7 +16,8 @@ Flax's `nn.Dense` defaults (lecun_normal kernel, zero bias) are not what the ref
   untruncated normal, unlike Flax's `truncated_normal`, which cuts at +-2 std and so draws 0.88x
   the std it is given); bias zeros
   (torch.zeros, never re-initialised). The learned log-variance bounds start at max 0.5 and min -10
-  (adinlab/MOMBO `models/dynamics_model.py`; Config.dyn_max_logvar_init / dyn_min_logvar_init).
+  (adinlab/MOMBO `models/dynamics_model.py`; Config.dynamics.dyn_max_logvar_init /
+  dyn_min_logvar_init).
 
 Kernels are Flax's [fan_in, fan_out] (PyTorch's weight is [out, in]; fan_in is `in` in both).
 Under nn.vmap (ensemble members) each member's initialiser sees its own unbatched shape.

@@ -6,7 +6,7 @@ and written with one masked `buffer.add` at the end (rows of branches that alrea
 masked out, so the ring only ever holds real model transitions).
 
 Two rollout rules beside the gymnasium-faithful termination functions (termination.termination_fn):
-- runaway: a next state with any |x| >= config.rollout_obs_limit (100, as the references'
+- runaway: a next state with any |x| >= config.rollout.rollout_obs_limit (100, as the references'
   termination code for all three envs; termination.model_done, which MOMBO's per-elite targets
   share) is written as a terminal row and ends its branch;
 - non-finite: a model output (next state, reward, or their variances) that is NaN/inf ends its
@@ -37,7 +37,7 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   penalised by beta * mopo_penalty (beta: f32 scalar, may be traced; default config.beta); another
   record with penalize_reward by beta * its own `penalty` (agent None, the step's rows as batch).
 
-  length: k, int32 scalar <= K = config.rollout_length (may be traced: a cell's own rollout
+  length: k, int32 scalar <= K = config.rollout.rollout_length (may be traced: a cell's own rollout
   length in a program of several, train.Cell; default K). The scan always runs K steps; steps
   >= k write nothing and count in no metric, and step i uses split(key, K)[i], which under JAX's
   partitionable threefry is split(key, k)[i]: a k-step rollout in a K-step scan writes exactly
@@ -54,7 +54,7 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   # ensemble and the termination function; split, its pieces would pass the step's arrays around.
   chex.assert_rank(start_obs, 2)
   n, _ = start_obs.shape
-  k = config.rollout_length
+  k = config.rollout.rollout_length
   active = jnp.arange(k) < (k if length is None else length)     # bool [K]: step i runs
   penalise = config.algorithm.penalize_reward
   # MOPO's penalty comes out of the step itself (every member's prediction); another record that
@@ -84,7 +84,8 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
       reward_mean = reward_mean - beta * penalty
     finite = _all_finite(out.next_obs, out.next_obs_mean, out.next_obs_var, reward, reward_mean,
                          out.reward_var)
-    done = termination.model_done(term_fn, obs, action, out.next_obs, config.rollout_obs_limit)
+    done = termination.model_done(term_fn, obs, action, out.next_obs,
+                                  config.rollout.rollout_obs_limit)
     rows = buffer_lib.Batch(
         obs=obs, action=action, reward=reward, next_obs=out.next_obs,
         done=done.astype(jnp.float32), obs_var=obs_var, next_obs_mean=out.next_obs_mean,

@@ -10,7 +10,7 @@ Parameter layout: every TrainState's `params` is the full Flax variables dict, s
 `state.apply_fn(state.params, ...)` and e.g. `TanhGaussianActor(...).apply(agent.actor.params, obs)`
 work as they are; `log_alpha.params == {"log_alpha": f32 scalar}`.
 
-Shapes: B = batch rows, S = observation dim, A = action dim, E = config.num_critics.
+Shapes: B = batch rows, S = observation dim, A = action dim, E = config.agent.num_critics.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class AgentState(struct.PyTreeNode):
   critic: TrainState of CriticEnsemble (params = {"params": {"members": ... leading axis E}}).
   target_critic_params: Polyak average of critic.params (same structure).
   log_alpha: TrainState with params {"log_alpha": f32 scalar}; untouched when alpha is fixed
-  (config.auto_alpha, or update's per-cell auto_alpha, False).
+  (config.agent.auto_alpha, or update's per-cell auto_alpha, False).
   """
   actor: TrainState
   critic: TrainState
@@ -58,8 +58,9 @@ class AgentState(struct.PyTreeNode):
 
 def make_actor(config: Config, action_dim: int) -> TanhGaussianActor:
   """The policy network the config describes."""
-  return TanhGaussianActor(hidden_dims=tuple(config.actor_hidden), action_dim=action_dim,
-                           log_std_min=config.log_std_min, log_std_max=config.log_std_max)
+  agent = config.agent
+  return TanhGaussianActor(hidden_dims=tuple(agent.actor_hidden), action_dim=action_dim,
+                           log_std_min=agent.log_std_min, log_std_max=agent.log_std_max)
 
 
 def actor_layers(actor_params):
@@ -82,18 +83,19 @@ def actor_action_dim(actor_params) -> int:
 
 def make_critic(config: Config) -> CriticEnsemble:
   """The critic ensemble the config describes."""
-  return CriticEnsemble(hidden_dims=tuple(config.critic_hidden), num_critics=config.num_critics)
+  return CriticEnsemble(hidden_dims=tuple(config.agent.critic_hidden),
+                        num_critics=config.agent.num_critics)
 
 
 def actor_lr_schedule(config: Config, total_steps: int):
   """Actor learning rate: cosine-annealed to 0 over `total_steps` gradient steps, or constant."""
-  if config.actor_cosine_schedule:
+  if config.agent.actor_cosine_schedule:
     if total_steps < 1:
       raise ValueError("total_steps must be >= 1 for the actor's cosine schedule, got "
                        f"{total_steps}.")
-    return optax.cosine_decay_schedule(init_value=config.actor_lr, decay_steps=total_steps,
+    return optax.cosine_decay_schedule(init_value=config.agent.actor_lr, decay_steps=total_steps,
                                        alpha=0.0)
-  return config.actor_lr
+  return config.agent.actor_lr
 
 
 def _train_state(apply_fn, params, tx) -> TrainState:
@@ -111,7 +113,7 @@ def init_agent(key: jax.Array, obs_dim: int, action_dim: int, config: Config,
   op on its own (seconds on a busy CPU). A cached compilation also hands back the same optimiser
   objects (static TrainState fields), so agents from repeated calls share `update`'s jit cache.
   """
-  if not config.actor_cosine_schedule:
+  if not config.agent.actor_cosine_schedule:
     total_steps = 1  # unused: one cache entry (and one set of optimiser objects) for all lengths
   elif total_steps < 1:
     raise ValueError("total_steps must be >= 1 for the actor's cosine schedule, got "
@@ -128,37 +130,37 @@ def _init_agent(key, obs_dim, action_dim, config, total_steps):
   critic = make_critic(config)
   actor_params = actor.init(k_actor, obs)
   critic_params = critic.init(k_critic, obs, act)
-  log_alpha = {"log_alpha": jnp.asarray(config.log_alpha_init, jnp.float32)}
+  log_alpha = {"log_alpha": jnp.asarray(config.agent.log_alpha_init, jnp.float32)}
   return AgentState(
       actor=_train_state(actor.apply, actor_params,
                          optax.adam(actor_lr_schedule(config, total_steps))),
-      critic=_train_state(critic.apply, critic_params, optax.adam(config.critic_lr)),
+      critic=_train_state(critic.apply, critic_params, optax.adam(config.agent.critic_lr)),
       target_critic_params=jax.tree_util.tree_map(lambda x: x, critic_params),
-      log_alpha=_train_state(None, log_alpha, optax.adam(config.alpha_lr)))
+      log_alpha=_train_state(None, log_alpha, optax.adam(config.agent.alpha_lr)))
 
 
 def alpha(agent: AgentState, config: Config, auto_alpha=None) -> jax.Array:
-  """Entropy temperature (f32 scalar): exp(log_alpha) if auto_alpha, else config.alpha.
+  """Entropy temperature (f32 scalar): exp(log_alpha) if auto_alpha, else config.agent.alpha.
 
   auto_alpha: bool scalar, may be traced (cells of one program may learn or fix alpha: train.Cell);
-  default config.auto_alpha.
-  With auto_alpha the temperature is capped at config.alpha_max (1.0 by default), as the MOMBO,
-  MOBILE and MOPO references do (`clamp(log_alpha.exp(), 0, 1)`): on penalised synthetic rewards the
-  entropy term can otherwise dominate early. The cap acts on the value used in the losses and
-  targets only; log_alpha's own gradient step is unaffected.
+  default config.agent.auto_alpha.
+  With auto_alpha the temperature is capped at config.agent.alpha_max (1.0 by default), as the
+  MOMBO, MOBILE and MOPO references do (`clamp(log_alpha.exp(), 0, 1)`): on penalised synthetic
+  rewards the entropy term can otherwise dominate early. The cap acts on the value used in the
+  losses and targets only; log_alpha's own gradient step is unaffected.
   """
-  fixed = jnp.asarray(config.alpha, jnp.float32)
-  if auto_alpha is None and not config.auto_alpha:
+  fixed = jnp.asarray(config.agent.alpha, jnp.float32)
+  if auto_alpha is None and not config.agent.auto_alpha:
     return fixed
   value = jnp.exp(agent.log_alpha.params["log_alpha"])
-  if config.alpha_max is not None:
-    value = jnp.minimum(value, jnp.asarray(config.alpha_max, jnp.float32))
+  if config.agent.alpha_max is not None:
+    value = jnp.minimum(value, jnp.asarray(config.agent.alpha_max, jnp.float32))
   return value if auto_alpha is None else jnp.where(auto_alpha, value, fixed)
 
 
 def target_entropy(config: Config, action_dim: int) -> float:
-  """-dim(A) unless config.target_entropy overrides it."""
-  return float(-action_dim if config.target_entropy is None else config.target_entropy)
+  """-dim(A) unless config.agent.target_entropy overrides it."""
+  return float(-action_dim if config.agent.target_entropy is None else config.agent.target_entropy)
 
 
 def _check_batch(batch: Batch):
@@ -173,20 +175,21 @@ def soft_target(agent: AgentState, batch: Batch, key: jax.Array, config: Config,
   """Standard SAC target from the sampled next state: returns (y [B], aux dict of scalars).
 
   y = r + gamma * (1 - d) * (min_j Q'_j(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s'),
-  without the entropy term when config.deterministic_backup. Clamped at config.clip_target_min
-  unless that is None (online SAC, mombo_jax.collection.online_sac, passes a config with None).
+  without the entropy term when config.agent.deterministic_backup. Clamped at
+  config.agent.clip_target_min unless that is None (online SAC, mombo_jax.collection.online_sac,
+  passes a config with None).
   auto_alpha: as alpha's.
   """
   _check_batch(batch)
   mean, log_std = agent.actor.apply_fn(agent.actor.params, batch.next_obs)
   next_action, next_logp = sample_tanh_gaussian(mean, log_std, key)
   q_next = agent.critic.apply_fn(agent.target_critic_params, batch.next_obs, next_action).min(0)
-  if not config.deterministic_backup:
+  if not config.agent.deterministic_backup:
     q_next = q_next - alpha(agent, config, auto_alpha) * next_logp
   # Selection, not (1 - d) * q: a NaN/inf value behind a terminal must not reach the target.
-  y = batch.reward + config.gamma * jnp.where(batch.done > 0, 0.0, q_next)
-  if config.clip_target_min is not None:
-    y = jnp.maximum(y, config.clip_target_min)
+  y = batch.reward + config.agent.gamma * jnp.where(batch.done > 0, 0.0, q_next)
+  if config.agent.clip_target_min is not None:
+    y = jnp.maximum(y, config.agent.clip_target_min)
   chex.assert_shape(y, batch.reward.shape)
   return y.astype(jnp.float32), {"next_q_mean": q_next.mean()}
 
@@ -207,9 +210,9 @@ def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,
   the pre-step alpha, alpha on the actor's log-probabilities, target params with tau.
   Returns (agent, metrics): f32 scalars critic_loss, actor_loss, alpha_loss, alpha, q_mean,
   target_mean, entropy, plus target_fn's aux (non-scalars averaged).
-  auto_alpha: bool scalar, may be traced (default config.auto_alpha): whether this agent learns
-  its temperature; where not, log_alpha keeps its parameters and optimiser state and alpha_loss
-  is 0. target_fn must see the same flag (train.make_epoch binds it).
+  auto_alpha: bool scalar, may be traced (default config.agent.auto_alpha): whether this agent
+  learns its temperature; where not, log_alpha keeps its parameters and optimiser state and
+  alpha_loss is 0. target_fn must see the same flag (train.make_epoch binds it).
   """
   _check_batch(batch)
   k_target, k_actor = jax.random.split(key)
@@ -239,7 +242,7 @@ def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,
 
   log_alpha = agent.log_alpha
   alpha_loss = jnp.zeros((), jnp.float32)
-  if config.auto_alpha or auto_alpha is not None:
+  if config.agent.auto_alpha or auto_alpha is not None:
     entropy_gap = jax.lax.stop_gradient(logp) + target_entropy(config, batch.action.shape[-1])
 
     def alpha_loss_fn(params):
@@ -255,7 +258,8 @@ def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,
       log_alpha = jax.tree.map(lambda new, old: jnp.where(auto_alpha, new, old), stepped,
                                log_alpha)
 
-  target_params = optax.incremental_update(critic.params, agent.target_critic_params, config.tau)
+  target_params = optax.incremental_update(critic.params, agent.target_critic_params,
+                                           config.agent.tau)
   new_agent = agent.replace(actor=actor, critic=critic, target_critic_params=target_params,
                             log_alpha=log_alpha)
   metrics = {

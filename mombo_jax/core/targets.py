@@ -6,8 +6,8 @@
 picked once, outside jit, from the run's algorithms.Algorithm (`get_target(config)`). The per-cell
 settings may be traced (the cells of one program may differ in them, train.Cell): beta (f32
 scalar, default config.beta), real_rows (int32 scalar, the batch's leading real rows; default
-int(B * config.real_ratio)) and auto_alpha (bool scalar, default config.auto_alpha; it picks the
-temperature of a soft backup, sac.alpha).
+int(B * config.rollout.real_ratio)) and auto_alpha (bool scalar, default config.agent.auto_alpha;
+it picks the temperature of a soft backup, sac.alpha).
 `train.py` binds dyn/config/term_fn and the cell's settings with functools.partial and hands
 `sac.update` a `target_fn(agent, batch, key)`.
 
@@ -17,7 +17,7 @@ model predictions (elite_spread, mixture, MOBILE). Real rows carry zero variance
 needs no mask: there the penalty vanishes by itself.
 
 Terminal rows bootstrap through `_continue` (selection), never `(1 - d) * value`: a NaN/inf next
-value times zero is NaN. `config.deterministic_backup=False` adds SAC's entropy term
+value times zero is NaN. `config.agent.deterministic_backup=False` adds SAC's entropy term
 -alpha * log pi(a'|s') to every next-state value (MOMBO's three modes, MOBILE, MOPO alike).
 
 Penalties. This module is the one owner of each algorithm's per-row uncertainty quantifier U, the
@@ -45,15 +45,15 @@ from mombo_jax.core.critics import sample_tanh_gaussian
 
 def _finish(y, config):
   """Clamp (reference code: targets >= 0) and stop gradients."""
-  if config.clip_target_min is not None:
-    y = jnp.maximum(y, config.clip_target_min)
+  if config.agent.clip_target_min is not None:
+    y = jnp.maximum(y, config.agent.clip_target_min)
   return jax.lax.stop_gradient(y)
 
 
 def _real_rows(batch_size, config, real_rows=None):
   """bool [B]: True for the leading real rows of a mixed batch (real_rows of them, may be traced;
-  default int(B * config.real_ratio))."""
-  n = int(batch_size * config.real_ratio) if real_rows is None else real_rows
+  default int(B * config.rollout.real_ratio))."""
+  n = int(batch_size * config.rollout.real_ratio) if real_rows is None else real_rows
   return jnp.arange(batch_size) < n
 
 
@@ -72,7 +72,7 @@ def _next_action(agent, obs, key, config, soft=True, auto_alpha=None):
   (zero for the deterministic backup, or when soft=False)."""
   mean, log_std = sac._actor_apply(agent, obs, config)
   action, logp = sample_tanh_gaussian(mean, log_std, key)
-  if config.deterministic_backup or not soft:
+  if config.agent.deterministic_backup or not soft:
     return action, jnp.zeros_like(logp)
   return action, -sac.alpha(agent, config, auto_alpha) * logp
 
@@ -97,7 +97,7 @@ def _elite_predictions(dyn, batch, config, term_fn):
   done [E, B] float32.
 
   done: each elite's next-state mean judged as a rollout judges a draw (termination.model_done:
-  term_fn or any |x| >= config.rollout_obs_limit), as adinlab/MOMBO's per-elite targets do
+  term_fn or any |x| >= config.rollout.rollout_obs_limit), as adinlab/MOMBO's per-elite targets do
   (dynamics/ensemble_dynamics.py torch_step: terminal_fn on the elites' means, whose
   utils/termination_fns.py includes the |x| < 100 bound).
   """
@@ -105,13 +105,13 @@ def _elite_predictions(dyn, batch, config, term_fn):
   s_mean, s_var, r_mean, r_var = dynamics.predict(dyn, batch.obs, batch.action, config,
                                                   members=dyn.elites)
   done = jax.vmap(lambda nxt: termination.model_done(
-      term_fn, batch.obs, batch.action, nxt, config.rollout_obs_limit))(s_mean)
+      term_fn, batch.obs, batch.action, nxt, config.rollout.rollout_obs_limit))(s_mean)
   return s_mean, s_var, r_mean, r_var, done.astype(jnp.float32)
 
 
 def _plain_target(agent, batch, key, config, auto_alpha=None):
   """r + gamma (1 - d) min_j Q'(s', a'), the backup of real rows."""
-  return batch.reward + config.gamma * _continue(
+  return batch.reward + config.agent.gamma * _continue(
       batch.done, _plain_min(agent, batch.next_obs, key, config, auto_alpha=auto_alpha))
 
 
@@ -122,8 +122,8 @@ def lcb_moments(agent, batch, key, config, auto_alpha=None):
   next_obs_mean)) with input variance next_obs_var. batch: buffer.Batch [B, ...]; key: the target's.
   """
   m, v = _mm_min(agent, batch.next_obs_mean, batch.next_obs_var, key, config, auto_alpha)
-  std = jnp.sqrt(batch.reward_var + config.gamma**2 * _continue(batch.done, v))
-  return batch.reward_mean + config.gamma * _continue(batch.done, m), std
+  std = jnp.sqrt(batch.reward_var + config.agent.gamma**2 * _continue(batch.done, v))
+  return batch.reward_mean + config.agent.gamma * _continue(batch.done, m), std
 
 
 def penalty_mombo_lcb(agent, batch, key, *, dyn=None, config, term_fn=None):
@@ -155,8 +155,8 @@ def _per_elite_mm(agent, batch, key, dyn, config, term_fn, auto_alpha=None):
   keys = jax.random.split(key, s_mean.shape[0])
   m, v = jax.vmap(lambda s, sv, k: _mm_min(agent, s, sv, k, config, auto_alpha))(s_mean, s_var,
                                                                                  keys)
-  return (r_mean + config.gamma * _continue(done, m),
-          r_var + config.gamma**2 * _continue(done, v))
+  return (r_mean + config.agent.gamma * _continue(done, m),
+          r_var + config.agent.gamma**2 * _continue(done, v))
 
 
 def elite_spread_moments(agent, batch, key, *, dyn, config, term_fn, auto_alpha=None):
@@ -223,7 +223,7 @@ def penalty_mobile(agent, batch, key, *, dyn, config, term_fn=None):
   s_mean, s_var, _, _ = dynamics.predict(dyn, batch.obs, batch.action, config,
                                          members=dyn.elites)
   s_std = jnp.sqrt(s_var)
-  n = config.mobile_num_samples
+  n = config.agent.mobile_num_samples
   eps = jax.random.normal(k_noise, (n,) + s_mean.shape, s_mean.dtype)
   samples = s_mean + s_std * eps                                        # [N, E, B, S]
   # The penalty measures Q's spread only (the reference adds no entropy term here).
@@ -238,7 +238,7 @@ def mobile(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None
   _, _, k_next = jax.random.split(key, 3)
   penalty = penalty_mobile(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn)
   penalty = jnp.where(_real_rows(batch.reward.shape[0], config, real_rows), 0.0, penalty)
-  y = batch.reward - _beta(beta, config) * penalty + config.gamma * _continue(
+  y = batch.reward - _beta(beta, config) * penalty + config.agent.gamma * _continue(
       batch.done, _plain_min(agent, batch.next_obs, k_next, config, auto_alpha=auto_alpha))
   return _finish(y, config), {"penalty": _beta(beta, config) * penalty.mean()}
 

@@ -6,8 +6,8 @@ z = qpos[1], obs[1] = torso angle = qpos[2]. gymnasium 1.4.0's checks are strict
 although its docs say "closed interval"; we follow the code. tests/test_dynamics.py checks every
 function against gymnasium's own `terminated`.
 
-`model_done` adds the references' runaway bound (any |x| >= Config.rollout_obs_limit = 100 is
-terminal) to a function's verdict on a learned model's next state; rollouts and MOMBO's per-elite
+`model_done` adds the references' runaway bound (any |x| >= Config.rollout.rollout_obs_limit = 100
+is terminal) to a function's verdict on a learned model's next state; rollouts and MOMBO's per-elite
 targets both use it (one rule, one place).
 """
 from __future__ import annotations
@@ -76,8 +76,8 @@ def model_done(term_fn: Callable, obs, action, next_obs, obs_limit: Optional[flo
   """bool [B]: whether a learned model's next state ends the episode.
 
   term_fn(obs [B, S], action [B, A], next_obs [B, S]) -> bool [B] (termination_fn), or a runaway
-  state: any |next_obs| >= obs_limit (Config.rollout_obs_limit; None: no bound). The bound is the
-  references' (adinlab/MOMBO utils/termination_fns.py, as OfflineRL-Kit
+  state: any |next_obs| >= obs_limit (Config.rollout.rollout_obs_limit; None: no bound). The bound
+  is the references' (adinlab/MOMBO utils/termination_fns.py, as OfflineRL-Kit
   offlinerlkit/utils/termination_fns.py: halfcheetah and walker2d require every coordinate in
   (-100, 100); hopper writes `np.abs(next_obs[:, 1:] < 100)`, a one-sided check on obs[1:] as
   parenthesised; here it is two-sided on every coordinate for all three envs). adinlab/MOMBO

@@ -6,8 +6,8 @@ call in make_cells_chunk.
 Never imports gymnasium, Minari, Orbax or absl: data comes in as arrays.
 
 Divergence is handled per seed inside the compiled epoch: after the gradient steps, a seed whose
-step losses (critic, actor, alpha) went non-finite or beyond +-config.max_abs_loss, or whose agent
-(parameters, target parameters, optimiser states) holds a non-finite value, keeps the agent it
+step losses (critic, actor, alpha) went non-finite or beyond +-config.agent.max_abs_loss, or whose
+agent (parameters, target parameters, optimiser states) holds a non-finite value, keeps the agent it
 entered the epoch with (its last healthy one) and is marked `diverged` for good. The selection is a
 per-seed `jnp.where`, so the other seeds' computations are untouched (no lax.cond under vmap). A
 diverged seed's step metrics may be NaN: consumers mask them with metrics["diverged"].
@@ -40,7 +40,7 @@ def init(key, config, real: buffer.Batch, dyn) -> CellState:
   """Fresh state of one seed. real: the real dataset as a Batch [N, ...]; dyn: this seed's model."""
   obs_dim, action_dim = real.obs.shape[-1], real.action.shape[-1]
   agent = sac.init_agent(key, obs_dim, action_dim, config, total_steps=config.schedule_steps)
-  ring = buffer.init_ring(config.synthetic_capacity, obs_dim, action_dim)
+  ring = buffer.init_ring(capacity(config), obs_dim, action_dim)
   return CellState(agent=agent, buffer=ring, dynamics=dyn, epoch=jnp.zeros((), jnp.int32),
                     diverged=jnp.zeros((), bool))
 
@@ -58,11 +58,11 @@ class Cell(struct.PyTreeNode):
                             # trains on
   size: jax.Array           # int32 scalar: that dataset's real transitions (rows past it: padding)
   beta: jax.Array           # f32 scalar: MOMBO / MOBILE beta, MOPO lambda
-  # Its rollout length k <= the program's config.rollout_length K (the scan's static length; the
-  # ring holds K's capacity, the cell uses capacity(config, k) of it).
+  # Its rollout length k <= the program's config.rollout.rollout_length K (the scan's static
+  # length; the ring holds K's capacity, the cell uses capacity(config, k) of it).
   rollout_length: jax.Array  # int32 scalar
   real_rows: jax.Array      # int32 scalar: real rows per batch, buffer.real_rows(batch, ratio)
-  auto_alpha: jax.Array     # bool scalar: learns its temperature (else config.alpha)
+  auto_alpha: jax.Array     # bool scalar: learns its temperature (else config.agent.alpha)
 
 
 def make_cells(dataset, size, configs) -> Cell:
@@ -77,17 +77,19 @@ def make_cells(dataset, size, configs) -> Cell:
   per = lambda f: as_([f(c) for c in configs], None)                  # noqa: E731
   return Cell(dataset=as_(dataset, np.int32), size=as_(size, np.int32),
               beta=per(lambda c: c.beta).astype(np.float32),
-              rollout_length=per(lambda c: c.rollout_length).astype(np.int32),
-              real_rows=per(lambda c: buffer.real_rows(c.batch_size, c.real_ratio)).astype(
-                  np.int32),
-              auto_alpha=per(lambda c: c.auto_alpha).astype(bool))
+              rollout_length=per(lambda c: c.rollout.rollout_length).astype(np.int32),
+              real_rows=per(lambda c: buffer.real_rows(c.agent.batch_size,
+                                                       c.rollout.real_ratio)).astype(np.int32),
+              auto_alpha=per(lambda c: c.agent.auto_alpha).astype(bool))
 
 
 def capacity(config, rollout_length=None):
-  """Ring rows of a cell with rollout length k (default config.rollout_length): retain_epochs x
-  rollout_batch_size x k, config.synthetic_capacity at k. int, or int32 when k is traced."""
-  k = config.rollout_length if rollout_length is None else rollout_length
-  return config.buffer_retain_epochs * config.rollout_batch_size * k
+  """Ring rows of a cell with rollout length k (default config.rollout.rollout_length): retain
+  epochs x rollout batch x k, the one place the ring's size is computed. config: a Config or its
+  EpochSettings. int, or int32 when k is traced."""
+  rollout = config.rollout
+  k = rollout.rollout_length if rollout_length is None else rollout_length
+  return rollout.buffer_retain_epochs * rollout.rollout_batch_size * k
 
 
 def single_dataset(real: buffer.Batch, config, cells: int = None):
@@ -103,20 +105,27 @@ def single_dataset(real: buffer.Batch, config, cells: int = None):
 # paper settings differ in these within an env: config.TASKS), read from train.Cell when listed
 # in a program's `per_cell`. A program whose cells agree in one reads it from the config (static):
 # the same compiled epoch, bit for bit, as before cells could differ in it.
-CELL_SETTINGS = ("rollout_length", "real_ratio", "auto_alpha")
+# Each name maps to the settings group that holds it (settings/groups.py).
+CELL_SETTINGS = {"rollout_length": "rollout", "real_ratio": "rollout", "auto_alpha": "agent"}
+
+
+def cell_setting(config, name: str):
+  """The CELL_SETTINGS `name` of a Config (or EpochSettings), from its group."""
+  return getattr(getattr(config, CELL_SETTINGS[name]), name)
 
 
 def per_cell_settings(configs) -> tuple:
   """The CELL_SETTINGS in which `configs` (the cells' or groups' configs) differ: the per_cell
   argument of their program (make_cells_chunk)."""
-  return tuple(f for f in CELL_SETTINGS if len({getattr(c, f) for c in configs}) > 1)
+  return tuple(f for f in CELL_SETTINGS if len({cell_setting(c, f) for c in configs}) > 1)
 
 
 def _settings(per_cell) -> tuple:
   """per_cell checked and in CELL_SETTINGS' order (a cache key)."""
   unknown = set(per_cell) - set(CELL_SETTINGS)
   if unknown:
-    raise ValueError(f"per_cell {sorted(unknown)}: cells may differ only in {CELL_SETTINGS}.")
+    raise ValueError(f"per_cell {sorted(unknown)}: cells may differ only in "
+                     f"{tuple(CELL_SETTINGS)}.")
   return tuple(f for f in CELL_SETTINGS if f in per_cell)
 
 
@@ -130,8 +139,8 @@ def make_epoch(config, per_cell=()):
   and auto_alpha are config's); or datasets stacked [D, N_max, ...] (buffer.stack) with a Cell
   saying which one, its size and the cell's own settings (Cell). Shared by all cells: vmap it
   with in_axes None. per_cell (names of CELL_SETTINGS): the settings read from the Cell, not the
-  config (default none). With "rollout_length", config.rollout_length is the longest cell's (the
-  rollout scan's length and the ring's capacity); a shorter cell's rollout writes and reports
+  config (default none). With "rollout_length", config.rollout.rollout_length is the longest cell's
+  (the rollout scan's length and the ring's capacity); a shorter cell's rollout writes and reports
   what a program of its own length would (rollout.run), into the first capacity(config, k) slots
   of its ring. "real_ratio": Cell.real_rows real rows per batch; "auto_alpha": Cell.auto_alpha.
   metrics: {name: [steps_per_epoch]} per gradient step (sac.update's, e.g. `q_mean`: the critics'
@@ -150,7 +159,7 @@ def make_epoch(config, per_cell=()):
     if cell is None:
       chex.assert_rank(real.obs, 2)
       dataset, size, beta, k, auto_alpha = None, real.obs.shape[0], None, None, None
-      n_real = buffer.real_rows(config.batch_size, config.real_ratio)
+      n_real = buffer.real_rows(config.agent.batch_size, config.rollout.real_ratio)
     else:
       chex.assert_rank(real.obs, 3)
       chex.assert_rank([cell.rollout_length, cell.real_rows, cell.auto_alpha], 0)
@@ -159,11 +168,11 @@ def make_epoch(config, per_cell=()):
       own = lambda f, value, static: value if f in per_cell else static  # noqa: E731
       k = own("rollout_length", cell.rollout_length, None)
       n_real = (cell.real_rows if "real_ratio" in per_cell
-                else buffer.real_rows(config.batch_size, config.real_ratio))
+                else buffer.real_rows(config.agent.batch_size, config.rollout.real_ratio))
       auto_alpha = own("auto_alpha", cell.auto_alpha, None)
     k_start, k_roll, k_steps = jax.random.split(key, 3)
     agent, dyn = state.agent, state.dynamics
-    start = jax.random.randint(k_start, (config.rollout_batch_size,), 0, size)
+    start = jax.random.randint(k_start, (config.rollout.rollout_batch_size,), 0, size)
     policy_fn = functools.partial(_policy, agent, config)
     ring, roll_metrics = rollout.run(k_roll, policy_fn, dyn,
                                      buffer.take(real, start, dataset).obs, state.buffer, config,
@@ -174,7 +183,8 @@ def make_epoch(config, per_cell=()):
 
     def step(agent, key):
       k_batch, k_update = jax.random.split(key)
-      batch = buffer.sample_mixed(real, ring, k_batch, config.batch_size, n_real, dataset, size)
+      batch = buffer.sample_mixed(real, ring, k_batch, config.agent.batch_size, n_real, dataset,
+                                  size)
       return sac.update(agent, batch, k_update, target_fn, config, auto_alpha)
 
     agent, step_metrics = jax.lax.scan(step, agent,
@@ -202,13 +212,13 @@ def health_checks(agent: sac.AgentState, step_metrics: dict, config) -> dict:
   """{quantity: bool scalar, True = failed} for one seed after an epoch's gradient steps.
 
   step_metrics[name]: [steps] losses of the epoch; a loss fails when any step is non-finite or
-  beyond +-config.max_abs_loss (a finite explosion, e.g. beta=1e18, is a divergence too).
+  beyond +-config.agent.max_abs_loss (a finite explosion, e.g. beta=1e18, is a divergence too).
   `params`: any non-finite floating leaf of the agent (parameters, targets, optimiser states).
   """
   failed = {}
   for name in DIVERGENCE_CHECKS[:-1]:
     x = step_metrics[name]
-    failed[name] = ~jnp.all(jnp.isfinite(x) & (jnp.abs(x) <= config.max_abs_loss))
+    failed[name] = ~jnp.all(jnp.isfinite(x) & (jnp.abs(x) <= config.agent.max_abs_loss))
   leaves = [x for x in jax.tree.leaves(agent) if jnp.issubdtype(x.dtype, jnp.inexact)]
   failed["params"] = ~functools.reduce(jnp.logical_and,
                                        [jnp.all(jnp.isfinite(x)) for x in leaves])

@@ -147,9 +147,10 @@ def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop,
     log(f"note: {other} holds ensembles of these seeds trained otherwise "
         f"({saved_dynamics.format_mismatch(differs)}); not reused: this run trains its own in "
         f"{path}.")
-  log(f"Training {config.num_seeds} dynamics ensemble(s) of {config.dyn_members} members "
-      f"({'x'.join(map(str, config.dyn_hidden))}, {config.dyn_elites} elites each; max epochs "
-      f"{config.dyn_max_epochs or 'none: early stopping'}; settings: "
+  log(f"Training {config.num_seeds} dynamics ensemble(s) of {config.dynamics.dyn_members} members "
+      f"({'x'.join(map(str, config.dynamics.dyn_hidden))}, {config.dynamics.dyn_elites} elites "
+      "each; max epochs "
+      f"{config.dynamics_training.dyn_max_epochs or 'none: early stopping'}; settings: "
       f"{saved_dynamics.describe_settings(config)}) on {len(transitions.rewards)} transitions, "
       f"into {path}.")
   t0 = time.time()
@@ -257,7 +258,7 @@ def sharing_plan(cells: Sequence[tuple], preset: str = "paper", flags: Dict[str,
           by_source.setdefault(f"flag {flags[name]}" if src == "flag" else src, []).append(c[1])
         where = "; ".join(src if len(by_source) == 1 else f"{src} ({', '.join(a)})"
                           for src, a in by_source.items())
-        lines.append(f"    {name}={getattr(users[0][2], name)!r}: {where}")
+        lines.append(f"    {name}={users[0][2].settings()[name]!r}: {where}")
       if len(fields) > len(shown):
         lines.append(f"    {'the other' if shown else 'all'} {len(fields) - len(shown)} dynamics "
                      "settings: Config defaults (the references' shared defaults)")

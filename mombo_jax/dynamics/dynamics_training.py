@@ -17,6 +17,7 @@ choice: looped on CPU).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Callable, NamedTuple, Optional
@@ -33,8 +34,7 @@ from mombo_jax.core import cell_layout
 from mombo_jax.core.dynamics import DynamicsState, apply, loss_fn, make_module
 from mombo_jax.dynamics import saved_dynamics
 from mombo_jax.dynamics.training_data import make_arrays, seed_keys, split_indices, split_sizes
-from mombo_jax.settings import environment
-from mombo_jax.settings.config import Config
+from mombo_jax.settings import environment, groups
 from mombo_jax.storage import checkpoint
 
 # Holdout loss of a member before its first epoch: any finite loss is a > 1 % improvement on it.
@@ -67,16 +67,17 @@ def _init_seed(config, key, inputs, targets) -> _SeedTrain:
   n_train, _ = split_sizes(n, config)
   _, k_boot, k_init, k_train = seed_keys(key)
   train_idx, holdout = split_indices(key, n, config)
-  boot = train_idx[jax.random.randint(k_boot, (config.dyn_members, n_train), 0, n_train)]
+  boot = train_idx[jax.random.randint(k_boot, (config.dynamics.dyn_members, n_train), 0, n_train)]
   x_train = inputs[train_idx]
   mu = jnp.mean(x_train, axis=0)
   std = jnp.std(x_train, axis=0)
   std = jnp.where(std < _MIN_STD, 1.0, std)
   module = make_module(config, targets.shape[-1] - 1)
-  params = module.init(k_init, jnp.zeros((config.dyn_members, 1, inputs.shape[-1])))["params"]
-  opt_state = optax.adam(config.dyn_lr).init(params)
+  params = module.init(k_init,
+                       jnp.zeros((config.dynamics.dyn_members, 1, inputs.shape[-1])))["params"]
+  opt_state = optax.adam(config.dynamics_training.dyn_lr).init(params)
   return _SeedTrain(params=params, opt_state=opt_state, snapshot=params["members"],
-                    best=jnp.full((config.dyn_members,), _INITIAL_BEST, jnp.float32),
+                    best=jnp.full((config.dynamics.dyn_members,), _INITIAL_BEST, jnp.float32),
                     since=jnp.zeros((), jnp.int32), epoch=jnp.zeros((), jnp.int32),
                     active=jnp.ones((), bool), key=k_train, boot=boot, holdout=holdout,
                     input_mean=mu, input_std=std)
@@ -85,13 +86,13 @@ def _init_seed(config, key, inputs, targets) -> _SeedTrain:
 def holdout_mse(config, params, st: _SeedTrain, inputs, targets):
   """[M] MSE of each member's mean prediction on the seed's holdout split."""
   x = (inputs[st.holdout] - st.input_mean) / st.input_std
-  x = jnp.broadcast_to(x, (config.dyn_members,) + x.shape)
+  x = jnp.broadcast_to(x, (config.dynamics.dyn_members,) + x.shape)
   mean, _ = apply(config, params, x)
   return jnp.mean(jnp.square(mean - targets[st.holdout]), axis=(1, 2))
 
 
 def _num_batches(n_train: int, config) -> int:
-  return -(-n_train // config.dyn_batch_size)
+  return -(-n_train // config.dynamics_training.dyn_batch_size)
 
 
 def _plan(config, st: _SeedTrain):
@@ -99,7 +100,7 @@ def _plan(config, st: _SeedTrain):
   bootstrap sample in a fresh order (from st.key); the last batch is zero-padded (_steps gives
   the padding weight 0)."""
   members, n_train = st.boot.shape
-  bs = config.dyn_batch_size
+  bs = config.dynamics_training.dyn_batch_size
   n_batches = _num_batches(n_train, config)
   pad = n_batches * bs - n_train
   _, k_perm = jax.random.split(st.key)
@@ -114,8 +115,8 @@ def _steps(config, st: _SeedTrain, params, opt_state, inputs, targets, order, st
   chunk of an epoch, and a chunk's minibatches compute exactly what they compute in any other
   split of the epoch (the same loop body, the carry passed on unchanged)."""
   members, n_train = st.boot.shape
-  bs = config.dyn_batch_size
-  tx = optax.adam(config.dyn_lr)
+  bs = config.dynamics_training.dyn_batch_size
+  tx = optax.adam(config.dynamics_training.dyn_lr)
   grad_fn = jax.value_and_grad(functools.partial(loss_fn, config))
 
   def minibatch(i, carry):
@@ -143,14 +144,14 @@ def _end(config, st: _SeedTrain, params, opt_state, inputs, targets, max_epochs)
   members = st.boot.shape[0]
   key, _ = jax.random.split(st.key)
   mse = holdout_mse(config, params, st, inputs, targets)
-  improved = ((st.best - mse) / st.best > config.dyn_improvement) & st.active
+  improved = ((st.best - mse) / st.best > config.dynamics_training.dyn_improvement) & st.active
   sel_m = lambda new, old: jnp.where(  # noqa: E731
       improved.reshape((members,) + (1,) * (new.ndim - 1)), new, old)
   snapshot = jax.tree.map(sel_m, params["members"], st.snapshot)
   best = jnp.where(improved, mse, st.best)
   since = jnp.where(jnp.any(improved), 0, st.since + 1)
   epoch = st.epoch + 1
-  stop = (since >= config.dyn_patience) | (epoch >= max_epochs)
+  stop = (since >= config.dynamics_training.dyn_patience) | (epoch >= max_epochs)
   new = st.replace(params=params, opt_state=opt_state, snapshot=snapshot, best=best, since=since,
                    epoch=epoch, active=~stop, key=key)
   out = jax.tree.map(lambda a, b: jnp.where(st.active, a, b), new, st)
@@ -161,7 +162,7 @@ def _end(config, st: _SeedTrain, params, opt_state, inputs, targets, max_epochs)
 def _finish(config, st: _SeedTrain) -> DynamicsState:
   """Snapshot members + the final shared log-variance bounds; elites by best holdout MSE."""
   params = dict(st.params, members=st.snapshot)
-  elites = jnp.argsort(st.best)[:config.dyn_elites].astype(jnp.int32)
+  elites = jnp.argsort(st.best)[:config.dynamics.dyn_elites].astype(jnp.int32)
   return DynamicsState(params=params, input_mean=st.input_mean, input_std=st.input_std,
                        elites=elites)
 
@@ -203,14 +204,18 @@ def run_epoch(fns: _Fns, st, inputs, targets, max_epochs):
   return fns.end(st, params, opt_state, inputs, targets, max_epochs)
 
 
-def _dyn_config(config):
-  """Only the dyn_* fields matter for training: key the compile cache on those alone
-  (dyn_max_epochs is a runtime argument). The algorithm is kept: the Config's checks depend on it
-  (elite_spread needs >= 2 elites; MOPO may run with one)."""
-  fields = {f: getattr(config, f) for f in Config.__dataclass_fields__ if f.startswith("dyn_")}
-  fields["dyn_max_epochs"] = None
-  fields.pop("dyn_checkpoint_every_s")
-  return Config(algo=config.algo, target=config.target, **fields)
+@dataclasses.dataclass(frozen=True)
+class _DynConfig:
+  """What training reads of a Config: the ensemble's shape and its training recipe, whole
+  (dyn_max_epochs None: it is a runtime argument). The compile cache's key."""
+  dynamics: groups.DynamicsConfig
+  dynamics_training: groups.DynamicsTrainingConfig
+
+
+def _dyn_config(config) -> _DynConfig:
+  """config's _DynConfig: what the compiled training functions read, and nothing else."""
+  training = dataclasses.replace(config.dynamics_training, dyn_max_epochs=None)
+  return _DynConfig(dynamics=config.dynamics, dynamics_training=training)
 
 
 class DynamicsTrainingStopped(Exception):
@@ -264,7 +269,8 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_d
   n_train, n_hold = split_sizes(inputs.shape[0], config)
   if n_hold < 1 or n_train < 1:
     raise ValueError(f"{inputs.shape[0]} transitions are too few to split off a holdout set "
-                     f"(holdout ratio {config.dyn_holdout_ratio}); pass more data.")
+                     f"(holdout ratio {config.dynamics_training.dyn_holdout_ratio}); pass more "
+                     "data.")
   fns = _compiled(_dyn_config(config), batched)
   st = fns.init(keys, inputs, targets)
   ckpt = None
@@ -276,8 +282,8 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_d
            f"{int(np.max(jax.device_get(st.epoch)))}")
   last_save = time.time()
   saved = int(np.max(jax.device_get(st.epoch))) if resumed else None   # epoch of the last save
-  max_epochs = jnp.asarray(np.iinfo(np.int32).max if config.dyn_max_epochs is None
-                           else config.dyn_max_epochs, jnp.int32)
+  max_epochs = jnp.asarray(np.iinfo(np.int32).max if config.dynamics_training.dyn_max_epochs is None
+                           else config.dynamics_training.dyn_max_epochs, jnp.int32)
   num_seeds = keys.shape[0] if batched else 1
   n_batches = _num_batches(n_train, config)
 
@@ -306,9 +312,9 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_d
     active, since, ep = (np.reshape(a, (num_seeds,)) for a in (active, since, ep))
     if history is not None:
       history.append(dict(epoch=ep, holdout_mse=mse, best=best, active=active))
-    left = int(np.max(np.where(active, config.dyn_patience - since, 0)))
-    if config.dyn_max_epochs is not None:
-      left = min(left, config.dyn_max_epochs - int(ep.max()))
+    left = int(np.max(np.where(active, config.dynamics_training.dyn_patience - since, 0)))
+    if config.dynamics_training.dyn_max_epochs is not None:
+      left = min(left, config.dynamics_training.dyn_max_epochs - int(ep.max()))
     per_seed = " | ".join(
         f"seed {s}{'' if active[s] else ' (stopped)'}: " + " ".join(f"{v:.4g}" for v in mse[s])
         for s in range(num_seeds))

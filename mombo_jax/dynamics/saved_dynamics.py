@@ -1,7 +1,7 @@
 """Saved dynamics ensembles: writing a trained ensemble (one seed or a leading seed axis) to disk,
 loading it back as a dynamics.DynamicsState, and the reuse key that decides whether saved ensembles
 fit a run (env, dims, seeds, dataset and every setting that changes the trained ensemble:
-TRAINING_FIELDS).
+the Config's dynamics and dynamics_training groups).
 
 The rule: a saved ensemble is reused only by a run that would have trained the same one. Its
 folder name carries the training settings (settings_tag: readable epoch cap + hash), so runs of
@@ -19,6 +19,7 @@ so earlier saves still load.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ from typing import Optional
 import jax
 
 from mombo_jax.core import dynamics
+from mombo_jax.settings import groups
 from mombo_jax.settings.config import Config
 from mombo_jax.storage import checkpoint
 
@@ -36,18 +38,13 @@ from mombo_jax.storage import checkpoint
 KIND = "mombo_jax.dynamics"
 REUSE_KEY_FIELD = "identity"
 
-# The Config fields that change what dynamics training makes of the same data and keys: the
-# ensemble's shape (dynamics.py) and the training recipe (dynamics_training.py: optimiser, loss,
-# split, early stopping, elites). Every one is in the reuse key and, through settings_tag, in the
-# ensemble's folder name. A dyn_* field added to Config goes here or into NOT_TRAINING_FIELDS
-# (tests/test_dynamics_reuse.py fails until it does).
-TRAINING_FIELDS = ("dyn_members", "dyn_elites", "dyn_hidden", "dyn_weight_decay", "dyn_lr",
-                   "dyn_batch_size", "dyn_holdout_ratio", "dyn_max_holdout", "dyn_improvement",
-                   "dyn_patience", "dyn_max_epochs", "dyn_max_logvar_init", "dyn_min_logvar_init",
-                   "dyn_logvar_coef")
-# dyn_* fields that do not change the trained ensemble: how often an unfinished training is
-# checkpointed.
-NOT_TRAINING_FIELDS = ("dyn_checkpoint_every_s",)
+# What changes what dynamics training makes of the same data and keys: the ensemble's shape
+# (Config.dynamics, dynamics.py) and its training recipe (Config.dynamics_training,
+# dynamics_training.py: optimiser, loss, split, early stopping, elites). Every setting of both
+# groups is in the reuse key and, through settings_tag, in the ensemble's folder name: a setting
+# added to either group joins them; one that does not change the ensemble belongs to neither.
+TRAINING_FIELDS = (groups.fields(groups.DynamicsConfig)
+                   + groups.fields(groups.DynamicsTrainingConfig))
 # The version of the training code the key records. Raise it when a change to dynamics.py or
 # dynamics_training.py trains another ensemble from the same settings, data and keys
 # (initialisation, loss, split, elites): ensembles of the earlier code are then no longer reused.
@@ -55,26 +52,17 @@ NOT_TRAINING_FIELDS = ("dyn_checkpoint_every_s",)
 TRAINING_CODE = 2             # 2: the references' initialisation (inits.py)
 TRAINING_CODE_FIELD = "dyn_training_code"
 
-_META_FIELDS = ("dyn_members", "dyn_elites", "dyn_hidden", "dyn_weight_decay",
-                "dyn_max_logvar_init", "dyn_min_logvar_init")
-# What load needs from the metadata to build its template (dynamics.init_state's arguments).
-_SHAPE_FIELDS = ("dyn_members", "dyn_elites", "dyn_hidden", "dyn_max_logvar_init",
-                 "dyn_min_logvar_init")
-_TEMPLATE_FIELDS = _SHAPE_FIELDS + ("obs_dim", "action_dim", "num_seeds")
+# Metadata beside the shape: the weight decays, one per layer, so that config_overrides gives a
+# Config whose dyn_weight_decay fits the saved dyn_hidden.
+_META_EXTRA = ("dyn_weight_decay",)
+_TEMPLATE_FIELDS = groups.fields(groups.DynamicsConfig) + ("obs_dim", "action_dim", "num_seeds")
 
 
 def training_settings(config) -> dict:
-  """{field: value} of TRAINING_FIELDS in JSON types, normalised so that equal settings give equal
-  dicts however they were written (1 and 1.0, tuples and lists): float fields as float, tuples as
-  lists of their elements' type."""
-  out = {}
-  for name in TRAINING_FIELDS:
-    value, default = getattr(config, name), Config.__dataclass_fields__[name].default
-    if isinstance(default, tuple):
-      value = [type(default[0])(v) for v in value]
-    elif isinstance(default, float) and value is not None:
-      value = float(value)
-    out[name] = value
+  """{setting: value} of config's two dynamics groups (dynamics, dynamics_training) in JSON types,
+  normalised so that equal settings give equal dicts however they were written (groups.to_json),
+  and the TRAINING_CODE."""
+  out = dict(groups.to_json(config.dynamics), **groups.to_json(config.dynamics_training))
   out[TRAINING_CODE_FIELD] = TRAINING_CODE
   return out
 
@@ -92,11 +80,11 @@ def settings_tag(config) -> str:
 def describe_settings(config, fields=None) -> str:
   """"field=value, ..." of `fields` (default: the training fields whose value is not Config's
   default), or "Config defaults" when there are none."""
-  settings = training_settings(config)
+  settings, values = training_settings(config), config.settings()
   if fields is None:
     defaults = training_settings(Config())
-    fields = [f for f in TRAINING_FIELDS if settings[f] != defaults[f]]
-  return ", ".join(f"{f}={getattr(config, f)!r}" for f in fields) or "Config defaults"
+    fields = [f for f in settings if f in values and settings[f] != defaults[f]]
+  return ", ".join(f"{f}={values[f]!r}" for f in fields) or "Config defaults"
 
 
 def reuse_key(config, transitions, extra: Optional[dict] = None) -> dict:
@@ -138,7 +126,8 @@ def save(path: str, dyn: dynamics.DynamicsState, config, overwrite: bool = False
   obs_dim = int(dyn.params["max_logvar"].shape[-1]) - 1
   in_dim = int(dyn.input_mean.shape[-1])
   seeds = int(dyn.input_mean.shape[0]) if dyn.input_mean.ndim == 2 else None
-  meta = {f: getattr(config, f) for f in _META_FIELDS}
+  meta = dataclasses.asdict(config.dynamics)
+  meta.update({f: getattr(config.dynamics_training, f) for f in _META_EXTRA})
   meta["dyn_hidden"] = list(meta["dyn_hidden"])
   meta["dyn_weight_decay"] = list(meta["dyn_weight_decay"])
   meta.update(obs_dim=obs_dim, action_dim=in_dim - obs_dim, num_seeds=seeds, env=config.env,
@@ -177,10 +166,11 @@ def _template(path: str, meta: dict) -> dynamics.DynamicsState:
         f"The dynamics ensemble in {path} cannot be loaded: its metadata lacks "
         f"{', '.join(missing)}, which give its arrays' shapes. Delete it and train the ensembles "
         "again.")
-  # init_state reads only these fields; a full Config would also run checks of settings the saved
-  # arrays do not depend on (e.g. MOMBO's >= 2 elites), refusing ensembles saved by other runs.
-  shape_config = types.SimpleNamespace(**{f: meta[f] for f in _SHAPE_FIELDS})
-  shape_config.dyn_hidden = tuple(shape_config.dyn_hidden)
+  # init_state reads only the shape group; a full Config would also run checks of settings the
+  # saved arrays do not depend on (e.g. MOMBO's >= 2 elites), refusing ensembles of other runs.
+  shape = {f: meta[f] for f in groups.fields(groups.DynamicsConfig)}
+  shape_config = types.SimpleNamespace(
+      dynamics=groups.DynamicsConfig(**dict(shape, dyn_hidden=tuple(shape["dyn_hidden"]))))
 
   def one(key):
     return dynamics.init_state(key, int(meta["obs_dim"]), int(meta["action_dim"]), shape_config)
@@ -208,7 +198,7 @@ def load(path: str):
 
 def config_overrides(meta: dict) -> dict:
   """Config overrides that rebuild the saved module: make_config(..., **config_overrides(meta))."""
-  out = {f: meta[f] for f in _META_FIELDS}
+  out = {f: meta[f] for f in groups.fields(groups.DynamicsConfig) + _META_EXTRA}
   out["dyn_hidden"] = tuple(out["dyn_hidden"])
   out["dyn_weight_decay"] = tuple(out["dyn_weight_decay"])
   return out

@@ -9,7 +9,8 @@ import numpy as np
 
 def split_sizes(n: int, config) -> tuple:
   """(train size, holdout size) for n transitions."""
-  holdout = min(int(n * config.dyn_holdout_ratio), config.dyn_max_holdout)
+  training = config.dynamics_training
+  holdout = min(int(n * training.dyn_holdout_ratio), training.dyn_max_holdout)
   return n - holdout, holdout
 
 

@@ -79,8 +79,8 @@ class Evaluator:
     # jit(vmap over seeds) of obs [S, E, obs_dim] -> tanh(mean) [S, E, A], cached per actor
     # shape so that every evaluation of a run (and every Evaluator) reuses one compilation.
     self._policy = actor_policy.actor_functions(actor_policy.ActorShape.of(
-        config.actor_hidden, int(np.prod(space.shape)), config.log_std_min,
-        config.log_std_max)).mode_per_seed
+        config.agent.actor_hidden, int(np.prod(space.shape)), config.agent.log_std_min,
+        config.agent.log_std_max)).mode_per_seed
 
   @property
   def workers(self) -> int:

@@ -70,7 +70,7 @@ def grid_dynamics_dir(root: str, dataset: str, dynamics_dir: Optional[str] = Non
 def config_record(config, dataset: str) -> dict:
   """config.json's content for `config` trained on `dataset` (JSON types: tuples become lists),
   with "algo_module": the module that registers its algorithm, which readers import again."""
-  return json.loads(json.dumps(dict(dataclasses.asdict(config), dataset=dataset,
+  return json.loads(json.dumps(dict(config.settings(), dataset=dataset,
                                     algo_module=algorithms.module_of(config.algo))))
 
 
@@ -81,10 +81,10 @@ def config_from_record(record: dict):
   record = references.upgrade_record(record)
   # An algorithm registered by the user's own module: imported again, or one line naming it.
   algorithms.ensure(str(record.get("algo")), record.get("algo_module"))
-  fields = {f.name for f in dataclasses.fields(config_lib.Config)}
+  fields = set(config_lib.Config.setting_names())
   # JSON turned the config's tuples into lists; the frozen Config must stay hashable.
   values = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in fields}
-  return config_lib.Config(**values), record.get("dataset") or values.get("env")
+  return config_lib.Config().replace(**values), record.get("dataset") or values.get("env")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,6 @@ dataset's identity recorded at training, provenance.dataset_identity) and the pa
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import re
@@ -44,7 +43,7 @@ def paper_config(config: dict) -> Optional[dict]:
   """The config (JSON values) the paper preset gives config.json's task (its "env": the short
   name whose settings it ran with) and algorithm, with its SELECTORS; None where this version
   cannot build one (an unknown task or field)."""
-  fields = {f.name for f in dataclasses.fields(config_lib.Config)}
+  fields = set(config_lib.Config.setting_names())
   chosen = tuple((k, _hashable(config[k])) for k in SELECTORS if k in config and k in fields)
   return _paper_config(str(config.get("env")), str(config.get("algo")), chosen)
 
@@ -55,7 +54,7 @@ def _paper_config(env: str, algo: str, chosen: tuple) -> Optional[dict]:
     made = config_lib.make_config(env, algo, "paper", **dict(chosen))
   except (ValueError, TypeError):
     return None
-  return json.loads(json.dumps(dataclasses.asdict(made)))
+  return json.loads(json.dumps(made.settings()))
 
 
 def _hashable(value):

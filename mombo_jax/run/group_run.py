@@ -71,7 +71,7 @@ def watch(runs, metrics, epoch, config, several_groups):
                              if bool(metrics[f"diverged/{k}"][i])) or "unknown"
         r.diverged[int(s)] = {"seed": int(s), "epoch": epoch, "quantity": quantity}
         log(f"seed {s}{r.where(several_groups)} diverged at epoch {epoch} ({quantity} non-finite "
-            f"or beyond +-{config.max_abs_loss:g}); it is frozen at its last healthy state, "
+            f"or beyond +-{config.agent.max_abs_loss:g}); it is frozen at its last healthy state, "
             "whose policy is still evaluated and counted in the summary (docs/protocol.md). The "
             "other seeds go on.")
 
@@ -100,7 +100,7 @@ def build_evaluators(runs, workers=0):
   for r in runs:
     if r.evaluator is None:
       spec = json.dumps(envs.eval_env_spec(r.group.dataset), sort_keys=True)
-      by_env.setdefault((r.config.eval_episodes, spec), []).append(r)
+      by_env.setdefault((r.config.evaluation.eval_episodes, spec), []).append(r)
   for (episodes, spec), missing in by_env.items():
     c, num_seeds = missing[0].config, sum(r.config.num_seeds for r in missing)
     evaluator = evaluate_lib.Evaluator(c, json.loads(spec), num_seeds, episodes, workers=workers)
@@ -119,7 +119,7 @@ def returns_all(runs, actors, epoch, should_stop=None):
     by_evaluator.setdefault(id(r.evaluator), []).append(r)
   out = {}
   for same in by_evaluator.values():
-    episodes = same[0].config.eval_episodes
+    episodes = same[0].config.evaluation.eval_episodes
     cells = np.concatenate([np.arange(r.cells.start, r.cells.stop) for r in same])
     seeds = np.concatenate([evaluate_lib.env_seeds(eval_seed(r, epoch), r.config.num_seeds,
                                                    episodes) for r in same])
@@ -195,7 +195,7 @@ def log_progress(r: GroupRun, last, epoch, rate, eta, several_groups, snap=None)
   snap = snap or snapshot(r)
   log(f"epoch {epoch}/{c.epochs}{r.where(several_groups)}  {rate:.0f} steps/s (all "
       f"{'seeds' if not several_groups else 'cells'}, moving average over up to the last "
-      f"{RATE_POINTS * c.eval_every} epochs)  score per seed "
+      f"{RATE_POINTS * c.evaluation.eval_every} epochs)  score per seed "
       f"[{', '.join(f'{x:.1f}' for x in r.scores.mean(axis=1))}]  critic_loss "
       f"[{', '.join(f'{x:.3g}' for x in last['critic_loss'][cells])}]  q_mean "
       f"[{', '.join(f'{x:.4g}' for x in last['q_mean'][cells])}] (bound {snap['bound']:.4g})  "

@@ -88,11 +88,13 @@ def check_groups(groups):
     raise UserError(f"Two cells of this launch would share a workdir ({', '.join(dirs)}); give "
                     "each (dataset, beta) its own.")
   def shared(c):
-    settings = epoch_settings(dataclasses.replace(c, rollout_length=1),
-                                         train_lib.CELL_SETTINGS)
-    out = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    settings = epoch_settings(c.replace(rollout_length=1), tuple(train_lib.CELL_SETTINGS))
+    out = {}
+    for f in dataclasses.fields(settings):        # the groups by setting: a message names one
+      value = getattr(settings, f.name)
+      out.update(dataclasses.asdict(value) if f.name in config_lib.GROUPS else {f.name: value})
     out["algorithm"] = settings.algorithm.label
-    return dict(out, **{k: getattr(c, k) for k in _LOOP})
+    return dict(out, **{k: c.settings()[k] for k in _LOOP})
   first = shared(groups[0].config)
   envs = {g.config.env_name for g in groups}
   if len(envs) > 1:

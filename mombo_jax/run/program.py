@@ -39,8 +39,8 @@ def program_config(groups):
   """The config of the launch's program: the first group's (check_groups: every group's agrees
   with it in what the epoch reads alike), with the longest rollout_length of the groups (the
   rollout scan's length and the ring's capacity; each cell uses its own, train.Cell)."""
-  return dataclasses.replace(groups[0].config,
-                             rollout_length=max(g.config.rollout_length for g in groups))
+  return groups[0].config.replace(
+      rollout_length=max(g.config.rollout.rollout_length for g in groups))
 
 
 # Compiled chunks of this process, by function and argument signature: launches of one setup in
@@ -52,7 +52,8 @@ _MAX_COMPILED = 8
 def compile_chunk(program: Program):
   """The launch's compiled device call: (state, real, keys, cells, start, n) -> (state, metrics
   [eval_every, C]) running epochs start .. start+n-1 (train.make_cells_chunk)."""
-  fn = train_lib.make_cells_chunk(program.config, program.num_cells, program.config.eval_every,
+  fn = train_lib.make_cells_chunk(program.config, program.num_cells,
+                                  program.config.evaluation.eval_every,
                                   program.per_cell, layout=environment.cells(),
                                   cpu_dots=environment.cpu_dots())
   args = (program.state, program.real, program.keys, program.cells, np.int32(program.start),

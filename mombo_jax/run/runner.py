@@ -157,7 +157,7 @@ def prepare(groups, records, keep, should_stop, data_options):
   # padding ignored): the critics' mean Q of its cells is watched against it
   # (overestimation.OverestimationWatch).
   bounds = dict(zip(names, overestimation.return_bound(np.asarray(stacked.reward),
-                                                       groups[0].config.gamma)))
+                                                       groups[0].config.agent.gamma)))
   join = lambda trees: jax.tree.map(lambda *xs: jnp.concatenate(xs), *trees)  # noqa: E731
   runs, dyns, init_keys, epoch_keys, cell_dataset, cell_configs = [], [], [], [], [], []
   for g in groups:
@@ -192,10 +192,10 @@ def prepare(groups, records, keep, should_stop, data_options):
     if r.ckpt.latest_step() is not None:
       try:
         # The checkpoint holds the group's own ring (a plain run's); the program's may be longer.
-        state, meta = r.ckpt.restore(placement.resize_rings(state, r.config.synthetic_capacity))
+        state, meta = r.ckpt.restore(placement.resize_rings(state, train_lib.capacity(r.config)))
       except checkpoint.CheckpointError as e:
         raise UserError(str(e)) from None
-      state = placement.resize_rings(state, config.synthetic_capacity)
+      state = placement.resize_rings(state, train_lib.capacity(config))
       r.diverged = {int(d["seed"]): d for d in (meta or {}).get("diverged", [])}
       log(f"Resumed from {r.ckpt.directory} at epoch {int(np.asarray(state.epoch)[0])}.")
     states.append(state)
@@ -269,7 +269,7 @@ def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> boo
       # The group's cells with the group's own ring (what a plain run of it saves), each device
       # keeping the cells it holds: every process writes its own shards (every process calls
       # save; nothing is gathered).
-      state = placement.take_cells(program.state, r.cells, r.config.synthetic_capacity)
+      state = placement.take_cells(program.state, r.cells, train_lib.capacity(r.config))
       meta = {"epoch": epoch, "diverged": list(r.diverged.values()),
               "q": list(r.q.records.values())}
       if evals is not None:      # what writing this point's rows needs, should they be lost
@@ -354,7 +354,7 @@ def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_
   pace_line = group_run.Pace(epoch, t_start)      # the progress line's moving-average steps/s
   while epoch < end:
     stop_requested(epoch)
-    n = chunk_length(epoch, end, config.eval_every, pace)
+    n = chunk_length(epoch, end, config.evaluation.eval_every, pace)
     t0 = time.time()
     program.state, metrics = chunk(program.state, program.real, program.keys, program.cells,
                                    np.int32(epoch), np.int32(n))
@@ -368,7 +368,7 @@ def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_
     epoch += n
     if pending and not pending[0].running():
       flush(epoch)               # done while the device trained: its rows now, not a point later
-    if epoch % config.eval_every and epoch != config.epochs:
+    if epoch % config.evaluation.eval_every and epoch != config.epochs:
       stop_requested(epoch)
       continue
     flush(epoch)                 # the previous point's rows first: metrics.csv in epoch order

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from typing import Optional, Tuple
 
 from mombo_jax.core import algorithms
-from mombo_jax.settings import references
+from mombo_jax.settings import groups, references
 
 ENVS = ("halfcheetah", "hopper", "walker2d")
 D4RL_QUALITIES = ("random", "medium", "medium-replay", "medium-expert", "expert")
@@ -24,7 +25,10 @@ TARGETS = ("lcb", "elite_spread", "mixture")
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """Every hyperparameter of one run (all seeds share it)."""
+  """Every hyperparameter of one run (all seeds share it): what runs, its seeds and length, then
+  the groups of settings (settings/groups.py) that the compiled epoch, the dynamics ensemble and
+  the evaluation each read whole. Built by make_config; Config().replace(**settings) builds one by
+  hand, by the settings' flat names (= flags, config.json keys)."""
   # What runs.
   env: str = "hopper-random"          # short dataset name, e.g. walker2d-medium-replay
   algo: str = "mombo"                 # mombo | mobile | mopo, or a registered name (algorithms)
@@ -38,76 +42,54 @@ class Config:
   # mobile offlinerl_kit (the paper's MOBILE column) or authors; mopo offlinerl_kit. make_config
   # fills the algorithm's default; None: a Config built by hand from no reference table.
   reference: Optional[str] = None
+  beta: float = 1.0                   # MOMBO beta / MOBILE beta / MOPO lambda, per algo
   seed: int = 0                       # first seed; seeds are seed .. seed + num_seeds - 1
   num_seeds: int = 1
 
-  # SAC (docs/spec.md section 6).
-  gamma: float = 0.99
-  tau: float = 0.005
-  batch_size: int = 256
-  actor_hidden: Tuple[int, ...] = (256, 256)
-  critic_hidden: Tuple[int, ...] = (256, 256)
-  num_critics: int = 2
-  actor_lr: float = 1e-4
-  critic_lr: float = 3e-4
-  alpha_lr: float = 1e-4
-  auto_alpha: bool = True
-  alpha_max: Optional[float] = 1.0    # the MOMBO, MOBILE and MOPO references clamp alpha <= 1;
-                                      # None: uncapped
-  alpha: float = 0.2                  # the fixed alpha when auto_alpha is False
-  log_alpha_init: float = 0.0
-  target_entropy: Optional[float] = None   # None -> -dim(A)
-  log_std_min: float = -5.0
-  log_std_max: float = 2.0
-  # Cosine-anneal the actor lr to 0 over schedule_epochs (references: CosineAnnealingLR(actor_optim,
-  # args.epoch) in adinlab/MOMBO train.py; stepped per epoch there, per gradient step here).
-  actor_cosine_schedule: bool = True
-  deterministic_backup: bool = True   # no entropy term in the target (MOMBO, MOBILE); MOPO: False
-  clip_target_min: Optional[float] = 0.0   # reference code clamps targets at >= 0; None disables
-
-  # Offline loop.
+  # How long: the offline loop.
   epochs: int = 3000                  # when the run stops
   # What the actor's cosine schedule spans, apart from the stop: the paper preset fixes it to the
   # paper's 3000 epochs, so `--epochs=300` trains the first tenth of the paper's run. None:
   # --epochs.
   schedule_epochs: Optional[int] = None
   steps_per_epoch: int = 1000
-  real_ratio: float = 0.05
-  rollout_batch_size: int = 50_000
-  rollout_length: int = 5
-  buffer_retain_epochs: int = 5
-  # Model rule beside the gymnasium-faithful termination functions (termination.model_done): a
-  # model next state with any |x| >= this is terminal, in rollouts (the branch ends with a terminal
-  # row) and in MOMBO's per-elite targets, as in the references' termination code for all three
-  # envs (adinlab/MOMBO utils/termination_fns.py). Real envs never get there; a runaway model does.
-  rollout_obs_limit: Optional[float] = 100.0
-  beta: float = 1.0                   # MOMBO beta / MOBILE beta / MOPO lambda, per algo
-  mobile_num_samples: int = 10
-  eval_every: int = 10                # epochs between evaluations
-  eval_episodes: int = 10
-  # A seed whose loss leaves [-max_abs_loss, max_abs_loss] (or turns non-finite) counts as diverged:
-  # a finite but exploding run (e.g. beta=1e18 gives critic losses ~1e37) must not run on silently.
-  max_abs_loss: float = 1e12
-
-  # Dynamics ensemble (docs/spec.md section 5).
-  dyn_members: int = 7
-  dyn_elites: int = 5
-  dyn_hidden: Tuple[int, ...] = (200, 200, 200, 200)
-  dyn_weight_decay: Tuple[float, ...] = (2.5e-5, 5e-5, 7.5e-5, 7.5e-5, 1e-4)
-  dyn_lr: float = 1e-3
-  dyn_batch_size: int = 256
-  dyn_holdout_ratio: float = 0.2
-  dyn_max_holdout: int = 1000
-  dyn_improvement: float = 0.01       # a snapshot is kept on > 1% relative improvement
-  dyn_patience: int = 5               # epochs without improvement before stopping
-  dyn_max_epochs: Optional[int] = None     # None: train until patience runs out
-  dyn_max_logvar_init: float = 0.5
-  dyn_min_logvar_init: float = -10.0
-  dyn_logvar_coef: float = 0.01
   dyn_checkpoint_every_s: float = 60.0     # seconds between checkpoints of dynamics training
+
+  # The groups (settings/groups.py).
+  agent: groups.AgentConfig = groups.AgentConfig()
+  rollout: groups.RolloutConfig = groups.RolloutConfig()
+  evaluation: groups.EvaluationConfig = groups.EvaluationConfig()
+  dynamics: groups.DynamicsConfig = groups.DynamicsConfig()
+  dynamics_training: groups.DynamicsTrainingConfig = groups.DynamicsTrainingConfig()
 
   def __post_init__(self):
     _validate(self)
+
+  @classmethod
+  def setting_names(cls) -> Tuple[str, ...]:
+    """Every setting's flat name (= its flag where one exists, its config.json key): the run's
+    own fields, then each group's."""
+    return tuple(_GROUP_OF)
+
+  def settings(self) -> dict:
+    """{flat name: value} of every setting, in setting_names' order (config.json's content)."""
+    return {name: (getattr(self, name) if group is None else
+                   getattr(getattr(self, group), name)) for name, group in _GROUP_OF.items()}
+
+  def replace(self, **settings) -> "Config":
+    """A copy with `settings` (flat names, as make_config's overrides; or whole groups by their
+    field name) changed, each in its group; checked like any Config. ValueError naming unknown
+    names."""
+    unknown = sorted(set(settings) - set(_GROUP_OF) - set(GROUPS))
+    if unknown:
+      raise ValueError(f"Unknown config field(s) {unknown}; valid fields: "
+                       f"{sorted(_GROUP_OF)}.")
+    top = {k: v for k, v in settings.items() if k in GROUPS or _GROUP_OF[k] is None}
+    for group in GROUPS:
+      own = {k: v for k, v in settings.items() if _GROUP_OF.get(k) == group}
+      if own:
+        top[group] = dataclasses.replace(top.get(group, getattr(self, group)), **own)
+    return dataclasses.replace(self, **top)
 
   @property
   def env_name(self) -> str:
@@ -124,10 +106,12 @@ class Config:
     """Gradient steps the actor's cosine schedule spans."""
     return (self.schedule_epochs or self.epochs) * self.steps_per_epoch
 
-  @property
-  def synthetic_capacity(self) -> int:
-    """Ring-buffer rows: retain_epochs x rollout_batch_size x k."""
-    return self.buffer_retain_epochs * self.rollout_batch_size * self.rollout_length
+
+# The groups' field names on Config, and each setting's group (None: a field of Config itself).
+GROUPS = ("agent", "rollout", "evaluation", "dynamics", "dynamics_training")
+_GROUP_OF = {f.name: None for f in dataclasses.fields(Config) if f.name not in GROUPS}
+for _group in GROUPS:
+  _GROUP_OF.update({name: _group for name in groups.fields(getattr(Config, _group))})
 
 
 _POSITIVE_INTS = ("num_seeds", "batch_size", "num_critics", "epochs", "steps_per_epoch",
@@ -141,9 +125,10 @@ _FINITE_FLOATS = ("log_alpha_init", "log_std_min", "log_std_max", "dyn_max_logva
                   "dyn_min_logvar_init")
 
 
-def _validate(c: "Config"):
-  """Every field checked once, here, so a bad flag is refused before any data or model work.
-  Each message names the field (= the flag where one exists) and what it must be."""
+def _validate(config: "Config"):
+  """Every setting checked once, here, so a bad flag is refused before any data or model work.
+  Each message names the setting (= the flag where one exists) and what it must be."""
+  c = types.SimpleNamespace(**config.settings())      # by flat name, whatever the group
 
   def is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
@@ -323,7 +308,7 @@ def make_config(env: str = "hopper-random", algo: str = "mombo", preset: str = "
   algorithms.get(algo, overrides.get("target", Config.target))   # ValueError: unknown names
   if preset not in PRESETS:
     raise ValueError(f"Unknown preset {preset!r}; choose one of {', '.join(PRESETS)}.")
-  fields = {f.name for f in dataclasses.fields(Config)}
+  fields = set(Config.setting_names())
   unknown = sorted(set(overrides) - fields)
   if unknown:
     raise ValueError(f"Unknown config field(s) {unknown}; valid fields: {sorted(fields)}.")
@@ -336,4 +321,4 @@ def make_config(env: str = "hopper-random", algo: str = "mombo", preset: str = "
     values["schedule_epochs"] = values.get("epochs", Config.epochs)
   values.update(PRESETS[preset].overrides)
   values.update(overrides)
-  return Config(**values)
+  return Config().replace(**values)

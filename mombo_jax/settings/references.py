@@ -206,8 +206,8 @@ def describe(config) -> str:
     return f"{name} settings: set by hand, from no reference table."
   src = SOURCES[config.algorithm.references][config.reference]   # its own or borrowed tables
   every = lambda n: "every epoch" if n == 1 else f"every {n} epochs"  # noqa: E731
-  cadence = f"evaluation {every(config.eval_every)}"
-  if config.eval_every != src.reference_eval_every:
+  cadence = f"evaluation {every(config.evaluation.eval_every)}"
+  if config.evaluation.eval_every != src.reference_eval_every:
     cadence += (f" (the reference evaluates {every(src.reference_eval_every)}; "
                 "docs/protocol.md, 'Reference settings and evaluation cadence')")
   return f"{name} settings (--reference={config.reference}): {src.code}; {cadence}."

@@ -28,7 +28,7 @@ class Config:
   """Every hyperparameter of one run (all seeds share it): what runs, its seeds and length, then
   the groups of settings (settings/groups.py) that the compiled epoch, the dynamics ensemble and
   the evaluation each read whole. Built by make_config; Config().replace(**settings) builds one by
-  hand, by the settings' flat names (= flags, config.json keys)."""
+  hand, by the settings' flat names (config.json's keys)."""
   # What runs.
   env: str = "hopper-random"          # short dataset name, e.g. walker2d-medium-replay
   algo: str = "mombo"                 # mombo | mobile | mopo, or a registered name (algorithms)
@@ -67,8 +67,8 @@ class Config:
 
   @classmethod
   def setting_names(cls) -> Tuple[str, ...]:
-    """Every setting's flat name (= its flag where one exists, its config.json key): the run's
-    own fields, then each group's."""
+    """Every setting's flat name (its config.json key, make_config's override): the run's own
+    fields, then each group's."""
     return tuple(_GROUP_OF)
 
   def settings(self) -> dict:

@@ -1,8 +1,9 @@
 """The settings groups a Config is made of, one per thing they set (config.py assembles them).
 
-A setting has one name everywhere: its flag, its key in config.json and its attribute in its
-group (`--dyn_lr` is `config.dynamics_training.dyn_lr`). Config.replace(**settings) and
-make_config(**overrides) take those names flat and put each in its group.
+A setting has one name everywhere: its key in config.json, its make_config override and its
+attribute in its group (`dyn_lr` is `config.dynamics_training.dyn_lr`), and its flag where it has
+one (experiments/run.py's FLAG_NAMES lists the flags named otherwise). Config.replace(**settings)
+and make_config(**overrides) take those names flat and put each in its group.
 
 What reads which group, whole (never a list of names):
 - the compiled epoch (core/epoch_settings.EpochSettings): AgentConfig, RolloutConfig and the

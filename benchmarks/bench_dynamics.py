@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax.core import buffer, critics, dynamics, rollout, termination
+from mombo_jax.core import buffer, critics, dynamics, rollout, termination, train
 from mombo_jax.data.transitions import Transitions
 from mombo_jax.dynamics import dynamics_training, training_data
 from mombo_jax.settings import config as config_lib
@@ -83,7 +83,7 @@ def bench_rollout(config, transitions, reps):
                 donate_argnums=3)
   obs = jnp.asarray(transitions.observations)
   n = config.rollout.rollout_batch_size
-  buf = buffer.init_ring(config.synthetic_capacity, OBS_DIM, ACTION_DIM)
+  buf = buffer.init_ring(train.capacity(config), OBS_DIM, ACTION_DIM)
   t0 = time.perf_counter()
   start = obs[jax.random.randint(jax.random.PRNGKey(2), (n,), 0, obs.shape[0])]
   buf, m = _block(run(jax.random.PRNGKey(3), dyn, start, buf))
@@ -131,7 +131,7 @@ def main():
   first, per_roll, times, count, metrics = bench_rollout(config, data, args.rollout_reps)
   n_steps = config.rollout.rollout_batch_size * config.rollout.rollout_length
   print(f"rollout  N={config.rollout.rollout_batch_size} k={config.rollout.rollout_length} actor "
-        f"{list(config.agent.actor_hidden)}  ring {config.synthetic_capacity} rows  "
+        f"{list(config.agent.actor_hidden)}  ring {train.capacity(config)} rows  "
         f"compile+first {first:7.2f} s  |  {per_roll:6.2f} s/rollout  "
         f"({n_steps / per_roll / 1e3:7.1f}k model steps/s)  "
         f"[timed: {', '.join(f'{t:.2f}' for t in times)}]; ring count after "

@@ -35,7 +35,7 @@ def _real(n, rng):
 
 
 def _filled_ring(config, rng, n):
-  ring = buffer.init_ring(config.synthetic_capacity, OBS, ACT)
+  ring = buffer.init_ring(train.capacity(config), OBS, ACT)
   rows = _real(n, rng)
   rows = rows.replace(obs_var=jnp.full_like(rows.obs_var, 0.01),
                       next_obs_var=jnp.full_like(rows.obs_var, 0.01),

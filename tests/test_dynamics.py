@@ -417,8 +417,8 @@ def test_training_config_keeps_the_algorithm():
 def test_flat_clamp_predictions_equal_the_plain_clamp():
   """predict's soft clamp on the flat log-variance (flat_clamp, #29: vectorised on XLA:CPU) gives
   the plain module's values bit for bit, vmapped over seeds as the training epoch runs it."""
-  config = config_lib.Config(dyn_hidden=(16, 16), dyn_members=3, dyn_elites=2,
-                             dyn_weight_decay=(1e-5, 1e-5, 1e-5))
+  config = config_lib.Config().replace(dyn_hidden=(16, 16), dyn_members=3, dyn_elites=2,
+                                       dyn_weight_decay=(1e-5, 1e-5, 1e-5))
   rng = np.random.default_rng(0)
   obs = jnp.asarray(rng.normal(size=(64, 11)), jnp.float32)
   act = jnp.asarray(rng.uniform(-1, 1, (64, 3)), jnp.float32)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mombo_jax.collection import dataset_writer
-from mombo_jax.core import buffer
+from mombo_jax.core import buffer, train as train_lib
 from mombo_jax.data import minari_io
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import LOCK, Workdir
@@ -150,8 +150,8 @@ def test_groups_of_an_envs_datasets_settings_train_as_their_single_runs(datasets
   assert runner.train_grid(groups, stop_after=1) == [None] * 2
   short = groups[1].config
   state, _ = Workdir(groups[1].workdir).restore(Workdir(groups[1].workdir).state_template(short))
-  assert state.buffer.data.reward.shape == (1, short.synthetic_capacity)
-  assert short.synthetic_capacity < groups[0].config.synthetic_capacity
+  assert state.buffer.data.reward.shape == (1, train_lib.capacity(short))
+  assert train_lib.capacity(short) < train_lib.capacity(groups[0].config)
   for g, name in zip(groups, variants):
     assert runner.train_run(g.config, g.dataset, g.workdir, g.dynamics_dir) is not None  # alone
     single = str(tmp_path / "single" / name)

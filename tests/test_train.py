@@ -230,7 +230,7 @@ def test_cells_differing_in_their_datasets_settings_train_as_their_single_progra
   ring in the first capacity(config, k) slots of the program's."""
   configs = [cfg, cfg.replace(rollout_length=1, real_ratio=0.5, auto_alpha=False)]
   per_cell = train_lib.per_cell_settings(configs)
-  assert per_cell == train_lib.CELL_SETTINGS
+  assert per_cell == tuple(train_lib.CELL_SETTINGS)
   assert epoch_settings(configs[1], per_cell) == epoch_settings(
       cfg.replace(rollout_length=1), per_cell)
   n = len(configs)
@@ -251,10 +251,10 @@ def test_cells_differing_in_their_datasets_settings_train_as_their_single_progra
     alone = jax.tree.map(lambda x: x[:1], alone)
     alone_metrics = {name: v[:2, :1] for name, v in alone_metrics.items()}
     cell = placement.resize_rings(jax.tree.map(lambda x, i=i: x[i:i + 1], grid),
-                                  c.synthetic_capacity)
+                                  train_lib.capacity(c))
     assert cell.buffer.count.tolist() == alone.buffer.count.tolist()
     assert cell.buffer.ptr.tolist() == alone.buffer.ptr.tolist()
-    np.testing.assert_array_equal(grid.buffer.data.reward[i, c.synthetic_capacity:], 0.0)
+    np.testing.assert_array_equal(grid.buffer.data.reward[i, train_lib.capacity(c):], 0.0)
     # Same keys and data; the programs differ (settings traced or static, vmap widths), so XLA
     # may fuse differently. (Leaves: the configs' optimiser objects differ, static fields.)
     for a, b in zip(jax.tree.leaves(cell), jax.tree.leaves(alone), strict=True):

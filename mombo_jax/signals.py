@@ -112,6 +112,7 @@ class Chunks:
 
   def run(self, fn: Callable, start: int, n: int):
     """fn(start, start + n), blocked until its result is ready and timed; returns the result."""
+    # JAX only when timed: experiments.import_d4rl imports signals without JAX
     import jax
     t0 = time.perf_counter()
     out = jax.block_until_ready(fn(start, start + n))

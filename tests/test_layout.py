@@ -1,6 +1,7 @@
-"""The package's shape: `import mombo_jax` is light and gives the public API lazily, and no two
+"""The package's shape: `import mombo_jax` is light and gives the public API lazily, no two
 modules import each other, at the top or inside functions (a cycle hides which layer a module
-belongs to; `lint-imports` keeps the layers themselves, .importlinter)."""
+belongs to; `lint-imports` keeps the layers themselves, .importlinter), and every import inside a
+function says why it is not at the top of its module."""
 import ast
 import os
 import subprocess
@@ -80,3 +81,45 @@ def test_no_import_cycle():
     if m not in index:
       visit(m)
   assert not cycles, f"modules that import each other: {cycles}"
+
+
+def _function_imports(tree):
+  """The Import / ImportFrom nodes inside a function or method body (at any depth), by line."""
+  found = []
+
+  def visit(node, in_function):
+    for child in ast.iter_child_nodes(node):
+      if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+        found.append(child)
+      visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+  visit(tree, False)
+  return sorted(found, key=lambda n: n.lineno)
+
+
+def _unexplained(path):
+  """'path:line: import' of each in-function import with no comment on its line or the line above;
+  an import right below an explained one (blank lines between allowed) shares its comment."""
+  lines = open(path).read().splitlines()
+  explained, out = set(), []           # explained: end lines of the explained imports
+  for node in _function_imports(ast.parse("\n".join(lines))):
+    above = node.lineno - 1
+    while above > 0 and not lines[above - 1].strip():
+      above -= 1
+    if ("#" in lines[node.lineno - 1] or lines[node.lineno - 2].strip().startswith("#")
+        or above in explained):
+      explained.add(node.end_lineno)
+    else:
+      out.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+  return out
+
+
+def test_every_import_inside_a_function_says_why():
+  """An import belongs at the top of its module, except where it would load a heavy package
+  (jax, flax, orbax, mujoco, gymnasium, minari, matplotlib, ...) into a module that must load
+  without it, where it breaks an import cycle, where it is an optional extra, or where a test
+  patches it; such an import says which in a comment (issue 37)."""
+  bad = [line for path in sorted(_modules().values()) for line in _unexplained(path)]
+  assert not bad, ("imports inside functions with no comment saying why they are not at the top "
+                   "of the module (move them there, or add the reason on the line or above): "
+                   + "; ".join(bad))

@@ -139,9 +139,10 @@ def plot_mm_vs_mc(result: dict, path: str, title: str = "", max_states: int = 3)
   """Figure 1 of the paper, per state: the spread of the MC estimates (violins over repeats) for
   each N beside the MM estimate (line) and the MM Gaussian of Q (+-1 std band); then the spread of
   the estimates against N with the MM prediction sqrt(v / N); and the seconds per estimate."""
+  # matplotlib only when the figure is drawn, its backend set first
   import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # after the backend is set
   ns = sorted(result["estimates"])
   states = list(range(min(max_states, result["num_states"])))
   fig, axes = plt.subplots(1, len(states) + 2, figsize=(4.2 * (len(states) + 2), 3.8))

@@ -32,10 +32,15 @@ import os
 import zlib
 from typing import Any, Optional
 
+import jax
 import numpy as np
+from flax import serialization
 
+from mombo_jax import __version__
 from mombo_jax.core import actor_policy
+from mombo_jax.env import envs
 from mombo_jax.errors import UserError
+from mombo_jax.records.workdir import Workdir
 
 FORMAT = "mombo_jax.policy/1"
 _EXPORT_HINT = ("export one with: python -m experiments.export --run=DIR --seed=S "
@@ -49,13 +54,11 @@ def _actor_fns(hidden_dims, action_dim, log_std_min, log_std_max):
 
 
 def _to_numpy(tree):
-  import jax
   return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), tree)
 
 
 def _crc(params) -> int:
   """CRC32 over the parameters' bytes, leaves in flattening order."""
-  import jax
   crc = 0
   for leaf in jax.tree.leaves(params):
     crc = zlib.crc32(np.ascontiguousarray(leaf).tobytes(), crc)
@@ -100,7 +103,6 @@ class Policy:
   eval_env: Optional[dict] = None
 
   def __post_init__(self):
-    import jax
     # Placed once: every call reuses the device copy.
     object.__setattr__(self, "_device_params", jax.device_put(self.params))
     object.__setattr__(self, "_bounds", _Bounds(np.asarray(self.action_low, np.float64),
@@ -115,9 +117,6 @@ class Policy:
     sample=True: a ~ tanh(N(mean, std)), as in training; needs `key`, a jax.random key or an int
       seed (the same key gives the same actions; draw a new one per call for fresh noise).
     """
-    import jax
-
-    from mombo_jax.env import envs
     obs = np.asarray(obs, np.float32)
     if obs.ndim not in (1, 2) or obs.shape[-1] != self.obs_dim:
       raise ValueError(f"obs must have shape [{self.obs_dim}] or [B, {self.obs_dim}] for "
@@ -137,7 +136,6 @@ class Policy:
 
   def metadata(self) -> dict:
     """What a saved policy stores beside its parameters (JSON types)."""
-    from mombo_jax import __version__
     return dict(format=FORMAT, env_name=self.env_name, dataset=self.dataset,
                 obs_dim=int(self.obs_dim), action_dim=int(self.action_dim),
                 hidden_dims=[int(h) for h in self.hidden_dims],
@@ -152,7 +150,6 @@ class Policy:
   def save(self, path: str) -> str:
     """Writes the policy to `path` (flax msgpack, atomically: a temporary file renamed into
     place); load_policy(path) reads it back. Returns path."""
-    from flax import serialization
     blob = serialization.msgpack_serialize({"meta": self.metadata(),
                                             "params": _to_numpy(self.params)})
     tmp = f"{path}.tmp{os.getpid()}"
@@ -209,7 +206,6 @@ def export_policy(workdir: str, seed: Optional[int], out: str, *, step: Optional
 
 def _action_space(env_name: str):
   """(low [A], high [A], dtype name) of the env's action space, as evaluation builds the env."""
-  from mombo_jax.env import envs
   env = envs.make_env(env_name)
   try:
     space = env.action_space
@@ -221,8 +217,6 @@ def _action_space(env_name: str):
 
 def _from_workdir(path: str, seed: Optional[int], step: Optional[int],
                   allow_diverged: bool) -> Policy:
-  from mombo_jax.env import envs
-  from mombo_jax.records.workdir import Workdir
   wd = Workdir(path)
   record = wd.read_record()
   config, dataset = wd.read_config()
@@ -251,7 +245,6 @@ def _from_workdir(path: str, seed: Optional[int], step: Optional[int],
                     f"({d.get('quantity')}); its actor is frozen at its last healthy state. Pick "
                     "another seed, or pass allow_diverged=True to load it anyway.",
                     params=("allow_diverged",))
-  import jax
   params = _to_numpy(jax.tree.map(lambda x: x[seed - first], part["agent"]["actor"]["params"]))
   low, high, dtype = _action_space(config.env_name)
   return Policy(params=params, env_name=config.env_name, dataset=dataset,
@@ -270,13 +263,10 @@ _META_TYPES = dict(env_name=str, dataset=str, obs_dim=int, action_dim=int, hidde
 
 def _shapes(tree) -> list:
   """[(shape, dtype name)] of the leaves."""
-  import jax
   return [(tuple(np.shape(x)), np.dtype(x.dtype).name) for x in jax.tree.leaves(tree)]
 
 
 def _from_file(path: str, seed: Optional[int]) -> Policy:
-  import jax
-  from flax import serialization
   try:
     with open(path, "rb") as f:
       raw = f.read()

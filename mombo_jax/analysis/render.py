@@ -30,7 +30,10 @@ import warnings
 from typing import Callable, List, Optional
 
 import numpy as np
+from PIL import Image, ImageDraw, ImageFont
 
+from mombo_jax.data import scores
+from mombo_jax.env import envs
 from mombo_jax.errors import UserError
 
 BACKENDS = ("egl", "osmesa")
@@ -91,7 +94,7 @@ def _ffmpeg() -> Optional[str]:
   if found:
     return found
   try:
-    import imageio_ffmpeg
+    import imageio_ffmpeg  # optional: not an install dependency
     return imageio_ffmpeg.get_ffmpeg_exe()
   except Exception:  # not installed, or its binary missing
     return None
@@ -104,7 +107,6 @@ class _Gif:
     self.path, self.duration, self.frames = path, 1000.0 / fps, []
 
   def add(self, frame: np.ndarray):
-    from PIL import Image
     # Palette images: a byte a pixel held, not three.
     self.frames.append(Image.fromarray(frame).convert("P", palette=Image.Palette.ADAPTIVE))
 
@@ -186,7 +188,6 @@ def _writer(path: str, fps: float):
 
 
 def _overlay(frame: np.ndarray, text: str) -> np.ndarray:
-  from PIL import Image, ImageDraw, ImageFont
   image = Image.fromarray(frame)
   size = max(8, min(frame.shape[0] // 24, frame.shape[1] // 24))
   try:
@@ -214,7 +215,6 @@ def make_render_env(env_name, width: int, height: int):
   """The env of `env_name` (what envs.make_env takes: an env or dataset name, an eval_env_spec
   dict; as evaluation makes it) rendering rgb_array frames [height, width, 3]; UserError (one
   line: packages, MUJOCO_GL) when no headless renderer works."""
-  from mombo_jax.env import envs
   backend = choose_backend()
   env = envs.make_env(env_name, render_mode="rgb_array", width=int(width), height=int(height))
   # A failed context creation leaves gymnasium's viewer half built; its __del__ fails again and
@@ -242,7 +242,6 @@ def render(policy, out: str, episodes: int = 1, env_seed: int = 0, width: int = 
   or .mp4); episode i is reset with env_seed + i and runs to termination or the time limit, or
   max_steps steps. Returns per episode {episode, env_seed, return, normalized_score, length,
   ended} (ended: terminated / truncated / max_steps). See the module docstring."""
-  from mombo_jax.data import scores
   if episodes < 1:
     raise UserError(f"episodes must be >= 1, got {episodes}.")
   if width < 8 or height < 8:

@@ -21,7 +21,10 @@ from flax.training.train_state import TrainState
 from mombo_jax.core import dynamics, sac
 from mombo_jax.core.critics import sample_tanh_gaussian
 from mombo_jax.data import provenance, transitions as transitions_lib
+from mombo_jax.errors import DatasetNotFoundError, InvalidArgument, UserError
+from mombo_jax.records.workdir import Workdir
 from mombo_jax.settings import config as config_lib
+from mombo_jax.storage import checkpoint
 
 
 @flax.struct.dataclass
@@ -99,7 +102,7 @@ class TrainedRun:
 def peak_rss() -> int:
   """This process's peak resident memory so far, in bytes (0 where the platform does not say)."""
   try:
-    import resource
+    import resource  # Unix only: see the except
   except ImportError:                          # not on Windows
     return 0
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -108,9 +111,6 @@ def peak_rss() -> int:
 
 def load_run(workdir: str, step: Optional[int] = None) -> TrainedRun:
   """A run's config and newest (or `step`'s) checkpoint. Raises ValueError with what is missing."""
-  from mombo_jax.errors import InvalidArgument, UserError
-  from mombo_jax.records.workdir import Workdir
-  from mombo_jax.storage import checkpoint
   wd = Workdir(workdir)
   try:
     record = wd.read_record()
@@ -162,7 +162,6 @@ def check_data(trained: TrainedRun, transitions) -> None:
   changes = provenance.identity_changes(
       trained.data, provenance.dataset_identity(trained.dataset, transitions))
   if changes:
-    from mombo_jax.errors import InvalidArgument
     raise InvalidArgument(
         f"{trained.workdir} was trained on other data than {trained.dataset} holds now "
         f"({changes}): the dataset was rebuilt or replaced since, and analysing the run on it "
@@ -174,7 +173,6 @@ def load_data(trained: TrainedRun, required: bool = True):
   """transitions_lib.Transitions of the run's dataset, checked to be the data it trained on
   (check_data). required=False: None when the dataset is not local (an analysis that reads only its
   name); otherwise a missing dataset raises errors.DatasetNotFoundError (a FileNotFoundError)."""
-  from mombo_jax.errors import DatasetNotFoundError
   try:
     transitions = transitions_lib.load_transitions(trained.dataset)
   except DatasetNotFoundError:

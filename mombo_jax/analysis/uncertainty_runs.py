@@ -10,18 +10,22 @@ scores are mombo_jax.analysis.quantifier_quality's.
 """
 import os
 
-from mombo_jax.errors import InvalidArgument, UserError
-from mombo_jax.records import outputs
+import numpy as np
 
-# jax, numpy and the other modules are imported where they are used: experiments.uncertainty imports
-# this module before parsing its flags, and --help should not wait for jax.
+from mombo_jax.core import algorithms
+from mombo_jax.errors import InvalidArgument, UserError
+from mombo_jax.records import outputs, run_search, workdir
+from mombo_jax.records.workdir import Workdir
+from mombo_jax.report import labels, paper_results, paper_setup, tables, writer
+
+# jax and the trained nets are imported where they are used: experiments.uncertainty imports this
+# module before parsing its flags, and --help should not wait for jax.
 
 STATES = ("policy", "dataset")
 
 
 def find_run_dirs(dirs):
   """Run workdirs under `dirs` holding config.json and checkpoints/ (sorted); ValueError if none."""
-  from mombo_jax.records import run_search, workdir
   try:
     found, _ = run_search.find_runs(dirs, need=(workdir.CONFIG, workdir.CHECKPOINTS))
   except UserError as e:
@@ -66,12 +70,10 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
   since it trained (trained.check_data). log: a line per run (what reading its checkpoint read and
   the peak memory, TrainedRun.memory_line) and a progress line per seed."""
 
+  # JAX and the trained nets only here (see the note at the top)
   import jax
 
   from mombo_jax.analysis import quantifier_quality, trained as trained_lib
-  from mombo_jax.core import algorithms
-  from mombo_jax.records.workdir import Workdir
-  from mombo_jax.report import labels, paper_setup
   if states not in STATES:
     raise InvalidArgument(f"states={states}: choose one of {', '.join(STATES)}.",
                           params=("states",))
@@ -131,7 +133,6 @@ class _Seeds:
   def stat(self, what):
     """(mean, std) over the seeds of column `what` (after `rename`); (None, None) where no seed
     has it (a reading not computed for this algorithm, rows of an older CSV)."""
-    import numpy as np
     what = self.rename.get(what, what)
     x = np.array([r.get(what, np.nan) for r in self.rows], float)
     return (float(x.mean()), float(x.std())) if x.size and not np.isnan(x).all() else (None, None)
@@ -175,9 +176,6 @@ def table_markdown(rows):
   """uncertainty.md: the paper's table per metric (mean +- std over seeds; the paper's Table 2
   numbers beside the as-trained accuracy and tightness), then the mean U and Bellman error per
   task and algorithm."""
-  import numpy as np
-
-  from mombo_jax.report import paper_results, tables, writer
   groups = {}
   for r in rows:
     groups.setdefault((r["env"], r["dataset"], r["algo"]), []).append(r)

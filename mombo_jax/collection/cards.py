@@ -148,9 +148,10 @@ def write_card(name: str, out_dir: Optional[str] = None,
 
 
 def _histogram(stats: dict, path: str):
+  # matplotlib only for a histogram: experiments.import_d4rl imports cards
   import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # after the backend is set
   fig, ax = plt.subplots(figsize=(5, 3.2))
   ax.hist(stats["returns"], bins=min(50, max(5, len(stats["returns"]) // 5)), color="tab:blue")
   ax.set(xlabel="episode return", ylabel="episodes",

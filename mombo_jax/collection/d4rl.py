@@ -62,6 +62,7 @@ def read_hdf5(path: str) -> Dict[str, np.ndarray]:
   """The arrays of a D4RL hdf5 file: the REQUIRED keys, `next_observations` when present,
   `infos/<k>` per-row arrays and `metadata/<k>` values (as stored). D4RLFormatError for a file
   that is not a readable hdf5 (garbage, truncated, damaged inside) or not in D4RL's layout."""
+  # HDF5 only when a file is read: experiments.import_d4rl starts without it
   import h5py
   out = {}
   try:

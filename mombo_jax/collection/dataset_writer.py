@@ -30,6 +30,7 @@ def write_dataset(name: str, episodes: Sequence[dict], description: str, algorit
   default D4RL's for the env), `provenance` (see recipes.provenance_for) under PROVENANCE_KEY, and
   `extra_metadata` (JSON-encoded values). episodes: dicts of observations [T+1, S], actions
   [T, A], rewards, terminations, truncations [T]."""
+  # minari only when writing: experiments.import_d4rl starts without it
   import minari
   from minari.data_collector import EpisodeBuffer
   dataset_id = name if names.is_dataset_id(name) else names.minari_id(name)

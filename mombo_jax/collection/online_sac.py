@@ -19,6 +19,8 @@ import functools
 import time
 from typing import Callable, Dict, Optional, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from mombo_jax import signals
@@ -31,6 +33,7 @@ from mombo_jax.collection.sac_checkpoints import (
 )
 from mombo_jax.core import algorithms, sac
 from mombo_jax.core.actor_policy import numpy_actor
+from mombo_jax.core.buffer import Batch
 from mombo_jax.env import envs, host_state
 from mombo_jax.errors import Interrupted, UserError
 from mombo_jax.settings import groups
@@ -85,10 +88,6 @@ def _make_jitted(config):
   Sampling on the device and running a whole chunk of updates per call remove the per-step host
   round-trips (numpy gathers, batch uploads, one dispatch per update) that bound the collector.
   """
-  import jax
-  import jax.numpy as jnp
-
-  from mombo_jax.core.buffer import Batch
   target_fn = functools.partial(sac.soft_target, config=config)
 
   @functools.partial(jax.jit, donate_argnums=(0,))
@@ -164,8 +163,6 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   # Whole (222 lines): its six inner functions (save, stop_here, eval_now, train_chunk, act_and_log,
   # eval_and_save) share the loop's state (env, generators, agent, step) by closure; as module
   # functions they would pass it all around.
-  import jax
-
   env = make_env()
   obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]
   insert, sac_updates = _jitted(config)

@@ -35,6 +35,7 @@ import os
 import time
 from typing import Dict, List, Optional, Sequence
 
+import mombo_jax
 from mombo_jax.collection import saved_actors
 from mombo_jax.collection.dataset_writer import write_dataset
 from mombo_jax.collection.online_sac import SEED_OFFSETS, _print, online_config, train_sac
@@ -150,7 +151,6 @@ class Builder:
                 qualifying_evals=evals[-o.medium_consecutive:])
 
   def _save_actor(self, env: str, quality: str, result: SacResult) -> dict:
-    import mombo_jax
     o = self.opts
     params = result.medium_actor if quality == "medium" else result.final_actor
     info = saved_actors.network_info(env, result.config, params)

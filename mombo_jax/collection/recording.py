@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Callable, List, Optional, Sequence
 
+import jax
 import numpy as np
 
 from mombo_jax.core import actor_policy
@@ -77,7 +78,6 @@ def sac_policy(actor_params, config, seed: int, deterministic: bool) -> Callable
   """Batched SAC policy on host arrays: obs [B, obs_dim] -> actions [B, A] (actor_policy's jitted
   functions: compiled once per actor shape and batch size), drawing a fresh key per call from
   `seed`'s stream (a key is split per call even when deterministic, as recordings always did)."""
-  import jax
   fns = actor_policy.actor_functions(actor_policy.ActorShape.from_config(config, actor_params))
   key = [jax.random.key(seed)]
 

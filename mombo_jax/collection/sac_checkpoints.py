@@ -9,9 +9,12 @@ import dataclasses
 import os
 from typing import Callable, Optional
 
+import jax
 import numpy as np
 
+from mombo_jax.core import sac
 from mombo_jax.errors import UserError
+from mombo_jax.storage import checkpoint
 
 REPLAY_FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
 
@@ -80,7 +83,6 @@ class SacCheckpoints:
   evaluations, the run's settings for a sanity check)."""
 
   def __init__(self, directory: str, config, total_steps: int, run_settings: dict):
-    from mombo_jax.storage import checkpoint
     self.directory = os.path.abspath(directory)
     self.config = config
     self.run_settings = run_settings
@@ -98,10 +100,6 @@ class SacCheckpoints:
 
   def restore(self, obs_dim: int, action_dim: int):
     """(state, meta) of the latest valid checkpoint, or (None, None) when there is none."""
-    import jax
-
-    from mombo_jax.core import sac
-    from mombo_jax.storage import checkpoint
     try:
       meta = self._ckpt.metadata()
     except checkpoint.CheckpointError as e:

@@ -22,7 +22,10 @@ import os
 import subprocess
 from typing import Mapping, Optional
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import serialization
 
 from mombo_jax.collection.online_sac import online_config
 from mombo_jax.core import sac
@@ -62,8 +65,6 @@ def _canonical(tree):
 
 def actor_bytes(actor_params) -> bytes:
   """flax.serialization.to_bytes of the actor variables (canonical order, host arrays)."""
-  import jax
-  from flax import serialization
   return serialization.to_bytes(_canonical(jax.device_get(actor_params)))
 
 
@@ -137,9 +138,6 @@ def check_saved(directory: str, quality: str, env: str, needed_by: str):
 def load_actor(directory: str, quality: str) -> SavedActor:
   """The actor save_actor wrote into directory, checked against its sidecar (sha256, network
   shapes). UserError naming the file when one is missing or does not match."""
-  import jax
-  import jax.numpy as jnp
-  from flax import serialization
   weights, sidecar_path = actor_paths(directory, quality)
   for path in (weights, sidecar_path):
     if not os.path.isfile(path):

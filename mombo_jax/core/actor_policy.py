@@ -11,7 +11,12 @@ import dataclasses
 import functools
 from typing import Callable, NamedTuple, Tuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from mombo_jax.core import sac
+from mombo_jax.core.critics import TanhGaussianActor, deterministic_action, sample_tanh_gaussian
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +36,6 @@ class ActorShape:
   @classmethod
   def from_config(cls, config, actor_params) -> "ActorShape":
     """The shape of config's actor whose variables are actor_params (they give the action width)."""
-    from mombo_jax.core import sac
     agent = config.agent
     return cls.of(agent.actor_hidden, sac.actor_action_dim(actor_params), agent.log_std_min,
                   agent.log_std_max)
@@ -55,10 +59,6 @@ class ActorFunctions(NamedTuple):
 def actor_functions(shape: ActorShape) -> ActorFunctions:
   """The one cache of jitted actor functions, per actor shape (jit compiles each once per input
   shape on first call)."""
-  import jax
-  import jax.numpy as jnp
-
-  from mombo_jax.core.critics import TanhGaussianActor, deterministic_action, sample_tanh_gaussian
   actor = TanhGaussianActor(shape.hidden_dims, shape.action_dim, shape.log_std_min,
                             shape.log_std_max)
 
@@ -81,9 +81,6 @@ def numpy_actor(actor_params, log_std_min: float, log_std_max: float) -> Callabl
   (a sample when rng is a numpy Generator, tanh(mean) when None). A [256, 256] MLP on one state
   costs tens of microseconds in numpy, several times less than a jitted call's dispatch, and the
   online loop acts once per environment step."""
-  import jax
-
-  from mombo_jax.core import sac
   hidden, (mean_w, mean_b), (std_w, std_b) = jax.tree.map(
       np.asarray, sac.actor_layers(jax.device_get(actor_params)))
 

@@ -35,6 +35,8 @@ import importlib
 import sys
 from typing import Callable, Dict, Optional, Tuple
 
+from mombo_jax.errors import UserError
+
 
 @dataclasses.dataclass(frozen=True)
 class _Target:
@@ -122,7 +124,6 @@ def ensure(name: str, module: Optional[str] = None) -> None:
   have = _MODULES.get(name)
   if name in _REGISTRY and (not module or module in ("__main__", have)):
     return
-  from mombo_jax.errors import UserError
   fix = ("put the folder holding that module on PYTHONPATH (or import it before reading the "
          "run); docs/architecture.md, \"Add an algorithm\"")
   if not module or module == "__main__":

@@ -155,7 +155,7 @@ def _c2_chebyshev_coefficients(num_terms=len(_CHEB_C2), dps=50):
   Interpolates F(x) = c2(t) (t + beta) / 2, x = t / (t + beta), at num_terms Chebyshev nodes of
   [0, x(_T_MAX)], with c2 from mpmath's ncdf (t < 5) or a 600-term continued fraction (t >= 5).
   """
-  import mpmath as mp  # pylint: disable=import-outside-toplevel
+  import mpmath as mp  # not an install dependency: tests only
   with mp.workdps(dps):
     beta = mp.mpf(_CHEB_BETA)
     x_max = mp.mpf(_T_MAX) / (_T_MAX + beta)

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from mombo_jax.core import propagate_full
 from mombo_jax.core.moments import mm_leaky_relu, mm_relu
 from mombo_jax.core.propagate_interp import (  # noqa: F401
   PropagateError,
@@ -110,7 +111,6 @@ def propagate(fn: Callable, argnums: Union[int, Sequence[int]] = 0,
   if covariance == "diagonal":
     rules = DiagonalRules()
   elif covariance == "full":
-    from mombo_jax.core import propagate_full  # pylint: disable=import-outside-toplevel
     rules = propagate_full.FullRules()
   else:
     raise InvalidArgument(f"propagate: covariance={covariance!r} is not one of 'diagonal', "

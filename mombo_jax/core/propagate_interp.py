@@ -82,7 +82,7 @@ def where_called(eqn, fallback):
   """'file.py:12 (function)': the user's line that produced this equation, else `fallback`."""
   try:
     # jax's own frames are left out by user_frames; propagate's modules too (its wrapper).
-    from jax._src import source_info_util  # pylint: disable=import-outside-toplevel
+    from jax._src import source_info_util  # private: inside the try, as it may move
     for frame in source_info_util.user_frames(eqn.source_info.traceback):
       if frame.file_name not in _OWN_FILES:
         return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"

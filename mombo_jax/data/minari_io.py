@@ -49,6 +49,7 @@ def exists_locally(name: str) -> bool:
 
 def local_metadata(dataset_id: str) -> Optional[dict]:
   """Raw metadata.json of a local dataset (no h5 access), or None when it is not local."""
+  # minari only when a dataset is read: the report imports data/ without it
   from minari.dataset.minari_storage import MinariStorage
   path = data_path(dataset_id)
   if not os.path.isdir(path):
@@ -103,6 +104,7 @@ def _offline() -> bool:
 
 
 def _not_found(dataset_id: str, reason: str) -> DatasetNotFoundError:
+  # minari only when a dataset is read: the report imports data/ without it
   import minari
   command = names.collector_command(dataset_id)
   lines = [f"Dataset {dataset_id!r} is not in the local Minari root {datasets_root()} "
@@ -120,6 +122,7 @@ def _not_found(dataset_id: str, reason: str) -> DatasetNotFoundError:
 
 def load_dataset(name: str, download: bool = False):
   """The MinariDataset for a short name or id; local first (see module docstring)."""
+  # minari only when a dataset is read: the report imports data/ without it
   import minari
   dataset_id = names.resolve(name)
   if os.path.isdir(data_path(dataset_id)):

@@ -44,6 +44,7 @@ def resolve(name: str) -> str:
                      f"{', '.join(valid_names())} "
                      "(or a Minari id such as mujoco/hopper/medium-v0).")
   if is_dataset_id(name):
+    # minari only for a dataset id: the report imports data/ without it
     from minari.dataset.minari_dataset import parse_dataset_id
     try:
       parse_dataset_id(name)

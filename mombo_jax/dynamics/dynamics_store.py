@@ -23,6 +23,8 @@ import shutil
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
+import numpy as np
+
 from mombo_jax.core.key_scheme import cell_keys
 from mombo_jax.data import minari_io, names, provenance, transitions as transitions_lib
 from mombo_jax.errors import Interrupted, UserError
@@ -115,7 +117,6 @@ def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop,
   # JAX (and the training's optax, orbax) only when an ensemble is got: the store's names and
   # locks are read by sweeps' plans without them.
   import jax
-  import numpy as np
 
   from mombo_jax.dynamics import dynamics_training, saved_dynamics
   from mombo_jax.storage import checkpoint

@@ -40,6 +40,7 @@ import sys
 import tempfile
 import traceback
 import weakref
+from multiprocessing.connection import Connection
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -141,6 +142,7 @@ class EnvPool:
   """
 
   def __init__(self, first, num_envs: int, workers: int = 1):
+    # gymnasium only when a pool is built: env.evaluate imports this module
     import gymnasium as gym
     num_envs, workers = int(num_envs), int(workers)
     if num_envs < 1:
@@ -304,7 +306,6 @@ def _anonymous_file(size) -> int:
 
 def _start_worker(block_fd):
   """A worker process and the parent's end of its socket."""
-  from multiprocessing.connection import Connection
   parent, child = socket.socketpair()
   env = dict(os.environ)
   # One thread per worker: W workers already use W cores.
@@ -352,7 +353,6 @@ def _shutdown(procs, conns, timeout=_CLOSE_TIMEOUT_S):
 def _serve(sock_fd: int, block_fd: int):
   """A worker's loop: builds its envs on its rows of the shared block, then does each command
   until close or EOF."""
-  from multiprocessing.connection import Connection
   signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the parent's to handle
   conn, envs, block = Connection(sock_fd), None, None
   try:
@@ -365,6 +365,7 @@ def _serve(sock_fd: int, block_fd: int):
         return
       try:
         if envs is None:                            # the first message: init
+          # gymnasium only with the init message: the worker boots without it
           import gymnasium as gym
           _, spec, layout, size, w, workers = pickle.loads(message)
           block = mmap.mmap(block_fd, size)

@@ -141,6 +141,7 @@ def _recorded(raw, name: str) -> dict:
 def right_foot_friction(env) -> float:
   """The sliding friction of the walker's right foot (geom RIGHT_FOOT_GEOM) in a gymnasium MuJoCo
   env's model."""
+  # mujoco only here: import_d4rl and the cards import envs without it
   import mujoco
   model = env.unwrapped.model
   geom = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, RIGHT_FOOT_GEOM)
@@ -153,6 +154,7 @@ def quiet_mujoco():
   """Routes MuJoCo's warnings through Python's warnings (each message shown once, no
   MUJOCO_LOG.TXT), less the _MUJOCO_NOISE ones; leaves a handler the caller installed alone.
   make_env calls it: every env of this package is built after it."""
+  # mujoco only here: import_d4rl and the cards import envs without it
   import mujoco
   if mujoco.get_mju_user_warning() is None:
     mujoco.set_mju_user_warning(_mujoco_warning)
@@ -168,6 +170,7 @@ def make_env(name: Union[str, dict], **kwargs):
   of an eval_env_spec dict. kwargs go to gym.make (max_episode_steps=None keeps the env's own time
   limit). UserError when a spec's recorded right-foot friction is not the built model's (a
   gymnasium whose model files changed)."""
+  # gymnasium only here: import_d4rl and the cards import envs without it
   import gymnasium as gym
   quiet_mujoco()
   if isinstance(name, dict):

@@ -104,6 +104,7 @@ def summarise(rows: Sequence[dict], seeds: Sequence[int], diverged: Sequence[dic
 def plot_curve(rows: Sequence[dict], seeds: Sequence[int], path: str, title: str,
                diverged: Sequence[int] = (), dataset_score: Optional[float] = None):
   """learning_curve.png at `path`: curve_figure's figure."""
+  # matplotlib only when a figure is drawn: the records are read without it
   import matplotlib.pyplot as plt
   fig = curve_figure(rows, seeds, title, diverged, dataset_score)
   try:
@@ -119,9 +120,10 @@ def curve_figure(rows: Sequence[dict], seeds: Sequence[int], title: str,
   (summary.json's) with a band of +- the std over the seeds (ddof 0, as summary.json's; said in the
   legend), and the dataset's own episodes' mean normalised return as a labelled line (dataset_score,
   where given)."""
+  # matplotlib only when a figure is drawn: the records are read without it
   import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # after the backend is set
   steps, table = score_table(rows, seeds, key="step")
   bad = {int(s) for s in diverged}
   fig, ax = plt.subplots(figsize=(6, 4))

@@ -31,12 +31,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from importlib import metadata
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from mombo_jax.errors import UserError
 from mombo_jax.report.results import ENV_ORDER, TYPE_ORDER, dataset_type
+from mombo_jax.report.tables import as_printed
 from mombo_jax.storage import atomic
 
 # rliable.metrics.aggregate_optimality_gap's threshold on this package's scale: D4RL normalised
@@ -70,6 +72,7 @@ def require_rliable():
   """(rliable.library, rliable.metrics); MissingRliable (one line naming the install) when rliable
   or a dependency of it does not import (an arch 7 under pandas 3 fails at import, for one)."""
   try:
+    # optional extra `report`; here, so that a test can hide it (sys.modules)
     from rliable import library, metrics, plot_utils  # noqa: F401 (plot_utils: seaborn too)
   except Exception as e:   # ImportError, or an incompatible dependency failing at import
     why = "" if isinstance(e, ImportError) else f" ({type(e).__name__}: {e})"
@@ -83,7 +86,7 @@ def _seeded(seed: int):
   """numpy's global RNG seeded with `seed` inside, restored to its previous state on exit; absl's
   log held at WARNING (rliable logs a line per column at INFO, which experiments.report's absl app
   would print)."""
-  from absl import logging as absl_logging
+  from absl import logging as absl_logging  # with rliable only: the report loads just numpy
   state, verbosity = np.random.get_state(), absl_logging.get_verbosity()
   np.random.seed(seed)
   absl_logging.set_verbosity(absl_logging.WARNING)
@@ -194,7 +197,6 @@ def inseparable(scores: Dict[str, np.ndarray], digits: int = DIGITS,
   cannot separate: "equal as printed" (on every task the two columns' runs print, with `digits`
   decimals, as the same numbers), or "too few runs" (fewer than min_runs runs of either column
   per task). Pairs that can be separated are absent."""
-  from mombo_jax.report.tables import as_printed
   out = {}
   names = list(scores)
   for i, a in enumerate(names):
@@ -241,9 +243,10 @@ def performance_profiles(scores: Dict[str, np.ndarray], taus: Optional[np.ndarra
 def plot_profiles(taus: np.ndarray, profiles: Dict[str, np.ndarray], path: str, title: str):
   """The performance profiles {column: [3, N]} over taus [N] as a PNG at `path`
   (rliable.plot_utils.plot_performance_profiles, shaded intervals)."""
+  # matplotlib and rliable (optional extra) only when profiles are drawn
   import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # after the backend is set
   from rliable import plot_utils
 
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -341,7 +344,6 @@ def report_section(groups: dict, out: str, log=print, order=None, what: str = "f
   except MissingRliable as e:
     log(f"warning: {e}")
     return "\n".join(lines + [f"Not computed: {e}.", ""]), []
-  from importlib import metadata
   m = score_matrices(groups, what, order)
   notes = [f"- {n}" for n in m.notes]
   if not m.scores:

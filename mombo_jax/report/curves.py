@@ -19,7 +19,7 @@ def plot_curves(groups: Dict[tuple, Pool], env: str, path: str):
   # matplotlib only when a figure is drawn (importing it takes a second).
   import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # after the backend is set
   mine = {k: g for k, g in groups.items() if k[0] == env}
   datasets = sorted({k[1] for k in mine},
                     key=lambda d: (TYPE_ORDER.index(dataset_type(d))

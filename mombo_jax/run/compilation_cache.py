@@ -26,6 +26,7 @@ def enable_compilation_cache(path: str):
     log(f"note: --compilation_cache={path} cannot be created ({e.strerror or e}); compiling "
         "without a persistent cache.")
     return None
+  # JAX only here: experiments.run imports this module before its flags
   import jax
   jax.config.update("jax_compilation_cache_dir", path)
   return path

@@ -77,6 +77,7 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     _port(coordinator_address)
   else:
     coordinator_address, num_processes, process_id, local_devices = _detect(timeout)
+  # JAX only when called: experiments.run imports this module before its flags
   import jax
   # CPU devices of different processes talk through gloo (the default CPU client has no
   # cross-process collectives); GPUs and TPUs use their own and ignore this setting.
@@ -256,7 +257,7 @@ def _end(line: str, code: int):
 
 
 def process_count() -> int:
-  import jax
+  import jax  # lazy: experiments.run imports this module
   return jax.process_count()
 
 
@@ -266,17 +267,17 @@ def is_multiprocess() -> bool:
 
 def is_main() -> bool:
   """Process 0: the one that evaluates, logs and writes a run's outputs."""
-  import jax
+  import jax  # lazy: experiments.run imports this module
   return jax.process_index() == 0
 
 
 def to_host(tree: Any) -> Any:
   """Numpy copies of every leaf with all its cells, on every process (a collective: all
   processes must call it together)."""
-  import jax
+  import jax  # lazy: experiments.run imports this module
   if not is_multiprocess():
     return jax.device_get(tree)
-  from jax.experimental import multihost_utils
+  from jax.experimental import multihost_utils  # lazy, as above
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
@@ -284,6 +285,7 @@ def agree(flag: bool) -> bool:
   """True on every process when it is True on any (a collective: all processes call it)."""
   if not is_multiprocess():
     return bool(flag)
+  # numpy and JAX only here: experiments.run imports this module before its flags
   import numpy as np
   from jax.experimental import multihost_utils
   return bool(np.any(multihost_utils.process_allgather(np.asarray([bool(flag)]))))

@@ -14,6 +14,9 @@ import json
 import threading
 from typing import Any, List
 
+import jax
+import numpy as np
+
 from mombo_jax.core import algorithms, train as train_lib
 from mombo_jax.data import scores
 from mombo_jax.env import envs, evaluate as evaluate_lib
@@ -112,8 +115,6 @@ def returns_all(runs, actors, epoch, should_stop=None):
   """Every group's returns [S, episodes] at epoch `epoch` (a list in the order of `runs`), one
   pass per Evaluator (build_evaluators first). Writes nothing: safe in a background thread while
   the main thread trains. should_stop: Evaluator.run's (errors.Interrupted between time steps)."""
-  import jax
-  import numpy as np
   by_evaluator = {}
   for r in runs:
     by_evaluator.setdefault(id(r.evaluator), []).append(r)
@@ -297,7 +298,6 @@ def recover(unwritten, program, eval_workers=0, should_stop=None):
   killed after that checkpoint lost (groups `unwritten`: r.unwritten_eval the checkpoint's `eval`
   metadata), evaluating the restored actors with that point's env seeds: the returns the lost
   evaluation had."""
-  import numpy as np
   actors = distributed.to_host(program.state.agent.actor.params)
   if not distributed.is_main():
     for r in unwritten:

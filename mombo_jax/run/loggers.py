@@ -161,6 +161,7 @@ class RunLoggers:
 class _TensorBoard:
 
   def __init__(self, workdir, record, seeds, history, resume_step):
+    # optional extra `tensorboard`: imported only when that logger is used
     from tensorboardX import SummaryWriter
     from tensorboardX.summary import hparams
     self.writers = {}
@@ -221,7 +222,7 @@ def read_tensorboard(path: str) -> Dict[str, List[Tuple[int, float]]]:
   """The scalars of the TensorBoard run in folder `path` as TensorBoard shows them: {tag: [(step,
   value)]} in step order, the events a later launch's purge step superseded dropped (a
   SessionLog START at step p drops the events read so far at steps >= p). No TensorFlow needed."""
-  from tensorboardX.proto import event_pb2
+  from tensorboardX.proto import event_pb2  # optional extra `tensorboard`
   series: Dict[str, Dict[int, float]] = {}
   for name in sorted(glob.glob(os.path.join(path, "*tfevents*"))):
     with open(name, "rb") as f:
@@ -253,7 +254,7 @@ def read_tensorboard(path: str) -> Dict[str, List[Tuple[int, float]]]:
 class _WandB:
 
   def __init__(self, workdir, record, seeds, history, group):
-    import wandb
+    import wandb  # optional extra `wandb`: only with --log=wandb
     root = os.path.join(workdir, WANDB_DIR)
     os.makedirs(root, exist_ok=True)
     ident = _identities(root, seeds, group)
@@ -299,6 +300,7 @@ class _WandB:
       self.next_step[s] = step + 1
 
   def close(self):
+    # optional extra `wandb`: only with --log=wandb
     import wandb
     from wandb.sdk import wandb_setup
     for run in self.runs.values():
@@ -313,7 +315,7 @@ class _WandB:
 def _identities(root: str, seeds: Sequence[int], group: str) -> dict:
   """<root>/runs.json, created or completed: the W&B group and a run id per seed, drawn once so a
   resume (even of one cell of a grid alone) reuses them, and a new workdir never does."""
-  from wandb.sdk.lib import runid
+  from wandb.sdk.lib import runid  # optional extra `wandb`
   path = os.path.join(root, WANDB_RUNS)
   old = {}
   if os.path.exists(path):

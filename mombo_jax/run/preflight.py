@@ -4,6 +4,10 @@ written. Errors are errors.UserError naming the flag."""
 import os
 import tempfile
 
+import jax
+
+from mombo_jax.core import placement
+from mombo_jax.data import names, provenance
 from mombo_jax.errors import UserError
 from mombo_jax.settings import environment
 
@@ -32,7 +36,6 @@ def _check_dir(path: str, flag: str):
 
 def check_dataset_env(dataset: str, config):
   """Refuses a dataset of another environment than --env's (by name, or by its local metadata)."""
-  from mombo_jax.data import names, provenance
   try:
     names.resolve(dataset)
   except ValueError as e:
@@ -47,9 +50,6 @@ def check_dataset_env(dataset: str, config):
 def check_seeds_fit_devices(num_seeds: int):
   """The seed axis is sharded over all devices (of every process): --seeds must be a multiple of
   their count."""
-  import jax
-
-  from mombo_jax.core import placement
   n = jax.device_count()
   try:
     placement.check_cell_count(num_seeds, fix=(

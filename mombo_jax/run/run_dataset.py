@@ -3,8 +3,11 @@ name, built by experiments.collect in a child process (which a stop request is p
 Errors are errors.UserError; a build the user stopped raises errors.Interrupted."""
 import sys
 
+from mombo_jax.data import provenance, transitions as transitions_lib
+from mombo_jax.env import envs
 from mombo_jax.errors import DatasetNotFoundError, Interrupted, UserError
 from mombo_jax.run.console import log
+from mombo_jax.settings import config as config_lib
 from mombo_jax.signals import run_child
 
 
@@ -16,9 +19,6 @@ def load_or_build(dataset, config, build_missing, build_steps, download=False, r
   default, as the others need an online SAC run first). A reduced build of a recipe (fewer
   transitions than its recipe's size) is refused when require_full. should_stop: the launch's
   StopFlag; a build it stopped raises errors.Interrupted (the collector keeps its progress)."""
-  from mombo_jax.data import provenance, transitions as transitions_lib
-  from mombo_jax.env import envs
-  from mombo_jax.settings import config as config_lib
   try:
     transitions = transitions_lib.load_transitions(dataset, download=download)
   except DatasetNotFoundError as e:

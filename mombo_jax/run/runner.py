@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from mombo_jax.core import buffer, dynamics, placement, train as train_lib
 from mombo_jax.core.key_scheme import cell_keys
 from mombo_jax.data import provenance, scores, transitions as transitions_lib
@@ -26,6 +30,7 @@ from mombo_jax.run.preflight import validate
 from mombo_jax.run.program import Program, chunk_length, compile_chunk, program_config
 from mombo_jax.run.run_dataset import load_or_build
 from mombo_jax.settings import references
+from mombo_jax.storage import checkpoint
 
 # -------------------------------------------------------------------------------------- train
 
@@ -123,12 +128,6 @@ def prepare(groups, records, keep, should_stop, data_options):
   Returns ([GroupRun], Program)."""
   # Whole (109 lines): its steps' order is the launch's contract (data, config.json, dynamics, init
   # or restore, placement); read top to bottom, it is that order.
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  from mombo_jax.storage import checkpoint
-
   names = list(dict.fromkeys(g.dataset for g in groups))      # distinct datasets, in order
   transitions, dataset_scores = {}, {}
   for name in names:
@@ -235,7 +234,6 @@ def prepare(groups, records, keep, should_stop, data_options):
 def _dynamics_placeholder(keys, transitions, config):
   """Untrained ensembles [S] of config's shapes (dynamics.init_state per key, keys [S, 2]): the
   stand-in a resumed group's checkpoint restore overwrites."""
-  import jax
   obs_dim, act_dim = transitions.observations.shape[1], transitions.actions.shape[1]
   return jax.jit(jax.vmap(lambda k: dynamics.init_state(k, obs_dim, act_dim, config)))(keys)
 
@@ -255,7 +253,6 @@ def loop(runs, program: Program, stop_after, should_stop, eval_workers=0) -> boo
   for it: it is abandoned and the launch resumes at E (its rows recovered, the epochs since
   trained again: the same results), so a stop takes one device call (about CALL_SECONDS, at
   least one epoch) and the checkpoint."""
-  from mombo_jax.storage import checkpoint
   several_groups = len(runs) > 1
   pending = []                   # at most one group_run.Evaluation (process 0)
 
@@ -323,8 +320,6 @@ def _loop(runs, program, stop_requested, save, flush, pending, stop_after, eval_
           should_stop=None):
   """loop's body; `pending` holds the evaluation under way (loop joins it on any exit);
   flush(epoch) writes its rows once it is done (or stops, see loop)."""
-  import jax
-  import numpy as np
   config, several_groups = program.config, len(runs) > 1
   devices = jax.devices()
   what = ("Seeds" if not several_groups

@@ -21,7 +21,12 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
+from mombo_jax.core import algorithms
+from mombo_jax.dynamics import dynamics_store
+from mombo_jax.dynamics.dynamics_store import dynamics_path
 from mombo_jax.errors import UserError
+from mombo_jax.records import workdir as workdir_lib
+from mombo_jax.records.workdir import HARMLESS, Workdir
 from mombo_jax.run.console import EXIT_DIVERGED
 from mombo_jax.run.sweep_record import (
   SEVERITY,
@@ -31,6 +36,7 @@ from mombo_jax.run.sweep_record import (
   read_record,
   signal_of,
 )
+from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import atomic, locks
 
 # experiments.run's flags that a sweep sets for every cell (name -> absl type). They make the
@@ -80,7 +86,6 @@ class SweepCell:
 
   @property
   def finished(self) -> bool:
-    from mombo_jax.records.workdir import Workdir
     return Workdir(self.workdir).finished()
 
   @property
@@ -88,7 +93,6 @@ class SweepCell:
     """The folder of the cell's ensembles (dynamics_store.dynamics_path: its dynamics settings name
     it);
     cells of one dataset with equal settings share it. None without a config."""
-    from mombo_jax.dynamics.dynamics_store import dynamics_path
     return None if self.config is None else dynamics_path(self.dynamics_dir, self.config)
 
 
@@ -149,9 +153,6 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
   (<algo>[-<target>]-beta<b>), so sweeps of several betas share one --out; so is a --reference other
   than the algorithm's default source (<algo>[-<target>]-<reference>; an algorithm without that
   source is refused)."""
-  from mombo_jax.core import algorithms
-  from mombo_jax.records import workdir as workdir_lib
-  from mombo_jax.settings import config as config_lib
   if not envs:
     raise UserError("`envs` is required, e.g. envs=hopper-random,hopper-medium-replay.",
                     params=("envs",))
@@ -201,7 +202,6 @@ def dynamics_plan(cells: Sequence[SweepCell], budget: dict) -> List[str]:
   ensemble follows, with their sources: --dynamics_max_epochs, the preset, the algorithm's
   reference source in mombo_jax/settings/references.py, the Config default):
   dynamics_store.sharing_plan of the planned cells."""
-  from mombo_jax.dynamics import dynamics_store
   flags = ({"dyn_max_epochs": "--dynamics_max_epochs"}
            if budget.get("dynamics_max_epochs") is not None else {})
   return dynamics_store.sharing_plan(
@@ -212,7 +212,6 @@ def dynamics_plan(cells: Sequence[SweepCell], budget: dict) -> List[str]:
 def setup_mismatch(cell: SweepCell) -> Dict[str, tuple]:
   """{field: (recorded, asked)} where the run in cell.workdir (its config.json) differs from the
   config the cell asks for; {} when the folder holds no config.json yet or they agree."""
-  from mombo_jax.records import workdir as workdir_lib
   wd = workdir_lib.Workdir(cell.workdir)
   if cell.config is None or not os.path.exists(wd.file(workdir_lib.CONFIG)):
     return {}
@@ -228,7 +227,6 @@ def check_cells(cells: Sequence[SweepCell]) -> Set[str]:
   unfinished one (experiments.run resumes it; --eval_every / --eval_episodes may change), and
   --epochs unless `-- --allow_epochs_change`. Returns the workdirs of the finished cells to
   continue to a changed --epochs (those flags passed)."""
-  from mombo_jax.records.workdir import HARMLESS
   problems, extend = [], set()
   for cell in cells:
     differs = setup_mismatch(cell)

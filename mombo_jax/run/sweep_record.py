@@ -11,6 +11,7 @@ import signal
 from typing import List, Optional, Sequence
 
 from mombo_jax.errors import UserError
+from mombo_jax.records.workdir import Workdir
 from mombo_jax.run.console import EXIT_DIVERGED
 
 # Statuses of a launched cell, least to most severe (the sweep's status is the worst).
@@ -58,7 +59,6 @@ def history_of(entry: dict) -> List[dict]:
 def finished_status(cell, history: Sequence[dict]) -> str:
   """A finished cell's (sweep.SweepCell) outcome: diverged when its summary.json lists diverged
   seeds or its last launch ended diverged, else finished."""
-  from mombo_jax.records.workdir import Workdir
   try:
     if Workdir(cell.workdir).read_summary().get("diverged"):
       return "diverged"

@@ -13,6 +13,7 @@ import zlib
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 SCALARS = (bool, int, float)
 LEAF_TYPES = (jax.Array, np.ndarray, np.generic) + SCALARS
@@ -101,7 +102,6 @@ def combine(manifest: list, where: str):
   # [2, n] uint32 (JAX's 32-bit default would wrap int64 CRCs): the CRCs, and 1 where computed.
   table = np.asarray([[max(crc, 0) for _, crc in owed], [crc >= 0 for _, crc in owed]], np.uint32)
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
     tables = np.asarray(multihost_utils.process_allgather(table))          # [P, 2, n]
     table = tables[np.argmax(tables[:, 1], axis=0), :, np.arange(table.shape[1])].T
   if not table[1].all():

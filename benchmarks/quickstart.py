@@ -24,8 +24,11 @@ What it does, in a new temporary folder (removed at the end unless --keep):
 Phases, from the run's own log lines: install (start -> pip's "Successfully installed"); start-up
 (-> the dataset's "is missing: building" line); dataset (-> the "<name>: N transitions" line);
 dynamics ("Training ... dynamics" -> "Dynamics trained in"); compile (-> "Compiled the epoch");
-training (the epochs' wall time, epochs x steps x seeds / the last progress line's steps/s: the
-evaluation points before the last run in a background thread during training and count here);
+training (the epochs' wall time, epochs x steps x seeds / the last progress line's steps/s, which
+is a moving average over the last 3 evaluation intervals (run/group_run.Pace): so this assumes the
+run's late rate throughout, and quickstart.txt recorded before that average reads the last
+interval's rate; the evaluation points before the last run in a background thread during training
+and count here);
 evaluation (the rest up to the final line: the last evaluation point, which nothing overlaps,
 and writing the outputs). CPU per phase is the CPU used between the lines that bound it (training
 and evaluation share the span after compile and are given together).

@@ -83,6 +83,13 @@ def test_record_files_are_few_and_plainly_named():
   assert all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in names)
 
 
+def test_lean_smoke_is_refused_without_smoke(tmp_path, capsys):
+  with pytest.raises(SystemExit):
+    record.main([f"--out={tmp_path / 'out'}", "--lean_smoke"])
+  assert "--lean_smoke trims the smoke record: pass it with --smoke." in capsys.readouterr().err
+  assert not (tmp_path / "out").exists()             # refused before any work
+
+
 @pytest.fixture(scope="module")
 def smoke_kit(tmp_path_factory):
   kit = tmp_path_factory.mktemp("kit")

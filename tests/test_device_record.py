@@ -83,6 +83,13 @@ def test_record_files_are_few_and_plainly_named():
   assert all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in names)
 
 
+def test_lean_smoke_is_refused_without_smoke(tmp_path, capsys):
+  with pytest.raises(SystemExit):
+    record.main([f"--out={tmp_path / 'out'}", "--lean_smoke"])
+  assert "--lean_smoke trims the smoke record: pass it with --smoke." in capsys.readouterr().err
+  assert not (tmp_path / "out").exists()             # refused before any work
+
+
 @pytest.fixture(scope="module")
 def smoke_kit(tmp_path_factory):
   kit = tmp_path_factory.mktemp("kit")
@@ -109,8 +116,10 @@ def test_prepare_check_names_what_is_missing(tmp_path, smoke_kit):
 @pytest.mark.slow
 def test_the_smoke_record_runs_every_part_on_the_cpu(smoke_kit, tmp_path):
   out = tmp_path / "out"
-  done = _py("benchmarks.device.record", f"--out={out}", "--smoke", f"--kit={smoke_kit}",
-             f"--work={tmp_path / 'work'}", timeout=600)
+  # --lean_smoke: part c compiles its epoch program only, not the gradient-step table's too (that
+  # second compile was a fifth of the test's time); `record --smoke` alone still times it.
+  done = _py("benchmarks.device.record", f"--out={out}", "--smoke", "--lean_smoke",
+             f"--kit={smoke_kit}", f"--work={tmp_path / 'work'}", timeout=600)
   assert done.returncode == 0, done.stdout + done.stderr
   files = sorted(os.listdir(out))
   assert len(files) <= record.MAX_FILES
@@ -119,6 +128,8 @@ def test_the_smoke_record_runs_every_part_on_the_cpu(smoke_kit, tmp_path):
   assert {p: r["status"] for p, r in rec["parts"].items()} == {p: "ok" for p in sizing.PARTS}
   assert rec["skipped"] == {} and rec["exit"] == 0
   assert "mopo" in rec["rates"]["epoch_s"]
+  speed = (out / "c_speed.md").read_text()
+  assert "| MOPO | 2 |" in speed and "Gradient steps: not timed (--no_steps)" in speed, speed
   assert re.search(r"\d+ passed", (out / "b_gpu_tests.txt").read_text())
   learning = (out / "d_learning.md").read_text()
   assert re.search(r"^\| MOPO \| 2 \(2 evaluations\) \|.*\| 31\.7 \+- 0\.1 \| 28\.6 \+- 1\.4 \|$",

@@ -17,7 +17,9 @@ from mombo_jax.records.workdir import LOCK, Workdir
 from mombo_jax.run import groups as groups_lib, runner
 from mombo_jax.settings import config as config_lib
 
-TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
+# One hidden layer a network: the programs compile faster; the grid's claims do not depend on depth.
+TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1,
+            actor_hidden=(8,), critic_hidden=(8,), dyn_hidden=(8,), dyn_weight_decay=(2.5e-5, 1e-4))
 SHORT = "mombo/hopper/short-random-v0"     # a shorter second hopper dataset (padded in the stack)
 
 

@@ -14,7 +14,8 @@ resumed from its checkpoint, test_run; stops resumed, test_stops; a diverged see
 one epoch, test_train), which optimisation does not make differ, and two claims between programs
 of a kind the marked ones cover at less cost: a grid cell vs its single run (test_grid; per-cell
 vs plain here), two processes vs one (test_distributed; 4 devices vs 1 here) and dynamics seeds
-vmapped vs alone (test_dynamics).
+vmapped vs alone (test_dynamics). The vmapped cell layout's closeness to the one-cell program
+(test_train) is a tolerance claim, not bit identity: unmarked, unoptimised only.
 """
 import os
 import re

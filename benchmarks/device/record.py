@@ -23,7 +23,8 @@ every part it started ended by itself (a part that ended with failures, e.g. a f
 named in record.json with its exit status; only a part killed at its cap makes the exit 1).
 
 --smoke: every part at tiny sizes on the CPU (under 2 minutes on the 2-core test machine; in the
-test suite), reading a kit made by `prepare --smoke`. Standard library only until the wheels are
+test suite, with --lean_smoke: part c without its second compiled program, the gradient-step
+table), reading a kit made by `prepare --smoke`. Standard library only until the wheels are
 in: this file imports nothing of the project.
 """
 from __future__ import annotations
@@ -91,6 +92,8 @@ def run_part(part, plan, args, env, work, say) -> dict:
          f"--soft_s={max(plan.cap_s - GRACE_S, 1.0):.0f}"]
   if args.smoke:
     cmd.append("--smoke")
+  if args.lean_smoke and part == "c":
+    cmd.append("--no_steps")
   if plan.epochs is not None:
     cmd.append(f"--epochs={plan.epochs}")
   say(f"part {part}: cap {plan.cap_s:.0f} s" + (f", {plan.epochs} epochs" if plan.epochs else "")
@@ -144,6 +147,9 @@ def main(argv=None) -> int:
                       help="Wall seconds for the whole record, setup included.")
   parser.add_argument("--smoke", action="store_true", help="Tiny sizes, on the CPU.")
   parser.add_argument("--kit", default=None, help="The prepared kit (default .device_record).")
+  parser.add_argument("--lean_smoke", action="store_true",
+                      help="With --smoke: part c compiles one program, not two (no gradient-step "
+                      "table); the test suite's smoke, for time.")
   parser.add_argument("--parts", default="".join(sizing.PARTS),
                       help="Which parts to run, e.g. abc (the others are named as skipped).")
   parser.add_argument("--work", default=None,
@@ -151,6 +157,8 @@ def main(argv=None) -> int:
   parser.add_argument("--site", default="/tmp/mombo_device_site",
                       help="Where the carried wheels are installed.")
   args = parser.parse_args(argv)
+  if args.lean_smoke and not args.smoke:
+    parser.error("--lean_smoke trims the smoke record: pass it with --smoke.")
   t0 = time.time()
   os.makedirs(args.out, exist_ok=True)
   work = args.work or tempfile.mkdtemp(prefix="mombo_device_work_")

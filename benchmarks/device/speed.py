@@ -78,7 +78,9 @@ def time_program(name, cells, sz, rng, max_epochs, then=None):
 
 
 def main():
-  args = kit_lib.part_args(__doc__)
+  args = kit_lib.part_args(__doc__, {"--no_steps": dict(
+      action="store_true", help="Leave out 4. (a second compiled program): the test suite's smoke "
+      "(record --lean_smoke).")})
   t_end = time.time() + args.soft_s
   sz = sizing.sizes(args.smoke)
   # 48 cells need most of the GPU's memory (64 cells of MOMBO lcb: 71 GiB, bench_scale_gpu.txt,
@@ -197,7 +199,9 @@ def main():
   kinds = {"mopo": "SAC = MOPO's step", "mombo": "MOMBO elite_spread", "mobile": "MOBILE"}
   keep = [t for t in bench_scale.STEP_TYPES
           if any(t[0].startswith(kinds[n]) for n in sz.algos_c)]
-  if fits(len(keep) * (10 if not sz.smoke else 25), f"{sz.scan_steps} gradient steps"):
+  if args.no_steps:
+    say("\n## Gradient steps: not timed (--no_steps)")
+  elif fits(len(keep) * (10 if not sz.smoke else 25), f"{sz.scan_steps} gradient steps"):
     bench_scale.STEP_TYPES[:] = keep
     common.matmul_gflops = functools.partial(common.matmul_gflops, seconds=1.0)
     steps_args = type("Args", (), dict(scan_steps=sz.scan_steps, repeats=1))

@@ -276,9 +276,12 @@ PENDULUM_PASS = -500.0
 
 def pendulum_config():
   """Small fast SAC for Pendulum: 64x64 nets, lr 1e-3, soft backup, no clamp, constant lr."""
-  from mombo_jax.collection.online_sac import OnlineSettings
-  return OnlineSettings("pendulum", actor_lr=1e-3, critic_lr=1e-3, alpha_lr=1e-3,
-                        actor_hidden=(64, 64), critic_hidden=(64, 64), batch_size=128)
+  import dataclasses
+
+  from mombo_jax.collection.online_sac import ONLINE_AGENT, OnlineSettings
+  agent = dataclasses.replace(ONLINE_AGENT, actor_lr=1e-3, critic_lr=1e-3, alpha_lr=1e-3,
+                              actor_hidden=(64, 64), critic_hidden=(64, 64), batch_size=128)
+  return OnlineSettings("pendulum", agent=agent)
 
 
 def run_pendulum(seed=0):

@@ -94,7 +94,8 @@ def check_groups(groups):
       value = getattr(settings, f.name)
       out.update(dataclasses.asdict(value) if f.name in config_lib.GROUPS else {f.name: value})
     out["algorithm"] = settings.algorithm.label
-    return dict(out, **{k: c.settings()[k] for k in _LOOP})
+    values = c.settings()
+    return dict(out, **{k: values[k] for k in _LOOP})
   first = shared(groups[0].config)
   envs = {g.config.env_name for g in groups}
   if len(envs) > 1:

@@ -151,10 +151,10 @@ def test_sweep_words_empty_lists_and_the_boolean_trap(outcomes):
 
 
 def test_a_library_user_error_is_one_line_in_the_programs_flags(outcomes):
-  # The library speaks Python (dynamics_store.train_dynamics(seeds=0)); the program names its flag.
-  from mombo_jax.dynamics import dynamics_store
+  # The library speaks Python (pretrain.train_dynamics(seeds=0)); the program names its flag.
+  from mombo_jax.dynamics import pretrain
   with pytest.raises(UserError) as e:
-    dynamics_store.train_dynamics(env="hopper-random", seeds=0)
+    pretrain.train_dynamics(env="hopper-random", seeds=0)
   assert str(e.value) == "`seeds` must be >= 1, got 0." and "--" not in str(e.value)
   result = outcomes[("train_dynamics", ("--env=hopper-random", "--seeds=0"))]
   assert result["code"] == 1 and _one_line(result) == "error: --seeds must be >= 1, got 0."

@@ -15,7 +15,7 @@ import pytest
 
 from mombo_jax.core import buffer, dynamics, placement, sac, train as train_lib
 from mombo_jax.data import provenance, scores, transitions as transitions_lib
-from mombo_jax.dynamics import dynamics_store
+from mombo_jax.dynamics import dynamics_store, reuse
 from mombo_jax.errors import UserError
 from mombo_jax.records import outputs
 from mombo_jax.records.workdir import Workdir
@@ -381,8 +381,8 @@ def test_dynamics_of_another_setup_are_refused(dataset, dyn_dir, tmp_path, mombo
   with pytest.raises(UserError, match="another setup.*num_transitions: saved 2000, now 1500"):
     dynamics_store.get_dynamics(config, fewer, DATASET, dyn_dir, log=lambda _: None)
   other = _config("mombo", num_seeds=2, dyn_members=4)
-  assert (dynamics_store.dynamics_path(dyn_dir, other)
-          != dynamics_store.dynamics_path(dyn_dir, config))
+  assert (reuse.dynamics_path(dyn_dir, other)
+          != reuse.dynamics_path(dyn_dir, config))
 
 
 # ----------------------------------------------------------------------------------- divergence
@@ -472,7 +472,7 @@ def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, m
   code, out = _interrupt_at(args, env, "dynamics epoch 1:", _signal.SIGTERM)
   assert code == 143, out
   assert "Traceback" not in out and "Resume with:" in out and "dynamics epoch" in out
-  partial = dynamics_store.dynamics_path(str(tmp_path / "cli" / "dynamics"), config_lib.make_config(
+  partial = reuse.dynamics_path(str(tmp_path / "cli" / "dynamics"), config_lib.make_config(
       DATASET, "mombo", preset="tiny", dyn_max_epochs=4)) + ".partial"
   assert os.path.isdir(partial)
   # Mid-training (Ctrl-C): the epoch finishes and is checkpointed.

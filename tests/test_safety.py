@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from mombo_jax.dynamics import dynamics_store
+from mombo_jax.dynamics import reuse
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import Workdir
 from mombo_jax.run import run_dataset, runner
@@ -85,7 +85,7 @@ def test_train_dynamics_respects_a_held_ensemble(tmp_path):
   """A dynamics ensemble being trained by one launch is not trained (or read) by a second."""
   dyn = tmp_path / "dyn"
   config = config_lib.make_config("hopper-random", "mombo", "tiny")    # train_dynamics' config
-  holder = _hold(dyn, os.path.basename(dynamics_store.dynamics_path(str(dyn), config)) + ".lock")
+  holder = _hold(dyn, os.path.basename(reuse.dynamics_path(str(dyn), config)) + ".lock")
   try:
     out = subprocess.run([sys.executable, "-m", "experiments.train_dynamics",
                           "--env=hopper-random", "--seeds=1", "--preset=tiny", f"--workdir={dyn}"],

@@ -73,12 +73,12 @@ def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_
   dynamics settings for it (e.g. an epoch cap), so which cells share is computed from the cells'
   configs, not assumed. Cells with equal settings share one folder, others do not; the plan
   names each ensemble's cells, the settings that keep them apart and each value's source."""
-  from mombo_jax.dynamics import saved_dynamics
+  from mombo_jax.dynamics import reuse
   from mombo_jax.settings import config as config_lib, references
   env, algos = "walker2d-medium", ("mombo", "mobile", "mopo")
   cells = sweep.plan([env], list(algos), seeds=3, seed=0, out=str(tmp_path),
                      budget={"preset": preset})
-  settings = {c.algo: saved_dynamics.training_settings(c.config) for c in cells}
+  settings = {c.algo: reuse.training_settings(c.config) for c in cells}
   paths = {c.algo: c.dynamics_path for c in cells}
   for a in algos:
     for b in algos:
@@ -93,7 +93,7 @@ def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_
   for path, users in groups.items():
     assert (f"shared by {', '.join(users)}: {path}" if len(users) > 1
             else f"{users[0]} alone: {path}") in [line.strip() for line in lines]
-  apart = [f for f in saved_dynamics.TRAINING_FIELDS
+  apart = [f for f in reuse.TRAINING_FIELDS
            if len({repr(s[f]) for s in settings.values()}) > 1]
   assert bool(apart) == (len(groups) > 1)
   if apart:
@@ -102,7 +102,7 @@ def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_
   for c in cells:                                  # every value set by the algorithm's source
     table = config_lib.task_overrides(env, c.algo, c.config.reference)
     values = c.config.settings()
-    for f in saved_dynamics.TRAINING_FIELDS:
+    for f in reuse.TRAINING_FIELDS:
       if f in table and values[f] != default[f] and \
           f not in config_lib.PRESETS[preset].overrides:
         code = references.source(c.algo, c.config.reference).code

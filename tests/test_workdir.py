@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mombo_jax.core import key_scheme, train as train_lib
-from mombo_jax.dynamics import dynamics_store, saved_dynamics
+from mombo_jax.dynamics import reuse
 from mombo_jax.errors import UserError
 from mombo_jax.records import run_search, workdir as workdir_lib
 from mombo_jax.records.workdir import Workdir
@@ -57,10 +57,10 @@ def test_layout_names():
   assert wd.dynamics_dir == os.path.join("w", "dynamics")
   assert Workdir("w", "shared").dynamics_dir == "shared"
   config = config_lib.make_config(DATASET, "mombo", "tiny", seed=2, num_seeds=3)
-  # The ensembles' folder names the seeds and the training settings (saved_dynamics.settings_tag).
-  assert dynamics_store.dynamics_path("d", config) == os.path.join("d", "seed2x3-cap2-") + \
-      saved_dynamics.settings_tag(config).split("-")[1]
-  assert dynamics_store.legacy_dynamics_path("d", config) == os.path.join("d", "seed2x3")
+  # The ensembles' folder names the seeds and the training settings (reuse.settings_tag).
+  assert reuse.dynamics_path("d", config) == os.path.join("d", "seed2x3-cap2-") + \
+      reuse.settings_tag(config).split("-")[1]
+  assert reuse.legacy_dynamics_path("d", config) == os.path.join("d", "seed2x3")
 
 
 def test_cell_keys_are_per_seed():

@@ -14,7 +14,7 @@ from mombo_jax.core import buffer, train as train_lib
 from mombo_jax.data import minari_io
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import LOCK, Workdir
-from mombo_jax.run import groups as groups_lib, runner
+from mombo_jax.run import groups as groups_lib, run_state, runner
 from mombo_jax.settings import config as config_lib
 
 # One hidden layer a network: the programs compile faster; the grid's claims do not depend on depth.
@@ -44,7 +44,7 @@ def _groups(root, datasets, betas, **kw):
 
 
 def _agent(workdir):
-  state, _ = Workdir(workdir).restore()
+  state, _ = run_state.restore(Workdir(workdir))
   return state.agent
 
 
@@ -151,7 +151,8 @@ def test_groups_of_an_envs_datasets_settings_train_as_their_single_runs(datasets
   groups_lib.check_groups(groups)
   assert runner.train_grid(groups, stop_after=1) == [None] * 2
   short = groups[1].config
-  state, _ = Workdir(groups[1].workdir).restore(Workdir(groups[1].workdir).state_template(short))
+  wd = Workdir(groups[1].workdir)
+  state, _ = run_state.restore(wd, run_state.state_template(wd, short))
   assert state.buffer.data.reward.shape == (1, train_lib.capacity(short))
   assert train_lib.capacity(short) < train_lib.capacity(groups[0].config)
   for g, name in zip(groups, variants):

@@ -19,7 +19,7 @@ from mombo_jax.dynamics import dynamics_store, reuse
 from mombo_jax.errors import UserError
 from mombo_jax.records import outputs
 from mombo_jax.records.workdir import Workdir
-from mombo_jax.run import compilation_cache, preflight, run_dataset, runner
+from mombo_jax.run import compilation_cache, preflight, run_dataset, run_state, runner
 from mombo_jax.settings import config as config_lib
 
 DATASET = "hopper-random"
@@ -41,7 +41,7 @@ def _config(algo="mombo", **kw):
 
 
 def _final_params(workdir):
-  state, _ = Workdir(workdir).restore()
+  state, _ = run_state.restore(Workdir(workdir))
   return state
 
 

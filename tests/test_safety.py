@@ -17,7 +17,7 @@ import pytest
 from mombo_jax.dynamics import reuse
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import Workdir
-from mombo_jax.run import run_dataset, runner
+from mombo_jax.run import run_dataset, run_state, runner
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import checkpoint, locks
 
@@ -159,7 +159,7 @@ def test_a_refused_grid_leaves_no_folder_and_stale_saves_are_removed(hopper_rand
   wd = Workdir(str(tmp_path / "run"))
   tmp = os.path.join(wd.checkpoints, "4.orbax-checkpoint-tmp-1234")
   os.makedirs(tmp)
-  reader = wd.checkpointer(keep=None)
+  reader = run_state.checkpointer(wd, keep=None)
   reader.close()
   assert os.path.isdir(tmp)
   with pytest.raises(UserError, match="other"):       # refused later: the tmp is gone anyway
@@ -178,7 +178,7 @@ def test_a_half_deleted_step_is_removed_in_one_line_before_orbax_sees_it(tmp_pat
 
   import numpy as np
   wd = Workdir(str(tmp_path / "run"))
-  ckpt = wd.checkpointer()
+  ckpt = run_state.checkpointer(wd)
   state = {"w": np.arange(4, dtype=np.float32)}
   for step in (10, 20, 30):
     ckpt.save(step, state, {"epoch": step})
@@ -195,7 +195,7 @@ def test_a_half_deleted_step_is_removed_in_one_line_before_orbax_sees_it(tmp_pat
                    "half-deleted (no _CHECKPOINT_METADATA, state/_METADATA)."], notes
   assert not os.path.exists(step20)
   caplog.clear()
-  reader = wd.checkpointer(keep=None)
+  reader = run_state.checkpointer(wd, keep=None)
   restored, meta = reader.restore(state)
   assert reader.steps() == [10, 30] and meta["step"] == 30
   reader.close()

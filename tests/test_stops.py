@@ -278,7 +278,7 @@ def test_a_stop_during_an_evaluation_does_not_wait_for_it_and_resumes_bit_for_bi
 
   from mombo_jax.env import env_pool
   from mombo_jax.records.workdir import Workdir
-  from mombo_jax.run import runner
+  from mombo_jax.run import run_state, runner
   cfg = config_lib.make_config(hopper_random_2000, "mombo", preset="tiny", epochs=2,
                                steps_per_epoch=5, rollout_batch_size=32, eval_every=1,
                                eval_episodes=1)
@@ -307,7 +307,8 @@ def test_a_stop_during_an_evaluation_does_not_wait_for_it_and_resumes_bit_for_bi
   assert resumed == straight
   assert (tmp_path / "straight" / "metrics.csv").read_text() == \
       (tmp_path / "stopped" / "metrics.csv").read_text()
-  _equal(Workdir(str(tmp_path / "straight")).restore()[0], Workdir(stopped).restore()[0])
+  _equal(run_state.restore(Workdir(str(tmp_path / "straight")))[0],
+         run_state.restore(Workdir(stopped))[0])
 
 
 def test_a_launch_passes_its_stop_on_to_the_collector_it_started(tmp_path):

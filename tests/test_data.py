@@ -1,6 +1,9 @@
 """Datasets: a tiny real Minari dataset round-trips through load_transitions; names, errors, scores
 and environments. Nothing here touches the network (a guard fails any connection attempt)."""
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import gymnasium as gym
@@ -11,7 +14,7 @@ import pytest
 from mombo_jax import errors
 from mombo_jax.data import minari_io, names, scores, transitions as transitions_lib
 from mombo_jax.env import envs
-from mombo_jax.settings import config as config_lib
+from mombo_jax.settings import references
 from tests.conftest import minari_root_at
 
 TINY_ID = "test/hopper/tiny-v0"
@@ -129,7 +132,7 @@ def test_flatten_episodes_by_hand():
 
 
 def test_names():
-  for name in config_lib.valid_names():
+  for name in names.valid_names():
     dataset_id = names.minari_id(name)
     assert dataset_id.startswith("mombo/") and dataset_id.endswith("-v0")
     assert names.short_name(dataset_id) == name
@@ -138,6 +141,21 @@ def test_names():
   assert names.short_name("mujoco/hopper/medium-v0") is None
   assert minari_io.env_name("mujoco/halfcheetah/expert-v0") == "halfcheetah"
   assert minari_io.env_name("walker2d-medium") == "walker2d"
+
+
+def test_the_dataset_names_are_datas_and_the_settings_read_them():
+  """One way from a dataset's name: data/names.py owns the names and loads no settings module
+  (.importlinter puts data below settings); the reference tables have one row per D4RL task."""
+  assert set(references.MOMBO_AUTHORS) == set(names.D4RL_TASKS)
+  assert names.valid_names()[:len(names.D4RL_TASKS)] == sorted(names.D4RL_TASKS)
+  mixed = len(names.ENVS) * len(names.MIXED_PARTNERS) * len(names.MIXED_PERCENTS)
+  assert len(set(names.valid_names())) == len(names.D4RL_TASKS) + mixed
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  code = ("import sys, mombo_jax.data.names\n"
+          "print(sorted(m for m in sys.modules if m.startswith('mombo_jax.settings')))\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=root, env=dict(os.environ, PYTHONPATH=root))
+  assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("name", ["hopper-foo", "ant-random", "hopper", ""])

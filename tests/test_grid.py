@@ -11,7 +11,7 @@ import pytest
 
 from mombo_jax.collection import dataset_writer
 from mombo_jax.core import buffer, train as train_lib
-from mombo_jax.data import minari_io
+from mombo_jax.data import minari_io, names
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import LOCK, Workdir
 from mombo_jax.run import groups as groups_lib, run_state, runner
@@ -75,7 +75,7 @@ def test_groups_that_cannot_share_a_program_are_refused(tmp_path):
                                            root=str(tmp_path)))
   # An env's four D4RL datasets differ in settings each cell carries (train.CELL_SETTINGS):
   # one program per algorithm.
-  for env in config_lib.ENVS:
+  for env in names.ENVS:
     for algo in config_lib.ALGOS:
       groups_lib.check_groups(groups_lib.plan_groups(
           f"{env}-random", algo, "paper", {},

@@ -32,7 +32,7 @@ def dynamics_task(env, dataset):
     # (except walker2d-medium's epoch cap), so any short name of that environment gives them.
     env = f"{minari_io.env_name(dataset)}-random"
     note = f"{dataset} is not one of the project's datasets: using {env}'s dynamics settings."
-  config_lib.parse_name(env)   # ValueError listing the valid names
+  names.parse_name(env)   # ValueError listing the valid names
   return env, dataset, note
 
 

@@ -123,3 +123,13 @@ def test_every_import_inside_a_function_says_why():
   assert not bad, ("imports inside functions with no comment saying why they are not at the top "
                    "of the module (move them there, or add the reason on the line or above): "
                    + "; ".join(bad))
+
+
+def test_the_dynamics_package_docstring_maps_every_module():
+  """mombo_jax/dynamics/ holds an ensemble's life a module a step (issue 44 item 4); its package
+  docstring is the map a reader starts from, so it names every module of the room."""
+  room = os.path.join(PACKAGE, "dynamics")
+  doc = ast.get_docstring(ast.parse(open(os.path.join(room, "__init__.py")).read())) or ""
+  modules = sorted(f for f in os.listdir(room) if f.endswith(".py") and f != "__init__.py")
+  assert len(modules) >= 5 and "core/dynamics.py" in doc
+  assert [m for m in modules if m not in doc] == []

@@ -77,8 +77,8 @@ def main():
         f"({margin[i]:.2g}) | {ratio} |")
   out("")
   out("Part 2: Lemma 'Moment matching MLP bound' (operator L1 norms)")
-  out("| depth | width | input var | norms | bound (rows) | max MC W1 (margin) | ratio min / median "
-      "| bound >= MC - margin |")
+  out("| depth | width | input var | norms | bound (rows) | max MC W1 (margin) "
+      "| ratio min / median | bound >= MC - margin |")
   out("|---|---|---|---|---|---|---|---|")
   din, dout = 5, 2
   variances = (0.0, 1e-3, 1e-1, 1e1)

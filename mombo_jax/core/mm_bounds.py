@@ -43,6 +43,7 @@ import math
 from typing import Mapping, NamedTuple
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy import special
@@ -145,10 +146,13 @@ def moment_matching_bound(layers, mean, var, norm: str = "operator",
   diagonal Gaussian input N(mean, var) [B..., I]: its moment-matched output and the bound on the
   W1 distance of the network's true output distribution from it (MLPBound, module docstring).
 
-  apply_fn: optional fn(x [B..., I]) -> [B..., O], the network as you call it; given concrete
-  (not traced) inputs, it is compared with the layers read as relu(x @ A + b) ... x @ A_L + b_L at
-  the mean, and a mismatch (another activation, a skip connection, normalisation) raises
-  ValueError instead of returning a bound for a network that is not the one you have.
+  Outside jit, mean and var are checked first (finite, var >= 0: ValueError otherwise); under jit
+  they cannot be, and the bound is computed as given (mm_relu reads a negative var as 0).
+  apply_fn: optional fn(x [B..., I]) -> [B..., O], the network as you call it (concrete inputs
+  only: refused under jit); it is compared with the layers read as relu(x @ A + b) ...
+  x @ A_L + b_L at the mean, and a mismatch (another activation, a skip connection,
+  normalisation) raises ValueError instead of returning a bound for a network that is not the
+  one you have.
   """
   if norm not in NORMS:
     raise ValueError(f"moment_matching_bound: norm={norm!r}; choose one of {NORMS}.")
@@ -158,7 +162,13 @@ def moment_matching_bound(layers, mean, var, norm: str = "operator",
   if mean.shape[-1] != layers[0][0].shape[0]:
     raise ValueError(f"moment_matching_bound: the input has {mean.shape[-1]} features but the "
                      f"first layer takes {layers[0][0].shape[0]}.")
+  traced = isinstance(mean, jax.core.Tracer) or isinstance(var, jax.core.Tracer)
+  if not traced:
+    _check_moments(mean, var)
   if apply_fn is not None:
+    if traced:
+      raise ValueError("moment_matching_bound: apply_fn is checked on concrete inputs; call it "
+                       "outside jit, or leave apply_fn out under jit.")
     _check_is_the_mlp(layers, mean, apply_fn)
   m, v = mean, var
   gs, cs = [], []
@@ -178,6 +188,15 @@ def moment_matching_bound(layers, mean, var, norm: str = "operator",
   tail = jnp.flip(jnp.cumprod(jnp.flip(norms[1:])))
   w1 = jnp.tensordot(tail, g + c, axes=1)
   return MLPBound(m, v, w1, g, c, norms)
+
+
+def _check_moments(mean, var):
+  bad = [name for name, x in (("mean", mean), ("var", var)) if not bool(jnp.all(jnp.isfinite(x)))]
+  if bad:
+    raise ValueError(f"moment_matching_bound: {' and '.join(bad)} has NaN or infinite entries.")
+  if bool(jnp.any(var < 0)):
+    raise ValueError(f"moment_matching_bound: var has negative entries (min "
+                     f"{float(jnp.min(var)):.3g}); a variance is >= 0.")
 
 
 def _check_is_the_mlp(layers, mean, apply_fn):

@@ -12,6 +12,7 @@ from tests.conftest import HANG_S
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "mombo_jax")
 API = ("mm_relu", "mm_linear", "mm_leaky_relu", "mc_moments", "propagate", "load_policy",
+       "moment_matching_bound", "relu_moment_matching_bound",
        "load_transitions", "Transitions",
        "normalized_score", "ref_scores", "termination_fn", "model_done", "make_epoch")
 

@@ -20,17 +20,22 @@ transposes, ...) are computed exactly as fn computes them. The rules, for a rand
   Lemma 1  relu in any spelling (jax.nn.relu, jnp.maximum(x, 0), max(x, c), min(x, c),
            jnp.where(x > 0, x, 0)) via moments.mm_relu, leaky relu (jax.nn.leaky_relu,
            jnp.where(x >= 0, x, a * x)) via moments.mm_leaky_relu;
-  assumed  two random values meeting in one operation (x + y, x - y, x * y, x @ y, a
-           concatenation, a skip connection's add) are independent: Var[x + y] = v_x + v_y,
-           Var[x y] = v_x v_y + v_x m_y^2 + v_y m_x^2. This is the paper's independence assumption;
-           a skip connection y = x + f(x) drops Cov(x, f(x)) (tests/test_propagate_mc.py reports
-           the resulting error).
+  itself   x * x, x ** 2, jnp.square (mean m^2 + v, variance 4 m^2 v + 2 v^2), x ** n, exp
+           (lognormal), x + x, x - x: exact for a Gaussian x (closed_forms.py);
+  two      every random value carries `src`, the random inputs (leaves) it depends on. Two random
+           values x, y meeting in one operation: a product (x * y, x @ y) is exact when they share
+           no input (independent: Var[x y] = v_x v_y + v_x m_y^2 + v_y m_x^2) and refused when
+           they share one (x * f(x): correlated, no rule); a sum or concatenation is taken as
+           independent either way (Var[x + y] = v_x + v_y): a skip connection y = x + f(x) drops
+           Cov(x, f(x)), the paper's independence assumption (tests/test_propagate_mc.py reports
+           the resulting error; docs/moment_matching.md states it).
 
 Sub-programs are entered: jit (pjit), custom_jvp (jax.nn.relu, ...), custom_vjp (critics.matmul),
 checkpoint. Where a custom_jvp / custom_vjp sub-program is affine in its random inputs, its mean
 is that sub-program called on the means, so gradients go through its own rule, as in the plain
-function. Any other primitive with a random input raises PropagateError, naming it, the line of
-the user's code that called it, and what is supported.
+function. Any other primitive with a random input raises PropagateError naming the user's line, the
+layer or library function it called, then the primitive, and what to do (propagate_where.py).
+The inputs are checked before any work (propagate_door.py: shapes always, values when concrete).
 
 Exactness: zero input variance gives fn's output bit for bit and variance exactly 0 (the means are
 fn's own operations; mm_relu(m, 0) == (relu(m), 0)); a Flax Dense/ReLU stack equals the

@@ -25,9 +25,12 @@ Rules (x ~ N(m, C) over the last axis; c deterministic):
           treating every layer's input as Gaussian (docs/moment_matching.md).
   leaky   Y = (1 - k) relu(X) + k X: Cov = (1 - k)^2 R + k^2 C + k (1 - k) C (Phi(a_i) + Phi(a_j))
           (Stein's lemma gives Cov(relu X_i, X_j) = C_ij Phi(a_i)).
-  assumed two random values meeting in one operation (x + y, x * y, a concatenation) are
-          independent of each other, as in the diagonal mode: a skip connection's correlation is
-          dropped.
+  itself  x * x, x ** 2, jnp.square: mean m^2 + diag C,
+          Cov(x_i^2, x_j^2) = 2 C_ij^2 + 4 m_i m_j C_ij; exp(x): Cov = E_i E_j (exp(C_ij) - 1);
+          x + x, x - x (closed_forms.py; FullRules.power, exp, scale);
+  two     two random values meeting in one operation, as in the diagonal mode (propagate.py):
+          x * y exact when they share no random input, refused when they share one; x + y and a
+          concatenation taken as independent: a skip connection's correlation is dropped.
 Anything else with a random input (a batched dot_general, x @ y of two random values, a select,
 an op that moves the last axis) raises propagate_interp.PropagateError.
 

@@ -37,7 +37,7 @@ SUPPORTED = ("dot_general / matmul / einsum with deterministic weights, add, sub
              "entered")
 # Binary operations that multiply two random values: refused when both depend on one random input
 # (x * f(x) has no rule), exact when they share none (independent inputs).
-_PRODUCTS = {"mul", "dot_general", "div"}
+_PRODUCTS = {"mul", "dot_general"}
 
 
 class PropagateError(InvalidArgument):

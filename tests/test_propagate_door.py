@@ -166,6 +166,9 @@ def test_a_value_times_something_derived_from_it_is_refused(covariance):
                  (lambda x: x * (2.0 * x + 1.0), "`*`")]:             # an affine map of x
     with pytest.raises(PropagateError, match=rf"{op} .* both depend on argument 0"):
       propagate(fn, covariance=covariance)((mean, var))
+  for fn in (lambda x: 1.0 / x, lambda x: x ** -1, lambda x: x ** 2.5):
+    with pytest.raises(PropagateError, match="`/`|`\\*\\*`"):
+      propagate(fn, covariance=covariance)((mean, var))
   # Values of independent inputs multiply exactly; so do two leaves of one random pytree.
   prod = lambda t: t["a"] * t["b"]  # noqa: E731
   m, v = propagate(prod)(({"a": mean, "b": mean + 1}, {"a": var, "b": 2 * var}))
@@ -179,7 +182,8 @@ def test_a_value_with_itself_is_exact(covariance):
   v = jnp.asarray([0.1, 2.0, 0.01], jnp.float32)
   diag = (lambda c: c) if covariance == "diagonal" else \
       (lambda c: jnp.diagonal(c, axis1=-2, axis2=-1))
-  for fn in (lambda z: z * z, lambda z: z ** 2, jnp.square):
+  for fn in (lambda z: z * z, lambda z: z ** 2, lambda z: z ** 2.0, jnp.square,
+             lambda z: jax.jit(lambda a, b: a * b)(z, z)):
     mean, out = propagate(fn, covariance=covariance)((m, v))
     # The numbers: m^2 + v and 4 m^2 v + 2 v^2, not the independence answer.
     np.testing.assert_allclose(mean, [0.35, 3.0, 4.01], rtol=1e-6)

@@ -35,6 +35,7 @@ SUPPORTED = ("dot_general / matmul / einsum with deterministic weights, add, sub
              "share an input: a skip connection), the product of two random values that share no "
              "random input (exact); jit, custom_jvp, custom_vjp and checkpoint sub-calls are "
              "entered")
+MAX_POWER = 8    # x ** n has an exact rule for 0 <= n <= MAX_POWER (closed_forms.power_moments)
 # Binary operations that multiply two random values: refused when both depend on one random input
 # (x * f(x) has no rule), exact when they share none (independent inputs).
 _PRODUCTS = {"mul", "dot_general"}
@@ -176,6 +177,16 @@ def _labels(rules, src):
   return ", ".join(names.get(i, f"random input {i}") for i in sorted(src))
 
 
+def _whole_exponent(ins):
+  """x ** 2.0 (pow with a constant whole exponent) as integer_pow's n; else None."""
+  y = ins[1]
+  if isinstance(y, jax.core.Tracer) or np.ndim(y) != 0 or not isinstance(
+      y, (np.ndarray, np.generic, jax.Array, int, float)):
+    return None
+  y = float(np.asarray(y))
+  return int(y) if y == int(y) and abs(y) <= 1e6 else None
+
+
 def _same_value_rule(eqn, ins, rules):
   """x combined with itself, or x ** n / exp(x): exact rules; None when none applies."""
   name, vt = eqn.primitive.name, rules.value_type
@@ -185,10 +196,13 @@ def _same_value_rule(eqn, ins, rules):
   plain = lambda: bind(eqn, [rules.mean_of(y) for y in ins])[0]  # noqa: E731
   if name in ("mul", "square") and (name == "square" or x is ins[1]):
     return [rules.power(x, 2, plain())], False
-  if name == "integer_pow":
-    n = eqn.params["y"]
+  n = eqn.params["y"] if name == "integer_pow" else _whole_exponent(ins) if name == "pow" else None
+  if n is not None:
     if n < 0:
       raise Unsupported(f"x ** {n}: the reciprocal of a Gaussian has no finite moments")
+    if n > MAX_POWER:
+      raise Unsupported(f"x ** {n}: powers above {MAX_POWER} have no rule (their moments' "
+                        "coefficients overflow float32)")
     if n == 0:
       return [plain()], True
     return [x if n == 1 else rules.power(x, n, plain())], n == 1

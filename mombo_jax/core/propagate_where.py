@@ -44,10 +44,11 @@ ALIASES = {"logistic": "sigmoid", "integer_pow": "x ** n", "rsqrt": "1 / sqrt",
 _SQUASH = ("has no closed-form Gaussian moments (E[f(X)] for X ~ N(m, v) is an integral with no "
            "closed form for tanh, sigmoid, erf, sin, ...). Use relu or leaky_relu in the part you "
            "propagate, or estimate this part's moments by Monte Carlo (mombo_jax.mc_moments).")
-_NORM = ("divides by a statistic of the random value itself (a normalisation: LayerNorm, "
-         "RMSNorm, BatchNorm in training mode, a softmax's denominator); the ratio of dependent "
-         "random values has no closed form. Normalise outside the propagated function (on the "
-         "means) or with fixed statistics.")
+_NORM = ("divides by a random value: 1 / x, or a statistic of the value itself (a normalisation: "
+         "LayerNorm, RMSNorm, BatchNorm in training mode, a softmax's denominator). A random "
+         "denominator has no finite (1 / x) or no closed-form (a ratio of dependent values) "
+         "moments. Normalise outside the propagated function (on the means) or with fixed "
+         "statistics.")
 _MAX = ("takes the max over random values (softmax's shift, max pooling, argmax); beyond relu's "
         "max(x, c) it has no closed form. Move it outside the propagated function.")
 HINTS = {**{p: _SQUASH for p in ("tanh", "logistic", "erf", "erfc", "erf_inv", "atan", "atan2",

@@ -9,7 +9,10 @@ float32 rounding allowance (1e-5 relative). Exact, for Gaussian inputs with vari
   * diagonal mode, a plain-jnp net with one hidden layer and a linear head, and a skip connection
     x + relu(x W + b): the output means (expectation is linear);
   * full mode, one hidden layer and a linear head with a correlated input: the output mean and the
-    whole output covariance (the hidden layer's covariance is exact up to the quadrature).
+    whole output covariance (the hidden layer's covariance is exact up to the quadrature);
+  * a value with itself: x * x, x ** 2, jnp.square, x ** 3, exp (diagonal mode, variances 1e-3 to
+    1e1, means up to 30 standard deviations), x * x and exp of a correlated input (full mode,
+    covariance included); their closed forms also against Gauss-Hermite quadrature (float64).
 Not exact, reported and only loosely bounded (the approximation, not a bug, makes the error): the
 diagonal mode's variance after a second layer or a skip connection, and the full mode's after a
 second relu layer (docs/moment_matching.md has the table, benchmarks/bench_propagate.py).

@@ -42,17 +42,21 @@ ALIASES = {"logistic": "sigmoid", "integer_pow": "x ** n", "rsqrt": "1 / sqrt",
            "dot_general": "matmul", "mul": "*", "div": "/", "select_n": "where"}
 
 _SQUASH = ("has no closed-form Gaussian moments (E[f(X)] for X ~ N(m, v) is an integral with no "
-           "closed form for tanh, sigmoid, erf, sin, ...). Use relu or leaky_relu in the part you "
+           "closed form for tanh, sigmoid, atan). Use relu or leaky_relu in the part you "
            "propagate, or estimate this part's moments by Monte Carlo (mombo_jax.mc_moments).")
-_NORM = ("divides by a random value: 1 / x, or a statistic of the value itself (a normalisation: "
-         "LayerNorm, RMSNorm, BatchNorm in training mode, a softmax's denominator). A random "
-         "denominator has no finite (1 / x) or no closed-form (a ratio of dependent values) "
-         "moments. Normalise outside the propagated function (on the means) or with fixed "
-         "statistics.")
+_NOT_YET = ("has no rule here (its Gaussian moments have closed forms, erf's variance through a "
+            "bivariate normal CDF, that propagate does not implement). Use relu or leaky_relu in "
+            "the part you propagate, or estimate this part's moments by Monte Carlo "
+            "(mombo_jax.mc_moments).")
+_NORM = ("divides by a random value (1 / x: no finite moments) or by a statistic of the value "
+         "itself (a normalisation: LayerNorm, RMSNorm, BatchNorm in training mode, a softmax's "
+         "denominator: a ratio of dependent random values, with no closed-form moments). "
+         "Normalise outside the propagated function (on the means) or with fixed statistics.")
 _MAX = ("takes the max over random values (softmax's shift, max pooling, argmax); beyond relu's "
         "max(x, c) it has no closed form. Move it outside the propagated function.")
-HINTS = {**{p: _SQUASH for p in ("tanh", "logistic", "erf", "erfc", "erf_inv", "atan", "atan2",
-                                 "sin", "cos", "tan", "asin", "acos", "sinh", "cosh", "asinh")},
+HINTS = {**{p: _SQUASH for p in ("tanh", "logistic", "atan", "atan2", "erf_inv", "tan", "asin",
+                                 "acos", "asinh")},
+         **{p: _NOT_YET for p in ("erf", "erfc", "sin", "cos", "sinh", "cosh")},
          **{p: _NORM for p in ("rsqrt", "sqrt", "cbrt", "div")},
          **{p: _MAX for p in ("reduce_max", "reduce_min", "argmax", "argmin", "max", "min",
                                "sort", "cumlogsumexp", "cummax")},

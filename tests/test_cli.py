@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from mombo_jax.errors import Interrupted, UserError
+from tests.conftest import HANG_S
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = ["collect", "describe", "export", "import_d4rl", "mm_vs_mc", "render", "report", "run",
@@ -93,7 +94,7 @@ def outcomes():
              JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, "-c", "from tests.test_cli import _drive; _drive()"],
                         input=json.dumps(CASES), cwd=REPO, env=env, capture_output=True,
-                        text=True, timeout=300)
+                        text=True, timeout=HANG_S)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return {(p, tuple(a)): r for (p, a), r in zip(CASES, json.loads(proc.stdout))}
 

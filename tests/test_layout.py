@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
+from tests.conftest import HANG_S
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "mombo_jax")
 API = ("mm_relu", "mm_linear", "mm_leaky_relu", "mc_moments", "propagate", "load_policy",
+       "moment_matching_bound", "relu_moment_matching_bound",
        "load_transitions", "Transitions",
        "normalized_score", "ref_scores", "termination_fn", "model_done", "make_epoch")
 
@@ -23,7 +26,7 @@ def test_import_is_lazy_and_the_api_loads():
           "assert set(mombo_jax.__all__) == set(" + repr(API) + ")\n"
           "print('ok')\n")
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S,
                        cwd=ROOT, env=env)
   assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 

@@ -17,6 +17,7 @@ from mombo_jax.core import sac
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import Workdir
 from mombo_jax.run import run_state
+from tests.conftest import HANG_S
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401
 
 
@@ -276,7 +277,7 @@ def test_video_and_renderer_problems_are_one_line(policy, tmp_path, monkeypatch)
 def _cli(module, args, **env_extra):
   env = dict(os.environ, PYTHONUNBUFFERED="1", **env_extra)
   return subprocess.run([sys.executable, "-m", module] + args, capture_output=True, text=True,
-                        timeout=300, env=env)
+                        timeout=HANG_S, env=env)
 
 
 def _error_line(out):

@@ -9,13 +9,15 @@ import os
 import subprocess
 import sys
 
+from tests.conftest import HANG_S
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAVY = ("jax", "flax", "orbax")
 
 
 def _fresh(code: str) -> str:
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S,
                        cwd=ROOT, env=env)
   assert out.returncode == 0, out.stderr[-3000:]
   return out.stdout

@@ -21,6 +21,7 @@ from mombo_jax.records import outputs
 from mombo_jax.records.workdir import Workdir
 from mombo_jax.run import compilation_cache, preflight, run_dataset, run_state, runner
 from mombo_jax.settings import config as config_lib
+from tests.conftest import HANG_S
 
 DATASET = "hopper-random"
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -311,7 +312,7 @@ def test_bad_workdirs_are_refused(tmp_path):
     preflight.validate(_config("mombo"), "hopper-randm", str(tmp_path / "ok"))
 
 
-def _run_cli(args, env_extra=None, timeout=120):
+def _run_cli(args, env_extra=None, timeout=HANG_S):
   import subprocess
   import sys
   env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
@@ -455,7 +456,7 @@ def _interrupt_at(args, env_extra, trigger, sig):
     if trigger in line:
       proc.send_signal(sig)
       break
-  rest, _ = proc.communicate(timeout=300)
+  rest, _ = proc.communicate(timeout=HANG_S)
   assert _signal.Signals(sig) in (_signal.SIGINT, _signal.SIGTERM)
   return proc.returncode, "".join(seen) + rest
 
@@ -480,7 +481,7 @@ def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, m
   assert code == 130, out
   assert "resumed unfinished training" in out and "Traceback" not in out
   assert not os.path.exists(partial)
-  done = _run_cli(args, env, timeout=300)
+  done = _run_cli(args, env, timeout=HANG_S)
   assert done.returncode == 0, done.stdout + done.stderr
   assert "Resumed from" in done.stdout
   interrupted = json.loads((tmp_path / "cli" / "summary.json").read_text())
@@ -613,7 +614,9 @@ def test_evaluation_overlaps_the_next_device_call(dataset, dyn_dir, tmp_path, mo
 
   def slow_returns(runs, actors, done, should_stop=None):
     if done == 1:
-      waited[done] = (dispatched.wait(timeout=4.0), threading.current_thread().name)
+      # A guard, not a speed claim: a sequential loop never dispatches while this waits, so
+      # only a hang reaches it; a loaded machine dispatching slowly does not.
+      waited[done] = (dispatched.wait(timeout=300), threading.current_thread().name)
     return returns_all(runs, actors, done, should_stop)
 
   monkeypatch.setattr(runner, "compile_chunk", watched_compile)

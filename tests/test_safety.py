@@ -20,6 +20,7 @@ from mombo_jax.records.workdir import Workdir
 from mombo_jax.run import run_dataset, run_state, runner
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import checkpoint, locks
+from tests.conftest import HANG_S
 
 DATASET = "hopper-random"
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -51,7 +52,7 @@ def _one_error_line(out):
   return lines[0]
 
 
-def _run(args, minari, timeout=180):
+def _run(args, minari, timeout=HANG_S):
   return subprocess.run([sys.executable, "-m", "experiments.run"] + args, capture_output=True,
                         text=True, timeout=timeout, env=_env(MINARI_DATASETS_PATH=str(minari)))
 
@@ -89,7 +90,7 @@ def test_train_dynamics_respects_a_held_ensemble(tmp_path):
   try:
     out = subprocess.run([sys.executable, "-m", "experiments.train_dynamics",
                           "--env=hopper-random", "--seeds=1", "--preset=tiny", f"--workdir={dyn}"],
-                         capture_output=True, text=True, timeout=180,
+                         capture_output=True, text=True, timeout=HANG_S,
                          env=_env(MINARI_DATASETS_PATH=str(tmp_path / "no_data")))
   finally:
     holder.send_signal(signal.SIGKILL)
@@ -213,7 +214,7 @@ def test_a_half_deleted_step_is_removed_in_one_line_before_orbax_sees_it(tmp_pat
 def test_empty_lists_are_refused_in_one_line(tmp_path):
   for flag in ("--betas=", "--datasets="):
     out = _run(["--env=hopper-random", flag, f"--workdir={tmp_path / 'w'}"], tmp_path / "none",
-               timeout=120)
+               timeout=HANG_S)
     line = _one_error_line(out)
     assert flag in line and "empty" in line
   assert not (tmp_path / "w").exists()

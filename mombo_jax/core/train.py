@@ -148,6 +148,7 @@ def make_epoch(config, per_cell=()):
   statistics (scalars),
   `diverged` (bool scalar: the seed is frozen, this epoch or before) and `diverged/<quantity>` (bool
   scalars, quantity in DIVERGENCE_CHECKS: which check failed THIS epoch on a healthy seed).
+  Its float32 matmuls compute at config.matmul_precision, pinned when it is traced.
   """
   per_cell = _settings(per_cell)
   if not isinstance(config, EpochSettings):
@@ -202,7 +203,9 @@ def make_epoch(config, per_cell=()):
     return state.replace(agent=agent, buffer=ring, epoch=state.epoch + 1,
                          diverged=diverged), metrics
 
-  return epoch
+  # Every dot of the epoch (rollout, critic and actor updates, their gradients) at the run's
+  # precision, whoever traces it (xla_options.at_precision): float32 by default, the references'.
+  return xla_options.at_precision(epoch, config.matmul_precision)
 
 
 DIVERGENCE_CHECKS = ("critic_loss", "actor_loss", "alpha_loss", "params")

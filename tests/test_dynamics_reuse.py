@@ -108,7 +108,7 @@ def test_the_matmul_precision_keys_an_ensemble_only_when_not_float32():
   before[reuse.TRAINING_CODE_FIELD] = reuse.TRAINING_CODE
   assert reuse.training_settings(base) == before           # the key before issue #43
   assert reuse.training_settings(tf32) == dict(before, matmul_precision="tensorfloat32")
-  assert dynamics_store.dynamics_path("d", tf32) != dynamics_store.dynamics_path("d", base)
+  assert reuse.dynamics_path("d", tf32) != reuse.dynamics_path("d", base)
   data = _transitions(20)
   saved = {p: {saved_dynamics.REUSE_KEY_FIELD: _key(c, data)} for p, c in
            (("float32", base), ("tensorfloat32", tf32))}
@@ -117,7 +117,7 @@ def test_the_matmul_precision_keys_an_ensemble_only_when_not_float32():
       "matmul_precision": ("float32", "tensorfloat32")}
   assert reuse.reuse_mismatch(saved["tensorfloat32"], _key(base, data)) == {
       "matmul_precision": ("tensorfloat32", "float32")}
-  assert "matmul_precision='tensorfloat32'" in saved_dynamics.describe_settings(tf32)
+  assert "matmul_precision='tensorfloat32'" in reuse.describe_settings(tf32)
 
 
 def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypatch):

@@ -156,10 +156,27 @@ def plan_parts(plan: str, budget_s: float, smoke: bool = False) -> Dict[str, Pla
     share = max(room - sum(fixed.values()), 0.0) / max(len(rest), 1)
     caps = {p: fixed.get(p, share) for p in parts}
   skip = {}
+  for main in (p for p in parts if not smoke and p not in FIXED):
+    # The main part before the later ones: they give up their time down to their floors, then
+    # whole, before it goes under its own floor.
+    later = parts[parts.index(main) + 1:]
+    for p in reversed(later):
+      give = max(min(caps[p] - floor[p], floor[main] - caps[main]), 0.0)
+      caps[p] -= give
+      caps[main] += give
+    for p in reversed(later):
+      if caps[main] >= floor[main]:
+        break
+      caps[main] += caps[p]
+      caps[p] = 0.0
+      skip[p] = (f"not in the plan at --budget_s={budget_s:g}: its time went to part {main}, "
+                 f"under its {floor[main]:.0f} s floor otherwise")
   for p in reversed(parts):
     over = sum(caps.values()) - room
     if over <= 0:
       break
+    if p in skip:
+      continue
     if caps[p] - over >= floor[p]:
       caps[p] -= over
     else:
@@ -167,7 +184,7 @@ def plan_parts(plan: str, budget_s: float, smoke: bool = False) -> Dict[str, Pla
                  f"would be left for it, under its {floor[p]:.0f} s floor")
       caps[p] = 0.0
   for p in parts:
-    if p not in skip and caps[p] < floor[p]:
+    if p not in skip and caps[p] < floor[p] - 1e-9:
       skip[p] = (f"not in the plan at --budget_s={budget_s:g}: {caps[p]:.0f} s left for it, "
                  f"under its {floor[p]:.0f} s floor")
   out = {}

@@ -214,5 +214,12 @@ def plan_lines(budget_s: float = 480.0) -> str:
   return "\n".join(lines)
 
 
+def main(argv=None):
+  import argparse  # the command line only: the record imports this module for its constants
+  parser = argparse.ArgumentParser(description="The device record's plans and the projection.")
+  parser.add_argument("--budget_s", type=float, default=480.0, help="The record's --budget_s.")
+  print(plan_lines(parser.parse_args(argv).budget_s))
+
+
 if __name__ == "__main__":
-  print(plan_lines())
+  main()

@@ -53,9 +53,16 @@ def op_events(path: str, module: Optional[str] = None) -> List[dict]:
   names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
            if e.get("ph") == "M" and e.get("name") == "process_name"}
   devices = {pid for pid, n in names.items() if n.startswith("/device:")}
+  # Should a device's kernels carry no hlo_op (a profiler version that leaves it out), each
+  # kernel's own name stands in for it (XLA names a fusion's kernel after the fusion).
+  by_name = bool(devices) and not any(
+      e.get("ph") == "X" and e.get("pid") in devices and "hlo_op" in (e.get("args") or {})
+      for e in events)
   out = []
   for e in events:
-    args = e.get("args") or {}
+    args = dict(e.get("args") or {})
+    if by_name and e.get("pid") in devices:
+      args.setdefault("hlo_op", e.get("name", ""))
     if e.get("ph") != "X" or "hlo_op" not in args:
       continue
     if devices and e.get("pid") not in devices:
@@ -80,12 +87,18 @@ def op_names(hlo_text: str) -> Dict[str, str]:
   return out
 
 
+def _bare(part: str) -> str:
+  """A name-stack entry without JAX's transformation wrappers: vmap(rollout) -> rollout,
+  transpose(jvp(critic_update)) -> critic_update."""
+  return re.sub(r"^(?:[\w.]+\()+", "", part).rstrip(")")
+
+
 def phase_of(op_name: str) -> str:
-  """The outermost of PHASES in a name stack ("other" when none)."""
-  parts = op_name.split("/")
-  for part in parts:
-    if part in PHASES:
-      return part
+  """The outermost of PHASES in a name stack, under any transformation (vmap(rollout)); "other"
+  when none."""
+  for part in op_name.split("/"):
+    if _bare(part) in PHASES:
+      return _bare(part)
   return "other"
 
 
@@ -102,7 +115,8 @@ def summarise(folder: str, hlo_text: str, steps: int, epochs: int = 1, top: int 
   dyn = [0.0, 0]
   kernels = collections.defaultdict(lambda: [0.0, 0, ""])
   for e in events:
-    op_name = names.get(e["hlo_op"], "")
+    op = e["hlo_op"]
+    op_name = names.get(op) or names.get(re.sub(r"_(\d+)$", r".\1", op), "")
     phase = phase_of(op_name)
     phases[phase][0] += e["dur_us"]
     phases[phase][1] += 1

@@ -31,8 +31,9 @@ ended with failures, e.g. a failing test, is named in record.json with its exit 
 part killed at its cap makes the exit 1).
 
 --smoke: the plan's parts at tiny sizes on the CPU, reading a kit made by `prepare --smoke` (the
-test suite's, with --lean_smoke: part c without its gradient-step table, part v with one
-variant). Standard library only until the wheels are in: this file imports nothing of the project.
+test suite's, with --lean_smoke: part b one test, part c without its chunk lengths, evaluation
+share and gradient-step table, part v its baseline only). Standard library only until the wheels
+are in: this file imports nothing of the project.
 """
 from __future__ import annotations
 
@@ -85,12 +86,15 @@ def install_wheels(kit: str, site: str, say) -> bool:
 
 def child_env(args, site, work) -> dict:
   """The parts' environment: the installed wheels and this checkout first on the path, the kit's
-  Minari root, unbuffered output."""
+  Minari root, unbuffered output, a compilation cache in the work folder."""
   env = dict(os.environ)
   path = [p for p in (site, kit_lib.ROOT, env.get("PYTHONPATH")) if p]
   env.update(PYTHONPATH=os.pathsep.join(path), PYTHONUNBUFFERED="1",
              MINARI_DATASETS_PATH=kit_lib.kit_path(args.kit, "minari"),
              MOMBO_DEVICE_WORK=work)
+  # One persistent compilation cache for the parts: a program compiled twice (part c's MOMBO at
+  # 16 cells and part v's baseline; the smoke's MOPO) is compiled once.
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(work, "jax_cache"))
   return env
 
 
@@ -103,7 +107,7 @@ def run_part(part, plan, args, env, work, say) -> dict:
          f"--soft_s={max(plan.cap_s - GRACE_S, 1.0):.0f}"]
   if args.smoke:
     cmd.append("--smoke")
-  if args.lean_smoke and part in ("c", "v"):
+  if args.lean_smoke and part in ("b", "c", "v"):
     cmd.append("--lean")
   if plan.epochs is not None:
     cmd.append(f"--epochs={plan.epochs}")

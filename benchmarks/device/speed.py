@@ -33,6 +33,12 @@ import time
 from benchmarks.device import kit as kit_lib, sizing
 
 CHUNK_LONG = 20          # the longer chunk: epochs per call (a span to the next evaluation)
+
+
+def max_epochs(smoke: bool) -> int:
+  """The programs' max_epochs (part of the compiled program: part v passes the same, so that its
+  baseline is part c's program, found in the compilation cache)."""
+  return 4 if smoke else CHUNK_LONG
 LABELS = {"mombo": "MOMBO elite_spread", "mobile": "MOBILE (N=10)", "mopo": "MOPO"}
 
 
@@ -91,8 +97,8 @@ def time_program(name, cells, sz, rng, max_epochs, then=None, repeats=2, setting
 
 def main():
   args = kit_lib.part_args(__doc__, {"--lean": dict(
-      action="store_true", help="Leave out 4. (a second compiled program): the test suite's smoke "
-      "(record --lean_smoke).")})
+      action="store_true", help="Leave out 2., 3. and 4. (a second compiled program, an env "
+      "pool): the test suite's smoke (record --lean_smoke).")})
   t_end = time.time() + args.soft_s
   sz = sizing.sizes(args.smoke)
   # 48 cells need most of the GPU's memory (64 cells of MOMBO lcb: 71 GiB, bench_scale_gpu.txt,
@@ -126,7 +132,7 @@ def main():
   from mombo_jax.settings import environment
   chunk_rows = []
   chunk_at = (16, "mopo") if not sz.smoke else (sz.cells[0], sz.algos_c[-1])
-  long_n = CHUNK_LONG if not sz.smoke else 4
+  long_n = max_epochs(sz.smoke)
 
   def chunk_length(run, seconds, compiled):
     n3 = program.chunk_length(0, 10**9, long_n, seconds)
@@ -234,7 +240,8 @@ def main():
                             if not sz.smoke else 5.0, f"chunk length: {LABELS[name]} | {cells}"):
     time_program(name, cells, sz, rng, long_n, chunk_length)
     chunk_table()
-  evaluation_share(sz.cells[0])
+  if not args.lean:
+    evaluation_share(sz.cells[0])
 
   # 4. 1000 gradient steps of each algorithm (bench_scale's step table, these algorithms only).
   kinds = {"mopo": "SAC = MOPO's step", "mombo": "MOMBO elite_spread", "mobile": "MOBILE"}

@@ -86,8 +86,8 @@ def one(args):
   def ready():
     fcntl.flock(lock, fcntl.LOCK_EX)     # released when this process exits
 
-  t = speed.time_program(algo, cells, sz, np.random.default_rng(0), 1, repeats=REPEATS,
-                         settings=settings, ready=ready)
+  t = speed.time_program(algo, cells, sz, np.random.default_rng(0), speed.max_epochs(args.smoke),
+                         repeats=REPEATS, settings=settings, ready=ready)
   with open(os.path.join(args.work, f"variant_{_slug(args.one)}.json"), "w") as f:
     json.dump(t, f)
 

@@ -2,7 +2,9 @@
 sized up front from the newest record's rates, `prepare --smoke` makes a kit and `--check` says
 what is missing and which plan the newest record lacks, `record --smoke` runs each plan's parts at
 tiny sizes on the CPU (part e on an earlier call's --work) and writes at most 7 files, and a budget
-too small for the later parts plans without them and names them."""
+too small for the later parts plans without them and names them. The speed plan's smoke, which
+needs no kit, is tests/test_device_speed.py: a file of its own, so that the test suite's workers
+run the two smokes side by side."""
 import json
 import os
 import re
@@ -152,34 +154,6 @@ def _files_ok(out):
   assert len(files) <= record.MAX_FILES - 1
   assert all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in files)
   return json.loads((out / record.RECORD).read_text())
-
-
-@pytest.mark.slow
-def test_the_speed_plan_s_smoke_runs_its_parts_on_the_cpu(smoke_kit, tmp_path):
-  out = tmp_path / "out"
-  # --lean_smoke: part b runs one test, part c compiles its epoch program only (no chunk lengths,
-  # evaluation share or gradient-step table), part v its baseline, which the compilation cache
-  # shares with part c's program; `record --smoke` alone runs them all.
-  done = _py("benchmarks.device.record", f"--out={out}", "--smoke", "--lean_smoke", "--plan=speed",
-             f"--kit={smoke_kit}", f"--work={tmp_path / 'work'}", timeout=600)
-  assert done.returncode == 0, done.stdout + done.stderr
-  rec = _files_ok(out)
-  assert rec["plan"] == "speed" and set(rec["planned"]) == set(sizing.PLANS["speed"])
-  assert {p: r["status"] for p, r in rec["parts"].items()} == {p: "ok" for p in "abcv"}
-  assert rec["skipped"] == {} and rec["exit"] == 0
-  assert "mopo" in rec["rates"]["epoch_s"]
-  speed = (out / "c_speed.md").read_text()
-  assert "| MOPO | 2 |" in speed and "Gradient steps: not timed (--lean)" in speed, speed
-  assert "## The goals" in speed
-  profile = (out / "c_profile.md").read_text()
-  assert re.search(r"^\| rollout \| [\d.]+ \| [\d.]+ \| [1-9]\d* \|$", profile, re.M), profile
-  assert re.search(r"^\| critic_update \| [\d.]+ \| [\d.]+ \| [1-9]\d* \|$", profile, re.M)
-  assert rec["rates"]["profile"]["2"]["kernels_per_step"] > 0
-  assert re.search(r"1 passed", (out / "b_gpu_tests.txt").read_text())
-  variants = (out / "v_variants.md").read_text()
-  assert re.search(r"^\| baseline \| mopo \| 2 \| defaults \| [\d.]+ \| [\d.]+ \| 1\.000 \|",
-                   variants, re.M), variants
-  print(f"speed smoke: {rec['wall_s']} s")
 
 
 @pytest.mark.slow

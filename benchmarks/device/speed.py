@@ -213,7 +213,7 @@ def main():
 
   def evaluation_share(cells):
     trained = {n: rates["epoch_s"].get(n, {}).get(str(cells)) for n in sz.algos_c}
-    if not any(trained.values()) or not fits(30 if not sz.smoke else 5,
+    if not any(trained.values()) or not fits(2 * sizing.EVAL_S + 15 if not sz.smoke else 5,
                                              f"evaluation at {cells} cells"):
       return
     config = config_lib.make_config("hopper-medium-replay", "mopo")

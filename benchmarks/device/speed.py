@@ -140,8 +140,10 @@ def main():
       chunk_rows.append((n, run(n) / n))
 
   profile_path = os.path.join(args.out, "c_profile.md")
+  profiled = "mombo" if "mombo" in sz.algos_c else sz.algos_c[0]
   with open(profile_path, "w") as f:
-    f.write(f"# Device record, part c: where MOMBO's epoch spends its device time\n{sz.rollout} x "
+    f.write(f"# Device record, part c: where {LABELS[profiled]}'s epoch spends its device time\n"
+            f"{sz.rollout} x "
             f"5 rollout + {sz.steps} gradient steps per cell; one epoch traced by jax.profiler "
             "after the timed ones, summarised by benchmarks/device/trace_summary.py (phases: "
             "the named scopes of core/train.py and core/sac.py)\n\n")
@@ -168,8 +170,6 @@ def main():
           "phases_ms": {p: round(ms, 2) for p, (ms, _) in summary["phases"].items()},
           "kernels_per_step": round(summary["per_step"], 1)}
     return then
-
-  profiled = "mombo" if "mombo" in sz.algos_c else sz.algos_c[0]
 
   def epochs_table(cells):
     how = cell_layout.layout(environment.cells())

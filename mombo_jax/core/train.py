@@ -175,10 +175,13 @@ def make_epoch(config, per_cell=()):
     agent, dyn = state.agent, state.dynamics
     start = jax.random.randint(k_start, (config.rollout.rollout_batch_size,), 0, size)
     policy_fn = functools.partial(_policy, agent, config)
-    ring, roll_metrics = rollout.run(k_roll, policy_fn, dyn,
-                                     buffer.take(real, start, dataset).obs, state.buffer, config,
-                                     term_fn, beta=beta, length=k,
-                                     capacity=None if k is None else capacity(config, k))
+    # Named scopes mark the epoch's phases in the compiled program's metadata (op_name) only:
+    # a profile's trace is summarised per phase by them (benchmarks/device/trace_summary.py).
+    with jax.named_scope("rollout"):
+      ring, roll_metrics = rollout.run(k_roll, policy_fn, dyn,
+                                       buffer.take(real, start, dataset).obs, state.buffer,
+                                       config, term_fn, beta=beta, length=k,
+                                       capacity=None if k is None else capacity(config, k))
     target_fn = functools.partial(target, dyn=dyn, config=config, term_fn=term_fn, beta=beta,
                                   real_rows=n_real, auto_alpha=auto_alpha)
 

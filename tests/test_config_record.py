@@ -40,7 +40,7 @@ def test_an_old_record_loads_every_setting_into_its_group(old):
 def test_the_record_written_today_holds_the_same_keys_and_values(old):
   config, dataset = workdir_lib.config_from_record(old)
   new = workdir_lib.config_record(config, dataset)
-  assert new == {k: v for k, v in old.items() if k != "data"}    # "data": the runner adds it
+  assert new == {k: v for k, v in old.items() if k != "data"}    # "data": the launch adds it
 
 
 def test_a_run_started_before_the_groups_resumes_after(old, tmp_path):

@@ -14,8 +14,9 @@ from mombo_jax.core import buffer, train as train_lib
 from mombo_jax.data import minari_io
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import LOCK, Workdir
-from mombo_jax.run import groups as groups_lib, runner
+from mombo_jax.run import run_specs
 from mombo_jax.settings import config as config_lib
+from tests.launches import train_grid, train_run
 
 # One hidden layer a network: the programs compile faster; the grid's claims do not depend on depth.
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1,
@@ -39,7 +40,7 @@ def datasets(hopper_random_2000):
 
 
 def _groups(root, datasets, betas, **kw):
-  return groups_lib.plan_groups("hopper-random", "mombo", "tiny", dict(TINY, **kw), datasets, betas,
+  return run_specs.plan_runs("hopper-random", "mombo", "tiny", dict(TINY, **kw), datasets, betas,
                             root=str(root))
 
 
@@ -70,21 +71,21 @@ def test_stack_pads_with_nan_and_sampling_stays_inside_each_dataset():
 
 def test_groups_that_cannot_share_a_program_are_refused(tmp_path):
   with pytest.raises(UserError, match="buffer_retain_epochs"):    # the mixed datasets
-    groups_lib.check_groups(groups_lib.plan_groups("hopper-random", "mombo", "tiny", {},
+    run_specs.check_runs(run_specs.plan_runs("hopper-random", "mombo", "tiny", {},
                                            ["hopper-random", "hopper-random-medium-1pct"], None,
                                            root=str(tmp_path)))
   # An env's four D4RL datasets differ in settings each cell carries (train.CELL_SETTINGS):
   # one program per algorithm.
   for env in config_lib.ENVS:
     for algo in config_lib.ALGOS:
-      groups_lib.check_groups(groups_lib.plan_groups(
+      run_specs.check_runs(run_specs.plan_runs(
           f"{env}-random", algo, "paper", {},
           [f"{env}-{q}" for q in ("random", "medium", "medium-replay", "medium-expert")], None,
           root=str(tmp_path)))
   with pytest.raises(UserError, match="repeat"):
     _groups(tmp_path, ["hopper-random"], [1.0, 1.0])
   # Betas alone differ: one program.
-  groups_lib.check_groups(_groups(tmp_path, ["hopper-random"], [0.5, 2.0]))
+  run_specs.check_runs(_groups(tmp_path, ["hopper-random"], [0.5, 2.0]))
 
 
 @pytest.mark.slow
@@ -102,14 +103,14 @@ def test_grid_cells_equal_single_runs_and_resume_alone(datasets, tmp_path):
       os.path.join("hopper-random", "mombo-elite_spread-beta3", "s0x1"),
       os.path.join(SHORT.replace("/", "_"), "mombo-elite_spread-beta0.5", "s0x1"),
       os.path.join(SHORT.replace("/", "_"), "mombo-elite_spread-beta3", "s0x1")]
-  assert runner.train_grid(groups, stop_after=1) == [None] * 4
+  assert train_grid(groups, stop_after=1) == [None] * 4
   cell = groups[3]
   assert cell.config.beta == 3.0 and cell.dataset == SHORT
   alone = dataclasses.replace(cell, workdir=str(tmp_path / "alone"))
   shutil.copytree(cell.workdir, alone.workdir, ignore=shutil.ignore_patterns(LOCK))
-  summary = runner.train_run(alone.config, alone.dataset, alone.workdir, alone.dynamics_dir)
+  summary = train_run(alone.config, alone.dataset, alone.workdir, alone.dynamics_dir)
   single = tmp_path / "single"
-  fresh = runner.train_run(cell.config, cell.dataset, str(single), cell.dynamics_dir)
+  fresh = train_run(cell.config, cell.dataset, str(single), cell.dynamics_dir)
   alone_agent, single_agent = _agent(alone.workdir), _agent(str(single))
   # Same data, keys and beta; vmap widths differ (4 cells vs 1), so XLA may fuse differently.
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5),
@@ -119,8 +120,8 @@ def test_grid_cells_equal_single_runs_and_resume_alone(datasets, tmp_path):
 
   # A grid of cells at different epochs is refused (the finished one: epochs differ).
   with pytest.raises(UserError, match="different epochs"):
-    runner.train_grid(groups[:3] + [alone])
-  resumed = runner.train_grid(groups)
+    train_grid(groups[:3] + [alone])
+  resumed = train_grid(groups)
   assert all(s is not None and not s["diverged"] for s in resumed)
   # The grid's own copy of the cell, both epochs in the 4-cell program, holds the single run too.
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5),
@@ -144,20 +145,20 @@ def test_groups_of_an_envs_datasets_settings_train_as_their_single_runs(datasets
   group (the first group's is test_grid_cells_equal_single_runs_and_resume_alone's)."""
   dyn_dir = str(tmp_path / "dynamics")       # the settings leave the dynamics alike: train once
   variants = {"paper": {}, "other": dict(rollout_length=1, real_ratio=0.5, auto_alpha=False)}
-  groups = [groups_lib.Group(config_lib.make_config("hopper-random", "mombo", "tiny",
+  groups = [run_specs.RunSpec(config_lib.make_config("hopper-random", "mombo", "tiny",
                                                     **dict(TINY, beta=3.0, **kw)),
                              SHORT, str(tmp_path / "grid" / name), dyn_dir)
             for name, kw in variants.items()]
-  groups_lib.check_groups(groups)
-  assert runner.train_grid(groups, stop_after=1) == [None] * 2
+  run_specs.check_runs(groups)
+  assert train_grid(groups, stop_after=1) == [None] * 2
   short = groups[1].config
   state, _ = Workdir(groups[1].workdir).restore(Workdir(groups[1].workdir).state_template(short))
   assert state.buffer.data.reward.shape == (1, train_lib.capacity(short))
   assert train_lib.capacity(short) < train_lib.capacity(groups[0].config)
   for g, name in zip(groups, variants):
-    assert runner.train_run(g.config, g.dataset, g.workdir, g.dynamics_dir) is not None  # alone
+    assert train_run(g.config, g.dataset, g.workdir, g.dynamics_dir) is not None  # alone
     single = str(tmp_path / "single" / name)
-    runner.train_run(g.config, g.dataset, single, g.dynamics_dir)
+    train_run(g.config, g.dataset, single, g.dynamics_dir)
     # Same data, keys and settings; vmap widths differ (2 cells vs 1), so XLA may fuse differently.
     for a, b in zip(jax.tree.leaves(_agent(g.workdir)), jax.tree.leaves(_agent(single)),
                     strict=True):
@@ -167,8 +168,8 @@ def test_groups_of_an_envs_datasets_settings_train_as_their_single_runs(datasets
 
 def test_the_log_names_the_variant_and_every_beta_of_a_grid():
   mombo = config_lib.make_config("hopper-medium-replay", "mombo", target="lcb")
-  assert (groups_lib.describe_algorithm(mombo)
+  assert (run_specs.describe_algorithm(mombo)
           == "MOMBO, target lcb (the paper's eq. (1)), beta 0.15")
-  assert groups_lib.describe_algorithm(mombo, [0.15, 1.0]).endswith("betas 0.15, 1")
-  assert (groups_lib.describe_algorithm(config_lib.make_config("hopper-random", "mopo"))
+  assert run_specs.describe_algorithm(mombo, [0.15, 1.0]).endswith("betas 0.15, 1")
+  assert (run_specs.describe_algorithm(config_lib.make_config("hopper-random", "mopo"))
           == "MOPO, lambda 1")

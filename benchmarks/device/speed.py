@@ -7,13 +7,13 @@ that would not end before the part's soft deadline is named as skipped):
    programs), then at 1, 48 and 4 cells, each count its own table: compile s,
    s per epoch (best of 2 after a warm-up), per cell, memory (XLA's arguments + temporaries). Each
    program is the runner's own device call, train.make_cells_chunk, called with one epoch and its
-   metrics pulled to the host as runner.loop does; cells vmapped (the GPU's layout).
+   metrics pulled to the host as launch.Launch.step does; cells vmapped (the GPU's layout).
 2. the runner's chunk length (program.CALL_SECONDS, 3 s): MOPO at 16 cells, the epochs of one
    3-second call against a call of CHUNK_LONG epochs (one compile serves both: n is traced);
 3. the evaluation's share of wall time at 16 cells: one evaluation (16 cells x 10 episodes x 1000
    steps, evaluate.Evaluator over env_pool's workers as the runner sizes them; benchmarks/bench_eval
    .evaluation_s, its steps scaled to 1000) against each algorithm's eval_every epochs of 16-cell
-   training from (1), in series and overlapped as runner.loop overlaps them (a computed share: the
+   training from (1), in series and overlapped as Launch.train overlaps them (a computed share: the
    parts are measured, the overlapped launch is not timed whole);
 4. 1000 gradient steps of each algorithm, one cell (benchmarks/bench_scale.bench_steps).
 
@@ -177,7 +177,7 @@ def main():
         f"hopper over {workers} worker(s): {one:.2f} s ({sz.eval_steps} steps timed, scaled; "
         f"pool start {start:.2f} s, once per launch)")
     say("| algorithm | eval_every (its reference's) | training between evaluations s | share in "
-        "series | share overlapped (runner.loop) |")
+        "series | share overlapped (Launch.train) |")
     say("|---|---|---|---|---|")
     for name, per in trained.items():
       if not per:

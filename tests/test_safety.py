@@ -102,7 +102,7 @@ def test_train_dynamics_respects_a_held_ensemble(tmp_path):
 def test_lock_is_reentrant_in_one_process_and_cleans_only_what_it_created(tmp_path):
   wd = Workdir(str(tmp_path / "a" / "b" / "run"))
   first = wd.lock().acquire()
-  second = wd.lock().acquire()       # a grid's groups sharing a folder: counted, not refused
+  second = wd.lock().acquire()       # a grid's runs sharing a folder: counted, not refused
   info = json.loads(open(first.path).read())
   assert info["pid"] == os.getpid() and info["host"]
   second.release(cleanup=True)
@@ -152,10 +152,10 @@ def test_a_refused_grid_leaves_no_folder_and_stale_saves_are_removed(hopper_rand
   lock), a reader never removes it."""
   from mombo_jax.run import run_specs
   root = tmp_path / "runs"
-  groups = run_specs.plan_runs("hopper-random", "mombo", "tiny", dict(TINY),
+  specs = run_specs.plan_runs("hopper-random", "mombo", "tiny", dict(TINY),
                                   ["hopper-random", "hopper-medium"], None, str(root))
   with pytest.raises(UserError, match="hopper-medium"):
-    train_grid(groups, build_missing=False)
+    train_grid(specs, build_missing=False)
   assert not root.exists(), list(root.rglob("*"))
   wd = Workdir(str(tmp_path / "run"))
   tmp = os.path.join(wd.checkpoints, "4.orbax-checkpoint-tmp-1234")

@@ -15,6 +15,7 @@ from mombo_jax.core import dynamics, placement, train as train_lib
 from mombo_jax.data import scores, transitions as transitions_lib
 from mombo_jax.dynamics.dynamics_store import get_dynamics
 from mombo_jax.errors import Interrupted, UserError
+from mombo_jax.records.outputs import RENAMED_COLUMNS
 from mombo_jax.records.workdir import Workdir
 from mombo_jax.run import distributed, overestimation
 from mombo_jax.run.console import log
@@ -106,11 +107,12 @@ def write_lost_rows(unwritten: List[HostRun], program: Program, eval_workers: in
     raise Interrupted(e.signum, f"the evaluation of epoch {epoch} (redone on resume)") from None
   for r, returns in zip(unwritten, every):
     last = {}
-    # The run's cells' values -> the launch's axis [C].
+    # The run's cells' values -> the launch's axis [C]; an older checkpoint's metric names as
+    # metrics.csv's readers name them today.
     for k, v in r.unwritten_eval["last"].items():
       full = np.full(program.num_cells, np.nan)
       full[r.cell_slice] = v
-      last[k] = full
+      last[RENAMED_COLUMNS.get(k, k)] = full
     r.add_evaluation(returns, last, epoch, r.unwritten_eval)
     log(f"Wrote the evaluation of epoch {epoch}{r.where(len(unwritten) > 1)}, which the stopped "
         "launch had not written.")

@@ -13,8 +13,8 @@ that would not end before the part's soft deadline is named as skipped):
 3. the evaluation's share of wall time at 16 cells: one evaluation (16 cells x 10 episodes x 1000
    steps, evaluate.Evaluator over env_pool's workers as the runner sizes them; benchmarks/bench_eval
    .evaluation_s, its steps scaled to 1000) against each algorithm's eval_every epochs of 16-cell
-   training from (1), in series and overlapped as Launch.train overlaps them (a computed share: the
-   parts are measured, the overlapped launch is not timed whole);
+   training from (1), in series and overlapped as Launch.train_epochs overlaps them (a computed
+   share: the parts are measured, the overlapped launch is not timed whole);
 4. 1000 gradient steps of each algorithm, one cell (benchmarks/bench_scale.bench_steps).
 
 Programs come from benchmarks/bench_scale (seeds_program: C seeds of walker2d-medium, random data,
@@ -177,7 +177,7 @@ def main():
         f"hopper over {workers} worker(s): {one:.2f} s ({sz.eval_steps} steps timed, scaled; "
         f"pool start {start:.2f} s, once per launch)")
     say("| algorithm | eval_every (its reference's) | training between evaluations s | share in "
-        "series | share overlapped (Launch.train) |")
+        "series | share overlapped (Launch.train_epochs) |")
     say("|---|---|---|---|---|")
     for name, per in trained.items():
       if not per:

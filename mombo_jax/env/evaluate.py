@@ -111,8 +111,8 @@ class Evaluator:
         raise ValueError(f"reset seeds must have shape [S, episodes] = {(num_seeds, episodes)}, "
                          f"got {reset_seeds.shape}.")
     variables = actor_params if "params" in actor_params else {"params": actor_params}
-    # The policy runs on the host's CPU: the training loop evaluates while the accelerator trains
-    # the next epochs (Launch.train), and a policy call there would queue behind that device call.
+    # The policy runs on the host's CPU: the launch evaluates while the accelerator trains the next
+    # epochs (Launch.train_epochs), and a policy call there would queue behind that device call.
     # On a CPU-only machine this is the device training uses, as before.
     cpu = jax.devices("cpu")[0]
     variables = jax.device_put(variables, cpu)

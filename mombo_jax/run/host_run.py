@@ -196,8 +196,8 @@ def returns_all(runs, actors, epoch, should_stop=None):
   return [out[id(r)] for r in runs]
 
 
-# Evaluation intervals the progress line's steps/s is averaged over (Launch.train: a moving average;
-# a launch-long mean hides a change of pace, one interval's is noisy).
+# Evaluation intervals the progress line's steps/s is averaged over (Launch.train_epochs: a moving
+# average; a launch-long mean hides a change of pace, one interval's is noisy).
 RATE_POINTS = 3
 
 

@@ -3,9 +3,10 @@ beta) of its runs, evaluation, checkpoints and outputs per workdir.
 
 A launch trains one or more runs (run_specs.RunSpec: one workdir each, one dataset, one beta, its
 seeds), each exactly a plain run's folder (workdir.Workdir), resumable on its own. `train` reads
-top to bottom: Launch.plan -> prepare -> train -> finish. Launch.train hands the device several
-epochs per call (train.make_cells_chunk, program.Program), so the host acts only at evaluations,
-checkpoints and stop requests; what the host keeps and does per run is host_run.HostRun's.
+top to bottom: Launch.plan -> prepare -> train_epochs -> finish. train_epochs hands the device
+several epochs per call (train.make_cells_chunk, program.Program), so the host acts only at
+evaluations, checkpoints and stop requests; what the host keeps and does per run is
+host_run.HostRun's.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class LaunchOptions:
   with another --epochs.
   should_stop: a StopFlag (or any callable with .signum); when it fires, the launch checkpoints at
   the end of the current device call (about program.CALL_SECONDS; an evaluation still running is
-  abandoned, Launch.train) and raises Interrupted.
+  abandoned, Launch.train_epochs) and raises Interrupted.
   log_to: where the metrics go besides metrics.csv (always written; --log): names of
   loggers.KINDS, e.g. ("csv", "tensorboard", "wandb"), or "csv,tensorboard"; an unknown name or
   a logger whose package is missing is refused (UserError) before any work.
@@ -79,7 +80,7 @@ def train(specs: Sequence[RunSpec], options: LaunchOptions = LaunchOptions()
   try:
     launch.plan()
     launch.prepare()
-    if not launch.train():
+    if not launch.train_epochs():
       return [None] * len(launch.specs)
     return launch.finish()
   finally:
@@ -91,12 +92,12 @@ class Launch:
   device program, each run's host state (HostRun) and the evaluation under way.
 
   plan: every check that needs no data; prepare: data, config.json, dynamics, init or restore,
-  placement; train: the epochs, with step / evaluate / save / stop_if_requested; finish: each
+  placement; train_epochs: the epochs, with step / evaluate / save / stop_if_requested; finish: each
   workdir's summary; release: the locks (a refused launch leaves no folder it created)."""
 
   def __init__(self, specs: Sequence[RunSpec], options: LaunchOptions = LaunchOptions()):
     self.specs: List[RunSpec] = list(specs)
-    self.options = options
+    self.options: LaunchOptions = options
     self.logger_kinds: Tuple[str, ...] = loggers.parse(options.log_to)  # before any work
     if int(options.eval_workers) < 0:
       raise UserError(f"eval_workers={options.eval_workers}: pass a number of processes >= 1, "
@@ -107,7 +108,7 @@ class Launch:
     self.notes: List[List[str]] = []      # what plan found worth a note, logged by prepare
     self.runs: List[HostRun] = []         # from prepare, in the order of specs
     self.program: Optional[Program] = None
-    self.chunk: Optional[jax.stages.Compiled] = None  # program.compile_chunk's, from train
+    self.chunk: Optional[jax.stages.Compiled] = None  # program.compile_chunk's, from train_epochs
     self.pending: Optional[Evaluation] = None   # the evaluation under way (process 0)
 
   @property
@@ -177,7 +178,7 @@ class Launch:
     for s, wd, ckpt, c, (_, meta) in zip(self.specs, self.workdirs, ckpts, slices, restored):
       self.runs.append(resume.host_run(s, wd, ckpt, c, meta, start, bounds[s.dataset],
                                        data[s.dataset]))
-    for r in self.runs:          # opened by train (process 0), once training is sure to start
+    for r in self.runs:    # opened by train_epochs (process 0), once training is sure to start
       r.loggers = loggers.RunLoggers(self.logger_kinds, loggers.launch_group(
           [s.workdir for s in self.specs]))
     # The cell axis lives split over all devices (of all processes) from here on; the datasets
@@ -205,7 +206,7 @@ class Launch:
 
   # ----------------------------------------------------------------------------------- train
 
-  def train(self) -> bool:
+  def train_epochs(self) -> bool:
     """Trains from program.start to config.epochs (or options.stop_after epochs of this launch),
     checkpointing and evaluating every eval_every epochs. Returns False when stop_after ended it
     early; raises Interrupted when should_stop fired (after a checkpoint).
@@ -217,7 +218,7 @@ class Launch:
     abandons it: the launch resumes at E (the same results), so a stop takes one device call
     (about CALL_SECONDS) and the checkpoint."""
     try:
-      return self._train()
+      return self._train_epochs()
     finally:
       if self.pending is not None:   # an error: the thread ends before the Evaluators close
         self.pending.join()
@@ -227,7 +228,7 @@ class Launch:
         if r.loggers is not None:
           r.loggers.close()
 
-  def _train(self) -> bool:
+  def _train_epochs(self) -> bool:
     program, config = self.program, self.program.config
     end = self._begin()
     epoch, pace = program.start, None
@@ -298,9 +299,9 @@ class Launch:
     metrics = (distributed.to_host(metrics) if distributed.is_multiprocess()
                else jax.device_get(metrics))
     for i in range(n):
+      epoch_metrics = {k: np.asarray(v[i]) for k, v in metrics.items()}
       for r in self.runs:
-        r.watch({k: np.asarray(v[i]) for k, v in metrics.items()}, epoch + i + 1,
-                self.several_runs)
+        r.watch(epoch_metrics, epoch + i + 1, self.several_runs)
     return metrics
 
   def evaluate(self, epoch: int, last: Dict[str, np.ndarray], rate: float, eta: float):
@@ -366,7 +367,7 @@ class Launch:
       pending.finish(self.several_runs)
 
   def _abandon(self, epoch: int):
-    """Raises Interrupted, the evaluation of the last checkpoint still running (train)."""
+    """Raises Interrupted, the evaluation of the last checkpoint still running (train_epochs)."""
     if self.pending is not None:
       self.pending.cancel()
     back = self.pending.epoch if self.pending is not None else "the last evaluation"

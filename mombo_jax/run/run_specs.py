@@ -76,7 +76,8 @@ def plan_runs(env, algo, preset, overrides, datasets=None, betas=None, root="run
   return specs
 
 
-# Config fields the launch's host loop reads once for all runs (Launch.train: the first run's).
+# Config fields the launch's host loop reads once for all runs (Launch.train_epochs: the first
+# run's).
 _LOOP = ("epochs", "eval_every")
 
 

@@ -1,4 +1,4 @@
-"""Host overhead of the training loop: what a real launch (mombo_jax.run.runner.train_run) spends
+"""Host overhead of the training loop: what a real launch (mombo_jax.run.launch.train) spends
 per epoch beyond the compiled epoch's own time.
 
   python3 -m benchmarks.bench_loop --out=/tmp/bench_loop.txt               # ~4-8 min, 2 cores
@@ -8,12 +8,12 @@ Per setting (steps_per_epoch, "tiny" preset, hopper-random, --seeds cells):
 - device ms / epoch: the state built as the runner builds it, the compiled epoch
   (train.make_cells_epoch, or train.make_seeds_epoch in older trees) called N2 times back to
   back with keys made beforehand, blocked at the end;
-- T(N): wall time of runner.train_run for N epochs (eval_every = N: one evaluation and one
-  checkpoint, at the end) in a fresh workdir, the dataset and the dynamics ensembles built once
-  beforehand and reused, compilation served by a persistent compilation cache that untimed warm-up
-  launches of both N filled (the compile time the runner logs is listed to show it); the actor's lr
-  schedule spans N2 epochs in both (schedule_epochs), so the N1 launch trains the N2 launch's first
-  epochs;
+- T(N): wall time of one run's launch.train (runner.train_run in older trees) for N epochs
+  (eval_every = N: one evaluation and one checkpoint, at the end) in a fresh workdir, the dataset
+  and the dynamics ensembles built once beforehand and reused, compilation served by a persistent
+  compilation cache that untimed warm-up launches of both N filled (the compile time the launch
+  logs is listed to show it); the actor's lr schedule spans N2 epochs in both (schedule_epochs),
+  so the N1 launch trains the N2 launch's first epochs;
 - marginal ms / epoch = (T(N2) - T(N1)) / (N2 - N1);
 - host overhead = marginal - device, in ms and as a % of the device time;
 - chunk ms / epoch (trees with train.make_cells_chunk, the rewrite's several epochs per device
@@ -52,7 +52,12 @@ import numpy as np
 import mombo_jax
 from benchmarks import common
 from mombo_jax.core import buffer, train
-from mombo_jax.run import runner
+
+try:
+  from mombo_jax.run import host_run, launch as runner  # the launch object's tree (issue #44)
+except ImportError:                                     # an older tree: runner.train_run
+  from mombo_jax.run import runner
+  host_run = None
 from mombo_jax.settings import config as config_lib
 
 SCRIPT = os.path.join("benchmarks", "bench_loop.py")
@@ -192,11 +197,13 @@ def device_timer(config, dataset, dyn_dir, build_steps, epochs):
 
 
 def launch_seconds(config, dataset, workdir, dyn_dir, build_steps, log_path):
-  """(wall s of runner.train_run in a fresh workdir, compile s it logged or nan, s in its
+  """(wall s of one run's launch in a fresh workdir, compile s it logged or nan, s in its
   evaluations or nan); its log goes to log_path, the workdir is removed."""
   evals = []
-  # The evaluation function: group_run.evaluate now, runner._evaluate in older checkouts.
-  host, name = ((runner.group_run, "evaluate") if hasattr(runner, "group_run")
+  # The evaluation function: host_run.returns_all now, group_run.evaluate or runner._evaluate in
+  # older checkouts.
+  host, name = ((host_run, "returns_all") if host_run is not None
+                else (runner.group_run, "evaluate") if hasattr(runner, "group_run")
                 else (runner, "_evaluate"))
   original = getattr(host, name, None)
   if original is not None:
@@ -212,10 +219,13 @@ def launch_seconds(config, dataset, workdir, dyn_dir, build_steps, log_path):
   try:
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(log):
-      # An older tree calls it runner.train.
-      train_run = getattr(runner, "train_run", None) or runner.train
-      train_run(config, dataset, workdir, dynamics_dir=dyn_dir, build_missing="random",
-                build_steps=build_steps)
+      if hasattr(runner, "LaunchOptions"):
+        runner.train([runner.RunSpec(config, dataset, workdir, dyn_dir)],
+                     runner.LaunchOptions(build_missing="random", build_steps=build_steps))
+      else:                      # an older tree: runner.train_run, or runner.train
+        train_run = getattr(runner, "train_run", None) or runner.train
+        train_run(config, dataset, workdir, dynamics_dir=dyn_dir, build_missing="random",
+                  build_steps=build_steps)
     seconds = time.perf_counter() - t0
   finally:
     if original is not None:
@@ -332,7 +342,7 @@ def main():
         f"{chunk} |")
   say()
   say("device: the compiled epoch called N2 times back to back; marginal: (T(N2) - T(N1)) / "
-      "(N2 - N1) of runner.train_run launches; host overhead: median over the repeats of "
+      "(N2 - N1) of one-run launches; host overhead: median over the repeats of "
       "marginal - "
       "device of the same repeat (each repeat: launch N1, launch N2, device timing), % of the "
       "median device time; excl. eval: the same with each launch's evaluation time (eval s) "

@@ -25,7 +25,7 @@ Phases, from the run's own log lines: install (start -> pip's "Successfully inst
 (-> the dataset's "is missing: building" line); dataset (-> the "<name>: N transitions" line);
 dynamics ("Training ... dynamics" -> "Dynamics trained in"); compile (-> "Compiled the epoch");
 training (the epochs' wall time, epochs x steps x seeds / the last progress line's steps/s, which
-is a moving average over the last 3 evaluation intervals (run/group_run.Pace): so this assumes the
+is a moving average over the last 3 evaluation intervals (run/host_run.Pace): so this assumes the
 run's late rate throughout, and quickstart.txt recorded before that average reads the last
 interval's rate; the evaluation points before the last run in a background thread during training
 and count here);

@@ -147,50 +147,52 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
   from mombo_jax import signals
   from mombo_jax.records import workdir as workdir_lib
-  from mombo_jax.run import compilation_cache, console, distributed, groups as groups_lib, runner
+  from mombo_jax.run import compilation_cache, console, distributed, launch, run_specs
   from mombo_jax.settings import config as config_lib
   stop = signals.StopFlag()
   stop.install()
   # before anything touches JAX's devices
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                          auto=FLAGS.distributed, timeout=FLAGS.init_timeout)
-  with _cli.as_user_error(ValueError, flag_names=FLAG_NAMES):  # a field's value: its flag named
-    config = config_lib.make_config(FLAGS.env, FLAGS.algo, FLAGS.preset, **_overrides())
   grid = FLAGS.datasets is not None or FLAGS.betas is not None
   if grid and (FLAGS.dataset or FLAGS.beta is not None):
     raise _cli.UsageError("pass --dataset / --beta for one run, or --datasets / --betas for a "
                           "grid, not both.")
   preset = config_lib.PRESETS[FLAGS.preset]
   build = preset.build_missing if FLAGS.build_missing is None else FLAGS.build_missing
-  options = dict(build_missing=build, build_steps=FLAGS.build_steps or preset.build_steps,
-                 keep=FLAGS.keep_checkpoints, stop_after=FLAGS.stop_after, download=FLAGS.download,
-                 require_full=preset.require_full and not FLAGS.allow_small_dataset,
-                 allow_epochs_change=FLAGS.allow_epochs_change, should_stop=stop,
-                 log_to=FLAGS.log, eval_workers=FLAGS.eval_workers)
+  options = launch.LaunchOptions(
+      build_missing=build, build_steps=FLAGS.build_steps or preset.build_steps,
+      keep=FLAGS.keep_checkpoints, stop_after=FLAGS.stop_after, download=FLAGS.download,
+      require_full=preset.require_full and not FLAGS.allow_small_dataset,
+      allow_epochs_change=FLAGS.allow_epochs_change, should_stop=stop, log_to=FLAGS.log,
+      eval_workers=FLAGS.eval_workers)
   if grid:
     try:
       betas = [float(b) for b in FLAGS.betas] if FLAGS.betas is not None else None
     except ValueError:
       raise _cli.UsageError(f"--betas={','.join(FLAGS.betas)}: not all numbers.") from None
-    groups = groups_lib.plan_groups(FLAGS.env, FLAGS.algo, FLAGS.preset, _overrides(),
-                                    FLAGS.datasets, betas, FLAGS.workdir or "runs",
-                                    FLAGS.dynamics_dir)
+    specs = run_specs.plan_runs(FLAGS.env, FLAGS.algo, FLAGS.preset, _overrides(),
+                                FLAGS.datasets, betas, FLAGS.workdir or "runs",
+                                FLAGS.dynamics_dir)
   else:
+    with _cli.as_user_error(ValueError, flag_names=FLAG_NAMES):  # a field's value: its flag named
+      config = config_lib.make_config(FLAGS.env, FLAGS.algo, FLAGS.preset, **_overrides())
     dataset = FLAGS.dataset or FLAGS.env
     workdir = FLAGS.workdir or workdir_lib.run_dir("runs", dataset, FLAGS.algo, FLAGS.target,
                                                    FLAGS.seed, config.num_seeds,
                                                    reference=config.reference)
-    groups = [groups_lib.Group(config, dataset, workdir, FLAGS.dynamics_dir)]
+    specs = [run_specs.RunSpec(config, dataset, workdir, FLAGS.dynamics_dir)]
   compilation_cache.enable_compilation_cache(FLAGS.compilation_cache)
-  summaries = runner.train_grid(groups, **options)
-  failed = [(g, s) for g, s in zip(groups, summaries) if s and s.get("diverged")]
-  for g, summary in failed:
+  summaries = launch.train(specs, options)
+  failed = [(s, summary) for s, summary in zip(specs, summaries)
+            if summary and summary.get("diverged")]
+  for s, summary in failed:
     seeds = ", ".join(f"seed {d['seed']} (epoch {d['epoch']}, {d['quantity']})"
                       for d in summary["diverged"])
     print(f"error: {len(summary['diverged'])} of {len(summary['seeds'])} seed(s) diverged: "
           f"{seeds}. Frozen at their last healthy state, they are counted in the summary's means "
           "(docs/protocol.md; `*_healthy` leaves them out). Their last healthy checkpoints are in "
-          f"{workdir_lib.Workdir(g.workdir).checkpoints}; a smaller --beta often helps.",
+          f"{workdir_lib.Workdir(s.workdir).checkpoints}; a smaller --beta often helps.",
           file=sys.stderr, flush=True)
   return console.EXIT_DIVERGED if failed else 0
 

@@ -4,9 +4,9 @@ Import the fixture into a test module (`from tests.conftest_runs import tiny_run
 
 The folder is what experiments.run leaves on disk (config.json through workdir.Workdir, with the
 identity of its data, a
-checkpoint of the whole CellState saved through its RunCheckpointer as runner.train_run saves it),
+checkpoint of the whole CellState saved through its RunCheckpointer as launch.train saves it),
 but its state is the freshly initialised one (train_lib.init_cells with untrained dynamics), not a
-trained one: a real tiny `runner.train_run` costs ~85 s of compilation on the 2-core test machine,
+trained one: a real tiny `launch.train` costs ~85 s of compilation on the 2-core test machine,
 and the analyses only need networks of the run's shapes, read back through the run's own loaders.
 The dataset is the 2,000-step hopper-random build tests/test_run.py uses, in the session's
 MINARI_DATASETS_PATH.
@@ -32,7 +32,7 @@ def tiny_run(hopper_random_2000, tmp_path_factory):
   wd = Workdir(workdir)
   config = config_lib.make_config(DATASET, "mombo", preset="tiny", **TINY)
   transitions = transitions_lib.load_transitions(DATASET)
-  # config.json records the identity of the data, as experiments.run writes it (runner.prepare).
+  # config.json records the identity of the data, as experiments.run writes it (Launch.prepare).
   record = wd.check_data(wd.check_config(config, DATASET)[0],
                          provenance.dataset_identity(DATASET, transitions))[0]
   wd.write_config(record)

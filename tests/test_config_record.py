@@ -43,7 +43,7 @@ def test_an_old_record_loads_every_setting_into_its_group(old):
 def test_the_record_written_today_holds_the_same_keys_and_values(old):
   config, dataset = workdir_lib.config_from_record(old)
   new = workdir_lib.config_record(config, dataset)
-  # "data": the runner adds it; matmul_precision: recorded since.
+  # "data": the launch adds it; matmul_precision: recorded since.
   assert new == dict({k: v for k, v in old.items() if k != "data"}, matmul_precision="float32")
 
 

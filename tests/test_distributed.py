@@ -13,10 +13,11 @@ import sys
 import numpy as np
 import pytest
 
-from mombo_jax.run import distributed, runner
+from mombo_jax.run import distributed
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import checkpoint
 from tests.conftest import HANG_S
+from tests.launches import train_run
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -50,7 +51,7 @@ def test_two_processes_train_as_one_and_resume_in_one(hopper_random_2000, minari
   config = config_lib.make_config("hopper-random", "mombo", preset="tiny", num_seeds=2, **TINY)
   dyn = str(tmp_path / "dynamics")
   # One process, all epochs (it trains the dynamics the two processes then read).
-  single = runner.train_run(config, "hopper-random", str(tmp_path / "single"), dynamics_dir=dyn)
+  single = train_run(config, "hopper-random", str(tmp_path / "single"), dynamics_dir=dyn)
 
   # Two processes, one CPU device each, one seed each: stopped after epoch 1 ...
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
@@ -78,7 +79,7 @@ def test_two_processes_train_as_one_and_resume_in_one(hopper_random_2000, minari
     assert all(block[1:] == [[0, n] for n in shape[1:]] for block, _ in crcs), path
   assert {"ocdbt.process_0", "ocdbt.process_1"} <= set(os.listdir(step / "state"))
   # ... and resumed by ONE process: the checkpoint holds every seed, whoever wrote it.
-  resumed = runner.train_run(config, "hopper-random", str(workdir), dynamics_dir=dyn)
+  resumed = train_run(config, "hopper-random", str(workdir), dynamics_dir=dyn)
   for key in ("final_normalized_score", "aulc"):
     np.testing.assert_allclose(resumed[key], single[key], rtol=1e-4, err_msg=key)
   rows = (workdir / "metrics.csv").read_text().splitlines()

@@ -208,8 +208,8 @@ def test_a_resume_takes_its_dynamics_from_its_checkpoint(tiny_run, tmp_path,  # 
                                                         monkeypatch):
   """A run with checkpoints needs no saved ensemble (its CellState holds the dynamics): resuming
   neither trains nor reads one, and a legacy save in its dynamics folder does not stop it."""
-  from mombo_jax.run import runner
-  from mombo_jax.run.groups import Group
+  from mombo_jax.run import launch as launch_lib, resume
+  from mombo_jax.run.run_specs import RunSpec
   workdir, state = tiny_run
   run = str(tmp_path / "run")
   shutil.copytree(workdir, run)
@@ -217,24 +217,21 @@ def test_a_resume_takes_its_dynamics_from_its_checkpoint(tiny_run, tmp_path,  # 
   dyn_dir = str(tmp_path / "dynamics")
   legacy = os.path.join(dyn_dir, f"seed{config.seed}x{config.num_seeds}")
   os.makedirs(legacy)                                   # a legacy save's folder, never opened
-  monkeypatch.setattr(runner, "get_dynamics", None)
+  monkeypatch.setattr(resume, "get_dynamics", None)
   monkeypatch.setattr(dynamics_training, "train_seeds", None)
   lines = []
-  monkeypatch.setattr(runner, "log", lines.append)
-  groups = [Group(config, dataset, run, dyn_dir)]
-  held = []
+  monkeypatch.setattr(resume, "log", lines.append)
+  launch = launch_lib.Launch([RunSpec(config, dataset, run, dyn_dir)],
+                             launch_lib.LaunchOptions(build_steps=1))
   try:
-    records = runner.plan(groups, 3, None, None, False, held)
-    runs, program = runner.prepare(groups, records, 3, None, dict(
-        build_missing=False, build_steps=1, download=False, require_full=False,
-        should_stop=None))
+    launch.plan()
+    launch.prepare()
   finally:
-    for lock in held:
-      lock.release()
-  for r in runs:
+    launch.release()
+  for r in launch.runs:
     r.ckpt.close()
   assert any("dynamics ensembles come from its checkpoint" in line for line in lines)
   assert any(line.startswith("Resumed from") for line in lines)
-  jax.tree.map(np.testing.assert_array_equal, jax.device_get(program.state.dynamics),
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(launch.program.state.dynamics),
                jax.device_get(state.dynamics))
   assert os.listdir(legacy) == []

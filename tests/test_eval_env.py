@@ -1,6 +1,6 @@
 """The env a dataset's policies meet (envs.eval_env_spec): an import of D4RL's walker file records
 D4RL's v2 walker model (right-foot friction 0.9) in its metadata, and evaluation (in this process
-and in env_pool's workers, and for each group of a launch), Table 2's real transitions and
+and in env_pool's workers, and for each run of a launch), Table 2's real transitions and
 rendering build it; the datasets this project builds keep v5's model (1.9); an import that
 records none is inferred from its provenance, with one warning naming the re-import."""
 import dataclasses
@@ -99,17 +99,17 @@ def test_evaluation_and_its_worker_processes_step_the_datasets_physics(datasets)
   np.testing.assert_array_equal(returns(SELF_BUILT, 2), v5)
 
 
-def test_each_group_of_a_launch_is_evaluated_in_its_datasets_env(datasets):
-  """group_run.build_evaluators gives groups of datasets with other physics their own Evaluator
-  (and shares one between groups of the same)."""
+def test_each_run_of_a_launch_is_evaluated_in_its_datasets_env(datasets):
+  """host_run.build_evaluators gives runs of datasets with other physics their own Evaluator
+  (and shares one between runs of the same)."""
   from types import SimpleNamespace
 
-  from mombo_jax.run import group_run
+  from mombo_jax.run import host_run
   config = make_config("walker2d-medium", preset="tiny", actor_hidden=(8,), num_seeds=1,
                        eval_episodes=1)
-  runs = [SimpleNamespace(group=SimpleNamespace(dataset=d), config=config, evaluator=None)
+  runs = [SimpleNamespace(spec=SimpleNamespace(dataset=d), config=config, evaluator=None)
           for d in (IMPORTED, SELF_BUILT, "walker2d-medium", IMPORTED)]
-  group_run.build_evaluators(runs, workers=1)
+  host_run.build_evaluators(runs, workers=1)
   try:
     assert runs[0].evaluator is runs[3].evaluator and runs[1].evaluator is runs[2].evaluator
     assert runs[0].evaluator is not runs[1].evaluator

@@ -1,7 +1,7 @@
 """evaluate.py: shapes, determinism, a hand-stepped constant-action check, masking, aulc; env_pool's
 worker processes (same returns for any number, errors, no child left) and the evaluation of all a
-launch's groups at once, as the training loop does it (group_run.build_evaluators, then
-group_run.Evaluation's background thread and its finish)."""
+launch's runs at once, as the launch does it (host_run.build_evaluators, then
+host_run.Evaluation's background thread and its finish)."""
 import os
 import signal
 
@@ -246,18 +246,18 @@ def test_auto_workers(monkeypatch):
   assert env_pool.auto_workers(48 * 10, cores=2) == 2
 
 
-def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path, monkeypatch,
-                                                               capsys):
-  """The training loop's evaluation (runner.loop: group_run.build_evaluators, one Evaluator for
-  every cell, here over 2 workers; a group_run.Evaluation computing the returns in its thread,
-  then its finish recording them in the main thread) writes each group's metrics.csv rows exactly
-  as an Evaluator of the group's own does; a group with another eval_episodes gets its own
-  Evaluator, the others share one."""
+def test_evaluating_all_runs_at_once_equals_each_run_alone(config, tmp_path, monkeypatch,
+                                                           capsys):
+  """The launch's evaluation (launch.Launch.evaluate: host_run.build_evaluators, one Evaluator
+  for every cell, here over 2 workers; a host_run.Evaluation computing the returns in its thread,
+  then its finish writing them in the main thread) writes each run's metrics.csv rows exactly as
+  an Evaluator of the run's own does; a run with another eval_episodes gets its own Evaluator,
+  the others share one."""
   import functools
 
   from mombo_jax.records.workdir import Workdir
-  from mombo_jax.run import group_run, overestimation
-  from mombo_jax.run.groups import Group
+  from mombo_jax.run import host_run, overestimation
+  from mombo_jax.run.run_specs import RunSpec
   monkeypatch.setattr(evaluate, "Evaluator",
                       functools.partial(evaluate.Evaluator, max_episode_steps=30))
   configs = [config.replace(seed=0, num_seeds=2, eval_episodes=2),
@@ -266,15 +266,15 @@ def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path,
   actors = _numpy_params(config, num_seeds=5, seed=9)       # every cell's actor [C=5, ...]
   last = {"q_mean": np.arange(5.0), "critic_loss": np.ones(5)}
 
-  def group_runs(name, evaluations):
+  def host_runs(name, evaluations):
     runs, offset = [], 0
     for i, c in enumerate(configs):
       wd = Workdir(str(tmp_path / name / str(i)))
       os.makedirs(wd.path)
       seeds = np.arange(c.seed, c.seed + c.num_seeds)
-      runs.append(group_run.GroupRun(Group(c, "hopper-random", wd.path), wd,
-                                     slice(offset, offset + c.num_seeds), seeds, ckpt=None,
-                                     q=overestimation.OverestimationWatch(seeds, 100.0)))
+      runs.append(host_run.HostRun(RunSpec(c, "hopper-random", wd.path), wd,
+                                   slice(offset, offset + c.num_seeds), seeds, ckpt=None,
+                                   q=overestimation.OverestimationWatch(seeds, 100.0)))
       offset += c.num_seeds
     try:
       for done in (1, 2):
@@ -286,27 +286,27 @@ def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path,
     return runs
 
   def evaluate_alone(r, done):
-    """Group r evaluated by an Evaluator of its own (the reference)."""
+    """Run r evaluated by an Evaluator of its own (the reference)."""
     c = r.config
     if r.evaluator is None:
       r.evaluator = evaluate.Evaluator(c, c.env_name, c.num_seeds, c.evaluation.eval_episodes)
-    group_run.record(r, r.evaluator.run(jax.tree.map(lambda x: x[r.cells], actors),
-                                        seed=group_run.eval_seed(r, done)), last, done)
+    r.add_evaluation(r.evaluator.run(jax.tree.map(lambda x: x[r.cell_slice], actors),
+                                     seed=r.eval_seed(done)), last, done)
 
-  alone = group_runs("alone", lambda runs, done: [evaluate_alone(r, done) for r in runs])
+  alone = host_runs("alone", lambda runs, done: [evaluate_alone(r, done) for r in runs])
 
   def evaluate_in_the_loop(runs, epoch):
-    """What runner.loop does at an evaluation point (on process 0)."""
-    snaps = [group_run.snapshot(r) for r in runs]
-    group_run.build_evaluators(runs, workers=2)
+    """What Launch.evaluate does at an evaluation point (on process 0)."""
+    snaps = [r.snapshot() for r in runs]
+    host_run.build_evaluators(runs, workers=2)
     before = [len(r.rows) for r in runs]
-    point = group_run.Evaluation(runs, actors, last, epoch, snaps, rate=1.0, eta=0.0)
+    point = host_run.Evaluation(runs, actors, last, epoch, snaps, rate=1.0, eta=0.0)
     point.join()
-    # The thread computes returns only: the main thread records them (finish).
+    # The thread computes returns only: the main thread writes them (finish).
     assert point.error is None and [len(r.rows) for r in runs] == before
-    point.finish(several_groups=True)
+    point.finish(several_runs=True)
 
-  together = group_runs("together", evaluate_in_the_loop)
+  together = host_runs("together", evaluate_in_the_loop)
   assert together[0].evaluator is together[1].evaluator is not together[2].evaluator
   assert together[0].evaluator.workers == 2
   for a, b in zip(alone, together):
@@ -314,7 +314,7 @@ def test_evaluating_all_groups_at_once_equals_each_group_alone(config, tmp_path,
     assert a.rows == b.rows
     assert Workdir(b.workdir.path).read_rows() == a.workdir.read_rows()
   assert len({r["return_mean"] for r in together[0].rows + together[2].rows}) == 8
-  # finish's log line, one per group and evaluation point, names the group's cell.
+  # finish's log line, one per run and evaluation point, names the run.
   lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("epoch ")]
   assert len(lines) == 2 * len(configs), lines
   assert lines[1].startswith("epoch 1/") and "[hopper-random beta=2 seeds 7..7]" in lines[1]

@@ -14,8 +14,9 @@ from mombo_jax.core import buffer, train as train_lib
 from mombo_jax.data import minari_io, names
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import LOCK, Workdir
-from mombo_jax.run import groups as groups_lib, run_state, runner
+from mombo_jax.run import run_specs, run_state
 from mombo_jax.settings import config as config_lib
+from tests.launches import train_grid, train_run
 
 # One hidden layer a network: the programs compile faster; the grid's claims do not depend on depth.
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1,
@@ -38,8 +39,8 @@ def datasets(hopper_random_2000):
   return hopper_random_2000, SHORT
 
 
-def _groups(root, datasets, betas, **kw):
-  return groups_lib.plan_groups("hopper-random", "mombo", "tiny", dict(TINY, **kw), datasets, betas,
+def _specs(root, datasets, betas, **kw):
+  return run_specs.plan_runs("hopper-random", "mombo", "tiny", dict(TINY, **kw), datasets, betas,
                             root=str(root))
 
 
@@ -68,48 +69,48 @@ def test_stack_pads_with_nan_and_sampling_stays_inside_each_dataset():
     np.testing.assert_array_equal(rows.reward, 1.0)
 
 
-def test_groups_that_cannot_share_a_program_are_refused(tmp_path):
+def test_runs_that_cannot_share_a_program_are_refused(tmp_path):
   with pytest.raises(UserError, match="buffer_retain_epochs"):    # the mixed datasets
-    groups_lib.check_groups(groups_lib.plan_groups("hopper-random", "mombo", "tiny", {},
+    run_specs.check_runs(run_specs.plan_runs("hopper-random", "mombo", "tiny", {},
                                            ["hopper-random", "hopper-random-medium-1pct"], None,
                                            root=str(tmp_path)))
   # An env's four D4RL datasets differ in settings each cell carries (train.CELL_SETTINGS):
   # one program per algorithm.
   for env in names.ENVS:
     for algo in config_lib.ALGOS:
-      groups_lib.check_groups(groups_lib.plan_groups(
+      run_specs.check_runs(run_specs.plan_runs(
           f"{env}-random", algo, "paper", {},
           [f"{env}-{q}" for q in ("random", "medium", "medium-replay", "medium-expert")], None,
           root=str(tmp_path)))
   with pytest.raises(UserError, match="repeat"):
-    _groups(tmp_path, ["hopper-random"], [1.0, 1.0])
+    _specs(tmp_path, ["hopper-random"], [1.0, 1.0])
   # Betas alone differ: one program.
-  groups_lib.check_groups(_groups(tmp_path, ["hopper-random"], [0.5, 2.0]))
+  run_specs.check_runs(_specs(tmp_path, ["hopper-random"], [0.5, 2.0]))
 
 
 @pytest.mark.slow
-def test_grid_cells_equal_single_runs_and_resume_alone(datasets, tmp_path):
-  """2 datasets x 2 betas x 1 seed in one program, stopped after one of two epochs. Then one cell
+def test_grid_runs_equal_single_launches_and_resume_alone(datasets, tmp_path):
+  """2 datasets x 2 betas x 1 seed in one program, stopped after one of two epochs. Then one run
   (the padded dataset, the second beta) resumes alone to the end and equals a single run of it;
-  a grid holding that finished cell is refused, and the grid resumes together (its copy of the
-  cell equals the single run too).
+  a grid holding that finished run is refused, and the grid resumes together (its copy of the
+  run equals the single launch too).
 
-  The cell that resumes alone is a copy of the grid cell's workdir, so that the grid then resumes
+  The run that resumes alone is a copy of the grid run's workdir, so that the grid then resumes
   whole: the same four cells, the program compiled once (a C-cell program compiles per C)."""
-  groups = _groups(tmp_path / "grid", list(datasets), [0.5, 3.0])
-  assert [os.path.relpath(g.workdir, tmp_path / "grid") for g in groups] == [
+  specs = _specs(tmp_path / "grid", list(datasets), [0.5, 3.0])
+  assert [os.path.relpath(g.workdir, tmp_path / "grid") for g in specs] == [
       os.path.join("hopper-random", "mombo-elite_spread-beta0.5", "s0x1"),
       os.path.join("hopper-random", "mombo-elite_spread-beta3", "s0x1"),
       os.path.join(SHORT.replace("/", "_"), "mombo-elite_spread-beta0.5", "s0x1"),
       os.path.join(SHORT.replace("/", "_"), "mombo-elite_spread-beta3", "s0x1")]
-  assert runner.train_grid(groups, stop_after=1) == [None] * 4
-  cell = groups[3]
+  assert train_grid(specs, stop_after=1) == [None] * 4
+  cell = specs[3]                            # a run of one seed: one cell
   assert cell.config.beta == 3.0 and cell.dataset == SHORT
   alone = dataclasses.replace(cell, workdir=str(tmp_path / "alone"))
   shutil.copytree(cell.workdir, alone.workdir, ignore=shutil.ignore_patterns(LOCK))
-  summary = runner.train_run(alone.config, alone.dataset, alone.workdir, alone.dynamics_dir)
+  summary = train_run(alone.config, alone.dataset, alone.workdir, alone.dynamics_dir)
   single = tmp_path / "single"
-  fresh = runner.train_run(cell.config, cell.dataset, str(single), cell.dynamics_dir)
+  fresh = train_run(cell.config, cell.dataset, str(single), cell.dynamics_dir)
   alone_agent, single_agent = _agent(alone.workdir), _agent(str(single))
   # Same data, keys and beta; vmap widths differ (4 cells vs 1), so XLA may fuse differently.
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5),
@@ -117,59 +118,59 @@ def test_grid_cells_equal_single_runs_and_resume_alone(datasets, tmp_path):
   assert summary["final_normalized_score_mean"] == pytest.approx(
       fresh["final_normalized_score_mean"], abs=1.0)
 
-  # A grid of cells at different epochs is refused (the finished one: epochs differ).
+  # A grid of runs at different epochs is refused (the finished one: epochs differ).
   with pytest.raises(UserError, match="different epochs"):
-    runner.train_grid(groups[:3] + [alone])
-  resumed = runner.train_grid(groups)
+    train_grid(specs[:3] + [alone])
+  resumed = train_grid(specs)
   assert all(s is not None and not s["diverged"] for s in resumed)
-  # The grid's own copy of the cell, both epochs in the 4-cell program, holds the single run too.
+  # The grid's own copy of the run, both epochs in the 4-cell program, holds the single run too.
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5),
                _agent(cell.workdir), single_agent)
   # Different betas trained different critics on the same data and seed.
-  a, b = _agent(groups[0].workdir), _agent(groups[1].workdir)
+  a, b = _agent(specs[0].workdir), _agent(specs[1].workdir)
   assert not all(np.allclose(x, y) for x, y in zip(jax.tree.leaves(a.critic.params),
                                                    jax.tree.leaves(b.critic.params)))
-  for g in groups + [alone]:
+  for g in specs + [alone]:
     assert Workdir(g.workdir).finished()
 
 
 @pytest.mark.slow
-def test_groups_of_an_envs_datasets_settings_train_as_their_single_runs(datasets, tmp_path):
+def test_runs_of_an_envs_datasets_settings_train_as_single_launches(datasets, tmp_path):
   """Groups differing in what an env's D4RL datasets differ in (rollout length 5 vs 1, real ratio
   0.05 vs 0.5, learned vs fixed alpha: train.CELL_SETTINGS, each cell reads its own) train in one
-  program, stopped after one of two epochs. Each workdir then resumes alone (the k=1 group's
+  program, stopped after one of two epochs. Each workdir then resumes alone (the k=1 run's
   checkpoint holds its own, shorter ring: what a plain run of it saves) and equals a single run.
 
-  Two groups, one differing in all three settings: one grid compile and one plain-run compile per
-  group (the first group's is test_grid_cells_equal_single_runs_and_resume_alone's)."""
+  Two runs, one differing in all three settings: one grid compile and one plain-run compile per
+  run (the first run's is test_grid_runs_equal_single_launches_and_resume_alone's)."""
   dyn_dir = str(tmp_path / "dynamics")       # the settings leave the dynamics alike: train once
   variants = {"paper": {}, "other": dict(rollout_length=1, real_ratio=0.5, auto_alpha=False)}
-  groups = [groups_lib.Group(config_lib.make_config("hopper-random", "mombo", "tiny",
+  specs = [run_specs.RunSpec(config_lib.make_config("hopper-random", "mombo", "tiny",
                                                     **dict(TINY, beta=3.0, **kw)),
                              SHORT, str(tmp_path / "grid" / name), dyn_dir)
             for name, kw in variants.items()]
-  groups_lib.check_groups(groups)
-  assert runner.train_grid(groups, stop_after=1) == [None] * 2
-  short = groups[1].config
-  wd = Workdir(groups[1].workdir)
+  run_specs.check_runs(specs)
+  assert train_grid(specs, stop_after=1) == [None] * 2
+  short = specs[1].config
+  wd = Workdir(specs[1].workdir)
   state, _ = run_state.restore(wd, run_state.state_template(wd, short))
   assert state.buffer.data.reward.shape == (1, train_lib.capacity(short))
-  assert train_lib.capacity(short) < train_lib.capacity(groups[0].config)
-  for g, name in zip(groups, variants):
-    assert runner.train_run(g.config, g.dataset, g.workdir, g.dynamics_dir) is not None  # alone
+  assert train_lib.capacity(short) < train_lib.capacity(specs[0].config)
+  for g, name in zip(specs, variants):
+    assert train_run(g.config, g.dataset, g.workdir, g.dynamics_dir) is not None  # alone
     single = str(tmp_path / "single" / name)
-    runner.train_run(g.config, g.dataset, single, g.dynamics_dir)
+    train_run(g.config, g.dataset, single, g.dynamics_dir)
     # Same data, keys and settings; vmap widths differ (2 cells vs 1), so XLA may fuse differently.
     for a, b in zip(jax.tree.leaves(_agent(g.workdir)), jax.tree.leaves(_agent(single)),
                     strict=True):
       np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5, err_msg=name)
-  assert float(np.asarray(_agent(groups[1].workdir).log_alpha.params["log_alpha"])[0]) == 0.0
+  assert float(np.asarray(_agent(specs[1].workdir).log_alpha.params["log_alpha"])[0]) == 0.0
 
 
 def test_the_log_names_the_variant_and_every_beta_of_a_grid():
   mombo = config_lib.make_config("hopper-medium-replay", "mombo", target="lcb")
-  assert (groups_lib.describe_algorithm(mombo)
+  assert (run_specs.describe_algorithm(mombo)
           == "MOMBO, target lcb (the paper's eq. (1)), beta 0.15")
-  assert groups_lib.describe_algorithm(mombo, [0.15, 1.0]).endswith("betas 0.15, 1")
-  assert (groups_lib.describe_algorithm(config_lib.make_config("hopper-random", "mopo"))
+  assert run_specs.describe_algorithm(mombo, [0.15, 1.0]).endswith("betas 0.15, 1")
+  assert (run_specs.describe_algorithm(config_lib.make_config("hopper-random", "mopo"))
           == "MOPO, lambda 1")

@@ -18,7 +18,7 @@ from mombo_jax.core.epoch_settings import epoch_settings
 from mombo_jax.dynamics import dynamics_training
 from mombo_jax.errors import UserError
 from mombo_jax.records import workdir as workdir_lib
-from mombo_jax.run.groups import Group, check_groups
+from mombo_jax.run.run_specs import RunSpec, check_runs
 from mombo_jax.settings import config as config_lib
 
 S_DIM, A_DIM, N = 11, 3, 64
@@ -73,14 +73,14 @@ def test_the_flag_sets_it():
     flags.FLAGS.unparse_flags()
 
 
-def test_groups_of_other_precisions_never_share_a_program(tmp_path):
+def test_runs_of_other_precisions_never_share_a_program(tmp_path):
   config = _tiny()
-  groups = [Group(config, "hopper-random", str(tmp_path / "a")),
-            Group(config.replace(beta=2.0, matmul_precision="tensorfloat32"), "hopper-random",
-                  str(tmp_path / "b"))]
+  specs = [RunSpec(config, "hopper-random", str(tmp_path / "a")),
+           RunSpec(config.replace(beta=2.0, matmul_precision="tensorfloat32"), "hopper-random",
+                   str(tmp_path / "b"))]
   with pytest.raises(UserError, match="matmul_precision: 'float32' for hopper-random vs "
                                       "'tensorfloat32'"):
-    check_groups(groups)
+    check_runs(specs)
 
 
 @pytest.fixture(scope="module")

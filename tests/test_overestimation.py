@@ -9,7 +9,8 @@ import pytest
 
 from mombo_jax.core import buffer
 from mombo_jax.records import outputs
-from mombo_jax.run import overestimation, runner
+from mombo_jax.run import overestimation
+from tests.launches import train_run
 
 
 def _batch(rewards):
@@ -49,7 +50,7 @@ def test_the_flag_fires_once_per_seed_and_keeps_the_largest_q():
   assert overestimation.overestimates(101.0, 100.0)
   # Saved in a checkpoint's metadata and restored: the same record, no second warning.
   again = overestimation.OverestimationWatch(
-      [3, 4], 100.0, json.loads(json.dumps(list(watch.records.values()))))
+      [3, 4], 100.0, json.loads(json.dumps(list(watch.per_seed.values()))))
   assert again.summary([3, 4]) == s and not again.update(3, 5, 500.0)
   # A fresh seed's record; an unmeasured seed reads None, and an infinite bound is None in JSON.
   fresh = overestimation.OverestimationWatch([7], np.inf).summary([7])
@@ -95,7 +96,7 @@ def test_a_run_flags_critics_above_a_tiny_bound(hopper_random_2000, tmp_path, mo
   config = config_lib.make_config("hopper-random", "mombo", preset="tiny", epochs=2,
                                   steps_per_epoch=5, rollout_batch_size=32, eval_every=1,
                                   eval_episodes=1, num_seeds=2)
-  summary = runner.train_run(config, hopper_random_2000, str(tmp_path / "w"),
+  summary = train_run(config, hopper_random_2000, str(tmp_path / "w"),
                              dynamics_dir=str(tmp_path / "dyn"))
   out = capsys.readouterr().out
   warnings = [l for l in out.splitlines() if l.startswith("warning: seed")]

@@ -14,8 +14,8 @@ from mombo_jax.errors import UserError
 from mombo_jax.records import outputs
 from mombo_jax.records.workdir import Workdir
 from mombo_jax.report import results, writer
-from mombo_jax.run import group_run, overestimation
-from mombo_jax.run.groups import Group
+from mombo_jax.run import host_run, overestimation
+from mombo_jax.run.run_specs import RunSpec
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import atomic
 from tests.test_report import _md_block, _number, _write_run
@@ -72,12 +72,12 @@ def test_the_last_line_says_over_how_many_seeds_and_how_many_diverged(tmp_path, 
   config = config_lib.make_config("hopper-random", "mopo", "tiny", num_seeds=3)
   wd = Workdir(str(tmp_path / "run"))
   os.makedirs(wd.path)
-  r = group_run.GroupRun(group=Group(config, "hopper-random", wd.path), workdir=wd,
-                         cells=slice(0, 3), seeds=[0, 1, 2], ckpt=None,
+  r = host_run.HostRun(spec=RunSpec(config, "hopper-random", wd.path), workdir=wd,
+                       cell_slice=slice(0, 3), seeds=np.array([0, 1, 2]), ckpt=None,
                          rows=_rows(SCORES, [0, 1, 2], {1}),
                          q=overestimation.OverestimationWatch([0, 1, 2], 100.0),
                          diverged={1: {"seed": 1, "epoch": 2, "quantity": "critic_loss"}})
-  summary = group_run.finish(r)
+  summary = r.finish()
   line = capsys.readouterr().out.strip().splitlines()[-1]
   assert summary["final_normalized_score_mean"] == pytest.approx(30.0)
   assert line.startswith("final normalised score 30.0 +- 21.6, AULC 30.0 over all 3 seed(s), "
@@ -88,10 +88,10 @@ def test_the_last_line_says_over_how_many_seeds_and_how_many_diverged(tmp_path, 
 
 def test_the_last_line_sets_the_score_beside_the_datasets_own_mean():
   summary = outputs.summarise(_rows(SCORES, [0, 1, 2]), [0, 1, 2])
-  line = group_run.finish_line(summary, None, 1.16)
+  line = host_run.finish_line(summary, None, 1.16)
   assert line.startswith("final normalised score 30.0 +- 21.6 (dataset's own episodes: mean 1.2), "
                          "AULC 30.0 over all 3 seed(s), 0 diverged"), line
-  assert "dataset" not in group_run.finish_line(summary)
+  assert "dataset" not in host_run.finish_line(summary)
   # It says what +- and AULC are (docs/protocol.md has the rest).
   assert line.endswith("[+-: the std over the seeds; AULC: the mean score over all "
                        "evaluations; docs/protocol.md]"), line

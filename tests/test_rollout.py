@@ -113,11 +113,11 @@ def test_mopo_penalises_reward(setup):
   count = int(buf.count)
   rows = jax.tree.map(lambda x: x[:count], buf.data)
   _elite_match(dyn, plain_cfg, buf, beta=2.0)   # predict reads only the dyn_* fields
-  assert metrics["mopo_penalty"] > 0
+  assert metrics["penalty"] > 0
   # Same key as the MOMBO run: identical samples, so the rewards differ by exactly the penalty.
   plain, _ = _run(plain_cfg, dyn, start, jax.random.PRNGKey(2))
   np.testing.assert_allclose(np.mean(plain.data.reward[:count]) - np.mean(rows.reward),
-                             2.0 * metrics["mopo_penalty"], rtol=1e-4)
+                             2.0 * metrics["penalty"], rtol=1e-4)
 
 
 def _half(agent, batch, key, *, dyn, config, term_fn=None):
@@ -128,7 +128,7 @@ def _half(agent, batch, key, *, dyn, config, term_fn=None):
 
 def test_a_registered_reward_penalty_is_the_records_own(setup):
   """A record with penalize_reward subtracts beta x ITS penalty in the rollouts, row by row (not
-  MOPO's built-in mopo_penalty); the metric reports its mean."""
+  MOPO's built-in mopo_penalty); the metric (`penalty`) reports its mean."""
   from mombo_jax.core import algorithms, targets
   algorithms.register(algorithms.Algorithm("toy_reward_penalty", targets.mopo, _half,
                                            penalize_reward=True, references="mopo"))
@@ -142,7 +142,7 @@ def test_a_registered_reward_penalty_is_the_records_own(setup):
       0.5 + np.abs(np.asarray(buf.data.action[:count, 0])))
   np.testing.assert_allclose(np.asarray(buf.data.reward[:count]), want, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(
-      float(metrics["mopo_penalty"]),
+      float(metrics["penalty"]),
       np.mean(0.5 + np.abs(np.asarray(buf.data.action[:count, 0]))), rtol=1e-5)
 
 
@@ -156,7 +156,7 @@ def test_only_the_elites_run_except_for_mopo(setup):
   got, got_metrics = _run(cfg, broken, start, jax.random.PRNGKey(3))
   assert int(got.count) == int(buf.count) > 0 and float(got_metrics["nonfinite_frac"]) == 0.0
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), got.data, buf.data)
-  assert "mopo_penalty" not in metrics
+  assert "penalty" not in metrics
   mopo, mopo_metrics = _run(_config(algo="mopo", beta=2.0), broken, start, jax.random.PRNGKey(3))
   assert int(mopo.count) == 0 and float(mopo_metrics["nonfinite_frac"]) == 1.0
 

@@ -1,4 +1,4 @@
-"""End-to-end runs of runner.train_run (experiments.run's loop) on a tiny locally built dataset
+"""End-to-end runs of launch.train (experiments.run's launch) on a tiny locally built dataset
 (CI-sized), plus the properties the training loop promises: kill-and-resume = one run, and the
 moment-matching critic at zero variance = the plain critic inside the update. Seeds vmapped = seeds
 run alone is tested where it is strongest: a grid cell resumed alone = a single run (test_grid.py),
@@ -19,9 +19,10 @@ from mombo_jax.dynamics import dynamics_store, reuse
 from mombo_jax.errors import UserError
 from mombo_jax.records import outputs
 from mombo_jax.records.workdir import Workdir
-from mombo_jax.run import compilation_cache, preflight, run_dataset, run_state, runner
+from mombo_jax.run import compilation_cache, launch, preflight, run_dataset, run_state
 from mombo_jax.settings import config as config_lib
 from tests.conftest import HANG_S
+from tests.launches import train_run
 
 DATASET = "hopper-random"
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -50,7 +51,7 @@ def _final_params(workdir):
 def mombo_run(dataset, dyn_dir, tmp_path_factory):
   """One uninterrupted 2-seed MOMBO run, shared by the end-to-end and resume tests."""
   workdir = tmp_path_factory.mktemp("mombo_run")
-  return workdir, runner.train_run(_config("mombo", num_seeds=2), dataset, str(workdir),
+  return workdir, train_run(_config("mombo", num_seeds=2), dataset, str(workdir),
                                    dynamics_dir=dyn_dir)
 
 
@@ -61,7 +62,7 @@ def test_end_to_end(dataset, dyn_dir, tmp_path, algo, request):
   if algo == "mombo":
     tmp_path, summary = request.getfixturevalue("mombo_run")
   else:
-    summary = runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir)
+    summary = train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir)
   assert summary["seeds"] == [0, 1]
   assert len(summary["final_normalized_score"]) == 2
   assert np.all(np.isfinite(summary["aulc"]))
@@ -93,7 +94,7 @@ def test_the_opening_line_names_the_settings_source(minari_root, tmp_path, capsy
   """Printed before anything long (here: before the dataset, which is missing, is loaded)."""
   config = config_lib.make_config("walker2d-medium-expert", algo, reference=reference)
   with pytest.raises(UserError, match="not in the local Minari root"):
-    runner.train_run(config, "walker2d-medium-expert", str(tmp_path / "run"))
+    train_run(config, "walker2d-medium-expert", str(tmp_path / "run"))
   first = capsys.readouterr().out.splitlines()[0]
   assert first.startswith(f"{algo.upper()} settings (--reference={config.reference}): {code}")
   every = {"mombo": "every 50 epochs.", "mobile": "every 10 epochs"}[algo]
@@ -106,13 +107,13 @@ def test_the_opening_line_names_the_settings_source(minari_root, tmp_path, capsy
 def test_kill_and_resume_equals_uninterrupted(dataset, dyn_dir, tmp_path, mombo_run):
   straight, _ = mombo_run
   config = _config("mombo", num_seeds=2)
-  assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir,
+  assert train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir,
                           stop_after=1) is None
   with open(tmp_path / "metrics.csv") as f:
     assert len(f.read().strip().splitlines()) == 1 + 1 * 2
   # Resumed at epoch 1, one more epoch finishes the run: a run that restarted from scratch would
   # stop again after its first epoch and return None.
-  summary = runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1)
+  summary = train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1)
   assert summary is not None
   jax.tree.map(np.testing.assert_array_equal, _final_params(str(straight)),
                _final_params(str(tmp_path)))
@@ -152,7 +153,7 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
   jax.monitoring.register_event_duration_secs_listener(on_event)
   try:
     # steps_per_epoch=3: a program no other test compiles, so XLA cannot serve it from memory.
-    summary = runner.train_run(_config("mombo", epochs=3, steps_per_epoch=3), dataset,
+    summary = train_run(_config("mombo", epochs=3, steps_per_epoch=3), dataset,
                                str(tmp_path), dynamics_dir=dyn_dir)
   finally:
     jax.monitoring.unregister_event_duration_listener(on_event)
@@ -182,10 +183,10 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
 def test_the_progress_speed_is_a_moving_average_of_the_recent_intervals():
   """A fast start then a slow stretch: the progress line's steps/s follows the recent pace (the
   last RATE_POINTS intervals), not the launch-long mean, which a fast start would inflate."""
-  from mombo_jax.run import group_run
-  pace = group_run.Pace(0, 0.0)
+  from mombo_jax.run import host_run
+  pace = host_run.Pace(0, 0.0)
   assert pace.rate(10, 1.0, 100) == pytest.approx(1000.0)          # 10 epochs in 1 s
-  for k in range(1, group_run.RATE_POINTS + 1):                    # then 10 epochs per 10 s
+  for k in range(1, host_run.RATE_POINTS + 1):                    # then 10 epochs per 10 s
     rate = pace.rate(10 + 10 * k, 1.0 + 10.0 * k, 100)
   assert rate == pytest.approx(100.0)
   assert 40 * 100 / 31.0 > 1.2 * rate            # the launch-long mean would read 129
@@ -214,12 +215,12 @@ def test_compilation_cache_flag(tmp_path, capsys):
 def test_changed_config_refuses_workdir(dataset, dyn_dir, tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"beta": 123.0}))
   with pytest.raises(UserError, match="another config"):
-    runner.train_run(_config("mombo"), dataset, str(tmp_path), dynamics_dir=dyn_dir)
+    train_run(_config("mombo"), dataset, str(tmp_path), dynamics_dir=dyn_dir)
 
 
 def test_missing_dataset_names_the_command(minari_root, tmp_path):
   with pytest.raises(UserError, match="experiments.collect"):
-    runner.train_run(_config("mombo"), "hopper-medium-replay", str(tmp_path))
+    train_run(_config("mombo"), "hopper-medium-replay", str(tmp_path))
   # A failed launch leaves no config.json behind, so the corrected command is not blocked.
   assert not (tmp_path / "config.json").exists()
 
@@ -278,7 +279,7 @@ def test_dataset_of_another_env_is_refused(dataset, tmp_path):
   walker = config_lib.make_config("walker2d-random", "mombo", preset="tiny", **TINY)
   for name in ("mombo/hopper/random-v0", "hopper-random"):
     with pytest.raises(UserError, match="holds hopper data.*walker2d"):
-      runner.train_run(walker, name, str(tmp_path / "w"))
+      train_run(walker, name, str(tmp_path / "w"))
   assert not (tmp_path / "w" / "config.json").exists()
 
 
@@ -287,7 +288,7 @@ def test_reduced_build_refused_with_paper_settings(dataset, tmp_path):
   assert provenance.provenance(dataset)["steps"] < provenance.provenance(dataset)["recipe_steps"]
   with pytest.raises(UserError, match="reduced build.*experiments.collect --env=hopper-random "
                      "--overwrite.*--allow_small_dataset"):
-    runner.train_run(_config("mombo"), dataset, str(tmp_path), require_full=True)
+    train_run(_config("mombo"), dataset, str(tmp_path), require_full=True)
   assert not (tmp_path / "config.json").exists()
 
 
@@ -392,7 +393,7 @@ def test_dynamics_of_another_setup_are_refused(dataset, dyn_dir, tmp_path, mombo
 def test_a_diverging_seed_is_frozen_and_the_others_finish_unchanged(dataset, dyn_dir, tmp_path,
                                                                     mombo_run, monkeypatch):
   straight_dir, straight = mombo_run
-  compile_chunk = runner.compile_chunk
+  compile_chunk = launch.compile_chunk
 
   def poisoning(program):
     """The launch's device call, with NaN put into seed 0's critics before epoch 1 (as a
@@ -407,8 +408,8 @@ def test_a_diverging_seed_is_frozen_and_the_others_finish_unchanged(dataset, dyn
       return chunk(state, real, keys, cells, start, n)
     return call
 
-  monkeypatch.setattr(runner, "compile_chunk", poisoning)
-  summary = runner.train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path),
+  monkeypatch.setattr(launch, "compile_chunk", poisoning)
+  summary = train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path),
                              dynamics_dir=dyn_dir)
   monkeypatch.undo()
   assert [(d["seed"], d["epoch"]) for d in summary["diverged"]] == [(0, 2)]
@@ -434,7 +435,7 @@ def test_a_diverging_seed_is_frozen_and_the_others_finish_unchanged(dataset, dyn
                _final_params(str(straight_dir)).agent, _final_params(str(tmp_path)).agent)
   assert json.loads((tmp_path / "summary.json").read_text())["diverged"][0]["seed"] == 0
   # Resuming a finished run with a diverged seed keeps the record (it lives in the checkpoint).
-  again = runner.train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path),
+  again = train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path),
                            dynamics_dir=dyn_dir)
   assert again["diverged"] == summary["diverged"]
 
@@ -488,7 +489,7 @@ def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, m
   # The same run without interruptions, in this process.
   cfg = config_lib.make_config(DATASET, "mombo", preset="tiny", steps_per_epoch=5,
                                rollout_batch_size=32, **overrides)
-  straight = runner.train_run(cfg, DATASET, str(tmp_path / "straight"))
+  straight = train_run(cfg, DATASET, str(tmp_path / "straight"))
   assert interrupted["epochs"] == straight["epochs"] == [1, 2, 3]
   np.testing.assert_allclose(interrupted["final_normalized_score"],
                              straight["final_normalized_score"], rtol=1e-6)
@@ -499,7 +500,7 @@ def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, m
 def test_the_loaded_policy_reproduces_the_runs_evaluation_returns(mombo_run):
   """Each seed of a finished run, loaded as a plain Policy (mombo_jax.load_policy) and stepped in
   a plain env with its actions, returns what the run's last evaluation recorded in metrics.csv, on
-  the env seeds that evaluation used (group_run.evaluate: Evaluator.run(actors, seed=10_000 *
+  the env seeds that evaluation used (host_run.returns_all: Evaluator.run(actors, seed=10_000 *
   config.seed + epoch), env (s, e) reset with evaluate.env_seeds(that, S, episodes)[s, e])."""
   from mombo_jax import load_policy
   from mombo_jax.env import envs, evaluate
@@ -531,14 +532,14 @@ def test_the_loaded_policy_reproduces_the_runs_evaluation_returns(mombo_run):
 
 
 def test_tensorboard_logger_follows_metrics_csv_across_a_resume(dataset, dyn_dir, tmp_path):
-  """runner.train_run(log_to=("csv", "tensorboard")) stopped after epoch 1 and resumed: each seed's
+  """train_run(log_to=("csv", "tensorboard")) stopped after epoch 1 and resumed: each seed's
   TensorBoard run (<workdir>/tb/seed<s>) holds every metrics.csv evaluation once, at its gradient
   step (the purge of a killed launch's events: test_loggers.py)."""
   from mombo_jax.run import loggers
   config, log = _config("mombo", num_seeds=2), ("csv", "tensorboard")
-  assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1,
+  assert train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir, stop_after=1,
                           log_to=log) is None
-  assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir,
+  assert train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir,
                           log_to=log) is not None
   rows = Workdir(str(tmp_path)).read_rows()
   for s in (0, 1):
@@ -580,13 +581,13 @@ def test_a_resume_writes_the_rows_of_an_evaluation_the_killed_launch_lost(datase
   with E's env seeds and writing those rows first: metrics.csv ends as an uninterrupted run's."""
   straight, _ = mombo_run
   config = _config("mombo", num_seeds=2)
-  assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir,
+  assert train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir,
                           stop_after=1) is None
   wd = Workdir(str(tmp_path))
   assert [r["epoch"] for r in wd.read_rows()] == [1, 1]
   wd.write_rows([])                         # the kill: checkpoint at epoch 1, no rows of it
   capsys.readouterr()
-  assert runner.train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir) is not None
+  assert train_run(config, dataset, str(tmp_path), dynamics_dir=dyn_dir) is not None
   assert "Wrote the evaluation of epoch 1" in capsys.readouterr().out
   _assert_same_rows(wd.read_rows(), Workdir(str(straight)).read_rows())
 
@@ -598,10 +599,10 @@ def test_evaluation_overlaps_the_next_device_call(dataset, dyn_dir, tmp_path, mo
   them time out). The rows are the same as an uninterrupted run's."""
   import threading
 
-  from mombo_jax.run import group_run
+  from mombo_jax.run import host_run
   straight, _ = mombo_run
   dispatched, waited = threading.Event(), {}
-  compile_chunk, returns_all = runner.compile_chunk, group_run.returns_all
+  compile_chunk, returns_all = launch.compile_chunk, host_run.returns_all
 
   def watched_compile(program):
     chunk = compile_chunk(program)
@@ -619,9 +620,9 @@ def test_evaluation_overlaps_the_next_device_call(dataset, dyn_dir, tmp_path, mo
       waited[done] = (dispatched.wait(timeout=300), threading.current_thread().name)
     return returns_all(runs, actors, done, should_stop)
 
-  monkeypatch.setattr(runner, "compile_chunk", watched_compile)
-  monkeypatch.setattr(group_run, "returns_all", slow_returns)
-  assert runner.train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path),
+  monkeypatch.setattr(launch, "compile_chunk", watched_compile)
+  monkeypatch.setattr(host_run, "returns_all", slow_returns)
+  assert train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path),
                           dynamics_dir=dyn_dir) is not None
   ok, thread = waited[1]
   assert ok, "the device call of epoch 2 waited for the evaluation of epoch 1"

@@ -17,10 +17,11 @@ import pytest
 from mombo_jax.dynamics import reuse
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import Workdir
-from mombo_jax.run import run_dataset, run_state, runner
+from mombo_jax.run import run_dataset, run_state
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import checkpoint, locks
 from tests.conftest import HANG_S
+from tests.launches import train_grid, train_run
 
 DATASET = "hopper-random"
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -102,7 +103,7 @@ def test_train_dynamics_respects_a_held_ensemble(tmp_path):
 def test_lock_is_reentrant_in_one_process_and_cleans_only_what_it_created(tmp_path):
   wd = Workdir(str(tmp_path / "a" / "b" / "run"))
   first = wd.lock().acquire()
-  second = wd.lock().acquire()       # a grid's groups sharing a folder: counted, not refused
+  second = wd.lock().acquire()       # a grid's runs sharing a folder: counted, not refused
   info = json.loads(open(first.path).read())
   assert info["pid"] == os.getpid() and info["host"]
   second.release(cleanup=True)
@@ -129,7 +130,7 @@ def test_a_resume_on_other_data_is_refused(hopper_random_2000, tmp_path):
   wd.write_config(record)
   before = open(wd.file("config.json")).read()
   with pytest.raises(UserError, match="trained on other data.*num_transitions: 5000 -> 2000"):
-    runner.train_run(config, DATASET, wd.path)
+    train_run(config, DATASET, wd.path)
   assert open(wd.file("config.json")).read() == before
   assert not os.path.exists(wd.dynamics_dir)
   # The identity check itself: same data passes and is recorded; unknown data (old run) noted.
@@ -150,12 +151,12 @@ def test_a_refused_grid_leaves_no_folder_and_stale_saves_are_removed(hopper_rand
   """A --datasets grid refused when its second dataset is missing creates no cell folder; an
   unfinished checkpoint folder a killed save left is removed by the next launch (holding the
   lock), a reader never removes it."""
-  from mombo_jax.run import groups as groups_lib
+  from mombo_jax.run import run_specs
   root = tmp_path / "runs"
-  groups = groups_lib.plan_groups("hopper-random", "mombo", "tiny", dict(TINY),
+  specs = run_specs.plan_runs("hopper-random", "mombo", "tiny", dict(TINY),
                                   ["hopper-random", "hopper-medium"], None, str(root))
   with pytest.raises(UserError, match="hopper-medium"):
-    runner.train_grid(groups, build_missing=False)
+    train_grid(specs, build_missing=False)
   assert not root.exists(), list(root.rglob("*"))
   wd = Workdir(str(tmp_path / "run"))
   tmp = os.path.join(wd.checkpoints, "4.orbax-checkpoint-tmp-1234")
@@ -166,7 +167,7 @@ def test_a_refused_grid_leaves_no_folder_and_stale_saves_are_removed(hopper_rand
   with pytest.raises(UserError, match="other"):       # refused later: the tmp is gone anyway
     wd.write_config({"dataset": "x", "data": {"dataset": "other", "num_transitions": 1,
                                               "fingerprint": "0"}})
-    runner.train_run(_config(), DATASET, wd.path)
+    train_run(_config(), DATASET, wd.path)
   assert not os.path.exists(tmp)
 
 
@@ -190,7 +191,7 @@ def test_a_half_deleted_step_is_removed_in_one_line_before_orbax_sees_it(tmp_pat
   wd.write_config({"dataset": "x"})
   capsys.readouterr()
   with pytest.raises(UserError, match="another config"):    # refused after the clean-up
-    runner.train_run(_config(), DATASET, wd.path)
+    train_run(_config(), DATASET, wd.path)
   notes = [line for line in capsys.readouterr().out.splitlines() if step20 in line]
   assert notes == [f"note: removed {step20}, checkpoint step 20 a stopped launch left "
                    "half-deleted (no _CHECKPOINT_METADATA, state/_METADATA)."], notes
@@ -218,9 +219,9 @@ def test_empty_lists_are_refused_in_one_line(tmp_path):
     line = _one_error_line(out)
     assert flag in line and "empty" in line
   assert not (tmp_path / "w").exists()
-  from mombo_jax.run import groups as groups_lib
+  from mombo_jax.run import run_specs
   with pytest.raises(UserError, match="empty"):
-    groups_lib.plan_groups("hopper-random", "mombo", "tiny", {}, None, [], str(tmp_path))
+    run_specs.plan_runs("hopper-random", "mombo", "tiny", {}, None, [], str(tmp_path))
 
 
 def test_eval_changes_are_recorded_in_config_json(tmp_path):

@@ -19,6 +19,7 @@ from mombo_jax.dynamics import dynamics_training
 from mombo_jax.env import envs
 from mombo_jax.settings import config as config_lib
 from tests.conftest import HANG_S, minari_root_at
+from tests.launches import train_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -279,12 +280,12 @@ def test_a_stop_during_an_evaluation_does_not_wait_for_it_and_resumes_bit_for_bi
 
   from mombo_jax.env import env_pool
   from mombo_jax.records.workdir import Workdir
-  from mombo_jax.run import run_state, runner
+  from mombo_jax.run import run_state
   cfg = config_lib.make_config(hopper_random_2000, "mombo", preset="tiny", epochs=2,
                                steps_per_epoch=5, rollout_batch_size=32, eval_every=1,
                                eval_episodes=1)
   dyn = str(tmp_path / "dynamics")
-  straight = runner.train_run(cfg, hopper_random_2000, str(tmp_path / "straight"), dynamics_dir=dyn,
+  straight = train_run(cfg, hopper_random_2000, str(tmp_path / "straight"), dynamics_dir=dyn,
                               eval_workers=1)
   flag, step, steps = _Flag(), env_pool.EnvPool.step, []
 
@@ -298,13 +299,13 @@ def test_a_stop_during_an_evaluation_does_not_wait_for_it_and_resumes_bit_for_bi
   monkeypatch.setattr(env_pool.EnvPool, "step", slow_step)
   stopped = str(tmp_path / "stopped")
   with pytest.raises(errors.Interrupted) as info:
-    runner.train_run(cfg, hopper_random_2000, stopped, dynamics_dir=dyn, should_stop=flag,
+    train_run(cfg, hopper_random_2000, stopped, dynamics_dir=dyn, should_stop=flag,
                      eval_workers=1)
   begun_after = sum(steps)
   assert begun_after <= 1, f"{begun_after} env steps begun after the stop request"
   assert "the resume starts at epoch 1, whose evaluation was still running" in info.value.where
   monkeypatch.undo()
-  resumed = runner.train_run(cfg, hopper_random_2000, stopped, dynamics_dir=dyn, eval_workers=1)
+  resumed = train_run(cfg, hopper_random_2000, stopped, dynamics_dir=dyn, eval_workers=1)
   assert resumed == straight
   assert (tmp_path / "straight" / "metrics.csv").read_text() == \
       (tmp_path / "stopped" / "metrics.csv").read_text()

@@ -1,6 +1,6 @@
 """The layout every GPU user runs, end to end on the CPU: cells vmapped (MOMBO_JAX_CELLS=vmap, the
 default on a GPU; the CPU loops them, core/cell_layout.py). A grid of 2 betas x 2 seeds (4 cells in
-one program, its dynamics trained over seeds vmapped too) through runner.train_grid, stopped after
+one program, its dynamics trained over seeds vmapped too) through launch.train, stopped after
 one of two epochs and resumed, ends bit for bit where the same grid run without a stop ends.
 Part b of the device record (benchmarks/device/gpu_tests.py) runs this file on the GPU."""
 import jax
@@ -9,8 +9,9 @@ import pytest
 
 from mombo_jax.core import cell_layout
 from mombo_jax.records.workdir import Workdir
-from mombo_jax.run import groups as groups_lib, run_state, runner
+from mombo_jax.run import run_specs, run_state
 from mombo_jax.settings import environment
+from tests.launches import train_grid
 
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1,
             num_seeds=2)
@@ -18,7 +19,7 @@ BETAS = [0.5, 3.0]
 
 
 def _grid(root, dataset):
-  return groups_lib.plan_groups("hopper-random", "mombo", "tiny", dict(TINY), [dataset], BETAS,
+  return run_specs.plan_runs("hopper-random", "mombo", "tiny", dict(TINY), [dataset], BETAS,
                                 root=str(root))
 
 
@@ -36,14 +37,14 @@ def test_a_vmapped_grid_stopped_and_resumed_ends_where_the_uninterrupted_one_end
   monkeypatch.setattr(cell_layout, "over_cells",
                       lambda epoch, how: seen.append(how) or over_cells(epoch, how))
   straight = _grid(tmp_path / "straight", hopper_random_2000)
-  summaries = runner.train_grid(straight)
+  summaries = train_grid(straight)
   assert seen and set(seen) == {"vmap"}            # the epoch program was built vmapped
   assert all(s is not None and s["seeds"] == [0, 1] and not s["diverged"] for s in summaries)
 
   stopped = _grid(tmp_path / "stopped", hopper_random_2000)
-  assert runner.train_grid(stopped, stop_after=1) == [None] * len(BETAS)
+  assert train_grid(stopped, stop_after=1) == [None] * len(BETAS)
   assert [Workdir(g.workdir).checkpointer_steps() for g in stopped] == [["1"]] * len(BETAS)
-  resumed = runner.train_grid(stopped)
+  resumed = train_grid(stopped)
   for a, b, s, r in zip(straight, stopped, summaries, resumed):
     # Bit for bit: the same program (4 cells, vmapped), keys fold_in(seed, epoch), data and beta.
     jax.tree.map(np.testing.assert_array_equal, _state(a.workdir), _state(b.workdir))

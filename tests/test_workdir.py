@@ -105,3 +105,18 @@ def test_find_runs_and_name_what_is_missing(tmp_path, tiny_run):
   assert "missing metrics.csv, summary.json (unfinished run?)" in warnings[0]
   with pytest.raises(UserError, match="is not a folder"):
     run_search.find_runs([str(tmp_path / "nowhere")])
+
+
+def test_an_older_runs_rollout_penalty_is_read_under_its_name_of_today(tmp_path):
+  """Runs before the rename logged the rollouts' reward penalty as rollout/mopo_penalty for every
+  algorithm penalising the reward: metrics.csv's readers (the report, a resume) see
+  rollout/penalty, and a resumed run writes its rows back under that one name."""
+  wd = Workdir(str(tmp_path))
+  (tmp_path / "metrics.csv").write_text(
+      "epoch,step,seed,normalized_score,rollout/mopo_penalty\n1,10,0,3.5,0.25\n")
+  rows = wd.read_rows()
+  assert rows == [{"epoch": 1, "step": 10, "seed": 0, "normalized_score": 3.5,
+                   "rollout/penalty": 0.25}]
+  wd.write_rows(rows + [dict(rows[0], epoch=2, step=20)])
+  assert (tmp_path / "metrics.csv").read_text().splitlines()[0] == \
+      "epoch,step,seed,normalized_score,rollout/penalty"

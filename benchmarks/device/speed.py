@@ -7,7 +7,7 @@ that would not end before the part's soft deadline is named as skipped):
    first: 16 against 1 cell, 48 cells for the paper's table), each count its own table: compile s,
    s per epoch (best of 2 after a warm-up), per cell, memory (XLA's arguments + temporaries). Each
    program is the runner's own device call, train.make_cells_chunk, called with one epoch and its
-   metrics pulled to the host as runner.loop does; cells vmapped (the GPU's layout). MOMBO's
+   metrics pulled to the host as launch.Launch.step does; cells vmapped (the GPU's layout). MOMBO's
    program at 1, 16 and 48 cells (sizing.PROFILE_CELLS) is then traced for one more epoch
    (jax.profiler) and the trace summarised on the spot into c_profile.md
    (benchmarks/device/trace_summary.py: per phase, kernels per gradient step, the top kernels);
@@ -17,8 +17,8 @@ that would not end before the part's soft deadline is named as skipped):
 3. the evaluation's share of wall time at 16 cells: one evaluation (16 cells x 10 episodes x 1000
    steps, evaluate.Evaluator over env_pool's workers as the runner sizes them; benchmarks/bench_eval
    .evaluation_s, its steps scaled to 1000) against each algorithm's eval_every epochs of 16-cell
-   training from (1), in series and overlapped as runner.loop overlaps them (a computed share: the
-   parts are measured, the overlapped launch is not timed whole);
+   training from (1), in series and overlapped as Launch.train_epochs overlaps them (a computed
+   share: the parts are measured, the overlapped launch is not timed whole);
 4. 1000 gradient steps of each algorithm, one cell (benchmarks/bench_scale.bench_steps).
 2., 3. and 4. (measured on 2026-11-27, or not needed by the goals) only with time left.
 
@@ -228,7 +228,7 @@ def main():
         f"hopper over {workers} worker(s): {one:.2f} s ({sz.eval_steps} steps timed, scaled; "
         f"pool start {start:.2f} s, once per launch)")
     say("| algorithm | eval_every (its reference's) | training between evaluations s | share in "
-        "series | share overlapped (runner.loop) |")
+        "series | share overlapped (Launch.train_epochs) |")
     say("|---|---|---|---|---|")
     for name, per in trained.items():
       if not per:

@@ -1,6 +1,6 @@
 """Where a program's cells live: the cell axis split over all devices (of every process), the
-placement of a launch's arguments (`shard_cells`, `replicate`), and a group's cells taken out of a
-launch's state for its checkpoint without gathering (`take_cells`; `resize_rings` pads a group's
+placement of a launch's arguments (`shard_cells`, `replicate`), and a run's cells taken out of a
+launch's state for its checkpoint without gathering (`take_cells`; `resize_rings` pads a run's
 ring back on restore). Kept apart from the epoch (core/train.py), as brax keeps its pmap helpers
 apart from its training step; train's compiled programs build on `cell_mesh` and `CELL_AXIS`.
 """
@@ -79,7 +79,7 @@ def resize_rings(state, rows: int):
 
   A program's ring has its longest rollout's capacity; a cell with a shorter one uses only its
   first capacity(config, k) slots (ptr, count < that), so its checkpoint holds what a plain run
-  of its group saves (cut before saving), and restores onto the program's ring (padded with the
+  of its run saves (cut before saving), and restores onto the program's ring (padded with the
   zeros init_ring writes)."""
   def one(x):
     chex.assert_rank(x, {2, 3})                  # [C, capacity] or [C, capacity, dim]
@@ -89,12 +89,12 @@ def resize_rings(state, rows: int):
 
 def take_cells(state, cells: slice, rows: int):
   """state [C] (train.CellState) -> state [cells] with its ring buffers cut or zero-padded to `rows`
-  slots: what a plain run of those cells' group checkpoints (resize_rings of the slice).
+  slots: what a plain run of those cells checkpoints (resize_rings of the slice).
 
   Moves no data it need not: a leaf sharded over its cell axis (a launch's state, on the devices
   of every process) becomes an array over the devices that hold the cells asked for, each keeping
   its own part (a device-local slice; nothing crosses devices or processes), so that every process
-  then writes its own shards of the checkpoint. Only where those parts differ in size (a group
+  then writes its own shards of the checkpoint. Only where those parts differ in size (a run
   straddling shard boundaries unevenly, e.g. cells 1..3 of 2 a device), or, in a multi-process
   run, where the cells asked for are on some processes only (Orbax writes no array that a process
   holds no part of), is the slice one jitted call over all the leaf's devices: the cells spread
@@ -139,7 +139,7 @@ def _cell_spans(x):
 
 @functools.lru_cache(maxsize=32)
 def _jitted_take(a: int, b: int, rows, out):
-  """jit of x -> _cut(x[a:b], rows) placed on `out`: one function per group and placement, so a
+  """jit of x -> _cut(x[a:b], rows) placed on `out`: one function per run and placement, so a
   launch's checkpoints compile it once per leaf shape."""
   return jax.jit(lambda x: _cut(x[a:b], rows), out_shardings=out)
 

@@ -48,7 +48,9 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   (fraction of branches that ended within k steps: terminal, runaway or non-finite), length (mean
   rows written per branch), next_obs_var (mean over written rows and dims), num_added (rows
   written), nonfinite_frac (fraction of branches ended by a non-finite model output, whose row was
-  dropped), and for MOPO only mopo_penalty (mean over written rows).
+  dropped), and where the reward is penalised (MOPO, or a record with penalize_reward) penalty:
+  the mean over written rows of the unscaled penalty U (the reward loses beta * U; metrics.csv's
+  rollout/penalty, which older runs logged as rollout/mopo_penalty).
   """
   # Whole (88 lines): one lax.scan over the K model steps whose step closes over the policy, the
   # ensemble and the termination function; split, its pieces would pass the step's arrays around.
@@ -124,7 +126,7 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
       "nonfinite_frac": jnp.sum(dropped.astype(jnp.float32)) / n,
   }
   if penalise:
-    metrics["mopo_penalty"] = masked_mean(penalty.reshape(k * n))
+    metrics["penalty"] = masked_mean(penalty.reshape(k * n))
   return buf, metrics
 
 

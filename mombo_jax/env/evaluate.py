@@ -1,7 +1,7 @@
 """Evaluation in the real environment: the deterministic policy tanh(mean) of every seed's actor,
 all seeds x episodes environments stepped together (over worker processes: env_pool), one jitted
 policy call per time step for all of them. A launch builds its envs once (Evaluator) and reuses
-them for every evaluation; all its cells are evaluated in one pass (group_run.returns_all).
+them for every evaluation; all its cells are evaluated in one pass (host_run.returns_all).
 
 Returns are undiscounted sums of the environment's rewards up to termination or the time limit;
 `scores.normalized_score` turns them into D4RL-normalised scores and `aulc` averages those over a
@@ -93,7 +93,7 @@ class Evaluator:
       params, every leaf with a leading seed axis S.
     seed: an int: env (s, e) is reset with env_seeds(seed, S, episodes)[s, e]; or those reset
       seeds themselves, int [S, episodes] (several runs evaluated together, each with its own
-      seeds: group_run.returns_all). Same seeds, same returns.
+      seeds: host_run.returns_all). Same seeds, same returns.
     Episodes end at termination or truncation; a finished env is not stepped again.
     should_stop: polled before every time step; when it fires, errors.Interrupted (between two
     steps: the envs stay usable, the next run resets them).
@@ -111,8 +111,8 @@ class Evaluator:
         raise ValueError(f"reset seeds must have shape [S, episodes] = {(num_seeds, episodes)}, "
                          f"got {reset_seeds.shape}.")
     variables = actor_params if "params" in actor_params else {"params": actor_params}
-    # The policy runs on the host's CPU: the training loop evaluates while the accelerator trains
-    # the next epochs (runner.loop), and a policy call there would queue behind that device call.
+    # The policy runs on the host's CPU: the launch evaluates while the accelerator trains the next
+    # epochs (Launch.train_epochs), and a policy call there would queue behind that device call.
     # On a CPU-only machine this is the device training uses, as before.
     cpu = jax.devices("cpu")[0]
     variables = jax.device_put(variables, cpu)

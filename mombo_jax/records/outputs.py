@@ -24,6 +24,9 @@ import numpy as np
 from mombo_jax.storage.atomic import atomic_write, save_figure
 
 _INT_COLUMNS = ("epoch", "step", "seed")
+# metrics.csv columns of older runs, read under today's names: the rollouts' reward penalty was
+# logged as MOPO's for every algorithm that penalises the reward (core/rollout.py).
+RENAMED_COLUMNS = {"rollout/mopo_penalty": "rollout/penalty"}
 # The reporting protocol summary.json follows (docs/protocol.md). A change of what any number in
 # summary.json means (the final score, AULC, the std, which seeds count) is a new version.
 # 2: every seed counts (a diverged seed at its frozen policy); 1: means over the healthy seeds.
@@ -37,13 +40,14 @@ PROTOCOL_DOC = "docs/protocol.md"
 
 
 def read_rows(path: str, max_epoch: Optional[int] = None) -> List[dict]:
-  """metrics.csv as dicts (epoch/step/seed int, the rest float); rows past max_epoch dropped (a run
-  killed before its next checkpoint wrote them)."""
+  """metrics.csv as dicts (epoch/step/seed int, the rest float; an older run's columns under
+  today's names, RENAMED_COLUMNS); rows past max_epoch dropped (a run killed before its next
+  checkpoint wrote them)."""
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    rows = [{k: (int(v) if k in _INT_COLUMNS else float(v)) for k, v in r.items()}
-            for r in csv.DictReader(f)]
+    rows = [{RENAMED_COLUMNS.get(k, k): (int(v) if k in _INT_COLUMNS else float(v))
+             for k, v in r.items()} for r in csv.DictReader(f)]
   return rows if max_epoch is None else [r for r in rows if r["epoch"] <= max_epoch]
 
 

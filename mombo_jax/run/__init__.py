@@ -1,1 +1,3 @@
-"""A training launch: groups, runner, workdir, checks, dynamics store, outputs, logs."""
+"""A training launch: what it trains (run_specs), its launch object (launch: plan, prepare,
+train, finish), each run on the host (host_run) and where it resumes (resume), the device program
+(program), checks, loggers, several processes, sweeps."""

@@ -31,7 +31,7 @@ past E is superseded:
     in the replay). Online (or a server already holding the run), the run resumes by its id and
     rows below the server's next step (run.starting_step) are skipped: W&B steps only increase.
 
-Only the main process of a multi-process launch writes (it evaluates, runner.loop).
+Only the main process of a multi-process launch writes (it evaluates, launch.Launch.evaluate).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The overestimation watch: no policy's return can exceed max|r| / (1 - gamma) (r: the real
 dataset's rewards), so critics whose mean Q passes that bound have overestimated. `return_bound`
 computes the bound; `OverestimationWatch` tracks each seed's epoch-mean Q against it and flags a
-seed once (not a divergence: the run goes on); its fields go into summary.json and its records
-into the checkpoint's metadata."""
+seed once (not a divergence: the run goes on); its fields go into summary.json and its per-seed
+state into the checkpoint's metadata."""
 from typing import List, Sequence
 
 import numpy as np
@@ -27,16 +27,16 @@ def overestimates(q_mean, bound) -> bool:
 
 class OverestimationWatch:
   """Per seed: the last and the largest epoch-mean Q of the critics, the return bound of its
-  dataset and the first epoch whose mean Q passed it. `records` (JSON-ready dicts) is saved in
+  dataset and the first epoch whose mean Q passed it. `per_seed` (JSON-ready dicts) is saved in
   the checkpoint's metadata, so a resumed run keeps what it saw."""
 
-  def __init__(self, seeds: Sequence[int], bound: float, records: Sequence[dict] = ()):
+  def __init__(self, seeds: Sequence[int], bound: float, saved: Sequence[dict] = ()):
     self.bound = float(bound)
-    old = {int(d["seed"]): d for d in records}
-    self.records = {}
+    old = {int(d["seed"]): d for d in saved}
+    self.per_seed = {}
     for s in seeds:
       d = old.get(int(s), {})
-      self.records[int(s)] = dict(seed=int(s), q_mean_last=d.get("q_mean_last"),
+      self.per_seed[int(s)] = dict(seed=int(s), q_mean_last=d.get("q_mean_last"),
                                   q_mean_max=d.get("q_mean_max"),
                                   overestimated_epoch=d.get("overestimated_epoch"))
 
@@ -46,13 +46,13 @@ class OverestimationWatch:
     saved before the watch existed."""
     watch = cls(seeds, bound)
     for row in sorted(rows, key=lambda r: r["epoch"]):
-      if int(row["seed"]) in watch.records and "q_mean" in row:
+      if int(row["seed"]) in watch.per_seed and "q_mean" in row:
         watch.update(int(row["seed"]), row["epoch"], row["q_mean"])
     return watch
 
   def update(self, seed: int, epoch: int, q_mean: float) -> bool:
     """Records seed's mean Q of `epoch`; True when it passes the bound for the first time."""
-    d = self.records[int(seed)]
+    d = self.per_seed[int(seed)]
     q_mean = float(q_mean)
     if not np.isfinite(q_mean):
       return False
@@ -64,13 +64,13 @@ class OverestimationWatch:
     return False
 
   def flagged(self) -> List[int]:
-    return [s for s, d in self.records.items() if d["overestimated_epoch"] is not None]
+    return [s for s, d in self.per_seed.items() if d["overestimated_epoch"] is not None]
 
   def summary(self, seeds: Sequence[int]) -> dict:
     """summary.json fields, lists per seed: q_mean_last, q_mean_max (None: never measured),
     overestimated (bool), overestimated_epoch (None: never); q_bound (one number: the seeds of a
     workdir share a dataset)."""
-    recs = [self.records[int(s)] for s in seeds]
+    recs = [self.per_seed[int(s)] for s in seeds]
     return dict(q_bound=self.bound if np.isfinite(self.bound) else None,
                 q_mean_last=[d["q_mean_last"] for d in recs],
                 q_mean_max=[d["q_mean_max"] for d in recs],

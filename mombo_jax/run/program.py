@@ -1,18 +1,17 @@
 """The device side of a launch: its arguments (`Program`), the config its program is compiled
 from (`program_config`), the compiled device call, cached per process (`compile_chunk`), and how
-many epochs one call runs (`chunk_length`, at most about `CALL_SECONDS`). runner.loop drives it.
+many epochs one call runs (`chunk_length`, at most about `CALL_SECONDS`). launch.Launch drives it.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any
 
 import jax
 import numpy as np
 
-from mombo_jax.core import train as train_lib
-from mombo_jax.settings import environment
+from mombo_jax.core import buffer, train as train_lib
+from mombo_jax.settings import config as config_lib, environment
 
 # Longest a device call may run (epochs are batched up to the next evaluation, but no more than
 # this by the last call's pace; one epoch at least): SIGTERM / SIGINT are honoured between calls,
@@ -24,23 +23,24 @@ CALL_SECONDS = 3.0
 class Program:
   """The device side of a launch: the compiled program's shared config and its arguments, cell
   axis C (sharded over the devices), datasets D (replicated)."""
-  config: Any                  # the groups' shared settings (check_groups: what may differ),
-                               # rollout_length the longest group's (program_config)
+  config: config_lib.Config    # the runs' shared settings (check_runs: what may differ),
+                               # rollout_length the longest run's (program_config)
   num_cells: int
-  state: Any                   # train.CellState [C]
-  real: Any                    # buffer.Batch [D, N_max, ...]
-  keys: Any                    # [C] epoch keys: epoch e of cell c uses fold_in(keys[c], e)
-  cells: Any                   # train.Cell [C]
+  state: train_lib.CellState   # [C]
+  real: buffer.Batch           # [D, N_max, ...]
+  keys: jax.Array              # [C] epoch keys: epoch e of cell c uses fold_in(keys[c], e)
+  cells: train_lib.Cell        # [C]
   start: int                   # the epoch every workdir resumes at
-  per_cell: tuple = ()         # train.CELL_SETTINGS the groups differ in: read from `cells`
+  per_cell: tuple = ()         # train.CELL_SETTINGS the runs differ in: read from `cells`
 
 
-def program_config(groups):
-  """The config of the launch's program: the first group's (check_groups: every group's agrees
-  with it in what the epoch reads alike), with the longest rollout_length of the groups (the
-  rollout scan's length and the ring's capacity; each cell uses its own, train.Cell)."""
-  return groups[0].config.replace(
-      rollout_length=max(g.config.rollout.rollout_length for g in groups))
+def program_config(specs):
+  """The config of the launch's program (specs: its run_specs.RunSpecs): the first run's
+  (check_runs: every run's agrees with it in what the epoch reads alike), with the longest
+  rollout_length of the runs (the rollout scan's length and the ring's capacity; each cell uses
+  its own, train.Cell)."""
+  return specs[0].config.replace(
+      rollout_length=max(s.config.rollout.rollout_length for s in specs))
 
 
 # Compiled chunks of this process, by function and argument signature: launches of one setup in

@@ -1,11 +1,14 @@
-"""The dataset a run trains on: loaded, or, when missing and the collector knows it by its short
-name, built by experiments.collect in a child process (which a stop request is passed on to).
-Errors are errors.UserError; a build the user stopped raises errors.Interrupted."""
+"""The datasets a launch trains on (load_datasets): each loaded, or, when missing and the collector
+knows it by its short name, built by experiments.collect in a child process (which a stop request
+is passed on to). Errors are errors.UserError; a build the user stopped raises
+errors.Interrupted."""
 import sys
+from typing import Dict
 
 from mombo_jax.data import names, provenance, transitions as transitions_lib
 from mombo_jax.env import envs
 from mombo_jax.errors import DatasetNotFoundError, Interrupted, UserError
+from mombo_jax.run import distributed
 from mombo_jax.run.console import log
 from mombo_jax.signals import run_child
 
@@ -68,3 +71,22 @@ def load_or_build(dataset, config, build_missing, build_steps, download=False, r
                     f"dim {transitions.actions.shape[1]}, but {env} needs {envs.OBS_DIM[env]} and "
                     f"{envs.ACTION_DIM[env]}; check `dataset` / `env`.", params=("dataset", "env"))
   return transitions
+
+
+def load_datasets(specs, build_missing, build_steps, download=False, require_full=False,
+                  should_stop=None) -> Dict[str, transitions_lib.Transitions]:
+  """The distinct datasets of a launch's runs (specs: run_specs.RunSpecs), in order: name ->
+  Transitions, each loaded or built (load_or_build, with its first run's config), one log line
+  each."""
+  # Processes building one dataset side by side would collide.
+  build = False if distributed.is_multiprocess() else build_missing
+  data = {}
+  for name in dict.fromkeys(s.dataset for s in specs):
+    config = next(s.config for s in specs if s.dataset == name)
+    t = data[name] = load_or_build(name, config, build, build_steps, download=download,
+                                   require_full=require_full, should_stop=should_stop)
+    # Which physics the policies meet (docs/protocol.md, "Environments"): D4RL's walker model
+    # for an imported D4RL walker dataset, else the v5 env.
+    log(f"{name}: {len(t.rewards)} transitions, obs dim {t.observations.shape[1]}, action dim "
+        f"{t.actions.shape[1]}; evaluated in {envs.eval_env_spec(name)['physics']}.")
+  return data

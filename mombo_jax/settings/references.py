@@ -143,7 +143,7 @@ for _table in (MOMBO_AUTHORS, MOBILE_OFFLINERL_KIT, MOBILE_AUTHORS, MOPO_OFFLINE
 # - adinlab/MOMBO utils/policy_trainer.py: `if e % 50 == 0 or e == self._epoch` -> 50.
 # - yihaosun1124/mobile utils/policy_trainer.py: `if e % 10 == 0` -> 10.
 # - OfflineRL-Kit offlinerlkit/policy_trainer/mb_policy_trainer.py: after every epoch -> 1. Here
-#   every evaluation point is also a checkpoint (runner.loop), and one evaluation of a 48-cell
+#   every evaluation point is also a checkpoint (Launch.evaluate), and one evaluation of a 48-cell
 #   program takes longer than an epoch of training (BENCHMARKS.md), so OfflineRL-Kit's sources
 #   evaluate every 10 epochs, the MOBILE authors' cadence (docs/protocol.md says what changes).
 SOURCES = {

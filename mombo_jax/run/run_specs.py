@@ -1,12 +1,16 @@
-"""What a launch trains: its Groups (one workdir each: a dataset, a beta, its seeds), planned from
-the --datasets x --betas flags and checked to share one compiled program. mombo_jax.run.runner
-trains them.
+"""What a launch trains: its RunSpecs (one run each: one workdir of a dataset, a beta, its seeds),
+planned from the --datasets x --betas flags and checked to share one compiled program.
+mombo_jax.run.launch trains them.
+
+Words: a run is one workdir's training (what experiments.report reads back); a launch trains one
+or more runs in one compiled program; a cell is one seed of one run (train.Cell), the program's
+cell axis holding every run's cells side by side.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional
+from typing import Optional
 
 from mombo_jax.core import train as train_lib
 from mombo_jax.core.epoch_settings import epoch_settings
@@ -17,10 +21,10 @@ from mombo_jax.settings import config as config_lib
 
 
 @dataclasses.dataclass(frozen=True)
-class Group:
-  """One workdir of a launch: config.num_seeds seeds (from config.seed) of one dataset at
+class RunSpec:
+  """One run of a launch, one workdir: config.num_seeds seeds (from config.seed) of one dataset at
   config.beta. dynamics_dir: where its ensembles are saved / reused (default <workdir>/dynamics)."""
-  config: Any
+  config: config_lib.Config
   dataset: str
   workdir: str
   dynamics_dir: Optional[str] = None
@@ -43,12 +47,12 @@ def describe_algorithm(config, betas=None) -> str:
   return f"{alg.name.upper()}, {coef} {values}"
 
 
-def plan_groups(env, algo, preset, overrides, datasets=None, betas=None, root="runs",
+def plan_runs(env, algo, preset, overrides, datasets=None, betas=None, root="runs",
                 dynamics_dir=None):
-  """The Groups of a --datasets x --betas launch (datasets default [env], betas default each
+  """The RunSpecs of a --datasets x --betas launch (datasets default [env], betas default each
   dataset's own paper beta or overrides["beta"]). A short dataset name brings its own paper
   settings (config.make_config); a Minari id trains with env's. Workdirs: run_dir under root.
-  With betas, a dataset's groups share their dynamics (workdir.grid_dynamics_dir; without, each
+  With betas, a dataset's runs share their dynamics (workdir.grid_dynamics_dir; without, each
   workdir keeps its own, as a plain run does). Raises UserError for a bad name or value."""
   if (datasets is not None and not list(datasets)) or (betas is not None and not list(betas)):
     raise UserError("`datasets` / `betas` given empty; pass at least one value, or None.",
@@ -57,7 +61,7 @@ def plan_groups(env, algo, preset, overrides, datasets=None, betas=None, root="r
   if len(set(datasets)) != len(datasets) or (betas and len(set(betas)) != len(betas)):
     raise UserError("`datasets` and `betas` must not repeat a value.",
                     params=("datasets", "betas"))
-  groups = []
+  specs = []
   for dataset in datasets:
     task = dataset if dataset in names.valid_names() else env
     for beta in (betas or [None]):
@@ -69,46 +73,47 @@ def plan_groups(env, algo, preset, overrides, datasets=None, betas=None, root="r
       workdir = run_dir(root, dataset, algo, config.target, config.seed, config.num_seeds,
                         None if not betas else beta, config.reference)
       dyn = grid_dynamics_dir(root, dataset, dynamics_dir) if betas else None
-      groups.append(Group(config, dataset, workdir, dyn))
-  return groups
+      specs.append(RunSpec(config, dataset, workdir, dyn))
+  return specs
 
 
-# Config fields the launch's host loop reads once for all groups (runner.loop: the first group's).
+# Config fields the launch's host loop reads once for all runs (Launch.train_epochs: the first
+# run's).
 _LOOP = ("epochs", "eval_every")
 
 
-def check_groups(groups):
-  """Refuses groups that cannot share one compiled epoch (their epoch_settings.EpochSettings differ
+def check_runs(specs):
+  """Refuses runs that cannot share one compiled epoch (their epoch_settings.EpochSettings differ
   beyond the settings each cell carries: beta and train.CELL_SETTINGS (rollout_length,
   real_ratio, auto_alpha; the program's rollout scan and ring take the longest rollout_length,
   program.program_config)), or one host loop (_LOOP), or one folder."""
-  if not groups:
+  if not specs:
     raise UserError("Nothing to train: no dataset / beta given.")
-  dirs = [os.path.abspath(g.workdir) for g in groups]
+  dirs = [os.path.abspath(g.workdir) for g in specs]
   if len(set(dirs)) != len(dirs):
-    raise UserError(f"Two cells of this launch would share a workdir ({', '.join(dirs)}); give "
+    raise UserError(f"Two runs of this launch would share a workdir ({', '.join(dirs)}); give "
                     "each (dataset, beta) its own.")
   def shared(c):
     settings = epoch_settings(c.replace(rollout_length=1), tuple(train_lib.CELL_SETTINGS))
     out = {}
-    for f in dataclasses.fields(settings):        # the groups by setting: a message names one
+    for f in dataclasses.fields(settings):        # flat setting names: a message names one
       value = getattr(settings, f.name)
       out.update(dataclasses.asdict(value) if f.name in config_lib.GROUPS else {f.name: value})
     out["algorithm"] = settings.algorithm.label
     values = c.settings()
     return dict(out, **{k: values[k] for k in _LOOP})
-  first = shared(groups[0].config)
-  envs = {g.config.env_name for g in groups}
+  first = shared(specs[0].config)
+  envs = {g.config.env_name for g in specs}
   if len(envs) > 1:
     raise UserError(f"`datasets` of one launch must share an environment, got {sorted(envs)}: "
                     "launch one per environment.", params=("datasets",))
-  for g in groups[1:]:
+  for g in specs[1:]:
     other = shared(g.config)
     diff = {k: (first[k], v) for k, v in other.items() if first[k] != v}
     if diff:
-      what = ", ".join(f"{k}: {a!r} for {groups[0].dataset} vs {b!r} for {g.dataset}"
+      what = ", ".join(f"{k}: {a!r} for {specs[0].dataset} vs {b!r} for {g.dataset}"
                        for k, (a, b) in sorted(diff.items()))
-      raise UserError(f"{groups[0].dataset} and {g.dataset} cannot train in one program: their "
+      raise UserError(f"{specs[0].dataset} and {g.dataset} cannot train in one program: their "
                       "settings differ beyond those each cell carries (the dataset, "
                       f"beta, {', '.join(train_lib.CELL_SETTINGS)}) ({what}). Pass flags that "
                       "set these fields for all, or launch them apart.")

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from mombo_jax.core import train as train_lib
+from mombo_jax.core import rewrites, train as train_lib
 from mombo_jax.settings import environment
 
 # Longest a device call may run (epochs are batched up to the next evaluation, but no more than
@@ -55,7 +55,9 @@ def compile_chunk(program: Program):
   fn = train_lib.make_cells_chunk(program.config, program.num_cells,
                                   program.config.evaluation.eval_every,
                                   program.per_cell, layout=environment.cells(),
-                                  cpu_dots=environment.cpu_dots())
+                                  cpu_dots=environment.cpu_dots(),
+                                  choices=rewrites.choose(environment.predict_rows(),
+                                                          environment.critic_matmul()))
   args = (program.state, program.real, program.keys, program.cells, np.int32(program.start),
           np.int32(1))
   leaves, tree = jax.tree.flatten(args)

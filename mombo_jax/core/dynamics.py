@@ -206,8 +206,10 @@ def predict(dyn: DynamicsState, obs, action, config, members=None):
   if dyn.params["max_logvar"].shape[-1] != obs_dim + 1:
     raise ValueError(f"The dynamics model predicts {dyn.params['max_logvar'].shape[-1] - 1} state "
                      f"dims but obs has {obs_dim}: train or load a model for this environment.")
-  return pieces.map_rows(lambda o, a: _predict(dyn, o, a, config, members),
-                         rewrites.in_effect().predict_rows, obs, action, out_row_axis=1)
+  # The named scope: a phase of the epoch (train.PHASES); metadata only.
+  with jax.named_scope("dynamics"):
+    return pieces.map_rows(lambda o, a: _predict(dyn, o, a, config, members),
+                           rewrites.in_effect().predict_rows, obs, action, out_row_axis=1)
 
 
 def _predict(dyn: DynamicsState, obs, action, config, members):

@@ -188,10 +188,11 @@ def make_epoch(config, per_cell=(), choices: rewrites.Rewrites = None):
     agent, dyn = state.agent, state.dynamics
     start = jax.random.randint(k_start, (config.rollout.rollout_batch_size,), 0, size)
     policy_fn = functools.partial(_policy, agent, config)
-    ring, roll_metrics = rollout.run(k_roll, policy_fn, dyn,
-                                     buffer.take(real, start, dataset).obs, state.buffer, config,
-                                     term_fn, beta=beta, length=k,
-                                     capacity=None if k is None else capacity(config, k))
+    with jax.named_scope("rollout"):
+      ring, roll_metrics = rollout.run(k_roll, policy_fn, dyn,
+                                       buffer.take(real, start, dataset).obs, state.buffer,
+                                       config, term_fn, beta=beta, length=k,
+                                       capacity=None if k is None else capacity(config, k))
     target_fn = targets.bind(config, dyn, term_fn, beta=beta, real_rows=n_real,
                              auto_alpha=auto_alpha)
 
@@ -220,6 +221,14 @@ def make_epoch(config, per_cell=(), choices: rewrites.Rewrites = None):
 
 
 DIVERGENCE_CHECKS = ("critic_loss", "actor_loss", "alpha_loss", "params")
+
+# The epoch's phases as named scopes (jax.named_scope: the jaxpr's name stacks and the compiled
+# program's op_name metadata carry them; the program is the same): the rollout (make_epoch), the
+# dynamics ensemble's predictions (dynamics.predict: in the rollout, and in the targets of MOBILE
+# and MOMBO elite_spread / mixture), a gradient step's critic update (its Bellman target, critic
+# loss, Adam step and Polyak update) and actor update (actor and temperature; sac.update).
+# benchmarks/bench_phase_counts.py counts FLOPs and ops by them; a device profile can too.
+PHASES = ("rollout", "dynamics", "critic_update", "actor_update")
 
 
 def health_checks(agent: sac.AgentState, step_metrics: dict, config) -> dict:

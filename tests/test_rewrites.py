@@ -43,6 +43,19 @@ def test_the_environment_passes_the_choices_down(monkeypatch):
     rewrites.choose(critic_matmul="cublas")
 
 
+def test_a_launch_compiles_with_the_environments_choices(monkeypatch):
+  """program.compile_choices: what compile_chunk (every launch) passes make_cells_chunk."""
+  from mombo_jax.run import program
+  monkeypatch.setenv(ROWS_ENV, "250")
+  monkeypatch.setenv(MATMUL_ENV, "jax")
+  monkeypatch.setenv("MOMBO_JAX_CELLS", "vmap")
+  got = program.compile_choices()
+  assert got["choices"] == rewrites.Rewrites(250, "jax") and got["layout"] == "vmap"
+  for env in (ROWS_ENV, MATMUL_ENV, "MOMBO_JAX_CELLS"):
+    monkeypatch.delenv(env)
+  assert program.compile_choices()["choices"] == rewrites.choose()
+
+
 @pytest.mark.parametrize("env", [ROWS_ENV, MATMUL_ENV])
 def test_a_bad_choice_is_refused_before_any_work(monkeypatch, tmp_path, env):
   monkeypatch.setenv(env, "sometimes")

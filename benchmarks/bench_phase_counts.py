@@ -49,7 +49,8 @@ from benchmarks import common  # the tree's on PYTHONPATH (an older one's, for a
 from mombo_jax.core import buffer, dynamics, rollout, sac, targets, termination, train
 from mombo_jax.settings import config as config_lib
 
-PHASES = ("rollout", "dynamics", "critic_update", "actor_update")
+# The epoch's named scopes (an older tree has no train.PHASES, nor the scopes but the rollout's).
+PHASES = getattr(train, "PHASES", ("rollout", "dynamics", "critic_update", "actor_update"))
 OBS, ACT = 11, 3
 
 

@@ -6,15 +6,16 @@ Run (repo root):  python3 -m benchmarks.bench_epoch_changes [--algos=mopo,mombo,
 One process builds one epoch program (train.make_cells_chunk, 1 cell, what runs use) per variant and
 calls them in alternation, round after round (the order reversed every other round), so that load
 drifts fall on all variants alike; the record is each variant's median seconds and the median of its
-per-round ratios to `before`. Variants (each change is switchable in-process):
-  before  the three changes off: the layers' gradients by JAX's own transpose rule (critics.matmul
-          replaced by a plain dot_general), XLA's default CPU dots (MOMBO_JAX_CPU_DOTS=xla),
-          the rollout's predictions and actor in one piece (dynamics.PREDICT_ROWS and
-          train._POLICY_ROWS huge)
+per-round ratios to `before`. Variants (each change is a program argument, rewrites.Rewrites and
+cpu_dots; the first two are chosen per backend since issue 43, core/rewrites.py):
+  before  the three changes off: the layers' gradients by JAX's own transpose rule
+          (critic_matmul 'jax', MOMBO_JAX_CRITIC_MATMUL=jax), XLA's default CPU dots
+          (MOMBO_JAX_CPU_DOTS=xla), the rollout's predictions and actor in one piece
+          (predict_rows None, MOMBO_JAX_PREDICT_ROWS=none)
   matmul  critics.matmul's backward only (x^T g and g kernel^T, Eigen's standard dot form)
   eigen   xla_options' CPU dots only (no YNNPACK)
-  pieces  the rollout in pieces of PREDICT_ROWS rows only
-  after   all three (what the package runs)
+  pieces  the rollout in pieces of rewrites.PREDICT_ROWS (1000) rows only
+  after   all three (what the package runs on CPU)
 Also: how many leaves of each variant's state after one epoch differ from `before`'s (the changes
 round differently), the compiled programs' transpose and YNNPACK-fusion counts, and GFLOP/s of
 `after` (FLOPs from the epoch's jaxpr, benchmarks.common.jaxpr_flops) against this CPU's matmul
@@ -32,17 +33,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from mombo_jax.core import buffer, critics, dynamics, train
+from mombo_jax.core import buffer, dynamics, rewrites, train
 from mombo_jax.settings import config as config_lib
 
 OBS, ACT, ROWS = 11, 3, 200_000
 VARIANTS = {  # name: (critics.matmul, eigen dots, pieces)
     "before": (False, False, False), "matmul": (True, False, False), "eigen": (False, True, False),
     "pieces": (False, False, True), "after": (True, True, True)}
-
-
-def _plain_matmul(x, kernel):
-  return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
 
 
 def synthetic(rows):
@@ -75,19 +72,13 @@ def build(algo, args, real, cells=1):
 
 def compile_variant(name, config, state, stacked, cells, keys):
   new_dw, eigen, pieces = VARIANTS[name]
-  saved = (critics.matmul, dynamics.PREDICT_ROWS, None, train._POLICY_ROWS)
-  try:
-    critics.matmul = saved[0] if new_dw else _plain_matmul
-    dynamics.PREDICT_ROWS = saved[1] if pieces else 1 << 40
-    train._POLICY_ROWS = saved[3] if pieces else 1 << 40
-    train._cells_chunk.cache_clear()   # the programs are cached per config: build each anew
-    chunk = train.make_cells_chunk(config, 1, 1, cpu_dots="eigen" if eigen else "xla")
-    args = (jax.tree.map(jnp.asarray, state), stacked, keys, cells, 0, 1)
-    compiled = chunk.lower(*args).compile()
-    flops = common.jaxpr_flops(chunk.__wrapped__, *args) if name == "after" else None
-  finally:
-    critics.matmul, dynamics.PREDICT_ROWS, train._POLICY_ROWS = saved[0], saved[1], saved[3]
-    train._cells_chunk.cache_clear()
+  choices = rewrites.Rewrites(predict_rows=rewrites.PREDICT_ROWS if pieces else None,
+                              critic_matmul="rewrite" if new_dw else "jax")
+  chunk = train.make_cells_chunk(config, 1, 1, cpu_dots="eigen" if eigen else "xla",
+                                 choices=choices)
+  args = (jax.tree.map(jnp.asarray, state), stacked, keys, cells, 0, 1)
+  compiled = chunk.lower(*args).compile()
+  flops = common.jaxpr_flops(chunk.__wrapped__, *args) if name == "after" else None
   text = compiled.as_text()
   counts = dict(transposes=sum(" transpose(" in line for line in text.splitlines()),
                 ynn=text.count("__ynn_fusion"))

@@ -53,6 +53,31 @@ def test_registry_gives_records_and_refuses_unknown_names():
     config_lib.make_config("hopper-random", "sac")
 
 
+def test_one_way_to_a_records_functions():
+  """targets.get_target / get_penalty / bind give every built-in record's functions themselves
+  (its stand-ins resolved, by name), so the core compares functions (rollout.py: MOPO's penalty
+  comes out of its one model step); stand-ins compare by name; a reward penalty needs a penalty."""
+  builtins = [algorithms.MOMBO_LCB, algorithms.MOMBO_ELITE_SPREAD, algorithms.MOMBO_MIXTURE,
+              algorithms.MOBILE, algorithms.MOPO]
+  for record in builtins:
+    config = config_lib.make_config("hopper-random", record.name,
+                                    **({"target": record.variant} if record.variant else {}))
+    assert config.algorithm is record
+    assert targets.get_target(config) is getattr(targets, record.bellman_target.name)
+    assert targets.get_penalty(config) is getattr(targets, record.penalty.name)
+    assert targets.bind(config, None, None).func is targets.get_target(config)
+  assert targets.get_penalty(config_lib.make_config("hopper-random", "mopo")) is \
+      targets.penalty_mopo
+  assert algorithms.MOPO.penalty == algorithms._Target("penalty_mopo")
+  assert algorithms.MOPO.penalty != algorithms._Target("penalty_mobile")
+  toy = config_lib.make_config("hopper-random", "toy_bonus")
+  assert targets.get_target(toy) is bonus_target
+  with pytest.raises(ValueError, match="toy_bonus has no uncertainty penalty"):
+    targets.get_penalty(toy)
+  with pytest.raises(ValueError, match="penalize_reward needs a penalty"):
+    algorithms.Algorithm("toy_no_penalty", bonus_target, penalize_reward=True)
+
+
 def test_one_label_builder():
   assert [algorithms.label("mombo", "lcb", f) for f in ("name", "title", "column")] == \
       ["mombo-lcb", "mombo (lcb)", "MOMBO (lcb)"]

@@ -1,5 +1,6 @@
 """The epoch's CPU fast paths (#29): critics.matmul (the weight gradient as x^T g, so the vmapped
-training step needs no transposes) and dynamics.predict in pieces of PREDICT_ROWS rows."""
+training step needs no transposes) and dynamics.predict in pieces of rows, each chosen per backend
+(core/rewrites.py: on CPU both, elsewhere neither; these tests pick them with rewrites.tracing)."""
 import re
 
 import jax
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax.core import critics, dynamics, xla_options
+from mombo_jax.core import critics, dynamics, rewrites, xla_options
 from mombo_jax.settings import config as config_lib
 
 CPU_ONLY = pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's compiled program")
@@ -46,12 +47,14 @@ def _assert_grads_match(got, want):
 
 @pytest.mark.parametrize("features", [4, 1])          # 1: a scalar head (the gemv branch)
 @pytest.mark.parametrize("x_shape", [(6, 5), (3, 6, 5)])
-def test_matmul_value_and_gradients_equal_the_plain_matmul(x_shape, features):
+@pytest.mark.parametrize("how", rewrites.CRITIC_MATMULS)
+def test_matmul_value_and_gradients_equal_the_plain_matmul(x_shape, features, how):
   x, kernel = _normal(0, *x_shape), _normal(1, 5, features)
-  out = critics.matmul(x, kernel)
+  with rewrites.tracing(rewrites.choose(critic_matmul=how)):
+    out = critics.matmul(x, kernel)
+    got = jax.grad(_loss(critics.matmul), argnums=(0, 1))(x, kernel)
   assert out.shape == x_shape[:-1] + (features,)
   np.testing.assert_array_equal(out, x @ kernel)
-  got = jax.grad(_loss(critics.matmul), argnums=(0, 1))(x, kernel)
   want = jax.grad(_loss(lambda a, b: a @ b), argnums=(0, 1))(x, kernel)
   assert got[0].shape == x_shape and got[1].shape == (5, features)
   _assert_grads_match(got, want)
@@ -130,8 +133,8 @@ def test_vmapped_critic_gradient_runs_standard_dots(monkeypatch):
   assert len(others) == 1 and others[0].endswith("3,8,1]"), others
   monkeypatch.setattr(critics, "GEMV_FEATURES", 0)    # before tracing: read when the bwd is traced
   assert _other_dots(_critic_step_hlo()) == []
-  monkeypatch.setattr(critics, "matmul", _plain)      # before tracing: MMDense looks it up per call
-  assert len(_other_dots(_critic_step_hlo())) > 1
+  with rewrites.tracing(rewrites.choose(critic_matmul="jax")):   # JAX's own transpose rule
+    assert len(_other_dots(_critic_step_hlo())) > 1
 
 
 @pytest.fixture(scope="module")
@@ -145,9 +148,9 @@ def dyn_setup():
 
 
 @pytest.mark.parametrize("elites", [False, True])
-def test_predict_in_pieces_equals_one_piece(dyn_setup, monkeypatch, elites):
+def test_predict_in_pieces_equals_one_piece(dyn_setup, elites):
   """rows = 2 pieces + 5 (the last piece padded): the pieces' outputs have predict's shapes and
-  the one-piece values. predict reads PREDICT_ROWS when traced: each setting is jitted anew."""
+  the one-piece values. predict reads the rewrites in effect when traced: each is jitted anew."""
   config, dyn, obs_dim, act_dim = dyn_setup
   rows = 2 * 16 + 5
   obs, act = _normal(9, rows, obs_dim), _normal(10, rows, act_dim)
@@ -155,14 +158,15 @@ def test_predict_in_pieces_equals_one_piece(dyn_setup, monkeypatch, elites):
   k = 2 if elites else config.dynamics.dyn_members
 
   def run(piece_rows):
-    monkeypatch.setattr(dynamics, "PREDICT_ROWS", piece_rows)
     f = lambda o, a: dynamics.predict(dyn, o, a, config, members=members)  # noqa: E731
-    return jax.make_jaxpr(f)(obs, act), jax.jit(f)(obs, act)
+    with rewrites.tracing(rewrites.choose(predict_rows=piece_rows)):
+      return jax.make_jaxpr(f)(obs, act), jax.jit(f)(obs, act)
 
   jaxpr, pieces = run(16)
   assert "scan" in str(jaxpr)                  # the pieces path ran
-  jaxpr, whole = run(10 ** 9)
-  assert "scan" not in str(jaxpr)
+  for one_piece in (10 ** 9, "none"):
+    jaxpr, whole = run(one_piece)
+    assert "scan" not in str(jaxpr)
   shapes = [(k, rows, obs_dim), (k, rows, obs_dim), (k, rows), (k, rows)]
   assert [p.shape for p in pieces] == shapes and [w.shape for w in whole] == shapes
   for p, w in zip(pieces, whole):

@@ -146,6 +146,38 @@ def test_a_registered_reward_penalty_is_the_records_own(setup):
       np.mean(0.5 + np.abs(np.asarray(buf.data.action[:count, 0]))), rtol=1e-5)
 
 
+def _ensemble_forwards(jaxpr, first_kernel_tail):
+  """How many dot_generals of `jaxpr` (its sub-programs too: scan, map, pjit, custom rules) take
+  a kernel of shape [members, *first_kernel_tail]: the dynamics ensemble's first layer, one per
+  forward pass of the ensemble."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      count += any(tuple(v.aval.shape[1:]) == first_kernel_tail and len(v.aval.shape) == 3
+                   for v in eqn.invars)
+    for param in eqn.params.values():
+      for sub in (param if isinstance(param, (tuple, list)) else (param,)):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          count += _ensemble_forwards(inner, first_kernel_tail)
+  return count
+
+
+@pytest.mark.parametrize("algo,target", [("mombo", "lcb"), ("mombo", "elite_spread"),
+                                         ("mombo", "mixture"), ("mobile", None), ("mopo", None)])
+def test_every_built_in_rollout_steps_the_ensemble_once_per_model_step(setup, algo, target):
+  """One ensemble forward per rollout step: the K steps are one lax.scan whose body must hold ONE
+  pass of the dynamics ensemble (MOPO's penalty comes out of that step's all-member prediction,
+  not from a second dynamics.step: issue 43's double step, which left the values unchanged)."""
+  _, dyn, start = setup
+  cfg = _config(algo=algo, beta=1.0, **({"target": target} if target else {}))
+  jaxpr = jax.make_jaxpr(lambda k, d, s, b: rollout.run(k, _policy, d, s, b, cfg, _term))(
+      jax.random.PRNGKey(0), dyn, start, buffer.init_ring(N * K, S, A))
+  tail = (S + A, cfg.dynamics.dyn_hidden[0])
+  assert dyn.params["members"]["layer_0"]["kernel"].shape[1:] == tail
+  assert _ensemble_forwards(jaxpr.jaxpr, tail) == 1
+
+
 def test_only_the_elites_run_except_for_mopo(setup):
   """NaN weights in the non-elite member 1: MOMBO / MOBILE rollouts are exactly as with a healthy
   member 1; MOPO's penalty takes every member, so its rows all turn non-finite and are dropped."""

@@ -134,8 +134,8 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
   traces, compiles = [], []
   make_epoch = train_lib.make_epoch
 
-  def counting_make_epoch(config, per_cell=()):
-    epoch = make_epoch(config, per_cell)
+  def counting_make_epoch(config, per_cell=(), choices=None):
+    epoch = make_epoch(config, per_cell, choices)
 
     @functools.wraps(epoch)
     def counted(*args):

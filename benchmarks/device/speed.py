@@ -58,7 +58,8 @@ def time_program(name, cells, sz, rng, max_epochs, then=None, repeats=2, setting
   import numpy as np
 
   from benchmarks import bench_scale
-  from mombo_jax.core import dynamics, train
+  from mombo_jax.core import dynamics, rewrites, train
+  from mombo_jax.settings import environment
   program = bench_scale.seeds_program(name, cells, sz.rollout, sz.steps, sz.real_rows, rng)
   if settings:
     program.config = program.config.replace(**settings)
@@ -69,7 +70,10 @@ def time_program(name, cells, sz, rng, max_epochs, then=None, repeats=2, setting
   holder = {"state": train.init_cells(keys, config, first, dyn), "epoch": 0}
   del dyn
   real = jax.tree.map(jnp.asarray, program.real)
-  fn = train.make_cells_chunk(config, cells, max_epochs, program.per_cell)
+  # The rollout's pieces and the critic's matmul as the environment asks (part v's variants set
+  # MOMBO_JAX_PREDICT_ROWS / MOMBO_JAX_CRITIC_MATMUL; unset: the backend's defaults).
+  choices = rewrites.choose(environment.predict_rows(), environment.critic_matmul())
+  fn = train.make_cells_chunk(config, cells, max_epochs, program.per_cell, choices=choices)
   t = time.perf_counter()
   compiled = fn.lower(holder["state"], real, keys, program.cells, np.int32(0),
                       np.int32(1)).compile()

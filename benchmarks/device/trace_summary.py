@@ -20,9 +20,10 @@ import os
 import re
 from typing import Dict, List, Optional
 
-# The named scopes of core/train.py (rollout) and core/sac.py (target, critic_update,
-# actor_update), in the order they nest from the outside; an op in none is "other".
-PHASES = ("rollout", "target", "critic_update", "actor_update")
+# The epoch's phases (core/train.py PHASES: named scopes in core/train.py and core/sac.py; the
+# target's computation inside critic_update), outermost first; an op in none is "other". The
+# dynamics scope nests inside rollout and critic_update: the ensemble is counted apart (DYNAMICS).
+PHASES = ("rollout", "critic_update", "actor_update")
 DYNAMICS = "EnsembleDynamics"
 # Control flow the CPU's trace times as an op around its body's ops (on a GPU the host drives it):
 # not a kernel, and counting it would count its body twice.
@@ -106,7 +107,7 @@ def summarise(folder: str, hlo_text: str, steps: int, epochs: int = 1, top: int 
               module: Optional[str] = None) -> dict:
   """The trace under `folder` of `epochs` epochs of the program `hlo_text`, each of `steps`
   gradient steps: {"phases": {phase: (ms per epoch, kernels per epoch)}, "dynamics": (ms,
-  kernels) per epoch, "per_step": device kernels per gradient step (target + critic_update +
+  kernels) per epoch, "per_step": device kernels per gradient step (critic_update +
   actor_update), "top": [(kernel, hlo_op, phase, ms per epoch, calls per epoch)], "total_ms",
   "kernels"} (per epoch)."""
   events = op_events(trace_file(folder), module)
@@ -128,7 +129,7 @@ def summarise(folder: str, hlo_text: str, steps: int, epochs: int = 1, top: int 
     k[1] += 1
     k[2] = phase
   per = lambda us: us / 1000.0 / epochs  # noqa: E731
-  step_kernels = sum(phases[p][1] for p in ("target", "critic_update", "actor_update"))
+  step_kernels = sum(phases[p][1] for p in ("critic_update", "actor_update"))
   ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]
   return {"phases": {p: (per(us), n / epochs) for p, (us, n) in phases.items()},
           "dynamics": (per(dyn[0]), dyn[1] / epochs),

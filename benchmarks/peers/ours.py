@@ -3,6 +3,7 @@ state from train.init_cells, one span = one epoch of train.make_cells_chunk (wha
 calls), all through the library, so that changes to mombo_jax's epoch show here unchanged.
 """
 import contextlib
+import dataclasses
 import functools
 import types
 
@@ -11,7 +12,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.peers import work as work_lib
-from mombo_jax.core import buffer, dynamics, placement, rollout, sac, targets, termination, train
+from mombo_jax.core import (
+  buffer,
+  dynamics,
+  placement,
+  rewrites,
+  rollout,
+  sac,
+  targets,
+  termination,
+  train,
+)
 from mombo_jax.settings import config as config_lib, environment
 
 
@@ -53,7 +64,9 @@ class Ours:
     self.state = placement.shard_cells(state)
     self.stacked, self.cells = placement.replicate(stacked), placement.shard_cells(cells)
     self.keys = placement.shard_cells(self.keys)
+    self.choices = rewrites.choose(environment.predict_rows(), environment.critic_matmul())
     self.chunk = train.make_cells_chunk(config, seeds, 1, layout=environment.cells(),
+                                        choices=self.choices,
                                         cpu_dots=environment.cpu_dots())
     self.epoch = 0
     # One seed's pieces (profile.py and the FLOP count).
@@ -84,14 +97,10 @@ class Ours:
 
   @contextlib.contextmanager
   def one_piece(self):
-    """The rollout traced in one piece (dynamics.PREDICT_ROWS, train._POLICY_ROWS), the same
-    arithmetic as in pieces: for XLA's FLOP count, which counts the pieces' loop body once."""
-    saved = dynamics.PREDICT_ROWS, train._POLICY_ROWS
-    dynamics.PREDICT_ROWS = train._POLICY_ROWS = 1 << 40
-    try:
+    """The rollout traced in one piece (rewrites.Rewrites.predict_rows None), the same arithmetic
+    as in pieces: for XLA's FLOP count, which counts the pieces' loop body once."""
+    with rewrites.tracing(dataclasses.replace(self.choices, predict_rows=None)):
       yield
-    finally:
-      dynamics.PREDICT_ROWS, train._POLICY_ROWS = saved
 
   def _agent_ring(self):
     one = jax.tree.map(lambda x: x[0], self.state)

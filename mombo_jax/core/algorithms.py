@@ -8,8 +8,10 @@ training core (train, sac, rollout, targets) reads its fields, never an algorith
                   config, term_fn, beta=None, real_rows=None, auto_alpha=None) -> (y [B], aux)
   penalty         its uncertainty U(s, a) [B], unscaled (targets' penalty_<algo> signature), or
                   None for an algorithm without one (plain SAC)
-  penalize_reward rollouts subtract beta x dynamics.step's mopo_penalty from the model reward
-                  (MOPO) instead of the target penalising
+  penalize_reward rollouts subtract beta x its penalty from the model reward instead of the
+                  target penalising: MOPO's (targets.penalty_mopo) is dynamics.step's
+                  mopo_penalty, computed by the rollout's one model step; another record's is
+                  called on the step's rows
   moment_matching the critics see the state's variance: the actor is trained on their moment-
                   matched mean at the batch's obs_var (adinlab/MOMBO policies/mombo.py), and the
                   quantifier study reports eq. (1)'s U beside the run's own (MOMBO)
@@ -21,7 +23,9 @@ training core (train, sac, rollout, targets) reads its fields, never an algorith
   origin          one phrase: where this variant comes from (groups.describe_algorithm)
 
 A run names its algorithm by Config.algo and, for an algorithm with several variants (MOMBO's
-Bellman targets), Config.target; `get(algo, target)` / `Config.algorithm` give the record. The
+Bellman targets), Config.target; `get(algo, target)` / `Config.algorithm` give the record, and
+targets.get_target / get_penalty / bind its functions (the one way: built-in records hold
+stand-ins, _Target, that load no JAX). The
 "algo[-target]" names runs carry (workdirs, titles, report columns) come from `label` alone.
 docs/architecture.md ("Add an algorithm") shows how to register one from outside the package.
 `register` notes the module that registered a name (`module_of`); runs record it (config.json's
@@ -40,9 +44,12 @@ from mombo_jax.errors import UserError
 
 @dataclasses.dataclass(frozen=True)
 class _Target:
-  """targets.<name>, looked up when called (under jit: when traced, the same function): the
-  registry (names, variants, labels, tables) then loads without JAX, so the run records and the
-  report read runs without importing it (tests/test_records.py). Hashable by name."""
+  """Stands for the function targets.<name> in a built-in record: the registry (names, variants,
+  labels, tables) then loads without JAX, so the run records and the report read runs without
+  importing it (tests/test_records.py). Compared and hashed by name (two stand-ins of one name
+  are equal), never with the function itself: the core takes a record's functions only through
+  targets.get_target / get_penalty / bind, which resolve stand-ins (`function`), and compares
+  those (rollout.py: is the penalty MOPO's?)."""
   name: str
 
   @property
@@ -75,6 +82,9 @@ class Algorithm:
     if not callable(self.bellman_target):
       raise ValueError(f"Algorithm {self.name!r}: bellman_target must be a function, got "
                        f"{self.bellman_target!r}.")
+    if self.penalize_reward and self.penalty is None:
+      raise ValueError(f"Algorithm {self.name!r}: penalize_reward needs a penalty to subtract "
+                       "(targets.penalty_mopo for MOPO's, or your own).")
 
   @property
   def label(self) -> str:

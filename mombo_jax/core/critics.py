@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mombo_jax.core import inits
+from mombo_jax.core import inits, rewrites
 from mombo_jax.core.moments import mm_linear, mm_relu
 
 # Kernels with at most this many output features (the critics' scalar heads) get their weight
@@ -20,15 +20,27 @@ from mombo_jax.core.moments import mm_linear, mm_relu
 GEMV_FEATURES = 1
 
 
-@jax.custom_vjp
 def matmul(x, kernel):
   """x [..., I] @ kernel [I, F] -> [..., F], as lax.dot_general computes it (the same forward
-  program as `x @ kernel` and nn.Dense's), with the weight gradient written out (below)."""
+  program as `x @ kernel` and nn.Dense's). Its gradients: rewrites.in_effect().critic_matmul,
+  'rewrite' (on CPU: written out for Eigen's dots, _matmul_bwd) or 'jax' (elsewhere: JAX's own
+  transpose rule); read when traced."""
+  if rewrites.in_effect().critic_matmul == "jax":
+    return _dot(x, kernel)
+  return _rewritten(x, kernel)
+
+
+def _dot(x, kernel):
   return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
 
 
+@jax.custom_vjp
+def _rewritten(x, kernel):
+  return _dot(x, kernel)
+
+
 def _matmul_fwd(x, kernel):
-  return matmul(x, kernel), (x, kernel)
+  return _rewritten(x, kernel), (x, kernel)
 
 
 def _matmul_bwd(residuals, g):
@@ -61,7 +73,7 @@ def _matmul_bwd(residuals, g):
   return dx, dkernel
 
 
-matmul.defvjp(_matmul_fwd, _matmul_bwd)
+_rewritten.defvjp(_matmul_fwd, _matmul_bwd)
 
 
 def _dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):

@@ -21,7 +21,7 @@ import flax.struct as struct
 import jax
 import jax.numpy as jnp
 
-from mombo_jax.core import inits, pieces
+from mombo_jax.core import inits, pieces, rewrites
 
 # ----------------------------------------------------------------------------------------------
 # Model
@@ -186,10 +186,6 @@ def loss_fn(config, params, x_std, y, weight):
                                           - jnp.sum(params["min_logvar"]))
 
 
-# Rows per piece of a large prediction (a rollout's 50,000 branches): see predict.
-PREDICT_ROWS = 1000
-
-
 def predict(dyn: DynamicsState, obs, action, config, members=None):
   """All members' Gaussians at (obs [B, S], action [B, A]), or those of `members` only.
 
@@ -198,13 +194,13 @@ def predict(dyn: DynamicsState, obs, action, config, members=None):
   Returns next_obs_mean [K, B, S] (obs + predicted delta), next_obs_var [K, B, S],
   reward_mean [K, B], reward_var [K, B] (K = M for members=None).
 
-  More than PREDICT_ROWS rows run as a loop over pieces of PREDICT_ROWS rows (the last padded,
-  its padding dropped): each row's arithmetic is the same as in one piece, but XLA may round the
-  two programs differently in the last bits (it does inside the vmapped epoch). Why: a rollout's
-  activations ([7, 50,000, 200] f32, 280 MB a layer) go to memory and back between every layer;
-  a piece's (5.6 MB) stay in the caches. Measured on a 2-core Xeon: a MOPO epoch of 20 steps and
-  a 50,000 x 5 rollout 0.87x the time of the one-piece program
-  (benchmarks/bench_epoch_changes.txt).
+  More rows than rewrites.in_effect().predict_rows (on CPU 1000, elsewhere None: one piece;
+  rewrites.py) run as a loop over pieces of that many rows (the last padded, its padding dropped):
+  each row's arithmetic is the same as in one piece, but XLA may round the two programs
+  differently in the last bits (it does inside the vmapped epoch). Why: a rollout's activations
+  ([7, 50,000, 200] f32, 280 MB a layer) go to memory and back between every layer; a piece's
+  (5.6 MB) stay in the caches. Measured on a 2-core Xeon: a MOPO epoch of 20 steps and a
+  50,000 x 5 rollout 0.87x the time of the one-piece program (benchmarks/bench_epoch_changes.txt).
   """
   chex.assert_rank([obs, action], 2)
   chex.assert_equal_shape_prefix([obs, action], 1)
@@ -212,8 +208,10 @@ def predict(dyn: DynamicsState, obs, action, config, members=None):
   if dyn.params["max_logvar"].shape[-1] != obs_dim + 1:
     raise ValueError(f"The dynamics model predicts {dyn.params['max_logvar'].shape[-1] - 1} state "
                      f"dims but obs has {obs_dim}: train or load a model for this environment.")
-  return pieces.map_rows(lambda o, a: _predict(dyn, o, a, config, members), PREDICT_ROWS, obs,
-                         action, out_row_axis=1)
+  # The named scope: a phase of the epoch (train.PHASES); metadata only.
+  with jax.named_scope("dynamics"):
+    return pieces.map_rows(lambda o, a: _predict(dyn, o, a, config, members),
+                           rewrites.in_effect().predict_rows, obs, action, out_row_axis=1)
 
 
 def _predict(dyn: DynamicsState, obs, action, config, members):

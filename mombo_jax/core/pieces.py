@@ -1,24 +1,27 @@
 """Row-wise functions over many rows, run as a loop over pieces of rows (for the caches).
 
-Why: at a rollout's 50,000 rows every layer's activations (e.g. [7, 50,000, 200] f32 in the
-dynamics ensemble, 280 MB) go to memory and back between layers; a piece's stay in the caches.
-Each row's arithmetic is the one of the one-piece program; XLA may still round the two programs
-differently in the last bits.
+Why (on CPU; the pieces are chosen per backend, rewrites.py): at a rollout's 50,000 rows every
+layer's activations (e.g. [7, 50,000, 200] f32 in the dynamics ensemble, 280 MB) go to memory
+and back between layers; a piece's stay in the caches. Each row's arithmetic is the one of the
+one-piece program; XLA may still round the two programs differently in the last bits.
 """
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
 
-def map_rows(fn, piece_rows: int, *arrays, out_row_axis=0):
+def map_rows(fn, piece_rows: Optional[int], *arrays, out_row_axis=0):
   """fn(*arrays) for a row-wise fn, computed on pieces of `piece_rows` rows (the last padded with
-  zeros, its padding dropped) when the arrays have more rows than that; else fn(*arrays).
+  zeros, its padding dropped) when the arrays have more rows than that; else (or for piece_rows
+  None: rewrites.Rewrites.predict_rows off the CPU) fn(*arrays).
 
   arrays: [B, ...] each (B rows, the same B); fn(*pieces [R, ...]) -> a tuple (or one array) of
   outputs with their row axis at `out_row_axis` (e.g. 1 for [K, R, ...]).
   Returns fn's outputs for all B rows, row axis where fn put it.
   """
   rows = arrays[0].shape[0]
-  if rows <= piece_rows:
+  if piece_rows is None or rows <= piece_rows:
     return fn(*arrays)
   count = -(-rows // piece_rows)
 

@@ -59,9 +59,11 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   k = config.rollout.rollout_length
   active = jnp.arange(k) < (k if length is None else length)     # bool [K]: step i runs
   penalise = config.algorithm.penalize_reward
-  # MOPO's penalty comes out of the step itself (every member's prediction); another record that
-  # penalises the reward brings its own penalty (its `penalty` on the step's rows).
-  own_penalty = penalise and config.algorithm.penalty not in (None, targets.penalty_mopo)
+  # MOPO's penalty comes out of the step itself (every member's prediction: ONE ensemble forward
+  # per model step); another record that penalises the reward brings its own penalty (called on
+  # the step's rows). Compared as resolved functions: a built-in record holds a stand-in.
+  penalty_fn = targets.get_penalty(config) if penalise else None
+  own_penalty = penalise and penalty_fn is not targets.penalty_mopo
   beta = config.beta if beta is None else beta
 
   def one_step(carry, inputs):
@@ -78,8 +80,8 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
           obs=obs, action=action, reward=out.reward, next_obs=out.next_obs,
           done=jnp.zeros_like(out.reward), obs_var=obs_var, next_obs_mean=out.next_obs_mean,
           next_obs_var=out.next_obs_var, reward_mean=out.reward_mean, reward_var=out.reward_var)
-      penalty = config.algorithm.penalty(None, rows, jax.random.fold_in(k_model, 1), dyn=dyn,
-                                         config=config, term_fn=term_fn)
+      penalty = penalty_fn(None, rows, jax.random.fold_in(k_model, 1), dyn=dyn, config=config,
+                           term_fn=term_fn)
       chex.assert_shape(penalty, (n,))
     if penalise:
       reward = reward - beta * penalty

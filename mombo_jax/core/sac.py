@@ -216,54 +216,56 @@ def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,
   """
   _check_batch(batch)
   k_target, k_actor = jax.random.split(key)
-  # The step's phases as named scopes: metadata only (benchmarks/device/trace_summary.py).
-  with jax.named_scope("target"):
-    y, aux = target_fn(agent, batch, k_target)
-  y = jax.lax.stop_gradient(y).astype(jnp.float32)
-  chex.assert_shape(y, batch.reward.shape)
-
-  def critic_loss_fn(params):
-    q = agent.critic.apply_fn(params, batch.obs, batch.action)  # [E, B], zero input variance
-    return jnp.sum(jnp.mean((q - y[None]) ** 2, axis=1)), q
-
+  # Named scopes: the epoch's phases (train.PHASES), for the benchmarks' and profiles' counts;
+  # metadata only, the same program.
   with jax.named_scope("critic_update"):
+    y, aux = target_fn(agent, batch, k_target)
+    y = jax.lax.stop_gradient(y).astype(jnp.float32)
+    chex.assert_shape(y, batch.reward.shape)
+
+    def critic_loss_fn(params):
+      q = agent.critic.apply_fn(params, batch.obs, batch.action)  # [E, B], zero input variance
+      return jnp.sum(jnp.mean((q - y[None]) ** 2, axis=1)), q
+
     (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
         agent.critic.params)
     critic = agent.critic.apply_gradients(grads=critic_grads)
 
   temperature = alpha(agent, config, auto_alpha)
 
-  def actor_loss_fn(params):
-    mean, log_std = agent.actor.apply_fn(params, batch.obs)
-    action, logp = sample_tanh_gaussian(mean, log_std, k_actor)
-    q_pi = _critic_values(agent, critic.params, batch.obs, action, batch.obs_var, config).min(0)
-    return jnp.mean(temperature * logp - q_pi), logp
-
   with jax.named_scope("actor_update"):
+    def actor_loss_fn(params):
+      mean, log_std = agent.actor.apply_fn(params, batch.obs)
+      action, logp = sample_tanh_gaussian(mean, log_std, k_actor)
+      q_pi = _critic_values(agent, critic.params, batch.obs, action, batch.obs_var, config).min(0)
+      return jnp.mean(temperature * logp - q_pi), logp
+
     (actor_loss, logp), actor_grads = jax.value_and_grad(actor_loss_fn, has_aux=True)(
         agent.actor.params)
     actor = agent.actor.apply_gradients(grads=actor_grads)
 
-  log_alpha = agent.log_alpha
-  alpha_loss = jnp.zeros((), jnp.float32)
-  if config.agent.auto_alpha or auto_alpha is not None:
-    entropy_gap = jax.lax.stop_gradient(logp) + target_entropy(config, batch.action.shape[-1])
+    log_alpha = agent.log_alpha
+    alpha_loss = jnp.zeros((), jnp.float32)
+    if config.agent.auto_alpha or auto_alpha is not None:
+      entropy_gap = jax.lax.stop_gradient(logp) + target_entropy(config, batch.action.shape[-1])
 
-    def alpha_loss_fn(params):
-      return -jnp.mean(params["log_alpha"] * entropy_gap)
+      def alpha_loss_fn(params):
+        return -jnp.mean(params["log_alpha"] * entropy_gap)
 
-    loss, alpha_grads = jax.value_and_grad(alpha_loss_fn)(log_alpha.params)
-    stepped = log_alpha.apply_gradients(grads=alpha_grads)
-    if auto_alpha is None:
-      alpha_loss, log_alpha = loss, stepped
-    else:
-      # Per cell (vmapped): the step is computed always and kept only where alpha is learned.
-      alpha_loss = jnp.where(auto_alpha, loss, 0.0)
-      log_alpha = jax.tree.map(lambda new, old: jnp.where(auto_alpha, new, old), stepped,
-                               log_alpha)
+      loss, alpha_grads = jax.value_and_grad(alpha_loss_fn)(log_alpha.params)
+      stepped = log_alpha.apply_gradients(grads=alpha_grads)
+      if auto_alpha is None:
+        alpha_loss, log_alpha = loss, stepped
+      else:
+        # Per cell (vmapped): the step is computed always and kept only where alpha is learned.
+        alpha_loss = jnp.where(auto_alpha, loss, 0.0)
+        log_alpha = jax.tree.map(lambda new, old: jnp.where(auto_alpha, new, old), stepped,
+                                 log_alpha)
 
-  target_params = optax.incremental_update(critic.params, agent.target_critic_params,
-                                           config.agent.tau)
+  with jax.named_scope("critic_update"):
+    target_params = optax.incremental_update(critic.params, agent.target_critic_params,
+                                             config.agent.tau)
+
   new_agent = agent.replace(actor=actor, critic=critic, target_critic_params=target_params,
                             log_alpha=log_alpha)
   metrics = {

@@ -8,8 +8,9 @@ settings may be traced (the cells of one program may differ in them, train.Cell)
 scalar, default config.beta), real_rows (int32 scalar, the batch's leading real rows; default
 int(B * config.rollout.real_ratio)) and auto_alpha (bool scalar, default config.agent.auto_alpha;
 it picks the temperature of a soft backup, sac.alpha).
-`train.py` binds dyn/config/term_fn and the cell's settings with functools.partial and hands
-`sac.update` a `target_fn(agent, batch, key)`.
+`train.py` binds dyn/config/term_fn and the cell's settings (`bind`) and hands `sac.update` a
+`target_fn(agent, batch, key)`. get_target / get_penalty / bind are the one way to a record's
+functions (a built-in record holds stand-ins: algorithms._Target).
 
 Batches come from `buffer.sample_mixed`, which puts the n_real real rows first; `_real_rows`
 relies on that to give real rows the plain, unpenalised target where a target recomputes
@@ -264,22 +265,28 @@ def penalty_mopo(agent, batch, key, *, dyn, config, term_fn=None):
   return dynamics.step(dyn, batch.obs, batch.action, key, config, penalty=True).mopo_penalty
 
 
-def get_target(config):
-  """The target function of config's algorithm (config.algorithm: algorithms.Algorithm)."""
-  # A built-in record names its function lazily (algorithms._Target): the function itself.
-  fn = config.algorithm.bellman_target
+def _function(fn):
+  """The function a record's field holds: a built-in record's stand-in (algorithms._Target, which
+  this module cannot import: algorithms imports it) gives its `function`, a function itself."""
   return getattr(fn, "function", fn)
+
+
+def get_target(config):
+  """The target function of config's algorithm (config.algorithm: algorithms.Algorithm), a
+  built-in record's stand-in resolved (_function)."""
+  return _function(config.algorithm.bellman_target)
 
 
 def get_penalty(config):
   """penalty_fn(agent, batch, key, *, dyn, config, term_fn) -> U [B] (unscaled) of config's
-  algorithm: the per-row quantity its training subtracts times beta."""
+  algorithm: the per-row quantity its training subtracts times beta (a stand-in resolved)."""
   if config.algorithm.penalty is None:
     raise ValueError(f"{config.algorithm.label} has no uncertainty penalty.")
-  fn = config.algorithm.penalty
-  return getattr(fn, "function", fn)            # algorithms._Target: the function itself
+  return _function(config.algorithm.penalty)
 
 
-def bind(config, dyn, term_fn):
-  """target_fn(agent, batch, key) for sac.update, with the dynamics and config bound."""
-  return functools.partial(get_target(config), dyn=dyn, config=config, term_fn=term_fn)
+def bind(config, dyn, term_fn, beta=None, real_rows=None, auto_alpha=None):
+  """target_fn(agent, batch, key) for sac.update: config's target (get_target) with the dynamics,
+  config, termination and the cell's settings bound (train.make_epoch's)."""
+  return functools.partial(get_target(config), dyn=dyn, config=config, term_fn=term_fn, beta=beta,
+                           real_rows=real_rows, auto_alpha=auto_alpha)

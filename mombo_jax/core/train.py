@@ -21,7 +21,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax.core import buffer, cell_layout, dynamics, rollout, sac, termination, xla_options
+from mombo_jax.core import (
+  buffer,
+  cell_layout,
+  dynamics,
+  rewrites,
+  rollout,
+  sac,
+  targets,
+  termination,
+  xla_options,
+)
 from mombo_jax.core.epoch_settings import EpochSettings, epoch_settings
 from mombo_jax.core.placement import CELL_AXIS, cell_mesh, check_cell_count
 
@@ -129,8 +139,9 @@ def _settings(per_cell) -> tuple:
   return tuple(f for f in CELL_SETTINGS if f in per_cell)
 
 
-def make_epoch(config, per_cell=()):
-  """Returns a pure epoch(state, real, key, cell=None) -> (state, metrics) of one cell (one seed).
+def make_epoch(config, per_cell=(), choices: rewrites.Rewrites = None):
+  """Returns a pure epoch(state, real, key, cell=None) -> (state, metrics) of one cell (one seed),
+  traced under `choices` (rewrites.tracing: #29's CPU rewrites; None: the backend's defaults).
 
   config: a Config or its epoch_settings.EpochSettings (what the epoch reads: the algorithm's record
   among them, which supplies the Bellman target).
@@ -153,10 +164,13 @@ def make_epoch(config, per_cell=()):
   per_cell = _settings(per_cell)
   if not isinstance(config, EpochSettings):
     config = epoch_settings(config)
-  target = config.algorithm.bellman_target
   term_fn = termination.termination_fn(config.env_name)
 
   def epoch(state: CellState, real: buffer.Batch, key, cell: Cell = None):
+    with rewrites.tracing(choices):
+      return _epoch(state, real, key, cell)
+
+  def _epoch(state, real, key, cell):
     if cell is None:
       chex.assert_rank(real.obs, 2)
       dataset, size, beta, k, auto_alpha = None, real.obs.shape[0], None, None, None
@@ -175,15 +189,13 @@ def make_epoch(config, per_cell=()):
     agent, dyn = state.agent, state.dynamics
     start = jax.random.randint(k_start, (config.rollout.rollout_batch_size,), 0, size)
     policy_fn = functools.partial(_policy, agent, config)
-    # Named scopes mark the epoch's phases in the compiled program's metadata (op_name) only:
-    # a profile's trace is summarised per phase by them (benchmarks/device/trace_summary.py).
     with jax.named_scope("rollout"):
       ring, roll_metrics = rollout.run(k_roll, policy_fn, dyn,
                                        buffer.take(real, start, dataset).obs, state.buffer,
                                        config, term_fn, beta=beta, length=k,
                                        capacity=None if k is None else capacity(config, k))
-    target_fn = functools.partial(target, dyn=dyn, config=config, term_fn=term_fn, beta=beta,
-                                  real_rows=n_real, auto_alpha=auto_alpha)
+    target_fn = targets.bind(config, dyn, term_fn, beta=beta, real_rows=n_real,
+                             auto_alpha=auto_alpha)
 
     def step(agent, key):
       k_batch, k_update = jax.random.split(key)
@@ -213,6 +225,14 @@ def make_epoch(config, per_cell=()):
 
 DIVERGENCE_CHECKS = ("critic_loss", "actor_loss", "alpha_loss", "params")
 
+# The epoch's phases as named scopes (jax.named_scope: the jaxpr's name stacks and the compiled
+# program's op_name metadata carry them; the program is the same): the rollout (make_epoch), the
+# dynamics ensemble's predictions (dynamics.predict: in the rollout, and in the targets of MOBILE
+# and MOMBO elite_spread / mixture), a gradient step's critic update (its Bellman target, critic
+# loss, Adam step and Polyak update) and actor update (actor and temperature; sac.update).
+# benchmarks/bench_phase_counts.py counts FLOPs and ops by them; a device profile can too.
+PHASES = ("rollout", "dynamics", "critic_update", "actor_update")
+
 
 def health_checks(agent: sac.AgentState, step_metrics: dict, config) -> dict:
   """{quantity: bool scalar, True = failed} for one seed after an epoch's gradient steps.
@@ -232,14 +252,14 @@ def health_checks(agent: sac.AgentState, step_metrics: dict, config) -> dict:
 
 
 def _policy(agent, config, obs, key):
-  # The rollout's actor in pieces of rows, as its dynamics predictions (dynamics.predict).
-  return sac.policy_sample(agent, obs, key, config, piece_rows=_POLICY_ROWS)
+  # The rollout's actor in pieces of rows, as its dynamics predictions (dynamics.predict):
+  # rewrites.py chooses them per backend.
+  return sac.policy_sample(agent, obs, key, config,
+                           piece_rows=rewrites.in_effect().predict_rows)
 
 
-_POLICY_ROWS = dynamics.PREDICT_ROWS
-
-
-def make_cells_epoch(config, num_cells: int, per_cell=(), layout=None, cpu_dots: str = "eigen"):
+def make_cells_epoch(config, num_cells: int, per_cell=(), layout=None, cpu_dots: str = "eigen",
+                     choices: rewrites.Rewrites = None):
   """jit(shard_map(epoch over cells)) over a leading cell axis of state, key and cells (each
   device's cells vmapped or looped: cell_layout.layout(layout)); the datasets are shared:
   fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C])
@@ -254,17 +274,19 @@ def make_cells_epoch(config, num_cells: int, per_cell=(), layout=None, cpu_dots:
   argument is donated: its buffers (the ring buffer above all) are reused in place. Cached per
   config's EpochSettings (epoch_settings.epoch_settings: what the epoch reads), so runs in one
   process share the compiled function. layout ('vmap', 'loop'; None: the backend's default) and
-  cpu_dots ('eigen', 'xla': xla_options) come from above the core (settings/environment.py reads
-  them from MOMBO_JAX_CELLS and MOMBO_JAX_CPU_DOTS; program.compile_chunk passes them).
+  cpu_dots ('eigen', 'xla': xla_options) and choices (#29's CPU rewrites, rewrites.Rewrites; None:
+  the backend's defaults, rewrites.choose()) come from above the core (settings/environment.py
+  reads them from MOMBO_JAX_CELLS, MOMBO_JAX_CPU_DOTS, MOMBO_JAX_PREDICT_ROWS and
+  MOMBO_JAX_CRITIC_MATMUL; program.compile_chunk passes them).
   """
   check_cell_count(num_cells)
   per_cell = _settings(per_cell)
   return _cells_epoch(epoch_settings(config, per_cell), per_cell, cell_layout.layout(layout),
-                      cpu_dots)
+                      cpu_dots, choices or rewrites.choose())
 
 
 def make_cells_chunk(config, num_cells: int, max_epochs: int, per_cell=(), layout=None,
-                     cpu_dots: str = "eigen"):
+                     cpu_dots: str = "eigen", choices: rewrites.Rewrites = None):
   """jit(shard_map(fori_loop over epochs of the epoch over cells, cell_layout's)):
   fn(state [C], real [D, N_max, ...], keys [C], cells: Cell [C], start: int32 [], n: int32 [])
     -> (state [C], metrics {name: [max_epochs, C]})
@@ -279,14 +301,15 @@ def make_cells_chunk(config, num_cells: int, max_epochs: int, per_cell=(), layou
   transfer per epoch). Placement, num_cells and caching as make_cells_epoch's; start and n are
   replicated scalars (Python ints or int32 arrays). n beyond max_epochs runs max_epochs epochs
   (the new state's `epoch` counts what ran), as the metrics hold no more rows. per_cell: the
-  settings the cells carry themselves (make_epoch; per_cell_settings of their configs).
+  settings the cells carry themselves (make_epoch; per_cell_settings of their configs). layout,
+  cpu_dots and choices as make_cells_epoch's.
   """
   if max_epochs < 1:
     raise ValueError(f"max_epochs={max_epochs}: a chunk runs at least one epoch.")
   check_cell_count(num_cells)
   per_cell = _settings(per_cell)
   return _cells_chunk(epoch_settings(config, per_cell), int(max_epochs), per_cell,
-                      cell_layout.layout(layout), cpu_dots)
+                      cell_layout.layout(layout), cpu_dots, choices or rewrites.choose())
 
 
 _P = jax.sharding.PartitionSpec
@@ -309,9 +332,9 @@ def _over_cells(per_device, in_specs, out_specs, cpu_dots):
 
 
 @functools.lru_cache(maxsize=16)
-def _cells_epoch(config, per_cell, layout, cpu_dots):
-  return _over_cells(cell_layout.over_cells(make_epoch(config, per_cell), layout), _EPOCH_SPECS,
-                     (_P(CELL_AXIS), _P(CELL_AXIS)), cpu_dots)
+def _cells_epoch(config, per_cell, layout, cpu_dots, choices):
+  return _over_cells(cell_layout.over_cells(make_epoch(config, per_cell, choices), layout),
+                     _EPOCH_SPECS, (_P(CELL_AXIS), _P(CELL_AXIS)), cpu_dots)
 
 
 def _per_cell(metrics: dict) -> dict:
@@ -326,8 +349,8 @@ def _per_cell(metrics: dict) -> dict:
 
 # The cache key needs no cell count: the jitted function specialises on its arguments' shapes.
 @functools.lru_cache(maxsize=16)
-def _cells_chunk(config, max_epochs, per_cell, layout, cpu_dots):
-  vepoch = cell_layout.over_cells(make_epoch(config, per_cell), layout)
+def _cells_chunk(config, max_epochs, per_cell, layout, cpu_dots, choices):
+  vepoch = cell_layout.over_cells(make_epoch(config, per_cell, choices), layout)
   fold = jax.vmap(jax.random.fold_in, in_axes=(0, None))
 
   # jit: the eval_shape below and the loop body then share one trace of the epoch (jit's trace

@@ -63,9 +63,12 @@ def validate(config, dataset, workdir, dynamics_dir=None, keep=3, stop_after=Non
              build_steps=None, cells=None):
   """Everything checkable before any data or model work; raises UserError naming the flag.
   cells: how many cells the launch trains in one program (default config.num_seeds)."""
-  # A bad MOMBO_JAX_CPU_DOTS / MOMBO_JAX_CELLS is refused here, not when a program is built.
+  # A bad MOMBO_JAX_CPU_DOTS / CELLS / PREDICT_ROWS / CRITIC_MATMUL is refused here, not when a
+  # program is built.
   environment.cpu_dots()
   environment.cells()
+  environment.predict_rows()
+  environment.critic_matmul()
   if keep is None or keep < 1:
     raise UserError(f"`keep` must be >= 1, got {keep}.", params=("keep",))
   if stop_after is not None and stop_after < 1:

@@ -10,7 +10,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from mombo_jax.core import buffer, train as train_lib
+from mombo_jax.core import buffer, rewrites, train as train_lib
 from mombo_jax.settings import config as config_lib, environment
 
 # Longest a device call may run (epochs are batched up to the next evaluation, but no more than
@@ -49,13 +49,20 @@ _COMPILED = collections.OrderedDict()
 _MAX_COMPILED = 8
 
 
+def compile_choices() -> dict:
+  """How the environment asks the training programs to be compiled (settings/environment.py):
+  make_cells_chunk's / make_cells_epoch's layout, cpu_dots and choices (rewrites.Rewrites), each
+  unset one the backend's default. What a launch compiles with; benchmarks pass it too."""
+  return dict(layout=environment.cells(), cpu_dots=environment.cpu_dots(),
+              choices=rewrites.choose(environment.predict_rows(), environment.critic_matmul()))
+
+
 def compile_chunk(program: Program):
   """The launch's compiled device call: (state, real, keys, cells, start, n) -> (state, metrics
   [eval_every, C]) running epochs start .. start+n-1 (train.make_cells_chunk)."""
   fn = train_lib.make_cells_chunk(program.config, program.num_cells,
                                   program.config.evaluation.eval_every,
-                                  program.per_cell, layout=environment.cells(),
-                                  cpu_dots=environment.cpu_dots())
+                                  program.per_cell, **compile_choices())
   args = (program.state, program.real, program.keys, program.cells, np.int32(program.start),
           np.int32(1))
   leaves, tree = jax.tree.flatten(args)

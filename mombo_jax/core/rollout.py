@@ -52,7 +52,7 @@ def run(key, policy_fn: Callable, dyn: dynamics.DynamicsState, start_obs,
   the mean over written rows of the unscaled penalty U (the reward loses beta * U; metrics.csv's
   rollout/penalty, which older runs logged as rollout/mopo_penalty).
   """
-  # Whole (88 lines): one lax.scan over the K model steps whose step closes over the policy, the
+  # One function: one lax.scan over the K model steps whose step closes over the policy, the
   # ensemble and the termination function; split, its pieces would pass the step's arrays around.
   chex.assert_rank(start_obs, 2)
   n, _ = start_obs.shape

@@ -4,6 +4,7 @@ belongs to; `lint-imports` keeps the layers themselves, .importlinter), and ever
 function says why it is not at the top of its module."""
 import ast
 import os
+import re
 import subprocess
 import sys
 
@@ -136,3 +137,19 @@ def test_the_dynamics_package_docstring_maps_every_module():
   modules = sorted(f for f in os.listdir(room) if f.endswith(".py") and f != "__init__.py")
   assert len(modules) >= 5 and "core/dynamics.py" in doc
   assert [m for m in modules if m not in doc] == []
+
+
+def test_every_package_docstring_names_every_module_of_its_room():
+  """docs/architecture.md links to each room's `__init__.py` instead of listing its modules, so
+  each package docstring is that map: it names every module of its folder (a module added without
+  a line there fails here)."""
+  rooms = sorted(d for d in os.listdir(PACKAGE)
+                 if os.path.isfile(os.path.join(PACKAGE, d, "__init__.py")))
+  missing = []
+  for room in rooms:
+    folder = os.path.join(PACKAGE, room)
+    doc = ast.get_docstring(ast.parse(open(os.path.join(folder, "__init__.py")).read())) or ""
+    for f in sorted(os.listdir(folder)):
+      if f.endswith(".py") and f != "__init__.py" and not re.search(rf"\b{f[:-3]}\b", doc):
+        missing.append(f"{room}/{f}")
+  assert len(rooms) >= 10 and not missing, f"modules no package docstring names: {missing}"

@@ -225,8 +225,8 @@ def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_non
 
   The provenance records every option that shaped the data (the id, the timeout mode, the
   non-finite rows dropped, the checks) and the command that rebuilds the same dataset."""
-  # Whole (85 lines): the checks run in the order the docstring lists them, each refusing before
-  # anything is written.
+  # The checks run in the order the docstring lists them, each refusing before anything is
+  # written.
   try:
     env, _ = names.parse_name(name)
   except ValueError as e:

@@ -160,7 +160,7 @@ def train_sac(make_env: Callable, config, total_steps: int, *, start_steps: int,
   bit for bit as the run would have gone on; older checkpoints, and other envs, cut the
   interrupted episode (marked ended) and reseed the RNGs instead.
   """
-  # Whole (222 lines): its six inner functions (save, stop_here, eval_now, train_chunk, act_and_log,
+  # One function: its six inner functions (save, stop_here, eval_now, train_chunk, act_and_log,
   # eval_and_save) share the loop's state (env, generators, agent, step) by closure; as module
   # functions they would pass it all around.
   env = make_env()

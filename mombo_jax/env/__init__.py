@@ -1,1 +1,3 @@
-"""Real environments: MuJoCo envs, their worker pool, evaluation, stop and resume."""
+"""Real environments: MuJoCo envs made and stepped with action rescaling (envs), every cell's
+policy evaluated in one pass (evaluate), the evaluation's envs over worker processes (env_pool),
+and the host state an exact resume of a host loop needs, as JSON (host_state)."""

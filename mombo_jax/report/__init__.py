@@ -1,1 +1,5 @@
-"""The report: results pooled from runs, labels, tables, aggregates, the paper's."""
+"""The report (experiments.report): runs read and pooled over seeds (results), column labels
+(labels), a run against its task's paper setup (paper_setup), the tables and their marks (tables),
+learning curves (curves), the files written (writer), the protocol versions it reads (protocols),
+interval estimates across tasks (aggregates: rliable, the optional `report` extra) and the
+paper's numbers (paper_results)."""

@@ -1,4 +1,6 @@
-"""Files that survive a crash: Orbax checkpoints, their manifests, folder locks.
+"""Files that survive a crash: Orbax checkpoints (checkpoint), their manifests (manifest), a
+checkpoint folder seen without Orbax (checkpoint_files), one writer per folder (locks) and every
+file written whole or not at all (atomic).
 
 The checkpoint part (checkpoint.py, checkpoint_files.py, manifest.py) is larger than a call of
 Orbax because Orbax alone leaves four things to its caller, each of which a run has met:
@@ -7,8 +9,8 @@ Orbax because Orbax alone leaves four things to its caller, each of which a run 
   - a template that differs from what was saved is cast or mis-read silently: it is compared with
     the manifest first and every difference listed (checkpoint._read_step);
   - a killed writer or deleter leaves folders Orbax then warns about or mis-lists: they are found
-    and removed without Orbax (checkpoint_files.leftovers), so records/ can clean a run's folder
-    without importing it;
+    and removed without Orbax (checkpoint_files.leftovers), before Orbax reads the folder
+    (run/run_state.remove_leftovers);
   - a full disk fails deep inside tensorstore: the room is checked before writing and the OS's
     cause named (checkpoint_files.room_problem, os_cause).
 """

@@ -5,5 +5,5 @@ checked against; mm_bounds the paper's bounds), the networks and their initial v
 inits, actor_policy), SAC and the algorithms (sac, targets, algorithms: the registry), the
 dynamics model and what ends a rollout (dynamics, termination), rollouts into the ring buffer
 (rollout, pieces, buffer), the epoch and its chunks over cells (train, epoch_settings: what a
-program is keyed by, key_scheme), and how the cells sit on devices and compile (placement,
-cell_layout, xla_options)."""
+program is keyed by, key_scheme), how the cells sit on devices and compile (placement,
+cell_layout, xla_options), and #29's CPU rewrites chosen per backend (rewrites)."""

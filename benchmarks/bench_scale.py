@@ -68,6 +68,7 @@ import numpy as np
 from benchmarks import common
 from benchmarks.bench_train import ACT, OBS, _filled_ring, _real
 from mombo_jax.core import buffer, dynamics, moments, sac, targets, termination, train
+from mombo_jax.data import names
 from mombo_jax.env import envs
 from mombo_jax.settings import config as config_lib
 
@@ -493,8 +494,8 @@ def project(args, rng, precision, cells_table):
           "steps), each = b x rollout + c x steps: an extrapolation, linear in both. GFLOP/s: "
           "of A / B.")
   # Evaluation: per env, gymnasium step and the actor's call.
-  step_s = {e: env_step_seconds(e, args.eval_steps) for e in config_lib.ENVS}
-  call_s = {e: policy_call_seconds(e) for e in config_lib.ENVS}
+  step_s = {e: env_step_seconds(e, args.eval_steps) for e in names.ENVS}
+  call_s = {e: policy_call_seconds(e) for e in names.ENVS}
   print("\nEvaluation cost per launch: "
         f"{EPOCHS // EVAL_EVERY} evaluations x ({SEEDS * len(QUALITIES)} cells x {EPISODES} "
         f"episodes x {HORIZON} env steps / {args.eval_workers} workers + {len(QUALITIES)} groups x "
@@ -503,13 +504,13 @@ def project(args, rng, precision, cells_table):
   print("| env | gymnasium v5 step (one core) | actor call on this device | eval hours / launch "
         f"at {args.eval_workers} workers | at 1 worker |")
   print("|---|---|---|---|---|")
-  for e in config_lib.ENVS:
+  for e in names.ENVS:
     print(f"| {e} | {1e6 * step_s[e]:.1f} us | {1e6 * call_s[e]:.0f} us | "
           f"{eval_hours(step_s[e], call_s[e], args.eval_workers):.3f} | "
           f"{eval_hours(step_s[e], call_s[e], 1):.3f} |", flush=True)
 
-  measured = [e for e in config_lib.ENVS if e in args.project_envs]
-  order = measured + [e for e in config_lib.ENVS if e not in measured]   # measured ones first
+  measured = [e for e in names.ENVS if e in args.project_envs]
+  order = measured + [e for e in names.ENVS if e not in measured]   # measured ones first
   paper = _paper_size(args)
   r, n = args.rollout, args.steps
   sizes = "measured s / epoch" if paper else (
@@ -561,8 +562,8 @@ def project(args, rng, precision, cells_table):
     print(f"\ncheck, {LABELS[name]}: the model's b x {args.rollout} + c x {args.steps} = "
           f"{model:.3f} s vs {seen:.3f} s measured at that size (the cells table's 16 cells of "
           "walker2d-medium: one dataset, k = 5 for all; same shapes)")
-  if measured and set(measured) != set(config_lib.ENVS):
-    dims = ", ".join(f"{e} {envs.OBS_DIM[e]} / {envs.ACTION_DIM[e]}" for e in config_lib.ENVS)
+  if measured and set(measured) != set(names.ENVS):
+    dims = ", ".join(f"{e} {envs.OBS_DIM[e]} / {envs.ACTION_DIM[e]}" for e in names.ENVS)
     print(f"\n(envs not measured here, --project_envs={','.join(measured)}: their launches are "
           f"costed at {measured[0]}'s epoch; every launch's program K is 5, and the envs differ "
           f"in obs / action dims: {dims}.)")
@@ -611,7 +612,7 @@ def main():
                       help="Cores stepping the evaluation envs (a projection).")
   parser.add_argument("--eval_steps", type=int, default=3000,
                       help="Env steps timed per env for the evaluation cost.")
-  parser.add_argument("--project_envs", type=words, default=list(config_lib.ENVS),
+  parser.add_argument("--project_envs", type=words, default=list(names.ENVS),
                       help="Envs whose launches are compiled and timed; the others are costed at "
                            "the first one's epoch.")
   parser.add_argument("--project_algos", type=words, default=None,
@@ -625,7 +626,7 @@ def main():
   args = parser.parse_args()
   for flag, values, allowed in (("--algos", args.algos, ALGOS), ("--precision", args.precision,
                                                                  PRECISIONS),
-                                ("--project_envs", args.project_envs, config_lib.ENVS),
+                                ("--project_envs", args.project_envs, names.ENVS),
                                 ("--project_algos", args.project_algos or args.algos, ALGOS)):
     bad = [v for v in values if v not in allowed]
     if bad or not values:

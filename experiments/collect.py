@@ -108,10 +108,10 @@ def main(argv):
   del argv
   # Orbax reports every checkpoint write at INFO; progress lines are printed instead.
   logging.set_verbosity(logging.WARNING)
-  from mombo_jax.settings import config as config_lib
+  from mombo_jax.data import names
   if not FLAGS.env:
     raise _cli.UsageError("--env is required, e.g. --env=hopper-random. Valid names: "
-                          f"{', '.join(config_lib.valid_names())}")
+                          f"{', '.join(names.valid_names())}")
   from mombo_jax import signals
   # SIGINT / SIGTERM (and SIGUSR1: a launch that builds data through this process passes its
   # stop on) stop within seconds: the SAC run checkpoints where it is (the same command then
@@ -120,7 +120,7 @@ def main(argv):
   stop.install()
   with _cli.as_user_error(ValueError):    # unknown names: the message lists the valid ones
     for name in FLAGS.env:
-      config_lib.parse_name(name)  # every name is checked before anything runs
+      names.parse_name(name)  # every name is checked before anything runs
   # Every value checked before any look at existing data (a dataset already built skips its
   # build, which must not let a bad value pass) or any env or SAC work.
   for name in ("steps", "sac_steps", "eval_every", "eval_episodes", "medium_consecutive",

@@ -4,7 +4,7 @@ r"""Train the dynamics ensembles of several seeds in one launch (vmapped) and sa
   python -m experiments.train_dynamics --dataset=mujoco/hopper/medium-v0 --max_epochs=30
 
 The result lands in <workdir>/seed<seed>x<seeds>-<tag> (default workdir runs/dynamics/<dataset>;
-<tag> names the dynamics settings: saved_dynamics.settings_tag), the layout
+<tag> names the dynamics settings: reuse.settings_tag), the layout
 `experiments.run --dynamics_dir=<workdir>` reuses when its dynamics settings are the same (its
 --algo's and --reference's settings for the dataset, its --preset and --dynamics_max_epochs); seed
 i's key is the one run.py derives (fold_in(PRNGKey(seed + i), 0)), so both entry points train
@@ -44,10 +44,10 @@ def main(argv):
     raise _cli.UsageError("--env is required, e.g. --env=hopper-medium (or --dataset=...).")
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
   from mombo_jax import signals
-  from mombo_jax.dynamics import dynamics_store
+  from mombo_jax.dynamics import pretrain
   stop = signals.StopFlag()
   stop.install()
-  dynamics_store.train_dynamics(
+  pretrain.train_dynamics(
       env=FLAGS.env, dataset=FLAGS.dataset, seeds=FLAGS.seeds, seed=FLAGS.seed,
       max_epochs=FLAGS.max_epochs, preset=FLAGS.preset, workdir=FLAGS.workdir,
       overwrite=FLAGS.overwrite, log_fn=lambda s: print(s, flush=True),

@@ -15,6 +15,8 @@ _API = {
     "mm_leaky_relu": "mombo_jax.core.moments",
     "mc_moments": "mombo_jax.core.monte_carlo",
     "propagate": "mombo_jax.core.propagate",
+    "moment_matching_bound": "mombo_jax.core.mm_bounds",
+    "relu_moment_matching_bound": "mombo_jax.core.mm_bounds",
     "load_policy": "mombo_jax.analysis.policy",
     "Transitions": "mombo_jax.data.transitions",
     "load_transitions": "mombo_jax.data.transitions",

@@ -26,6 +26,7 @@ def tiny_run(hopper_random_2000, tmp_path_factory):
   from mombo_jax.core import buffer, dynamics, train as train_lib
   from mombo_jax.data import provenance, transitions as transitions_lib
   from mombo_jax.records.workdir import Workdir
+  from mombo_jax.run import run_state
   from mombo_jax.settings import config as config_lib
   workdir = str(tmp_path_factory.mktemp("tiny_mombo_run"))
   wd = Workdir(workdir)
@@ -41,7 +42,7 @@ def tiny_run(hopper_random_2000, tmp_path_factory):
   # One compilation each instead of an eager init op by op (seconds on a busy 2-core machine).
   dyn = jax.jit(jax.vmap(lambda k: dynamics.init_state(k, obs_dim, action_dim, config)))(keys)
   state = jax.jit(train_lib.init_cells, static_argnums=1)(keys, config, real, dyn)
-  ckpt = wd.checkpointer()
+  ckpt = run_state.checkpointer(wd)
   ckpt.save(config.epochs, state, {"epoch": config.epochs, "diverged": []})
   ckpt.close()
   return workdir, state

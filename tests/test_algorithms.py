@@ -17,6 +17,7 @@ from mombo_jax.core import algorithms, targets
 from mombo_jax.core.epoch_settings import epoch_settings
 from mombo_jax.records.workdir import run_dir
 from mombo_jax.settings import config as config_lib
+from tests.conftest import HANG_S
 
 
 # --- a toy algorithm, as a user writes it (docs/architecture.md, "Add an algorithm") -----------
@@ -157,7 +158,7 @@ def test_the_docs_example_runs_as_printed_outside_the_package(hopper_random_2000
   for command in commands:
     assert command.startswith("python3 "), command
     proc = subprocess.run(command.replace("python3", sys.executable, 1), shell=True,
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, (command, proc.stderr[-3000:])
   run = tmp_path / "runs" / "hopper-random" / "toy_bonus" / "s0x1"
   record = Workdir(str(run)).read_record()

@@ -12,7 +12,7 @@ import pytest
 from mombo_jax.analysis import trained
 from mombo_jax.data import provenance, transitions as transitions_lib
 from mombo_jax.records.workdir import Workdir
-from tests.conftest import minari_root_at
+from tests.conftest import HANG_S, minari_root_at
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401  (session fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +47,7 @@ def test_the_analyses_refuse_a_rebuilt_dataset(rebuilt, module, tmp_path):
   flag = "--runs" if module == "experiments.uncertainty" else "--run"
   env = dict(os.environ, MINARI_DATASETS_PATH=root, PYTHONPATH=REPO)
   out = subprocess.run([sys.executable, "-m", module, f"{flag}={run}", f"--out={tmp_path}"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S)
   line = _one_error_line(out)
   assert line.startswith(f"error: {run} was trained on other data than {DATASET} holds now ("), line
   assert f"fingerprint: {recorded['fingerprint']!r} -> " in line, line

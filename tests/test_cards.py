@@ -7,6 +7,7 @@ import numpy as np
 from mombo_jax.collection import cards, d4rl
 from mombo_jax.data import minari_io, scores
 from mombo_jax.data.minari_io import read_episodes
+from tests.conftest import HANG_S
 from tests.test_import_d4rl import _arrays, _write
 
 
@@ -66,7 +67,7 @@ def test_describe_writes_the_card_into_a_folder(minari_root, tmp_path):
   out = tmp_path / "card"
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   run = subprocess.run([sys.executable, "-m", "experiments.describe", f"--env={dataset_id}",
-                        f"--out={out}"], cwd=repo, capture_output=True, text=True, timeout=120,
+                        f"--out={out}"], cwd=repo, capture_output=True, text=True, timeout=HANG_S,
                        env=dict(os.environ, MINARI_DATASETS_PATH=str(minari_root)))
   assert run.returncode == 0, run.stderr
   assert (out / "dataset_card.md").read_text() == cards.card_text(dataset_id)

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from mombo_jax.errors import Interrupted, UserError
+from tests.conftest import HANG_S
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = ["collect", "describe", "export", "import_d4rl", "mm_vs_mc", "render", "report", "run",
@@ -93,7 +94,7 @@ def outcomes():
              JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, "-c", "from tests.test_cli import _drive; _drive()"],
                         input=json.dumps(CASES), cwd=REPO, env=env, capture_output=True,
-                        text=True, timeout=300)
+                        text=True, timeout=HANG_S)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return {(p, tuple(a)): r for (p, a), r in zip(CASES, json.loads(proc.stdout))}
 
@@ -151,10 +152,10 @@ def test_sweep_words_empty_lists_and_the_boolean_trap(outcomes):
 
 
 def test_a_library_user_error_is_one_line_in_the_programs_flags(outcomes):
-  # The library speaks Python (dynamics_store.train_dynamics(seeds=0)); the program names its flag.
-  from mombo_jax.dynamics import dynamics_store
+  # The library speaks Python (pretrain.train_dynamics(seeds=0)); the program names its flag.
+  from mombo_jax.dynamics import pretrain
   with pytest.raises(UserError) as e:
-    dynamics_store.train_dynamics(env="hopper-random", seeds=0)
+    pretrain.train_dynamics(env="hopper-random", seeds=0)
   assert str(e.value) == "`seeds` must be >= 1, got 0." and "--" not in str(e.value)
   result = outcomes[("train_dynamics", ("--env=hopper-random", "--seeds=0"))]
   assert result["code"] == 1 and _one_line(result) == "error: --seeds must be >= 1, got 0."

@@ -18,7 +18,7 @@ from mombo_jax.collection import online_sac, options, recipes, recording, saved_
 from mombo_jax.core import actor_policy
 from mombo_jax.data import minari_io, provenance, scores, transitions as transitions_lib
 from mombo_jax.env import envs
-from tests.conftest import minari_root_at
+from tests.conftest import HANG_S, minari_root_at
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -103,7 +103,7 @@ def _program_flags(module: str) -> dict:
   """{flag name: (absl type, default as --helpxml prints it)} of the flags `python -m module`
   defines itself."""
   out = subprocess.run([sys.executable, "-m", module, "--helpxml"], cwd=REPO, capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=HANG_S)
   assert out.returncode in (0, 1), out.stderr      # absl exits 1 after printing the help
   path = os.path.join(*module.split(".")) + ".py"
   return {f.findtext("name"): (f.findtext("type"), f.findtext("default") or "")
@@ -132,7 +132,7 @@ def test_cli(root, tmp_path):
 
   def run(*args):
     return subprocess.run([sys.executable, "-m", "experiments.collect", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_S)
   bad = run("--env=hopper-foo")
   assert bad.returncode == 1 and "Valid names" in bad.stderr and "Traceback" not in bad.stderr
   good = run("--env=walker2d-random", "--steps=60", "--max_episode_steps=20")
@@ -297,12 +297,12 @@ def test_kill_9_mid_sac_resumes_from_the_last_checkpoint(tmp_path):
         break
   finally:
     proc.kill()
-    rest, _ = proc.communicate(timeout=60)
+    rest, _ = proc.communicate(timeout=HANG_S)
   seen.append(rest or "")
   assert proc.returncode == -9, "".join(seen)   # killed, not finished
   assert not os.path.exists(tmp_path / "killed" / "mombo")   # nothing written yet
 
-  out = subprocess.run(cli, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  out = subprocess.run(cli, cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S)
   assert out.returncode == 0, out.stdout + out.stderr
   # The checkpoint of step 300 may or may not have committed before the kill.
   assert any(f"resumed the SAC run at step {s}" in out.stdout for s in (200, 300)), out.stdout
@@ -527,7 +527,7 @@ def test_from_actors_cli(tmp_path):
     return subprocess.run([sys.executable, "-m", "experiments.collect", *args,
                            f"--from_actors={actors}", "--steps=30", "--num_envs=2",
                            "--max_episode_steps=10", f"--workdir={tmp_path / 'work'}"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S)
   bad = run("--env=hopper-medium,hopper-expert")
   assert bad.returncode == 1 and "Traceback" not in bad.stderr
   lines = bad.stderr.strip().splitlines()

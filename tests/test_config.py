@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from mombo_jax.data import names
 from mombo_jax.settings import config as config_lib, references
 
 
@@ -65,9 +66,9 @@ def test_each_algorithm_runs_its_own_references_settings():
   assert hcme.beta == 2.5 and hcme.rollout.real_ratio == 0.05
   assert make("walker2d-medium", "mopo").dynamics_training.dyn_max_epochs is None
   assert make("walker2d-random", "mopo").rollout.rollout_length == 1      # tianheyu927/mopo
-  # Every D4RL task is in every table.
+  # Every D4RL task (data/names.py) is in every table.
   for algo, table in config_lib.TASKS.items():
-    assert set(table) == set(config_lib.MOMBO_TASKS), algo
+    assert set(table) == set(names.D4RL_TASKS), algo
 
 
 def test_schedule_spans_the_papers_run_apart_from_the_stop():
@@ -124,7 +125,7 @@ def test_reference_authors_gives_the_mobile_authors_table():
   # Every source has every D4RL task (the expert datasets reuse medium-expert's row).
   for algo, sources in references.SOURCES.items():
     for name, src in sources.items():
-      assert set(src.tasks) == set(config_lib.MOMBO_TASKS), (algo, name)
+      assert set(src.tasks) == set(names.D4RL_TASKS), (algo, name)
   assert config_lib.TASKS["mobile"] is references.MOBILE_OFFLINERL_KIT
   assert {a: config_lib.make_config("hopper-random", a).reference for a in config_lib.ALGOS} == \
       {"mombo": "authors", "mobile": "offlinerl_kit", "mopo": "offlinerl_kit"}

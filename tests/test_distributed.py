@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from mombo_jax.run import distributed, runner
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import checkpoint
+from tests.conftest import HANG_S
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -62,7 +62,7 @@ def test_two_processes_train_as_one_and_resume_in_one(hopper_random_2000, minari
   procs = [_launch(FLAGS + [f"--workdir={workdir}", f"--dynamics_dir={dyn}", "--stop_after=1",
                             f"--coordinator_address=localhost:{port}", "--num_processes=2",
                             f"--process_id={i}"], env) for i in (0, 1)]
-  outs = [p.communicate(timeout=300)[0] for p in procs]
+  outs = [p.communicate(timeout=HANG_S)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
   assert "sharded over 2 cpu device(s) of 2 processes, 1 per device" in outs[0], outs[0]
   assert "epoch 1/2" in outs[0] and "epoch 1/2" not in outs[1]     # process 0 alone speaks
@@ -108,10 +108,10 @@ def test_cli_refuses_partial_flags_in_one_line(tmp_path):
   for k in [k for k in env if k.startswith(("SLURM_", "OMPI_", "TPU_"))]:
     del env[k]
   partial, outside = cli("--process_id=0"), cli("--distributed", env=env)   # side by side
-  _, stderr = partial.communicate(timeout=120)
+  _, stderr = partial.communicate(timeout=HANG_S)
   assert partial.returncode != 0
   assert stderr.strip().splitlines()[-1].startswith("error: --coordinator_address"), stderr
-  _, stderr = outside.communicate(timeout=120)
+  _, stderr = outside.communicate(timeout=HANG_S)
   err = stderr.strip().splitlines()
   assert outside.returncode != 0 and len(err) == 1, stderr
   assert err[0].startswith("error: --distributed found no cluster") and "--process_id" in err[0]
@@ -129,7 +129,6 @@ def _waiting(proc, port, process_id):
   """Reads proc's stdout up to its 'waiting for' line (the test's cue that it is waiting)."""
   line = proc.stdout.readline().strip()
   assert line == f"waiting for 2 processes at localhost:{port} (process {process_id}) ...", line
-  return time.monotonic()
 
 
 def _run_alone(process_id, port, *extra):
@@ -144,13 +143,15 @@ def test_a_process_whose_peers_never_come_ends_in_one_line_at_init_timeout(tmp_p
   ports = _free_ports(2)
   procs = [_run_alone(i, ports[i], "--init_timeout=2", f"--workdir={tmp_path / 'w'}")
            for i in (0, 1)]
-  started = [_waiting(p, ports[i], i) for i, p in enumerate(procs)]
-  outs = [p.communicate(timeout=60) for p in procs]
-  waited = [time.monotonic() - t for t in started]
+  for i, p in enumerate(procs):
+    _waiting(p, ports[i], i)
+  outs = [p.communicate(timeout=HANG_S) for p in procs]
+  # Ended by --init_timeout=2, not by anything else: its own exit code and the "waited 2 s" below
+  # (no wall-clock bound here: a loaded machine may take long to start or end a process).
   assert [p.returncode for p in procs] == [distributed.EXIT_INIT_TIMEOUT] * 2, outs
-  for (_, err), w in zip(outs, waited):
+  for _, err in outs:
     assert len(err.strip().splitlines()) == 1, err         # no C++ stack, no traceback
-    assert "--init_timeout" in err and w < 30, (err, w)
+    assert "--init_timeout" in err, err
   assert outs[0][1].startswith(f"error: process 0 waited 2 s at localhost:{ports[0]} for "
                                "process(es) 1 (--num_processes=2)"), outs[0][1]
   assert outs[1][1].startswith(f"error: process 1 waited 2 s for the coordinator at localhost:"
@@ -165,9 +166,9 @@ def test_sigterm_and_sigint_while_waiting_end_at_once():
   for i, (p, sig) in enumerate(zip(procs, (signal.SIGTERM, signal.SIGINT))):
     _waiting(p, ports[i], i)
     p.send_signal(sig)
-  sent = time.monotonic()
-  outs = [p.communicate(timeout=30)[1] for p in procs]
-  assert time.monotonic() - sent < 10
+  # "At once": each ends by its signal (143 / 130 and the line below), not by its
+  # --init_timeout=120, which would end it with EXIT_INIT_TIMEOUT: no wall-clock bound needed.
+  outs = [p.communicate(timeout=HANG_S)[1] for p in procs]
   assert [p.returncode for p in procs] == [143, 130], outs
   for err, name in zip(outs, ("SIGTERM", "SIGINT")):
     assert err.strip().splitlines() == [err.strip()] and err.startswith(
@@ -181,7 +182,7 @@ def test_coordinator_port_in_use_is_refused_in_one_line():
     taken.listen()
     port = taken.getsockname()[1]
     proc = _run_alone(0, port, "--init_timeout=60")
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=HANG_S)
   assert proc.returncode == 1 and not out, (out, err)
   assert err.strip().splitlines() == [f"error: --coordinator_address=localhost:{port}: port "
                                       f"{port} is already in use on this host, where process 0 "
@@ -208,6 +209,6 @@ def test_joined_processes_keep_their_sigterm_handler():
   procs = [subprocess.Popen([sys.executable, "-c", _JOIN_THEN_SIGTERM, f"localhost:{port}", str(i)],
                             cwd=_ROOT, env=_cpu_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
-  outs = [p.communicate(timeout=120)[0] for p in procs]
+  outs = [p.communicate(timeout=HANG_S)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], outs
   assert [o.strip().splitlines()[-1] for o in outs] == ["2 [15]"] * 2, outs

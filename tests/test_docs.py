@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from tests.conftest import HANG_S
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = re.compile(r"\bpython3?\s+(?:-m\s+((?:experiments|benchmarks)(?:\.\w+)+)"
                      r"|((?:experiments|benchmarks)/[\w/]+\.py))(?=\s|$)")
@@ -272,7 +274,7 @@ def outcomes():
   asked = {"commands": cases, "flags_of": ["experiments.run"]}
   proc = subprocess.run([sys.executable, "-c", "from tests.test_docs import _drive; _drive()"],
                         input=json.dumps(asked), cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=300)
+                        text=True, timeout=HANG_S)
   assert proc.returncode == 0, proc.stderr[-3000:]
   got = json.loads(proc.stdout.strip().splitlines()[-1])
   n = len(cases) - len(MADE_UP)

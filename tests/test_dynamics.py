@@ -1,6 +1,6 @@
 """Dynamics ensemble: fitting, early stopping / snapshots / elites, seed vmapping, resumable
-training (dynamics_training); predict / step (dynamics); termination functions against gymnasium
-(termination); save / load and the reuse key (saved_dynamics)."""
+training (dynamics_training, validation); predict / step (dynamics); termination functions against
+gymnasium (termination); save / load (saved_dynamics) and the reuse key (reuse)."""
 import os
 
 import jax
@@ -10,7 +10,7 @@ import pytest
 
 from mombo_jax.core import dynamics, termination
 from mombo_jax.data.transitions import Transitions
-from mombo_jax.dynamics import dynamics_training, saved_dynamics, training_data
+from mombo_jax.dynamics import dynamics_training, reuse, saved_dynamics, training_data
 from mombo_jax.settings import config as config_lib
 
 # Tiny ensemble: 3 members, 2 elites, 2 x 32 hidden.
@@ -209,7 +209,7 @@ def test_load_restores_earlier_saves_against_a_typed_template(tmp_path):
   assert isinstance(loaded, dynamics.DynamicsState) and isinstance(loaded.elites, jax.Array)
   assert loaded.elites.dtype == jnp.int32
   jax.tree.map(np.testing.assert_array_equal, dyn, loaded)
-  assert saved_dynamics.reuse_mismatch(meta, {"seed": 0}) == {}
+  assert reuse.reuse_mismatch(meta, {"seed": 0}) == {}
 
   _legacy_save(tmp_path / "no_dims", dyn, cfg, obs_dim=None, dyn_hidden=None)
   with pytest.raises(checkpoint.CheckpointError, match="lacks dyn_hidden, obs_dim"):
@@ -327,10 +327,10 @@ def test_termination_of_non_finite_and_far_states():
 
 @pytest.mark.slow
 def test_train_dynamics_cli(tmp_path, monkeypatch):
-  """experiments.train_dynamics' work (dynamics_store.train_dynamics) end to end on a tiny
+  """experiments.train_dynamics' work (pretrain.train_dynamics) end to end on a tiny
   in-memory dataset (no Minari, no network)."""
   from mombo_jax.data import provenance, transitions as transitions_lib
-  from mombo_jax.dynamics import dynamics_store
+  from mombo_jax.dynamics import pretrain
   from mombo_jax.errors import UserError
   rng = np.random.default_rng(0)
   n, s, a = 300, 11, 3
@@ -341,25 +341,25 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
   monkeypatch.setattr(transitions_lib, "load_transitions",
                       lambda name, **_: asked.append(name) or fake)
   lines = []
-  path = dynamics_store.train_dynamics(env="hopper-medium", seeds=2, seed=3, max_epochs=2,
-                                       preset="tiny", workdir=str(tmp_path), log_fn=lines.append)
+  path = pretrain.train_dynamics(env="hopper-medium", seeds=2, seed=3, max_epochs=2,
+                                 preset="tiny", workdir=str(tmp_path), log_fn=lines.append)
   run_config = config_lib.make_config("hopper-medium", "mombo", "tiny", seed=3, num_seeds=2)
   assert asked == ["hopper-medium"]
-  assert path == dynamics_store.dynamics_path(str(tmp_path), run_config)    # where the run looks
+  assert path == reuse.dynamics_path(str(tmp_path), run_config)    # where the run looks
   assert sum("dynamics epoch" in line for line in lines) == 2
   dyn, meta = saved_dynamics.load(path)
   assert meta["num_seeds"] == 2 and meta["obs_dim"] == s and meta["action_dim"] == a
   assert dyn.elites.shape == (2, 2) and dyn.input_mean.shape == (2, s + a)
   # Saved with the reuse key experiments.run checks before reusing them (same preset and seeds).
-  expected = saved_dynamics.reuse_key(run_config, fake,
-                                      provenance.dataset_identity("hopper-medium", fake))
-  assert saved_dynamics.reuse_mismatch(meta, expected) == {}
+  expected = reuse.reuse_key(run_config, fake,
+                             provenance.dataset_identity("hopper-medium", fake))
+  assert reuse.reuse_mismatch(meta, expected) == {}
   assert not os.path.exists(path + ".partial")
   with pytest.raises(UserError, match="already exists"):
-    dynamics_store.train_dynamics(env="hopper-medium", seeds=2, seed=3, preset="tiny",
-                                  workdir=str(tmp_path), log_fn=lines.append)
+    pretrain.train_dynamics(env="hopper-medium", seeds=2, seed=3, preset="tiny",
+                            workdir=str(tmp_path), log_fn=lines.append)
   with pytest.raises(UserError, match="Valid names"):
-    dynamics_store.train_dynamics(env="hopper-mediocre", workdir=str(tmp_path))
+    pretrain.train_dynamics(env="hopper-mediocre", workdir=str(tmp_path))
 
 
 def test_interrupted_training_resumes_to_the_same_ensemble(fitted, tmp_path):
@@ -392,17 +392,17 @@ def test_interrupted_training_resumes_to_the_same_ensemble(fitted, tmp_path):
 
 def test_saved_identity_is_checked(fitted, tmp_path):
   cfg, data, dyn, _ = fitted
-  ident = saved_dynamics.reuse_key(cfg, data, {"dataset": "test/hetero-v0", "fingerprint": "abc"})
+  ident = reuse.reuse_key(cfg, data, {"dataset": "test/hetero-v0", "fingerprint": "abc"})
   assert ident["dyn_members"] == 3 and ident["obs_dim"] == 1
   saved_dynamics.save(str(tmp_path / "d"), dyn, cfg, reuse_key=ident)
   _, meta = saved_dynamics.load(str(tmp_path / "d"))
-  assert saved_dynamics.reuse_mismatch(meta, ident) == {}
-  seven = saved_dynamics.reuse_key(cfg.replace(dyn_members=7, dyn_elites=5), data,
+  assert reuse.reuse_mismatch(meta, ident) == {}
+  seven = reuse.reuse_key(cfg.replace(dyn_members=7, dyn_elites=5), data,
                                    {"dataset": "test/hetero-v0", "fingerprint": "abc"})
-  assert saved_dynamics.reuse_mismatch(meta, seven) == {"dyn_members": (3, 7), "dyn_elites": (2, 5)}
-  assert "fingerprint" in saved_dynamics.reuse_mismatch(meta, dict(ident, fingerprint="zzz"))
+  assert reuse.reuse_mismatch(meta, seven) == {"dyn_members": (3, 7), "dyn_elites": (2, 5)}
+  assert "fingerprint" in reuse.reuse_mismatch(meta, dict(ident, fingerprint="zzz"))
   # A save from before reuse keys were recorded matches nothing.
-  assert set(saved_dynamics.reuse_mismatch({}, ident)) == set(ident)
+  assert set(reuse.reuse_mismatch({}, ident)) == set(ident)
 
 
 def test_training_config_keeps_the_algorithm():

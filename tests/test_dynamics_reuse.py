@@ -1,6 +1,6 @@
 """Issue #26 item 2: a saved dynamics ensemble is reused only by a run that would have trained the
 same one. The reuse key and the folder name hold every training setting
-(saved_dynamics.TRAINING_FIELDS); a run of other settings trains its own beside a saved ensemble
+(reuse.TRAINING_FIELDS); a run of other settings trains its own beside a saved ensemble
 (a paper-preset run next to a quick-preset ensemble); an unfinished training of other settings is
 refused; a save from before the key held the settings is refused naming the fix; a resumed run
 takes its ensembles from its own checkpoint. No test trains a real ensemble beyond two tiny epochs:
@@ -17,7 +17,7 @@ import pytest
 from mombo_jax.core import dynamics, key_scheme
 from mombo_jax.data import provenance
 from mombo_jax.data.transitions import Transitions
-from mombo_jax.dynamics import dynamics_store, dynamics_training, saved_dynamics
+from mombo_jax.dynamics import dynamics_store, dynamics_training, reuse, saved_dynamics
 from mombo_jax.errors import UserError
 from mombo_jax.records import workdir as workdir_lib
 from mombo_jax.settings import config as config_lib
@@ -52,7 +52,7 @@ def _untrained(config, obs_dim=11, act_dim=3):
 
 
 def _key(config, transitions, dataset="hopper-random"):
-  return saved_dynamics.reuse_key(config, transitions,
+  return reuse.reuse_key(config, transitions,
                                   provenance.dataset_identity(dataset, transitions))
 
 
@@ -61,11 +61,11 @@ def test_every_dynamics_field_is_listed_once():
   its training): every dyn_* setting but how often training is checkpointed, a field of the run;
   FLIPS covers every one of them."""
   dyn = {f for f in Config.setting_names() if f.startswith("dyn_")}
-  training = set(saved_dynamics.TRAINING_FIELDS)
+  training = set(reuse.TRAINING_FIELDS)
   assert training == dyn - {"dyn_checkpoint_every_s"}
   assert "dyn_checkpoint_every_s" in {f.name for f in dataclasses.fields(Config)}
-  assert set(saved_dynamics.training_settings(Config())) == training | {
-      saved_dynamics.TRAINING_CODE_FIELD}
+  assert set(reuse.training_settings(Config())) == training | {
+      reuse.TRAINING_CODE_FIELD}
   assert set(FLIPS) == training
 
 
@@ -74,12 +74,12 @@ def test_each_training_setting_changes_the_key_and_the_folder(field):
   base = _tiny()
   other = base.replace(**{field: FLIPS[field]})
   data = _transitions(20)
-  meta = {saved_dynamics.REUSE_KEY_FIELD: _key(base, data)}
-  assert saved_dynamics.reuse_mismatch(meta, _key(base, data)) == {}
-  differs = saved_dynamics.reuse_mismatch(meta, _key(other, data))
+  meta = {reuse.REUSE_KEY_FIELD: _key(base, data)}
+  assert reuse.reuse_mismatch(meta, _key(base, data)) == {}
+  differs = reuse.reuse_mismatch(meta, _key(other, data))
   assert set(differs) == {field}, differs
-  assert field in saved_dynamics.format_mismatch(differs)
-  assert dynamics_store.dynamics_path("d", other) != dynamics_store.dynamics_path("d", base)
+  assert field in reuse.format_mismatch(differs)
+  assert reuse.dynamics_path("d", other) != reuse.dynamics_path("d", base)
 
 
 def test_what_does_not_change_the_ensemble_changes_neither():
@@ -89,13 +89,13 @@ def test_what_does_not_change_the_ensemble_changes_neither():
           base.replace(beta=9.0, epochs=7, algo="mombo", reference="authors")]
   for config in same:
     assert _key(config, data) == _key(base, data)
-    assert dynamics_store.dynamics_path("d", config) == dynamics_store.dynamics_path("d", base)
+    assert reuse.dynamics_path("d", config) == reuse.dynamics_path("d", base)
   ints, floats = _tiny(dyn_lr=1, dyn_improvement=0), _tiny(dyn_lr=1.0, dyn_improvement=0.0)
   assert _key(ints, data) == _key(floats, data)
-  assert dynamics_store.dynamics_path("d", ints) == dynamics_store.dynamics_path("d", floats)
-  name = os.path.basename(dynamics_store.dynamics_path("d", _tiny(seed=2, num_seeds=3)))
+  assert reuse.dynamics_path("d", ints) == reuse.dynamics_path("d", floats)
+  name = os.path.basename(reuse.dynamics_path("d", _tiny(seed=2, num_seeds=3)))
   assert name.startswith("seed2x3-cap2-") and len(name) == len("seed2x3-cap2-") + 8
-  assert "-nocap-" in dynamics_store.dynamics_path("d", _tiny(dyn_max_epochs=None))
+  assert "-nocap-" in reuse.dynamics_path("d", _tiny(dyn_max_epochs=None))
 
 
 def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypatch):
@@ -108,7 +108,7 @@ def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypat
   paper = config_lib.make_config("hopper-random", "mombo", "paper", num_seeds=quick.num_seeds)
   assert quick.dynamics_training.dyn_max_epochs != paper.dynamics_training.dyn_max_epochs
   dyn_dir = str(tmp_path / "dynamics")
-  quick_path = dynamics_store.dynamics_path(dyn_dir, quick)
+  quick_path = reuse.dynamics_path(dyn_dir, quick)
   saved_dynamics.save(quick_path, _untrained(quick), quick, reuse_key=_key(quick, data))
   trained = []
 
@@ -121,18 +121,18 @@ def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypat
   dynamics_store.get_dynamics(paper, data, "hopper-random", dyn_dir, log=lines.append)
   assert ([c.dynamics_training.dyn_max_epochs for c in trained]
           == [paper.dynamics_training.dyn_max_epochs])
-  paper_path = dynamics_store.dynamics_path(dyn_dir, paper)
+  paper_path = reuse.dynamics_path(dyn_dir, paper)
   assert paper_path != quick_path and os.path.isdir(paper_path)
   note = next(line for line in lines if line.startswith("note:"))
   assert quick_path in note and "dyn_max_epochs: saved 2, now None" in note
   _, meta = saved_dynamics.load(quick_path)                      # untouched
-  assert saved_dynamics.reuse_mismatch(meta, _key(quick, data)) == {}
+  assert reuse.reuse_mismatch(meta, _key(quick, data)) == {}
   # Each is reused by a run of its own settings; nothing is trained again.
   for config in (quick, paper):
     lines.clear()
     dynamics_store.get_dynamics(config, data, "hopper-random", dyn_dir, log=lines.append)
     assert lines == [f"Reusing the dynamics ensembles in "
-                     f"{dynamics_store.dynamics_path(dyn_dir, config)}."]
+                     f"{reuse.dynamics_path(dyn_dir, config)}."]
   assert len(trained) == 1
 
 
@@ -142,20 +142,20 @@ def test_a_legacy_save_is_refused_naming_the_fix(tmp_path, monkeypatch):
   data = _transitions()
   config = _tiny()
   dyn_dir = str(tmp_path / "dynamics")
-  legacy = dynamics_store.legacy_dynamics_path(dyn_dir, config)
+  legacy = reuse.legacy_dynamics_path(dyn_dir, config)
   old_key = {k: v for k, v in _key(config, data).items()
-             if k not in saved_dynamics.training_settings(config)
+             if k not in reuse.training_settings(config)
              or k in ("dyn_members", "dyn_elites", "dyn_hidden")}
   saved_dynamics.save(legacy, _untrained(config), config, reuse_key=old_key)
   _, meta = saved_dynamics.load(legacy)
-  assert saved_dynamics.is_legacy(meta)
+  assert reuse.is_legacy(meta)
   monkeypatch.setattr(dynamics_training, "train_seeds", None)   # never reached
   with pytest.raises(UserError) as e:
     dynamics_store.get_dynamics(config, data, "hopper-random", dyn_dir, log=lambda _: None)
   line = str(e.value)
   assert "\n" not in line and legacy in line and "delete them" in line
   assert "did not record their training settings" in line and "not reused" in line
-  assert dynamics_store.dynamics_path(dyn_dir, config) in line
+  assert reuse.dynamics_path(dyn_dir, config) in line
   with pytest.raises(UserError, match="delete them"):
     dynamics_store.check_legacy_dynamics(dyn_dir, config)
   shutil.rmtree(legacy)

@@ -11,10 +11,10 @@ import pytest
 
 from mombo_jax.collection import dataset_writer
 from mombo_jax.core import buffer, train as train_lib
-from mombo_jax.data import minari_io
+from mombo_jax.data import minari_io, names
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import LOCK, Workdir
-from mombo_jax.run import groups as groups_lib, runner
+from mombo_jax.run import groups as groups_lib, run_state, runner
 from mombo_jax.settings import config as config_lib
 
 # One hidden layer a network: the programs compile faster; the grid's claims do not depend on depth.
@@ -44,7 +44,7 @@ def _groups(root, datasets, betas, **kw):
 
 
 def _agent(workdir):
-  state, _ = Workdir(workdir).restore()
+  state, _ = run_state.restore(Workdir(workdir))
   return state.agent
 
 
@@ -75,7 +75,7 @@ def test_groups_that_cannot_share_a_program_are_refused(tmp_path):
                                            root=str(tmp_path)))
   # An env's four D4RL datasets differ in settings each cell carries (train.CELL_SETTINGS):
   # one program per algorithm.
-  for env in config_lib.ENVS:
+  for env in names.ENVS:
     for algo in config_lib.ALGOS:
       groups_lib.check_groups(groups_lib.plan_groups(
           f"{env}-random", algo, "paper", {},
@@ -151,7 +151,8 @@ def test_groups_of_an_envs_datasets_settings_train_as_their_single_runs(datasets
   groups_lib.check_groups(groups)
   assert runner.train_grid(groups, stop_after=1) == [None] * 2
   short = groups[1].config
-  state, _ = Workdir(groups[1].workdir).restore(Workdir(groups[1].workdir).state_template(short))
+  wd = Workdir(groups[1].workdir)
+  state, _ = run_state.restore(wd, run_state.state_template(wd, short))
   assert state.buffer.data.reward.shape == (1, train_lib.capacity(short))
   assert train_lib.capacity(short) < train_lib.capacity(groups[0].config)
   for g, name in zip(groups, variants):

@@ -15,6 +15,7 @@ from mombo_jax import errors
 from mombo_jax.collection import cards, d4rl, d4rl_physics
 from mombo_jax.data import d4rl_stats, minari_io, provenance, scores, transitions as transitions_lib
 from mombo_jax.env import envs
+from tests.conftest import HANG_S
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 S, A = 11, 3
@@ -166,7 +167,7 @@ def test_cli_prints_the_id_last(tmp_path):
   env = dict(os.environ, MINARI_DATASETS_PATH=str(tmp_path / "root"), HF_HUB_OFFLINE="1")
   out = subprocess.run([sys.executable, "-m", "experiments.import_d4rl", f"--file={path}",
                         "--env=hopper-medium"], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=HANG_S)
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip().splitlines()[-1] == "d4rl/hopper/medium-v2"
   assert "--dataset=d4rl/hopper/medium-v2" in out.stdout
@@ -175,7 +176,7 @@ def test_cli_prints_the_id_last(tmp_path):
   damaged = _damaged(tmp_path)["inside"]
   out = subprocess.run([sys.executable, "-m", "experiments.import_d4rl", f"--file={damaged}",
                         "--env=hopper-medium", "--timeouts=keep", "--dataset_id=d4rl/hopper/x-v2"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S)
   assert out.returncode == 1 and out.stdout == "" and "Traceback" not in out.stderr
   assert out.stderr.startswith(f"error: {damaged} is not a readable hdf5 file: reading its keys "
                                "failed"), out.stderr
@@ -389,7 +390,7 @@ def test_the_cards_rebuild_command_reproduces_a_drop_nonfinite_import(minari_roo
   assert argv[:3] == ["python", "-m", "experiments.import_d4rl"], argv
   assert "--drop_nonfinite" in argv and f"--dataset_id={dataset_id}" in argv
   out = subprocess.run([sys.executable] + argv[1:], cwd=REPO, capture_output=True, text=True,
-                       timeout=120, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+                       timeout=HANG_S, env=dict(os.environ, HF_HUB_OFFLINE="1"))
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip().splitlines()[-1] == dataset_id
   assert provenance.fingerprint(transitions_lib.load_transitions(dataset_id, cache=False)) == before
@@ -451,7 +452,7 @@ def test_cli_refusal_is_one_line_without_mujoco_noise(tmp_path, simulated):
   cwd.mkdir()
   out = subprocess.run([sys.executable, "-m", "experiments.import_d4rl", f"--file={cheetah}",
                         "--env=walker2d-medium"], cwd=cwd, env=env, capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=HANG_S)
   assert out.returncode == 1 and out.stdout == "", out.stdout
   assert out.stderr.startswith(f"error: {cheetah} is not walker2d-medium's data"), out.stderr
   assert len(out.stderr.splitlines()) == 1, out.stderr
@@ -459,5 +460,5 @@ def test_cli_refusal_is_one_line_without_mujoco_noise(tmp_path, simulated):
   hopper = _write_d4rl(tmp_path / "hopper_random.hdf5", simulated["hopper"])
   out = subprocess.run([sys.executable, "-m", "experiments.import_d4rl", f"--file={hopper}",
                         "--env=hopper-medium", "--nocheck_quality"], cwd=cwd, env=env,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=HANG_S)
   assert out.returncode == 0 and "warning" not in out.stdout + out.stderr, out.stdout + out.stderr

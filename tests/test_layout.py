@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
+from tests.conftest import HANG_S
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "mombo_jax")
 API = ("mm_relu", "mm_linear", "mm_leaky_relu", "mc_moments", "propagate", "load_policy",
+       "moment_matching_bound", "relu_moment_matching_bound",
        "load_transitions", "Transitions",
        "normalized_score", "ref_scores", "termination_fn", "model_done", "make_epoch")
 
@@ -23,7 +26,7 @@ def test_import_is_lazy_and_the_api_loads():
           "assert set(mombo_jax.__all__) == set(" + repr(API) + ")\n"
           "print('ok')\n")
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S,
                        cwd=ROOT, env=env)
   assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
@@ -123,3 +126,13 @@ def test_every_import_inside_a_function_says_why():
   assert not bad, ("imports inside functions with no comment saying why they are not at the top "
                    "of the module (move them there, or add the reason on the line or above): "
                    + "; ".join(bad))
+
+
+def test_the_dynamics_package_docstring_maps_every_module():
+  """mombo_jax/dynamics/ holds an ensemble's life a module a step (issue 44 item 4); its package
+  docstring is the map a reader starts from, so it names every module of the room."""
+  room = os.path.join(PACKAGE, "dynamics")
+  doc = ast.get_docstring(ast.parse(open(os.path.join(room, "__init__.py")).read())) or ""
+  modules = sorted(f for f in os.listdir(room) if f.endswith(".py") and f != "__init__.py")
+  assert len(modules) >= 5 and "core/dynamics.py" in doc
+  assert [m for m in modules if m not in doc] == []

@@ -11,6 +11,7 @@ import pytest
 
 from mombo_jax.errors import UserError
 from mombo_jax.run import loggers
+from tests.conftest import HANG_S
 
 RECORD = dict(dataset="hopper-random", algo="mombo", target="elite_spread", beta=0.5,
               steps_per_epoch=10, seed=3, num_seeds=2, epochs=3, data={"transitions": 2000})
@@ -66,7 +67,7 @@ def test_tensorboardx_needs_no_tensorflow():
   import sys
   code = ("import sys, tensorboardX; from tensorboardX import SummaryWriter; "
           "print(any(m.split('.')[0] in ('tensorflow', 'torch') for m in sys.modules))")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
   assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
 
 

@@ -14,6 +14,7 @@ from scipy import stats
 
 from mombo_jax.analysis import mm_vs_mc, trained
 from mombo_jax.core.critics import MMCritic
+from tests.conftest import HANG_S
 from tests.conftest_runs import tiny_run  # noqa: F401  (session fixture)
 
 NS = (2, 10, 100, 1000, 10000)
@@ -152,7 +153,7 @@ def test_script_end_to_end(tiny_run, tmp_path):
   out = subprocess.run(
       [sys.executable, "-m", "experiments.mm_vs_mc", f"--run={workdir}", "--num_states=2",
        "--repeats=16", "--n_samples=2,100", f"--out={tmp_path}"],
-      capture_output=True, text=True, timeout=300, env=dict(os.environ))
+      capture_output=True, text=True, timeout=HANG_S, env=dict(os.environ))
   assert out.returncode == 0, out.stdout + out.stderr
   assert f"{workdir}: read " in out.stdout and "of the checkpoint's" in out.stdout, out.stdout
   assert (tmp_path / "mm_vs_mc.png").stat().st_size > 10_000
@@ -173,5 +174,5 @@ def test_script_end_to_end(tiny_run, tmp_path):
   with open(tmp_path / "mm_vs_mc_estimates.csv") as f:
     assert len(list(csv.DictReader(f))) == 2 * 2 * 16
   bad = subprocess.run([sys.executable, "-m", "experiments.mm_vs_mc", f"--run={tmp_path}"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=HANG_S)
   assert bad.returncode != 0 and "Traceback" not in bad.stderr and "config.json" in bad.stderr

@@ -26,6 +26,7 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 
 from tests import conftest
+from tests.conftest import HANG_S
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -87,7 +88,7 @@ def test_bit_identity_claims_hold_with_xla_optimisations_on(tmp_path):
        "addopts=", "--strict-markers", "-rfEs", "--durations=5", "-m", conftest.BIT_IDENTITY,
        f"--junitxml={junit}", *[os.path.join("tests", f) for f in marked]],
       cwd=ROOT, env=_child_env(str(tmp_path / "jit")), capture_output=True, text=True,
-      timeout=1500)
+      timeout=HANG_S)
   out = proc.stdout + proc.stderr
   assert "XLA optimisations: on" in out, out[-3000:]           # conftest's report header
   assert proc.returncode == 0, out[-8000:]

@@ -16,6 +16,8 @@ from mombo_jax.analysis import policy as policy_lib, render
 from mombo_jax.core import sac
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import Workdir
+from mombo_jax.run import run_state
+from tests.conftest import HANG_S
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401
 
 
@@ -111,7 +113,7 @@ def test_bad_seeds_steps_and_diverged_seeds_are_refused(tiny_run, tmp_path):
   # A run whose seed 1 diverged: refused unless asked for; seed 0 loads.
   wd = Workdir(str(tmp_path / "diverged"))
   wd.write_config(Workdir(workdir).read_record())
-  ckpt = wd.checkpointer()
+  ckpt = run_state.checkpointer(wd)
   ckpt.save(2, state, {"epoch": 2, "diverged": [{"seed": 1, "epoch": 1, "quantity": "q"}]})
   ckpt.close()
   with pytest.raises(UserError, match="Seed 1 .* diverged at epoch 1 .*pass allow_diverged=True "
@@ -275,7 +277,7 @@ def test_video_and_renderer_problems_are_one_line(policy, tmp_path, monkeypatch)
 def _cli(module, args, **env_extra):
   env = dict(os.environ, PYTHONUNBUFFERED="1", **env_extra)
   return subprocess.run([sys.executable, "-m", module] + args, capture_output=True, text=True,
-                        timeout=300, env=env)
+                        timeout=HANG_S, env=env)
 
 
 def _error_line(out):

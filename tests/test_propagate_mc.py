@@ -10,7 +10,10 @@ float32 rounding allowance (1e-5 relative). Exact, for Gaussian inputs with vari
     x + relu(x W + b): the output means (expectation is linear);
   * full mode, one hidden layer and a linear head with a correlated input: the output mean and the
     whole output covariance (the hidden layer's covariance is exact up to the quadrature); with
-    relu_covariance="dvi" the covariance within the closed form's stated error (mpmath below).
+    relu_covariance="dvi" the covariance within the closed form's stated error (mpmath below);
+  * a value with itself: x * x, x ** 2, jnp.square, x ** 3, exp (diagonal mode, variances 1e-3 to
+    1e1, means up to 30 standard deviations), x * x and exp of a correlated input (full mode,
+    covariance included); their closed forms also against Gauss-Hermite quadrature (float64).
 Not exact, reported and only loosely bounded (the approximation, not a bug, makes the error): the
 diagonal mode's variance after a second layer or a skip connection, and the full mode's after a
 second relu layer (docs/moment_matching.md has the table, benchmarks/bench_propagate.py).
@@ -27,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mombo_jax.core.closed_forms import exp_moments, power_moments
 from mombo_jax.core.monte_carlo import mc_moments
 from mombo_jax.core.propagate import propagate
 from mombo_jax.core.relu_covariance import QUAD_NODES, relu_cov
@@ -223,3 +227,99 @@ def test_relu_cov_gradient_matches_finite_differences(method):
         e = jnp.zeros((3, 3)).at[i, j].set(h)
         np.testing.assert_allclose(gc[i, j], (f(mean, cov + e) - f(mean, cov - e)) / (2 * h),
                                    rtol=1e-6, atol=1e-8)
+
+
+
+
+# A random value combined with itself: x * x, x ** 2, jnp.square, x ** 3, exp (closed_forms.py),
+# exact for a Gaussian input in both modes; against Monte Carlo within N_SE standard errors.
+SELF_LEVELS = 10.0 ** np.arange(-3, 2)   # input variances, one row each (exp: up to 1)
+SELF_FNS = {
+    "x * x": lambda z: z * z,
+    "x ** 2": lambda z: z ** 2,
+    "square": jnp.square,
+    "x ** 3": lambda z: z ** 3,
+    "exp": jnp.exp,
+}
+
+
+@pytest.fixture(scope="module")
+def self_case():
+  rng = np.random.default_rng(11)
+  var = jnp.asarray(SELF_LEVELS[:, None] * rng.uniform(0.5, 1.5, size=(len(SELF_LEVELS), 3)),
+                    jnp.float32)
+  # Means from -2 to 2 standard deviations, and one far out (v << m^2, where a naive
+  # E[X^4] - E[X^2]^2 would cancel).
+  x = jnp.asarray([[-2.0, 0.5, 30.0]], jnp.float32) * jnp.sqrt(var)
+  got = {k: propagate(f)((x, var)) for k, f in SELF_FNS.items()}
+  centre = {k: g[0] for k, g in got.items()}
+
+  def sample_fn(z):
+    out = {k: f(z) for k, f in SELF_FNS.items()}
+    return out, {k: (out[k] - centre[k]) ** 2 for k in SELF_FNS}
+
+  (mc_mean, sq_mean), (mc_var, sq_var) = mc_moments(sample_fn, x, var, jax.random.PRNGKey(8),
+                                                    N_MC)
+  return got, {k: (mc_mean[k], mc_var[k], sq_mean[k], sq_var[k]) for k in SELF_FNS}
+
+
+@pytest.mark.parametrize("name", list(SELF_FNS))
+def test_a_value_with_itself_is_exact_diagonal(self_case, name):
+  got, mc = self_case
+  # exp at variance 10 is a lognormal too heavy-tailed for 1e6 samples to estimate its variance.
+  rows = slice(None) if name != "exp" else SELF_LEVELS <= 1.0
+  _check(name, *(g[rows] for g in got[name]), [np.asarray(a)[rows] for a in mc[name]])
+
+
+def test_square_and_exp_of_a_correlated_input_are_exact_full():
+  """Cov(x_i^2, x_j^2) = 2 S_ij^2 + 4 m_i m_j S_ij and the lognormal's covariance, vs MC."""
+  rng = np.random.default_rng(12)
+  levels = np.array([1e-2, 0.3, 1.0])
+  root = rng.normal(size=(len(levels), IN, IN))
+  chol = jnp.asarray(root * np.sqrt(levels / IN)[:, None, None], jnp.float32)
+  cov = jnp.einsum("lij,lkj->lik", chol, chol)
+  x = jnp.asarray(rng.normal(size=(len(levels), IN)) * np.sqrt(levels)[:, None], jnp.float32)
+  fns = {"square": lambda z: z * z, "exp": jnp.exp}
+  for name, fn in fns.items():
+    mean, got_cov = propagate(fn, covariance="full")((x, cov))
+
+    def sample_fn(eps, fn=fn, mean=mean):   # the correlated input is x + chol eps
+      y = fn(x + jnp.einsum("lij,lj->li", chol, eps))
+      d = y - mean
+      return y, d[:, :, None] * d[:, None, :]
+
+    (mc_mean, sq_mean), (mc_var, sq_var) = mc_moments(
+        sample_fn, jnp.zeros_like(x), jnp.ones_like(x), jax.random.PRNGKey(9), N_MC)
+    diag = lambda a: np.diagonal(np.asarray(a), axis1=-2, axis2=-1)  # noqa: E731
+    _check(name, mean, diag(got_cov), (mc_mean, mc_var, diag(sq_mean), diag(sq_var)))
+    se = np.sqrt(np.asarray(sq_var, np.float64) / N_MC)
+    scale = np.sqrt(diag(sq_mean)[:, :, None] * diag(sq_mean)[:, None, :])
+    err = np.abs(np.asarray(got_cov, np.float64) - np.asarray(sq_mean, np.float64))
+    assert np.all(err <= N_SE * se + REL * scale), (name, (err / (se + 1e-30)).max())
+    # Not the independence answer: the off-diagonal terms are there.
+    assert np.abs(np.asarray(got_cov) - np.eye(IN) * np.asarray(got_cov)).max() > 0
+
+
+def test_power_and_exp_closed_forms_against_gauss_hermite():
+  """x ** n for n = 2..8 and exp(x), float64, against 80-point Gauss-Hermite quadrature (exact for
+  polynomials up to degree 159, so for x ** n's moments up to E[X^16]); means from 0 to 100
+  standard deviations, where E[X^2n] - E[X^n]^2 would cancel."""
+  nodes, weights = np.polynomial.hermite_e.hermegauss(80)
+  weights = weights / weights.sum()
+  mean = np.array([0.0, 0.3, -1.5, 4.0, -100.0])
+  var = np.array([1.0, 2.0, 0.5, 1e-2, 1.0])
+  x = mean[:, None] + np.sqrt(var)[:, None] * nodes
+  with jax.enable_x64(True):
+    for n in range(2, 9):
+      got_mean, got_var = power_moments(jnp.asarray(mean), jnp.asarray(var), n,
+                                        jnp.asarray(mean) ** n)
+      want_mean = (x ** n) @ weights
+      want_var = ((x ** n - want_mean[:, None]) ** 2) @ weights
+      np.testing.assert_allclose(got_mean, want_mean, rtol=1e-10, atol=1e-9)
+      np.testing.assert_allclose(got_var, want_var, rtol=1e-8)
+    small = var < 3     # exp: the quadrature is accurate for moderate variances
+    got_mean, got_var = exp_moments(jnp.asarray(mean), jnp.asarray(var), jnp.exp)
+    want_mean = np.exp(x) @ weights
+    want_var = ((np.exp(x) - want_mean[:, None]) ** 2) @ weights
+    np.testing.assert_allclose(np.asarray(got_mean)[small], want_mean[small], rtol=1e-10)
+    np.testing.assert_allclose(np.asarray(got_var)[small], want_var[small], rtol=1e-8)

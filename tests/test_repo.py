@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from mombo_jax.settings import references
+from tests.conftest import HANG_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = os.path.join(ROOT, "docs", "spec.md")
@@ -28,7 +29,7 @@ def _repo_files():
   tree (build outputs and caches left out) where git or its metadata is missing."""
   try:
     out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                         capture_output=True, timeout=60, check=True).stdout
+                         capture_output=True, timeout=HANG_S, check=True).stdout
     files = [p for p in out.decode().split("\0") if p]
     if files:
       return files

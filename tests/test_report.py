@@ -20,6 +20,7 @@ from mombo_jax.report.labels import algo_label, base_algo, label_key
 from mombo_jax.report.paper_setup import paper_dataset
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import atomic
+from tests.conftest import HANG_S
 
 NAN = np.nan
 
@@ -482,7 +483,7 @@ def test_cli_refuses_stray_words_and_an_unwritable_out_in_one_line(tmp_path, arg
   blocker.write_text("")
   args = [a.replace("RUNS", str(runs)).replace("FILE", str(blocker)) for a in args]
   got = subprocess.run([sys.executable, "-m", "experiments.report"] + args, capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=HANG_S)
   lines = got.stderr.strip().splitlines()
   assert got.returncode == code and len(lines) == 1, got.stderr
   assert lines[0].startswith(match.replace("FILE", str(blocker))), lines[0]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from mombo_jax.report import paper_results, results, tables, writer
+from tests.conftest import HANG_S
 from tests.test_report import NAN, _md_block, _number, _write_run
 
 
@@ -260,14 +261,14 @@ def test_report_csv_holds_every_printed_number_ours_with_its_interval(runs, writ
 def test_cli_writes_into_the_first_folder_and_warns(runs, tmp_path):
   root, _, unfinished = runs
   out = subprocess.run([sys.executable, "-m", "experiments.report", str(root)],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=HANG_S)
   assert out.returncode == 0, out.stderr
   assert f"warning: skipping {unfinished}" in out.stderr
   assert (root / "report.md").exists() and (root / "curves_hopper.png").exists()
   empty = tmp_path / "empty"
   empty.mkdir()
   out = subprocess.run([sys.executable, "-m", "experiments.report", str(empty), str(tmp_path)],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=HANG_S)
   assert out.returncode != 0 and "Traceback" not in out.stderr
   assert f"No runs found under {empty}, {tmp_path}" in out.stderr
 

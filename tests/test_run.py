@@ -15,12 +15,13 @@ import pytest
 
 from mombo_jax.core import buffer, dynamics, placement, sac, train as train_lib
 from mombo_jax.data import provenance, scores, transitions as transitions_lib
-from mombo_jax.dynamics import dynamics_store
+from mombo_jax.dynamics import dynamics_store, reuse
 from mombo_jax.errors import UserError
 from mombo_jax.records import outputs
 from mombo_jax.records.workdir import Workdir
-from mombo_jax.run import compilation_cache, preflight, run_dataset, runner
+from mombo_jax.run import compilation_cache, preflight, run_dataset, run_state, runner
 from mombo_jax.settings import config as config_lib
+from tests.conftest import HANG_S
 
 DATASET = "hopper-random"
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -41,7 +42,7 @@ def _config(algo="mombo", **kw):
 
 
 def _final_params(workdir):
-  state, _ = Workdir(workdir).restore()
+  state, _ = run_state.restore(Workdir(workdir))
   return state
 
 
@@ -311,7 +312,7 @@ def test_bad_workdirs_are_refused(tmp_path):
     preflight.validate(_config("mombo"), "hopper-randm", str(tmp_path / "ok"))
 
 
-def _run_cli(args, env_extra=None, timeout=120):
+def _run_cli(args, env_extra=None, timeout=HANG_S):
   import subprocess
   import sys
   env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
@@ -381,8 +382,8 @@ def test_dynamics_of_another_setup_are_refused(dataset, dyn_dir, tmp_path, mombo
   with pytest.raises(UserError, match="another setup.*num_transitions: saved 2000, now 1500"):
     dynamics_store.get_dynamics(config, fewer, DATASET, dyn_dir, log=lambda _: None)
   other = _config("mombo", num_seeds=2, dyn_members=4)
-  assert (dynamics_store.dynamics_path(dyn_dir, other)
-          != dynamics_store.dynamics_path(dyn_dir, config))
+  assert (reuse.dynamics_path(dyn_dir, other)
+          != reuse.dynamics_path(dyn_dir, config))
 
 
 # ----------------------------------------------------------------------------------- divergence
@@ -455,7 +456,7 @@ def _interrupt_at(args, env_extra, trigger, sig):
     if trigger in line:
       proc.send_signal(sig)
       break
-  rest, _ = proc.communicate(timeout=300)
+  rest, _ = proc.communicate(timeout=HANG_S)
   assert _signal.Signals(sig) in (_signal.SIGINT, _signal.SIGTERM)
   return proc.returncode, "".join(seen) + rest
 
@@ -472,7 +473,7 @@ def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, m
   code, out = _interrupt_at(args, env, "dynamics epoch 1:", _signal.SIGTERM)
   assert code == 143, out
   assert "Traceback" not in out and "Resume with:" in out and "dynamics epoch" in out
-  partial = dynamics_store.dynamics_path(str(tmp_path / "cli" / "dynamics"), config_lib.make_config(
+  partial = reuse.dynamics_path(str(tmp_path / "cli" / "dynamics"), config_lib.make_config(
       DATASET, "mombo", preset="tiny", dyn_max_epochs=4)) + ".partial"
   assert os.path.isdir(partial)
   # Mid-training (Ctrl-C): the epoch finishes and is checkpointed.
@@ -480,7 +481,7 @@ def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, m
   assert code == 130, out
   assert "resumed unfinished training" in out and "Traceback" not in out
   assert not os.path.exists(partial)
-  done = _run_cli(args, env, timeout=300)
+  done = _run_cli(args, env, timeout=HANG_S)
   assert done.returncode == 0, done.stdout + done.stderr
   assert "Resumed from" in done.stdout
   interrupted = json.loads((tmp_path / "cli" / "summary.json").read_text())
@@ -613,7 +614,9 @@ def test_evaluation_overlaps_the_next_device_call(dataset, dyn_dir, tmp_path, mo
 
   def slow_returns(runs, actors, done, should_stop=None):
     if done == 1:
-      waited[done] = (dispatched.wait(timeout=4.0), threading.current_thread().name)
+      # A guard, not a speed claim: a sequential loop never dispatches while this waits, so
+      # only a hang reaches it; a loaded machine dispatching slowly does not.
+      waited[done] = (dispatched.wait(timeout=300), threading.current_thread().name)
     return returns_all(runs, actors, done, should_stop)
 
   monkeypatch.setattr(runner, "compile_chunk", watched_compile)

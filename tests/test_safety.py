@@ -14,12 +14,13 @@ import sys
 
 import pytest
 
-from mombo_jax.dynamics import dynamics_store
+from mombo_jax.dynamics import reuse
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import Workdir
-from mombo_jax.run import run_dataset, runner
+from mombo_jax.run import run_dataset, run_state, runner
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import checkpoint, locks
+from tests.conftest import HANG_S
 
 DATASET = "hopper-random"
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1)
@@ -51,7 +52,7 @@ def _one_error_line(out):
   return lines[0]
 
 
-def _run(args, minari, timeout=180):
+def _run(args, minari, timeout=HANG_S):
   return subprocess.run([sys.executable, "-m", "experiments.run"] + args, capture_output=True,
                         text=True, timeout=timeout, env=_env(MINARI_DATASETS_PATH=str(minari)))
 
@@ -85,11 +86,11 @@ def test_train_dynamics_respects_a_held_ensemble(tmp_path):
   """A dynamics ensemble being trained by one launch is not trained (or read) by a second."""
   dyn = tmp_path / "dyn"
   config = config_lib.make_config("hopper-random", "mombo", "tiny")    # train_dynamics' config
-  holder = _hold(dyn, os.path.basename(dynamics_store.dynamics_path(str(dyn), config)) + ".lock")
+  holder = _hold(dyn, os.path.basename(reuse.dynamics_path(str(dyn), config)) + ".lock")
   try:
     out = subprocess.run([sys.executable, "-m", "experiments.train_dynamics",
                           "--env=hopper-random", "--seeds=1", "--preset=tiny", f"--workdir={dyn}"],
-                         capture_output=True, text=True, timeout=180,
+                         capture_output=True, text=True, timeout=HANG_S,
                          env=_env(MINARI_DATASETS_PATH=str(tmp_path / "no_data")))
   finally:
     holder.send_signal(signal.SIGKILL)
@@ -159,7 +160,7 @@ def test_a_refused_grid_leaves_no_folder_and_stale_saves_are_removed(hopper_rand
   wd = Workdir(str(tmp_path / "run"))
   tmp = os.path.join(wd.checkpoints, "4.orbax-checkpoint-tmp-1234")
   os.makedirs(tmp)
-  reader = wd.checkpointer(keep=None)
+  reader = run_state.checkpointer(wd, keep=None)
   reader.close()
   assert os.path.isdir(tmp)
   with pytest.raises(UserError, match="other"):       # refused later: the tmp is gone anyway
@@ -178,7 +179,7 @@ def test_a_half_deleted_step_is_removed_in_one_line_before_orbax_sees_it(tmp_pat
 
   import numpy as np
   wd = Workdir(str(tmp_path / "run"))
-  ckpt = wd.checkpointer()
+  ckpt = run_state.checkpointer(wd)
   state = {"w": np.arange(4, dtype=np.float32)}
   for step in (10, 20, 30):
     ckpt.save(step, state, {"epoch": step})
@@ -195,7 +196,7 @@ def test_a_half_deleted_step_is_removed_in_one_line_before_orbax_sees_it(tmp_pat
                    "half-deleted (no _CHECKPOINT_METADATA, state/_METADATA)."], notes
   assert not os.path.exists(step20)
   caplog.clear()
-  reader = wd.checkpointer(keep=None)
+  reader = run_state.checkpointer(wd, keep=None)
   restored, meta = reader.restore(state)
   assert reader.steps() == [10, 30] and meta["step"] == 30
   reader.close()
@@ -213,7 +214,7 @@ def test_a_half_deleted_step_is_removed_in_one_line_before_orbax_sees_it(tmp_pat
 def test_empty_lists_are_refused_in_one_line(tmp_path):
   for flag in ("--betas=", "--datasets="):
     out = _run(["--env=hopper-random", flag, f"--workdir={tmp_path / 'w'}"], tmp_path / "none",
-               timeout=120)
+               timeout=HANG_S)
     line = _one_error_line(out)
     assert flag in line and "empty" in line
   assert not (tmp_path / "w").exists()

@@ -12,6 +12,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.conftest import HANG_S
+
 SEEDS, EPOCHS, S_DIM, A_DIM, N = 4, 2, 11, 3, 128
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -158,7 +160,7 @@ def _spawn(devices, *args, env_extra=None, module=None):
 
 
 def _finish(proc, ok=True):
-  out, err = proc.communicate(timeout=300)
+  out, err = proc.communicate(timeout=HANG_S)
   assert (proc.returncode == 0) == ok, out + err
   return out + err
 

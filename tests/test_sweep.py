@@ -15,6 +15,7 @@ import pytest
 
 from mombo_jax import errors
 from mombo_jax.run import console, sweep, sweep_record
+from tests.conftest import HANG_S
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET = dict(preset="tiny", epochs=1, steps_per_epoch=5, rollout_batch_size=32, eval_episodes=1,
@@ -73,12 +74,12 @@ def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_
   dynamics settings for it (e.g. an epoch cap), so which cells share is computed from the cells'
   configs, not assumed. Cells with equal settings share one folder, others do not; the plan
   names each ensemble's cells, the settings that keep them apart and each value's source."""
-  from mombo_jax.dynamics import saved_dynamics
+  from mombo_jax.dynamics import reuse
   from mombo_jax.settings import config as config_lib, references
   env, algos = "walker2d-medium", ("mombo", "mobile", "mopo")
   cells = sweep.plan([env], list(algos), seeds=3, seed=0, out=str(tmp_path),
                      budget={"preset": preset})
-  settings = {c.algo: saved_dynamics.training_settings(c.config) for c in cells}
+  settings = {c.algo: reuse.training_settings(c.config) for c in cells}
   paths = {c.algo: c.dynamics_path for c in cells}
   for a in algos:
     for b in algos:
@@ -93,7 +94,7 @@ def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_
   for path, users in groups.items():
     assert (f"shared by {', '.join(users)}: {path}" if len(users) > 1
             else f"{users[0]} alone: {path}") in [line.strip() for line in lines]
-  apart = [f for f in saved_dynamics.TRAINING_FIELDS
+  apart = [f for f in reuse.TRAINING_FIELDS
            if len({repr(s[f]) for s in settings.values()}) > 1]
   assert bool(apart) == (len(groups) > 1)
   if apart:
@@ -102,7 +103,7 @@ def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_
   for c in cells:                                  # every value set by the algorithm's source
     table = config_lib.task_overrides(env, c.algo, c.config.reference)
     values = c.config.settings()
-    for f in saved_dynamics.TRAINING_FIELDS:
+    for f in reuse.TRAINING_FIELDS:
       if f in table and values[f] != default[f] and \
           f not in config_lib.PRESETS[preset].overrides:
         code = references.source(c.algo, c.config.reference).code
@@ -115,7 +116,7 @@ def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_
 def test_the_sweep_prints_its_dynamics_plan(tmp_path):
   out = subprocess.run([sys.executable, "-m", "experiments.sweep", "--envs=walker2d-medium",
                         "--algos=mombo,mobile,mopo", "--seeds=2", f"--out={tmp_path}",
-                        "--dry_run"], cwd=REPO, capture_output=True, text=True, timeout=120)
+                        "--dry_run"], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
   assert out.returncode == 0, out.stderr
   lines = out.stdout.splitlines()
   assert lines[0].startswith("# dynamics of walker2d-medium: ")
@@ -288,7 +289,7 @@ def test_an_unwritable_out_is_one_line_before_any_launch(tmp_path, monkeypatch):
 
 
 _CHILD = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(143)); "
-          "print('ready', flush=True); time.sleep(60)")
+          "print('ready', flush=True); time.sleep(600)")
 _SWEEP = """
 import sys
 from mombo_jax.run import sweep, sweep_record
@@ -310,13 +311,13 @@ def test_sigterm_stops_the_sweep_with_143(tmp_path):
   proc = subprocess.Popen([sys.executable, "-c", _SWEEP, str(tmp_path), _CHILD], cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
-    deadline = time.time() + 60
+    deadline = time.time() + HANG_S
     while time.time() < deadline:
       line = proc.stdout.readline()
       if line.strip() == "ready" or not line:
         break
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=HANG_S)
   finally:
     if proc.poll() is None:
       proc.kill()
@@ -334,19 +335,19 @@ def test_cli_runs_a_tiny_sweep_and_skips_it_when_run_again(minari_root, hopper_r
   cmd = [sys.executable, "-m", "experiments.sweep", "--envs=hopper-random", "--algos=mopo",
          "--seeds=1", f"--out={out}"] + [f"--{k}={v}" for k, v in BUDGET.items()]
   env = dict(os.environ, MINARI_DATASETS_PATH=str(minari_root), HF_HUB_OFFLINE="1")
-  first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S)
   assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
   workdir = out / "hopper-random" / "mopo" / "s0x1"
   assert (workdir / "summary.json").exists() and (out / "hopper-random" / "dynamics").is_dir()
   assert "sweep finished: 1 finished" in first.stdout
-  again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+  again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S)
   assert again.returncode == 0 and "1 finished (1 skipped: finished before)" in again.stdout
   # The same sweep with another budget over the finished cell: refused, naming the field.
   other = subprocess.run(cmd + ["--steps_per_epoch=6"], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=HANG_S)
   assert other.returncode == 1 and "steps_per_epoch: 5 -> 6" in other.stderr
   bad = subprocess.run(cmd[:3] + ["--envs=hopper-foo", f"--out={out}"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=HANG_S)
   assert bad.returncode == 1 and bad.stderr.strip().startswith("error:")
   assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
@@ -363,7 +364,7 @@ def test_cli_refuses_stray_words_and_an_unwritable_out_in_one_line(tmp_path, wor
   out = [] if any(w.startswith("--out") for w in words) else [f"--out={tmp_path / 'sweep'}"]
   got = subprocess.run([sys.executable, "-m", "experiments.sweep", "--envs=hopper-random",
                         "--algos=mopo"] + out + words, cwd=REPO, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=HANG_S)
   assert got.returncode == code and "Traceback" not in got.stderr, got.stderr
   lines = got.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error:")

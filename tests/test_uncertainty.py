@@ -16,6 +16,7 @@ from scipy.stats import norm
 
 from mombo_jax.analysis import quantifier_quality, trained, uncertainty_runs
 from mombo_jax.core import buffer, dynamics, targets, termination
+from tests.conftest import HANG_S
 from tests.conftest_runs import tiny_run  # noqa: F401  (session fixture)
 
 
@@ -454,7 +455,7 @@ def test_table_has_the_readings_blocks_and_columns(tmp_path):
 
 def test_help_describes_the_definition():
   out = subprocess.run([sys.executable, "-m", "experiments.uncertainty", "--help"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=HANG_S)
   text = out.stdout + out.stderr
   for needle in ("Uncertainty quantifier", "docs/protocol.md", "B^ Q", "--states", "--draws",
                  "--num_policy", "--num_states", "unscaled", "real_reward", "eq1",

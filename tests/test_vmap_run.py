@@ -9,7 +9,7 @@ import pytest
 
 from mombo_jax.core import cell_layout
 from mombo_jax.records.workdir import Workdir
-from mombo_jax.run import groups as groups_lib, runner
+from mombo_jax.run import groups as groups_lib, run_state, runner
 from mombo_jax.settings import environment
 
 TINY = dict(epochs=2, steps_per_epoch=5, rollout_batch_size=32, eval_every=1, eval_episodes=1,
@@ -23,7 +23,7 @@ def _grid(root, dataset):
 
 
 def _state(workdir):
-  state, _ = Workdir(workdir).restore()
+  state, _ = run_state.restore(Workdir(workdir))
   return state
 
 

@@ -1,5 +1,5 @@
 """workdir.Workdir, the one owner of a run on disk: config.json round trip and refusals, restores
-against the typed template (whole and partial), finding runs, the layout's names."""
+against the typed template (whole and partial: run_state), finding runs, the layout's names."""
 import json
 import os
 
@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from mombo_jax.core import key_scheme, train as train_lib
-from mombo_jax.dynamics import dynamics_store, saved_dynamics
+from mombo_jax.dynamics import reuse
 from mombo_jax.errors import UserError
 from mombo_jax.records import run_search, workdir as workdir_lib
 from mombo_jax.records.workdir import Workdir
+from mombo_jax.run import run_state
 from mombo_jax.settings import config as config_lib
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401
 
@@ -57,10 +58,10 @@ def test_layout_names():
   assert wd.dynamics_dir == os.path.join("w", "dynamics")
   assert Workdir("w", "shared").dynamics_dir == "shared"
   config = config_lib.make_config(DATASET, "mombo", "tiny", seed=2, num_seeds=3)
-  # The ensembles' folder names the seeds and the training settings (saved_dynamics.settings_tag).
-  assert dynamics_store.dynamics_path("d", config) == os.path.join("d", "seed2x3-cap2-") + \
-      saved_dynamics.settings_tag(config).split("-")[1]
-  assert dynamics_store.legacy_dynamics_path("d", config) == os.path.join("d", "seed2x3")
+  # The ensembles' folder names the seeds and the training settings (reuse.settings_tag).
+  assert reuse.dynamics_path("d", config) == os.path.join("d", "seed2x3-cap2-") + \
+      reuse.settings_tag(config).split("-")[1]
+  assert reuse.legacy_dynamics_path("d", config) == os.path.join("d", "seed2x3")
 
 
 def test_cell_keys_are_per_seed():
@@ -77,18 +78,18 @@ def test_cell_keys_are_per_seed():
 def test_restore_whole_and_partial_against_the_template(tiny_run):
   workdir, state = tiny_run
   wd = Workdir(workdir)
-  template = wd.state_template()
+  template = run_state.state_template(wd)
   assert isinstance(template, train_lib.CellState)
   assert jax.tree.structure(template) == jax.tree.structure(state)
-  restored, meta = wd.restore()
+  restored, meta = run_state.restore(wd)
   assert isinstance(restored, train_lib.CellState) and meta["epoch"] == 2
   _equal(restored, state)
   # Only the actors (analysis, policy export): a sub-tree of the saved state.
-  actors, _ = wd.restore({"agent": {"actor": {"params": template.agent.actor.params}}},
-                         partial=True)
+  actors, _ = run_state.restore(wd, {"agent": {"actor": {"params": template.agent.actor.params}}},
+                                partial=True)
   _equal(actors["agent"]["actor"]["params"], state.agent.actor.params)
   with pytest.raises(UserError, match="no checkpoints folder"):
-    Workdir(os.path.dirname(workdir)).restore(template)
+    run_state.restore(Workdir(os.path.dirname(workdir)), template)
 
 
 def test_find_runs_and_name_what_is_missing(tmp_path, tiny_run):

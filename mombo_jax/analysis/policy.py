@@ -41,6 +41,7 @@ from mombo_jax.core import actor_policy
 from mombo_jax.env import envs
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import Workdir
+from mombo_jax.run import run_state
 
 FORMAT = "mombo_jax.policy/1"
 _EXPORT_HINT = ("export one with: python -m experiments.export --run=DIR --seed=S "
@@ -227,16 +228,16 @@ def _from_workdir(path: str, seed: Optional[int], step: Optional[int],
                     + (f"one of seed={first} .. seed={last}." if last > first else
                        f"seed={first}."), params=("seed",))
   if step is not None:
-    ckpt = wd.checkpointer(keep=None) if os.path.isdir(wd.checkpoints) else None
+    ckpt = run_state.checkpointer(wd, keep=None) if os.path.isdir(wd.checkpoints) else None
     steps = ckpt.steps() if ckpt else []
     if ckpt:
       ckpt.close()
     if int(step) not in steps:
       raise UserError(f"{path} has no checkpoint step {step} (it has {steps or 'none'}); pass "
                       "one of those or leave the step out for the newest.")
-  template = wd.state_template(config)
-  part, meta = wd.restore({"agent": {"actor": {"params": template.agent.actor.params}}},
-                          step=step, partial=True)
+  template = run_state.state_template(wd, config)
+  part, meta = run_state.restore(wd, {"agent": {"actor": {"params": template.agent.actor.params}}},
+                                 step=step, partial=True)
   epoch = int(meta.get("epoch", meta.get("step", -1)))
   diverged = {int(d["seed"]): d for d in meta.get("diverged", [])}
   if seed in diverged and not allow_diverged:

@@ -23,6 +23,7 @@ from mombo_jax.core.critics import sample_tanh_gaussian
 from mombo_jax.data import provenance, transitions as transitions_lib
 from mombo_jax.errors import DatasetNotFoundError, InvalidArgument, UserError
 from mombo_jax.records.workdir import Workdir
+from mombo_jax.run import run_state
 from mombo_jax.settings import config as config_lib
 from mombo_jax.storage import checkpoint
 
@@ -115,7 +116,7 @@ def load_run(workdir: str, step: Optional[int] = None) -> TrainedRun:
   try:
     record = wd.read_record()
     config, dataset = wd.read_config()
-    t = wd.state_template(config)
+    t = run_state.state_template(wd, config)
     # The networks and the dynamics only: the ring buffers (~135 MB a seed at paper size) and
     # the optimiser states are never read.
     sub = {"agent": {"actor": {"params": t.agent.actor.params},
@@ -123,8 +124,8 @@ def load_run(workdir: str, step: Optional[int] = None) -> TrainedRun:
                      "target_critic_params": t.agent.target_critic_params,
                      "log_alpha": {"params": t.agent.log_alpha.params}},
            "dynamics": t.dynamics}
-    part, meta = wd.restore(sub, step=step, partial=True)
-    ckpt = wd.checkpointer(keep=None)
+    part, meta = run_state.restore(wd, sub, step=step, partial=True)
+    ckpt = run_state.checkpointer(wd, keep=None)
     try:
       bytes_read, bytes_total = ckpt.nbytes(sub, step=meta.get("step", step))
     except checkpoint.CheckpointError as e:

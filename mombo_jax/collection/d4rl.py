@@ -49,7 +49,6 @@ from mombo_jax.data.scores import D4RL_REF_SCORES
 from mombo_jax.env import envs
 from mombo_jax.env.envs import ACTION_DIM, OBS_DIM
 from mombo_jax.errors import UserError
-from mombo_jax.settings import config as config_lib
 
 REQUIRED = ("observations", "actions", "rewards", "terminals", "timeouts")
 
@@ -229,7 +228,7 @@ def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_non
   # Whole (85 lines): the checks run in the order the docstring lists them, each refusing before
   # anything is written.
   try:
-    env, _ = config_lib.parse_name(name)
+    env, _ = names.parse_name(name)
   except ValueError as e:
     raise UserError(str(e)) from None
   if timeouts not in TIMEOUT_MODES:

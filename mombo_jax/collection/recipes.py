@@ -51,11 +51,11 @@ from mombo_jax.collection.recording import (
 from mombo_jax.collection.sac_checkpoints import SacResult, restore_sac
 from mombo_jax.data import minari_io, names
 from mombo_jax.data.minari_io import read_episodes
+from mombo_jax.data.names import parse_name
 from mombo_jax.data.provenance import RECIPE_STEPS
 from mombo_jax.data.scores import D4RL_REF_SCORES
 from mombo_jax.env import envs
 from mombo_jax.errors import UserError
-from mombo_jax.settings.config import parse_name
 
 SAC_QUALITIES = ("medium-replay", "medium", "expert", "medium-expert")
 

@@ -6,9 +6,10 @@ seeds are a second, outer axis added by jax.vmap. The model maps standardised (o
 mean and log-variance of (next_obs - obs, reward); means returned by `predict` / `step` are already
 next-state means (obs + delta).
 
-Elsewhere: its life in mombo_jax/dynamics/ (the training loop, split and early stopping in
-dynamics_training.py; saving / loading and the reuse key in saved_dynamics.py; the store of trained
-ensembles in dynamics_store.py); termination functions in termination.py.
+Elsewhere: its life in mombo_jax/dynamics/, whose package docstring maps it (training in
+dynamics_training.py, validation and elites in validation.py, the reuse key in reuse.py, saving /
+loading in saved_dynamics.py, the store of trained ensembles in dynamics_store.py); termination
+functions in termination.py.
 """
 from __future__ import annotations
 
@@ -161,7 +162,8 @@ def apply(config, params, x_std, flat_clamp: bool = False):
 
 
 # ----------------------------------------------------------------------------------------------
-# The training loss (its loop, split, early stopping: mombo_jax/dynamics/dynamics_training.py)
+# The training loss (its loop and split: mombo_jax/dynamics/dynamics_training.py; early stopping:
+# validation.py)
 
 def _decay(config, params):
   """sum_l wd_l * 0.5 * ||W_l||^2 over all members (kernels only, no biases)."""

@@ -1,7 +1,7 @@
 """propagate(fn): the moment-matched twin of a plain JAX function (paper Algorithm 1 for any net).
 
 API
-  propagate(fn, argnums=0, covariance="diagonal", relu_covariance=None) -> g
+  propagate(fn, argnums=0, covariance="diagonal", check_values=True, relu_covariance=None) -> g
     g takes fn's arguments, except that each argument at `argnums` is a pair (mean, var) of
     arrays (or of matching pytrees) describing a Gaussian input, and returns fn's output with
     every array y replaced by a pair (mean, var) of y's first two moments ("full": (mean, cov),
@@ -20,17 +20,22 @@ transposes, ...) are computed exactly as fn computes them. The rules, for a rand
   Lemma 1  relu in any spelling (jax.nn.relu, jnp.maximum(x, 0), max(x, c), min(x, c),
            jnp.where(x > 0, x, 0)) via moments.mm_relu, leaky relu (jax.nn.leaky_relu,
            jnp.where(x >= 0, x, a * x)) via moments.mm_leaky_relu;
-  assumed  two random values meeting in one operation (x + y, x - y, x * y, x @ y, a
-           concatenation, a skip connection's add) are independent: Var[x + y] = v_x + v_y,
-           Var[x y] = v_x v_y + v_x m_y^2 + v_y m_x^2. This is the paper's independence assumption;
-           a skip connection y = x + f(x) drops Cov(x, f(x)) (tests/test_propagate_mc.py reports
-           the resulting error).
+  itself   x * x, x ** 2, jnp.square (mean m^2 + v, variance 4 m^2 v + 2 v^2), x ** n, exp
+           (lognormal), x + x, x - x: exact for a Gaussian x (closed_forms.py);
+  two      every random value carries `src`, the random inputs (leaves) it depends on. Two random
+           values x, y meeting in one operation: a product (x * y, x @ y) is exact when they share
+           no input (independent: Var[x y] = v_x v_y + v_x m_y^2 + v_y m_x^2) and refused when
+           they share one (x * f(x): correlated, no rule); a sum or concatenation is taken as
+           independent either way (Var[x + y] = v_x + v_y): a skip connection y = x + f(x) drops
+           Cov(x, f(x)), the paper's independence assumption (tests/test_propagate_mc.py reports
+           the resulting error; docs/moment_matching.md states it).
 
 Sub-programs are entered: jit (pjit), custom_jvp (jax.nn.relu, ...), custom_vjp (critics.matmul),
 checkpoint. Where a custom_jvp / custom_vjp sub-program is affine in its random inputs, its mean
 is that sub-program called on the means, so gradients go through its own rule, as in the plain
-function. Any other primitive with a random input raises PropagateError, naming it, the line of
-the user's code that called it, and what is supported.
+function. Any other primitive with a random input raises PropagateError naming the user's line, the
+layer or library function it called, then the primitive, and what to do (propagate_where.py).
+The inputs are checked before any work (propagate_door.py: shapes always, values when concrete).
 
 Exactness: zero input variance gives fn's output bit for bit and variance exactly 0 (the means are
 fn's own operations; mm_relu(m, 0) == (relu(m), 0)); a Flax Dense/ReLU stack equals the
@@ -50,7 +55,9 @@ import numpy as np
 from jax import lax
 
 from mombo_jax.core import propagate_full
+from mombo_jax.core.closed_forms import exp_moments, power_moments
 from mombo_jax.core.moments import mm_leaky_relu, mm_relu
+from mombo_jax.core.propagate_door import MomentsError, check_input  # noqa: F401
 from mombo_jax.core.propagate_interp import (  # noqa: F401
   PropagateError,
   Sign,
@@ -59,6 +66,7 @@ from mombo_jax.core.propagate_interp import (  # noqa: F401
   float_mean,
   interpret,
 )
+from mombo_jax.core.propagate_where import public_name
 from mombo_jax.errors import InvalidArgument
 
 
@@ -70,10 +78,11 @@ class Gauss:
     ones), so dot_general can leave those kernel rows out, as critics.MMDense does.
   scaled: (x, c) when this value is x * c with x random and c deterministic (leaky relu's branch).
   """
-  __slots__ = ("mean", "var", "slab", "scaled")
+  __slots__ = ("mean", "var", "slab", "scaled", "src")
 
   def __init__(self, mean, var, slab=None, scaled=None):
     self.mean, self.var, self.slab, self.scaled = mean, var, slab, scaled
+    self.src = frozenset()     # the random inputs it depends on (propagate_interp.interpret)
 
   def full_var(self):
     """The variance of the whole value, zeros filled in where slab says so."""
@@ -93,7 +102,8 @@ def _split_pair(arg, i):
 
 
 def propagate(fn: Callable, argnums: Union[int, Sequence[int]] = 0,
-              covariance: str = "diagonal", relu_covariance: Optional[str] = None) -> Callable:
+              covariance: str = "diagonal", check_values: bool = True,
+              relu_covariance: Optional[str] = None) -> Callable:
   """fn's moment-matched twin (see the module docstring).
 
   Args:
@@ -104,12 +114,17 @@ def propagate(fn: Callable, argnums: Union[int, Sequence[int]] = 0,
     covariance: "diagonal" (independent coordinates after every layer, the paper's Algorithm 1),
       or "full" (covariance over each value's last axis, see propagate_full.py): then var may be
       [..., d] (diagonal) or [..., d, d], and outputs are (mean [..., d], cov [..., d, d]).
+    check_values: check concrete inputs' values before any work (finite, variances >= 0, a full
+      covariance symmetric positive semi-definite; propagate_door.py says what is checked when).
+      Shapes are always checked; under jit values never are (they are tracers).
     relu_covariance: with covariance="full" only, how a ReLU's cross covariances are computed
       (relu_covariance.py): "quadrature" (the default; within 5.7e-7 of s_i s_j) or "dvi" (Wu et
       al.'s closed form, within 1.5e-2 of s_i s_j, a third of the cost at width 256).
   Returns:
     g(*args) -> fn's output pytree with each array y replaced by (mean [y.shape], var [y.shape])
     ("full": (mean [..., d], cov [..., d, d])).
+  Raises (from g): propagate_door.MomentsError for moments that are not a Gaussian's, and
+    PropagateError for an operation with no moment rule; both name the argument or the line.
   """
   if covariance == "diagonal" and relu_covariance is not None:
     raise InvalidArgument(f"propagate: relu_covariance={relu_covariance!r} applies to "
@@ -132,18 +147,29 @@ def propagate(fn: Callable, argnums: Union[int, Sequence[int]] = 0,
                               "arguments.", params=["argnums"])
     random = {i % len(args) for i in nums}
     pairs = {i: _split_pair(args[i], i) for i in random}
+    # The door: every random argument's structure, shapes (and concrete values) before any work.
+    var_lists = {i: check_input(f"argument {i}", *pairs[i], covariance == "full", check_values)
+                 for i in sorted(random)}
     plain = [pairs[i][0] if i in random else a for i, a in enumerate(args)]
     leaves, tree = jax.tree.flatten(plain)
     flags = jax.tree.leaves([jax.tree.map(lambda _, r=i in random: r, a)
                              for i, a in enumerate(plain)])
-    var_leaves = iter(jax.tree.leaves([jax.tree.structure(pairs[i][0]).flatten_up_to(pairs[i][1])
-                                       if i in random else [] for i in range(len(args))]))
+    var_leaves = iter([v for i in range(len(args)) for v in var_lists.get(i, [])])
+    labels = iter([f"argument {i}" + (f" {jax.tree_util.keystr(path)}" if path else "")
+                   for i in range(len(args)) if i in random
+                   for path, _ in jax.tree_util.tree_flatten_with_path(pairs[i][0])[0]])
     shapes = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in leaves]
     flat_fn = lambda *xs: fn(*jax.tree.unflatten(tree, xs))  # noqa: E731
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*shapes)
     # jax records no frame above make_jaxpr: a library function passed as fn is named instead.
-    rules.caller = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-    inputs = [rules.lift(x, next(var_leaves)) if r else x for x, r in zip(leaves, flags)]
+    rules.caller = public_name(fn)
+    rules.labels = {}
+    inputs = []
+    for k, (x, r) in enumerate(zip(leaves, flags)):
+      if r:   # provenance: each random leaf is its own independent input
+        x = rules.lift(x, next(var_leaves))
+        x.src, rules.labels[k] = frozenset([k]), next(labels)
+      inputs.append(x)
     outs, _ = interpret(closed.jaxpr, closed.consts, inputs, rules)
     if any(isinstance(o, Sign) for o in outs):
       raise PropagateError("propagate: fn returns a comparison of a random value (x > 0), which "
@@ -197,6 +223,17 @@ class DiagonalRules:
   def add_det(self, g, c, op):
     mean = op(g.mean, c)
     return Gauss(mean, jnp.broadcast_to(g.full_var(), mean.shape))
+
+  def power(self, g, n, plain):
+    """g ** n (n >= 2), exact for a Gaussian (closed_forms.power_moments); plain: fn's m ** n."""
+    return Gauss(*power_moments(g.mean, g.full_var(), n, plain))
+
+  def exp(self, g, plain_exp):
+    return Gauss(*exp_moments(g.mean, g.full_var(), plain_exp))
+
+  def scale(self, g, c, mean):
+    """c * g for a Python number c, with mean fn's own (x + x)."""
+    return Gauss(mean, g.full_var() * (c * c))
 
   def apply(self, eqn, ins):
     name = eqn.primitive.name

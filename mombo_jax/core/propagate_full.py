@@ -18,9 +18,12 @@ Rules (x ~ N(m, C) over the last axis; c deterministic):
           of treating every layer's input as Gaussian (docs/moment_matching.md).
   leaky   Y = (1 - k) relu(X) + k X: Cov = (1 - k)^2 R + k^2 C + k (1 - k) C (Phi(a_i) + Phi(a_j))
           (Stein's lemma gives Cov(relu X_i, X_j) = C_ij Phi(a_i)).
-  assumed two random values meeting in one operation (x + y, x * y, a concatenation) are
-          independent of each other, as in the diagonal mode: a skip connection's correlation is
-          dropped.
+  itself  x * x, x ** 2, jnp.square: mean m^2 + diag C,
+          Cov(x_i^2, x_j^2) = 2 C_ij^2 + 4 m_i m_j C_ij; exp(x): Cov = E_i E_j (exp(C_ij) - 1);
+          x + x, x - x (closed_forms.py; FullRules.power, exp, scale);
+  two     two random values meeting in one operation, as in the diagonal mode (propagate.py):
+          x * y exact when they share no random input, refused when they share one; x + y and a
+          concatenation taken as independent: a skip connection's correlation is dropped.
 Anything else with a random input (a batched dot_general, x @ y of two random values, a select,
 an op that moves the last axis) raises propagate_interp.PropagateError.
 
@@ -32,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from mombo_jax.core.closed_forms import exp_cov, exp_moments, power_moments, square_cov
 from mombo_jax.core.moments import mm_leaky_relu, mm_relu
 from mombo_jax.core.propagate_interp import Unsupported, bind, float_mean
 from mombo_jax.core.relu_covariance import METHODS, phi_cdf, relu_cov
@@ -40,10 +44,11 @@ from mombo_jax.errors import InvalidArgument
 
 class FGauss:
   """mean [..., d] and cov [..., d, d] (scalar=True: mean [...], cov [..., 1, 1])."""
-  __slots__ = ("mean", "cov", "scalar", "scaled", "slab")
+  __slots__ = ("mean", "cov", "scalar", "scaled", "slab", "src")
 
   def __init__(self, mean, cov, scalar=False, scaled=None):
     self.mean, self.cov, self.scalar, self.scaled, self.slab = mean, cov, scalar, scaled, None
+    self.src = frozenset()     # the random inputs it depends on (propagate_interp.interpret)
 
   def var(self):
     return self.cov[..., 0, 0] if self.scalar else jnp.diagonal(self.cov, axis1=-2, axis2=-1)
@@ -123,6 +128,26 @@ class FullRules:
 
   def neg(self, g):
     return FGauss(lax.neg(g.mean), g.cov, g.scalar)
+
+  # Exact rules for a value combined with itself (closed_forms.py; propagate_interp calls them).
+  def power(self, g, n, plain):
+    """g ** 2: Cov(x_i^2, x_j^2) = 2 S_ij^2 + 4 m_i m_j S_ij; other n have no rule here."""
+    if n != 2:
+      raise Unsupported(f"x ** {n} with covariance='full': only n = 2 has a rule there (the "
+                        "diagonal mode has every n >= 2)")
+    if g.scalar:
+      m, v = power_moments(g.mean, g.cov[..., 0, 0], 2, plain)
+      return FGauss(m, v[..., None, None], True)
+    return FGauss(*square_cov(g.mean, g.cov, plain))
+
+  def exp(self, g, plain_exp):
+    if g.scalar:
+      m, v = exp_moments(g.mean, g.cov[..., 0, 0], plain_exp)
+      return FGauss(m, v[..., None, None], True)
+    return FGauss(*exp_cov(g.mean, g.cov, plain_exp))
+
+  def scale(self, g, c, mean):
+    return FGauss(mean, g.cov * (c * c), g.scalar)
 
   def add_det(self, g, c, op):
     mean = op(g.mean, c)

@@ -2,14 +2,13 @@
 random values whose moment rules a `rules` object gives (propagate.DiagonalRules,
 propagate_full.FullRules), and the pieces both rule sets share (relu recognised in any spelling,
 the error for an unsupported operation)."""
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend import core as jcore
 
+from mombo_jax.core.propagate_where import refusal_message
 from mombo_jax.errors import InvalidArgument
 
 # Sub-program primitives entered by the interpreter, and the parameter holding their jaxpr.
@@ -30,13 +29,23 @@ SUPPORTED = ("dot_general / matmul / einsum with deterministic weights, add, sub
              "deterministic values, neg, sum, cumsum, reshape, broadcast, transpose, squeeze, "
              "slice, pad, concatenate, gather / dynamic_slice with deterministic indices, select "
              "with a deterministic mask, float casts, relu (jax.nn.relu, jnp.maximum(x, 0), "
-             "jnp.where(x > 0, x, 0)), leaky relu (jax.nn.leaky_relu), and the sum or product "
-             "of two random values (taken as independent); jit, custom_jvp, custom_vjp and "
-             "checkpoint sub-calls are entered")
+             "jnp.where(x > 0, x, 0)), leaky relu (jax.nn.leaky_relu), x * x, x ** n and "
+             "jnp.square (exact; covariance='full': n = 2), exp (exact, lognormal), x + x and "
+             "x - x (exact), the sum of two random values (taken as independent, also when they "
+             "share an input: a skip connection), the product of two random values that share no "
+             "random input (exact); jit, custom_jvp, custom_vjp and checkpoint sub-calls are "
+             "entered")
+MAX_POWER = 8    # x ** n has an exact rule for 0 <= n <= MAX_POWER (closed_forms.power_moments)
+# Binary operations that multiply two random values: refused when both depend on one random input
+# (x * f(x) has no rule), exact when they share none (independent inputs).
+_PRODUCTS = {"mul", "dot_general"}
 
 
 class PropagateError(InvalidArgument):
-  """fn uses an operation that propagate has no moment rule for (on a random input)."""
+  """propagate refuses fn: an operation with no moment rule for a random input (the message:
+  core/propagate_where.py), or moments that are not a Gaussian's (propagate_door.MomentsError).
+  `supported` lists every operation with a rule."""
+  supported = SUPPORTED
 
 
 class Sign:
@@ -48,7 +57,12 @@ class Sign:
 
 
 class Unsupported(Exception):
-  """Raised by a rule; the interpreter turns it into a PropagateError naming the equation."""
+  """Raised by a rule; the interpreter turns it into a PropagateError naming the equation.
+  detail: what is refused (said on the message's first line); hint: what to do instead."""
+
+  def __init__(self, detail="", hint=None):
+    super().__init__(detail)
+    self.hint = hint
 
 
 def bind(eqn, ins):
@@ -74,26 +88,27 @@ def _uses(jaxpr, names):
       any(_uses(getattr(sub, "jaxpr", sub), names) for sub in jcore.subjaxprs(jaxpr))
 
 
-_OWN_FILES = {os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-              for name in ("propagate.py", "propagate_full.py", "propagate_interp.py")}
+def source(x):
+  """The random inputs (indices) a value depends on: its provenance (empty: deterministic)."""
+  if isinstance(x, Sign):
+    return x.x.src
+  return getattr(x, "src", frozenset())
 
 
-def where_called(eqn, fallback):
-  """'file.py:12 (function)': the user's line that produced this equation, else `fallback`."""
-  try:
-    # jax's own frames are left out by user_frames; propagate's modules too (its wrapper).
-    from jax._src import source_info_util  # private: inside the try, as it may move
-    for frame in source_info_util.user_frames(eqn.source_info.traceback):
-      if frame.file_name not in _OWN_FILES:
-        return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
-  except Exception:  # pylint: disable=broad-except  (a private jax API: never fail on it)
-    pass
-  return fallback
+def _stamp(outs, ins, rules):
+  """Give each new random output the union of its random inputs' provenance."""
+  src = frozenset().union(*(source(x) for x in ins))
+  for o in outs:
+    if isinstance(o, rules.value_type) and not any(o is x for x in ins):
+      o.src = src
 
 
-def interpret(jaxpr, consts, args, rules):
+def interpret(jaxpr, consts, args, rules, outer=()):
   """Evaluate `jaxpr` on args (arrays, Gauss-like values of `rules`, or Sign masks).
 
+  Every random value carries `src`, the random inputs it depends on (propagate sets the inputs'),
+  so that a product of two values sharing an input is refused rather than taken as independent.
+  outer: the enclosing call equations (where an error points when this jaxpr's have no frame).
   Returns (outputs, affine): affine is False when a non-affine moment rule ran (relu, a product of
   two random values), i.e. when the means are not fn applied to the input means.
   """
@@ -128,22 +143,20 @@ def interpret(jaxpr, consts, args, rules):
       slab = any(getattr(x, "slab", None) is not None for x in ins)
       if rebind and not slab:
         means = bind(eqn, [rules.mean_of(x) for x in ins])
-      outs, sub_affine = interpret(sub_jaxpr, sub_consts, ins, rules)
+      outs, sub_affine = interpret(sub_jaxpr, sub_consts, ins, rules, (*outer, eqn))
       affine = affine and sub_affine
       if rebind and slab and sub_affine:
         means = bind(eqn, [rules.mean_of(x) for x in ins])
       if means is not None and sub_affine:
-        outs = [rules.with_mean(o, m) if isinstance(o, rules.value_type) else o
-                for o, m in zip(outs, means)]
+        outs = [_with_mean(rules, o, m) for o, m in zip(outs, means)]
     else:
       try:
         outs, eqn_affine = apply_rule(eqn, ins, rules)
       except Unsupported as err:
-        detail = f" ({err})" if str(err) else ""
-        raise PropagateError(
-            f"propagate: `{name}` at {where_called(eqn, rules.caller)} has no moment rule for a "
-            f"random (Gaussian) input{detail}. Supported: {SUPPORTED}. Rewrite that part of the "
-            "function with these, or compute it outside the propagated function.") from None
+        error = PropagateError(refusal_message(eqn, str(err), rules.caller, outer, err.hint))
+        error.primitive = name
+        raise error from None
+      _stamp(outs, ins, rules)
       affine = affine and eqn_affine
     for v, o in zip(eqn.outvars, outs):
       if not isinstance(v, jcore.DropVar):
@@ -151,10 +164,73 @@ def interpret(jaxpr, consts, args, rules):
   return [read(v) for v in jaxpr.outvars], affine
 
 
+def _with_mean(rules, o, mean):
+  if not isinstance(o, rules.value_type):
+    return o
+  new = rules.with_mean(o, mean)
+  new.src = o.src
+  return new
+
+
+def _labels(rules, src):
+  names = getattr(rules, "labels", None) or {}
+  return ", ".join(names.get(i, f"random input {i}") for i in sorted(src))
+
+
+def _whole_exponent(ins):
+  """x ** 2.0 (pow with a constant whole exponent) as integer_pow's n; else None."""
+  y = ins[1]
+  if isinstance(y, jax.core.Tracer) or np.ndim(y) != 0 or not isinstance(
+      y, (np.ndarray, np.generic, jax.Array, int, float)):
+    return None
+  y = float(np.asarray(y))
+  return int(y) if y == int(y) and abs(y) <= 1e6 else None
+
+
+def _same_value_rule(eqn, ins, rules):
+  """x combined with itself, or x ** n / exp(x): exact rules; None when none applies."""
+  name, vt = eqn.primitive.name, rules.value_type
+  x = ins[0]
+  if not isinstance(x, vt):
+    return None
+  plain = lambda: bind(eqn, [rules.mean_of(y) for y in ins])[0]  # noqa: E731
+  if name in ("mul", "square") and (name == "square" or x is ins[1]):
+    return [rules.power(x, 2, plain())], False
+  n = eqn.params["y"] if name == "integer_pow" else _whole_exponent(ins) if name == "pow" else None
+  if n is not None:
+    if n < 0:
+      raise Unsupported(f"x ** {n}: the reciprocal of a Gaussian has no finite moments")
+    if n > MAX_POWER:
+      raise Unsupported(f"x ** {n}: powers above {MAX_POWER} have no rule (their moments' "
+                        "coefficients overflow float32)")
+    if n == 0:
+      return [plain()], True
+    return [x if n == 1 else rules.power(x, n, plain())], n == 1
+  if name == "exp":
+    return [rules.exp(x, lambda m: bind(eqn, [m])[0])], False
+  if name in ("add", "add_any", "sub") and x is ins[1]:
+    # x + x = 2 x (variance 4 v), x - x = 0 exactly: not two independent values.
+    return ([rules.scale(x, 2.0, plain())] if name != "sub" else [plain()]), True
+  return None
+
+
 def apply_rule(eqn, ins, rules):
   """The moment rule of one equation with at least one random input: (outputs, affine)."""
   name, out_shape = eqn.primitive.name, eqn.outvars[0].aval.shape
   vt = rules.value_type
+  same = _same_value_rule(eqn, ins, rules)
+  if same is not None:
+    return same
+  if name in _PRODUCTS and len(ins) == 2 and all(isinstance(x, vt) for x in ins):
+    shared = source(ins[0]) & source(ins[1])
+    if shared:
+      raise Unsupported(
+          f"two random values multiplied that both depend on {_labels(rules, shared)}, as in "
+          "x * f(x)", hint="they are correlated, and the moments of their product have no rule "
+          "(taking them as independent would be silently wrong). x * x, x ** n and "
+          "jnp.square(x) are exact, and so is a product of values from independent random "
+          "inputs; rewrite the product in one of these forms, or estimate its moments by Monte "
+          "Carlo (mombo_jax.mc_moments).")
   if name in _CMP and len(ins) == 2:
     x, y = ins
     if isinstance(x, vt) and is_zero(y):

@@ -25,8 +25,8 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from mombo_jax.data.names import parse_name
 from mombo_jax.data.scores import D4RL_REF_SCORES
-from mombo_jax.settings import config as config_lib
 
 # Published statistics of D4RL's v2 MuJoCo files: (rows in complete episodes, mean and std of the
 # episode return). Source: the recorded output of the Decision Transformer repository's
@@ -76,7 +76,7 @@ def expectation(name: str) -> Optional[Expectation]:
   """The Expectation of D4RL's file of short name `name` (module docstring); None for a name D4RL
   has no file of (the mixed datasets) or an unknown name."""
   try:
-    env, quality = config_lib.parse_name(name)
+    env, quality = parse_name(name)
   except ValueError:
     return None
   published = PUBLISHED.get(name)

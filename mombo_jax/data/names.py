@@ -1,5 +1,7 @@
-"""Dataset names. A short name `<env>-<quality>` (config.valid_names(), e.g.
-`walker2d-medium-replay`, `hopper-random-expert-5pct`) maps to the local Minari id that
+"""Dataset names, owned here (settings/config.py reads them, never the other way). The project's
+datasets: the D4RL tasks `<env>-<quality>` (D4RL_TASKS, e.g. `walker2d-medium-replay`)
+and its mixed datasets `<env>-random-<partner>-<p>pct` (e.g. `hopper-random-expert-5pct`), all
+listed by valid_names() and split by parse_name(). A short name maps to the local Minari id that
 `experiments/collect.py` writes: `mombo/<env>/<quality>-v0` (`minari_id`). Any Minari dataset id
 (`mujoco/hopper/medium-v0`, `test/hopper/tiny-v0`) is used as it is (`resolve`). `env_of` tells
 the environment of either from the name and the env ids its metadata records
@@ -9,10 +11,36 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from mombo_jax.settings.config import ENVS, parse_name, valid_names
+ENVS = ("halfcheetah", "hopper", "walker2d")
+D4RL_QUALITIES = ("random", "medium", "medium-replay", "medium-expert", "expert")
+# The D4RL tasks: every env at every D4RL quality. Every reference table (settings/references.py)
+# has one row each.
+D4RL_TASKS = tuple(f"{env}-{quality}" for env in ENVS for quality in D4RL_QUALITIES)
+# The mixed datasets (the paper's appendix): random data with p % of a partner's.
+MIXED_PARTNERS = ("medium", "expert")
+MIXED_PERCENTS = (1, 5, 10, 50)
 
 NAMESPACE = "mombo"
 VERSION = 0
+
+
+def valid_names() -> list:
+  """All short dataset names: the D4RL tasks (sorted), then the mixed datasets."""
+  names = sorted(D4RL_TASKS)
+  for env in ENVS:
+    for partner in MIXED_PARTNERS:
+      names += [f"{env}-random-{partner}-{p}pct" for p in MIXED_PERCENTS]
+  return names
+
+
+def parse_name(name: str) -> tuple:
+  """'walker2d-medium-replay' -> ('walker2d', 'medium-replay'). Raises ValueError with the valid
+  names."""
+  env, _, quality = name.partition("-")
+  if env not in ENVS or name not in valid_names():
+    raise ValueError(f"Unknown dataset name {name!r}. Valid names: {', '.join(valid_names())} "
+                     "(or pass a Minari dataset id with --dataset).")
+  return env, quality
 
 
 def minari_id(name: str) -> str:

@@ -8,7 +8,7 @@ from typing import Tuple
 import numpy as np
 
 from mombo_jax.data import minari_io, names
-from mombo_jax.settings.config import ENVS
+from mombo_jax.data.names import ENVS
 
 # D4RL's reference returns (random, expert), D4RL d4rl/infos.py (docs/spec.md section 6); used
 # when a dataset has none.

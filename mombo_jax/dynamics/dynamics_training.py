@@ -1,19 +1,21 @@
-"""Training of the dynamics ensemble (core/dynamics.py, which holds its loss `loss_fn`): the
-train / holdout split and bootstrap, the compiled epoch, early stopping, elites, and resumable
-partial training (checkpoint_dir / should_stop -> DynamicsTrainingStopped).
+"""Training of the dynamics ensemble: a seed's state and its start (bootstrap samples, input
+normaliser, parameters), the compiled epoch, the loop over epochs and its resumable stops
+(checkpoint_dir / should_stop -> DynamicsTrainingStopped). Its loss: core/dynamics.loss_fn; its
+data and train / holdout split: training_data.py; what the holdout decides (snapshots, early
+stopping, elites): validation.py.
 
 Training follows the MBPO/OfflineRL-Kit recipe: holdout split, per-member bootstrap, per-member
 snapshots on > 1 % holdout improvement, patience-based early stopping, elites = best holdout MSE.
 An epoch is three compiled pieces: its minibatch order (_plan), its minibatch steps (_steps, a
 fori_loop with traced bounds, run in device calls of about signals.POLL_SECONDS each) and its end
-(_end: holdout evaluation, snapshot and stopping bookkeeping). The Python loop polls should_stop
-between the calls, so a stop takes about that long, not an epoch; how the steps are split
-into calls changes no bit of the result. A stop mid-epoch checkpoints the state before the epoch
-(the partial epoch is dropped and trained again on resume, from the same order: exact). The loop
-between epochs logs and checks whether every seed has stopped. Stopped seeds are frozen with a
-select (no lax.cond on per-seed state: under vmap it would run both branches anyway). Several
-seeds: one program over a leading seed axis, its seeds vmapped or looped (core/cell_layout's
-choice: looped on CPU).
+(validation.validate_epoch: holdout evaluation, snapshot and stopping bookkeeping). The Python
+loop polls should_stop between the calls, so a stop takes about that long, not an epoch; how the
+steps are split into calls changes no bit of the result. A stop mid-epoch checkpoints the state
+before the epoch (the partial epoch is dropped and trained again on resume, from the same order:
+exact). The loop between epochs logs and checks whether every seed has stopped. Stopped seeds are
+frozen with a select (no lax.cond on per-seed state: under vmap it would run both branches
+anyway). Several seeds: one program over a leading seed axis, its seeds vmapped or looped
+(core/cell_layout's choice: looped on CPU).
 """
 from __future__ import annotations
 
@@ -31,14 +33,12 @@ import optax
 
 from mombo_jax import signals
 from mombo_jax.core import cell_layout
-from mombo_jax.core.dynamics import DynamicsState, apply, loss_fn, make_module
-from mombo_jax.dynamics import saved_dynamics
+from mombo_jax.core.dynamics import DynamicsState, loss_fn, make_module
+from mombo_jax.dynamics import reuse, validation
 from mombo_jax.dynamics.training_data import make_arrays, seed_keys, split_indices, split_sizes
 from mombo_jax.settings import environment, groups
 from mombo_jax.storage import checkpoint
 
-# Holdout loss of a member before its first epoch: any finite loss is a > 1 % improvement on it.
-_INITIAL_BEST = 1e10
 # Inputs whose training-split std is below this are not scaled (constant features).
 _MIN_STD = 1e-12
 
@@ -77,18 +77,11 @@ def _init_seed(config, key, inputs, targets) -> _SeedTrain:
                        jnp.zeros((config.dynamics.dyn_members, 1, inputs.shape[-1])))["params"]
   opt_state = optax.adam(config.dynamics_training.dyn_lr).init(params)
   return _SeedTrain(params=params, opt_state=opt_state, snapshot=params["members"],
-                    best=jnp.full((config.dynamics.dyn_members,), _INITIAL_BEST, jnp.float32),
+                    best=jnp.full((config.dynamics.dyn_members,), validation.INITIAL_BEST,
+                                  jnp.float32),
                     since=jnp.zeros((), jnp.int32), epoch=jnp.zeros((), jnp.int32),
                     active=jnp.ones((), bool), key=k_train, boot=boot, holdout=holdout,
                     input_mean=mu, input_std=std)
-
-
-def holdout_mse(config, params, st: _SeedTrain, inputs, targets):
-  """[M] MSE of each member's mean prediction on the seed's holdout split."""
-  x = (inputs[st.holdout] - st.input_mean) / st.input_std
-  x = jnp.broadcast_to(x, (config.dynamics.dyn_members,) + x.shape)
-  mean, _ = apply(config, params, x)
-  return jnp.mean(jnp.square(mean - targets[st.holdout]), axis=(1, 2))
 
 
 def _num_batches(n_train: int, config) -> int:
@@ -131,50 +124,15 @@ def _steps(config, st: _SeedTrain, params, opt_state, inputs, targets, order, st
   return jax.lax.fori_loop(start, stop, minibatch, (params, opt_state))
 
 
-def _end(config, st: _SeedTrain, params, opt_state, inputs, targets, max_epochs):
-  """The end of one epoch of one seed, after all its minibatches (_steps) gave (params,
-  opt_state): holdout evaluation, snapshot, stopping.
-
-  max_epochs: int32 [] (an argument, not a compile-time constant, so one compilation serves
-  every dyn_max_epochs).
-
-  A stopped seed (st.active False) comes back unchanged, by select rather than cond.
-  Returns (new state, holdout MSE [M] of this epoch's parameters; a stopped seed: its best).
-  """
-  members = st.boot.shape[0]
-  key, _ = jax.random.split(st.key)
-  mse = holdout_mse(config, params, st, inputs, targets)
-  improved = ((st.best - mse) / st.best > config.dynamics_training.dyn_improvement) & st.active
-  sel_m = lambda new, old: jnp.where(  # noqa: E731
-      improved.reshape((members,) + (1,) * (new.ndim - 1)), new, old)
-  snapshot = jax.tree.map(sel_m, params["members"], st.snapshot)
-  best = jnp.where(improved, mse, st.best)
-  since = jnp.where(jnp.any(improved), 0, st.since + 1)
-  epoch = st.epoch + 1
-  stop = (since >= config.dynamics_training.dyn_patience) | (epoch >= max_epochs)
-  new = st.replace(params=params, opt_state=opt_state, snapshot=snapshot, best=best, since=since,
-                   epoch=epoch, active=~stop, key=key)
-  out = jax.tree.map(lambda a, b: jnp.where(st.active, a, b), new, st)
-  # A stopped seed reports its kept (snapshot) losses, not those of the discarded update.
-  return out, jnp.where(st.active, mse, st.best)
-
-
-def _finish(config, st: _SeedTrain) -> DynamicsState:
-  """Snapshot members + the final shared log-variance bounds; elites by best holdout MSE."""
-  params = dict(st.params, members=st.snapshot)
-  elites = jnp.argsort(st.best)[:config.dynamics.dyn_elites].astype(jnp.int32)
-  return DynamicsState(params=params, input_mean=st.input_mean, input_std=st.input_std,
-                       elites=elites)
-
-
 class _Fns(NamedTuple):
   """The jitted pieces of training (one seed, or vmapped over a leading seed axis)."""
   init: Callable       # (keys, inputs, targets) -> _SeedTrain
   plan: Callable       # (st) -> order [(S,) n_batches, M, bs]
   steps: Callable      # (st, params, opt_state, inputs, targets, order, start, stop)
                        #   -> (params, opt_state)
-  end: Callable        # (st, params, opt_state, inputs, targets, max_epochs) -> (st, mse)
-  finish: Callable     # (st) -> DynamicsState
+  end: Callable        # (st, params, opt_state, inputs, targets, max_epochs) -> (st, mse):
+                       #   validation.validate_epoch
+  finish: Callable     # (st) -> DynamicsState: validation.pick_elites
   config: object       # the (_dyn_config) config they were built for
 
 
@@ -186,7 +144,8 @@ def _compiled(config, batched: bool) -> _Fns:
 
 @functools.lru_cache(maxsize=None)
 def _compiled_as(config, layout) -> _Fns:
-  fns = [functools.partial(f, config) for f in (_init_seed, _plan, _steps, _end, _finish)]
+  fns = [functools.partial(f, config) for f in (_init_seed, _plan, _steps,
+                                                validation.validate_epoch, validation.pick_elites)]
   if layout is not None:
     axes = [(0, None, None), (0,), (0, 0, 0, None, None, 0, None, None),
             (0, 0, 0, None, None, None), (0,)]
@@ -238,11 +197,11 @@ def _resume(ckpt, st, reuse_key):
   if ckpt is None or ckpt.latest_step() is None:
     return st, False
   restored, meta = ckpt.restore(st)
-  differs = saved_dynamics.reuse_mismatch(meta, reuse_key or {})
+  differs = reuse.reuse_mismatch(meta, reuse_key or {})
   if differs:
     raise checkpoint.CheckpointError(
         f"The unfinished dynamics training in {ckpt.directory} belongs to another setup "
-        f"({saved_dynamics.format_mismatch(differs)}); delete that folder to train from scratch, "
+        f"({reuse.format_mismatch(differs)}); delete that folder to train from scratch, "
         "or pass another --dynamics_dir.")
   return restored, True
 
@@ -297,7 +256,7 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_d
   def save(ep):
     nonlocal last_save, saved
     if ckpt is not None and saved != ep:
-      ckpt.save(ep, st, {saved_dynamics.REUSE_KEY_FIELD: reuse_key or {}})
+      ckpt.save(ep, st, {reuse.REUSE_KEY_FIELD: reuse_key or {}})
       last_save, saved = time.time(), ep
 
   while True:
@@ -358,7 +317,7 @@ def train_seeds(keys, transitions, config, log_fn: Callable = print,
 
   checkpoint_dir: the training state is saved there (every config.dyn_checkpoint_every_s seconds,
   and when stopping), and a call with the same checkpoint_dir resumes from it, ending with the same
-  result as an uninterrupted call; a checkpoint of another `reuse_key` (saved_dynamics.reuse_key)
+  result as an uninterrupted call; a checkpoint of another `reuse_key` (reuse.reuse_key)
   is refused.
   should_stop: polled between device calls (about every signals.POLL_SECONDS; after each epoch);
   when it returns True the state after the last whole epoch is checkpointed and

@@ -1,27 +1,16 @@
-"""Saved dynamics ensembles: writing a trained ensemble (one seed or a leading seed axis) to disk,
-loading it back as a dynamics.DynamicsState, and the reuse key that decides whether saved ensembles
-fit a run (env, dims, seeds, dataset and every setting that changes the trained ensemble:
-the Config's dynamics and dynamics_training groups).
-
-The rule: a saved ensemble is reused only by a run that would have trained the same one. Its
-folder name carries the training settings (settings_tag: readable epoch cap + hash), so runs of
-other settings never meet it and train their own beside it; the reuse key, stored with the
-ensemble and with an unfinished training (dynamics_training), is checked again on every reuse or
-resume. A save written before the key held the training settings ("legacy": no
-TRAINING_CODE_FIELD in its key) cannot be shown to match and is never reused (workdir refuses it,
-naming the fix).
+"""A saved dynamics ensemble: save (one seed or a leading seed axis) and load back as a
+core.dynamics.DynamicsState, checked against a template of its shapes before any array is read.
+Whether a saved ensemble fits a run (its folder and reuse key): reuse.py.
 
 On disk (checkpoint.save_pytree, kind "dynamics"): the DynamicsState's arrays {params,
 input_mean, input_std, elites}, and metadata holding the dyn_* fields that rebuild the module
 (config_overrides), obs_dim, action_dim, num_seeds (None: one seed, no seed axis), env, kind
-"mombo_jax.dynamics" and the reuse key under "identity". Those names predate this module and stay,
-so earlier saves still load.
+"mombo_jax.dynamics" and the reuse key under reuse.REUSE_KEY_FIELD ("identity"). Those names
+predate this module and stay, so earlier saves still load.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import types
 from typing import Optional
@@ -29,28 +18,12 @@ from typing import Optional
 import jax
 
 from mombo_jax.core import dynamics
+from mombo_jax.dynamics.reuse import REUSE_KEY_FIELD
 from mombo_jax.settings import groups
-from mombo_jax.settings.config import Config
 from mombo_jax.storage import checkpoint
 
-# Metadata tag of a saved ensemble, and the field the reuse key is stored under (also in the
-# metadata of unfinished trainings, dynamics_training): their on-disk names, kept for old saves.
+# Metadata tag of a saved ensemble: its on-disk name, kept for old saves.
 KIND = "mombo_jax.dynamics"
-REUSE_KEY_FIELD = "identity"
-
-# What changes what dynamics training makes of the same data and keys: the ensemble's shape
-# (Config.dynamics, dynamics.py) and its training recipe (Config.dynamics_training,
-# dynamics_training.py: optimiser, loss, split, early stopping, elites). Every setting of both
-# groups is in the reuse key and, through settings_tag, in the ensemble's folder name: a setting
-# added to either group joins them; one that does not change the ensemble belongs to neither.
-TRAINING_FIELDS = (groups.fields(groups.DynamicsConfig)
-                   + groups.fields(groups.DynamicsTrainingConfig))
-# The version of the training code the key records. Raise it when a change to dynamics.py or
-# dynamics_training.py trains another ensemble from the same settings, data and keys
-# (initialisation, loss, split, elites): ensembles of the earlier code are then no longer reused.
-# Its presence in a saved key also marks a save that records the training settings.
-TRAINING_CODE = 2             # 2: the references' initialisation (inits.py)
-TRAINING_CODE_FIELD = "dyn_training_code"
 
 # Metadata beside the shape: the weight decays, one per layer, so that config_overrides gives a
 # Config whose dyn_weight_decay fits the saved dyn_hidden.
@@ -58,71 +31,10 @@ _META_EXTRA = ("dyn_weight_decay",)
 _TEMPLATE_FIELDS = groups.fields(groups.DynamicsConfig) + ("obs_dim", "action_dim", "num_seeds")
 
 
-def training_settings(config) -> dict:
-  """{setting: value} of config's two dynamics groups (dynamics, dynamics_training) in JSON types,
-  normalised so that equal settings give equal dicts however they were written (groups.to_json),
-  and the TRAINING_CODE."""
-  out = dict(groups.to_json(config.dynamics), **groups.to_json(config.dynamics_training))
-  out[TRAINING_CODE_FIELD] = TRAINING_CODE
-  return out
-
-
-def settings_tag(config) -> str:
-  """The part of an ensemble's folder name that its training settings decide: the epoch cap
-  readable ("cap30", "nocap": early stopping alone) then 8 hex digits of the SHA-256 of
-  training_settings, e.g. "cap30-1a2b3c4d". Equal settings give equal tags on every machine."""
-  settings = training_settings(config)
-  digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
-  cap = settings["dyn_max_epochs"]
-  return f"{'nocap' if cap is None else f'cap{cap}'}-{digest}"
-
-
-def describe_settings(config, fields=None) -> str:
-  """"field=value, ..." of `fields` (default: the training fields whose value is not Config's
-  default), or "Config defaults" when there are none."""
-  settings, values = training_settings(config), config.settings()
-  if fields is None:
-    defaults = training_settings(Config())
-    fields = [f for f in settings if f in values and settings[f] != defaults[f]]
-  return ", ".join(f"{f}={values[f]!r}" for f in fields) or "Config defaults"
-
-
-def reuse_key(config, transitions, extra: Optional[dict] = None) -> dict:
-  """What must match for saved dynamics to be reused: the env, the obs/action dims, the seeds,
-  every training setting (training_settings: TRAINING_FIELDS and TRAINING_CODE) plus the caller's
-  `extra` (provenance.dataset_identity: dataset id, size, fingerprint). JSON-friendly values
-  only."""
-  out = dict(env=config.env_name, obs_dim=int(transitions.observations.shape[1]),
-             action_dim=int(transitions.actions.shape[1]), num_seeds=config.num_seeds,
-             seed=config.seed)
-  out.update(training_settings(config))
-  out.update(extra or {})
-  return out
-
-
-def is_legacy(meta: dict) -> bool:
-  """The saved metadata (of an ensemble or an unfinished training) holds a reuse key written
-  before keys recorded the training settings: it cannot be shown to fit any run."""
-  return TRAINING_CODE_FIELD not in ((meta or {}).get(REUSE_KEY_FIELD) or {})
-
-
-def reuse_mismatch(meta: dict, expected: dict) -> dict:
-  """{key: (saved, expected)} for every key of `expected` whose saved value (in the reuse key
-  stored in meta) differs or is missing; empty when the saved dynamics fit."""
-  saved = (meta or {}).get(REUSE_KEY_FIELD) or {}
-  return {k: (saved.get(k, "<not recorded>"), v) for k, v in expected.items()
-          if saved.get(k, "<not recorded>") != v}
-
-
-def format_mismatch(differs: dict) -> str:
-  """reuse_mismatch's result as one line: "key: saved a, now b; ..."."""
-  return "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in sorted(differs.items()))
-
-
 def save(path: str, dyn: dynamics.DynamicsState, config, overwrite: bool = False,
          reuse_key: Optional[dict] = None) -> None:
   """Writes dyn (one seed or a leading seed axis) with Orbax; metadata rebuilds the module and
-  records `reuse_key` (see the function reuse_key) for reuse checks."""
+  records `reuse_key` (reuse.reuse_key) for reuse checks."""
   obs_dim = int(dyn.params["max_logvar"].shape[-1]) - 1
   in_dim = int(dyn.input_mean.shape[-1])
   seeds = int(dyn.input_mean.shape[0]) if dyn.input_mean.ndim == 2 else None

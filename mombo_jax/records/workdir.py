@@ -1,8 +1,9 @@
 """A run on disk, owned in one place: the layout of a run's folder, its config.json (write, read,
-compare), its checkpoints (restored against a typed template) and its outputs. No other module
-spells a path inside a run. It imports no JAX, flax or Orbax (the checkpoint methods import them
-when called), so the report reads runs without them. The dynamics ensembles' own folder scheme and
-get-or-train: mombo_jax.dynamics.dynamics_store; the run's key scheme: mombo_jax.core.key_scheme;
+compare), its lock and its outputs. No other module spells a path inside a run. It imports no
+JAX, flax or Orbax, not even inside a function, so the report reads runs without them
+(tests/test_records.py, .importlinter). Its checkpoints (the checkpointer, the CellState template,
+restore): mombo_jax.run.run_state; the dynamics ensembles' folder scheme and get-or-train:
+mombo_jax.dynamics (reuse.py, dynamics_store.py); the run's key scheme: mombo_jax.core.key_scheme;
 finding runs under folders: mombo_jax.records.run_search.
 
     <workdir>/
@@ -11,9 +12,9 @@ finding runs under folders: mombo_jax.records.run_search.
       config.json          the Config fields + "dataset", "data" (the dataset's identity:
                            transitions and fingerprint; a resume on other data is refused),
                            "epochs_changes" (--allow_epochs_change), "eval_changes"
-      checkpoints/<step>/  Orbax steps of the CellState, leading cell axis [S] (checkpoint.py)
+      checkpoints/<step>/  Orbax steps of the CellState, leading cell axis [S] (run/run_state.py)
       dynamics/seed<s>x<S>-<tag>/  the S dynamics ensembles; <tag> names their training settings
-                           (saved_dynamics.settings_tag; unless --dynamics_dir puts them elsewhere)
+                           (reuse.settings_tag; unless --dynamics_dir puts them elsewhere)
       metrics.csv          one row per seed per evaluation        (outputs.py formats the files)
       summary.json         final scores, AULC, diverged / overestimated seeds, protocol
       learning_curve.png
@@ -232,66 +233,6 @@ class Workdir:
     return locks.FolderLock(self.path, LOCK, what="--workdir", fix=(
         "wait for it to finish or stop it (it checkpoints, and the same command resumes it), or "
         "pass another --workdir"))
-
-  def remove_leftovers(self) -> List[str]:
-    """Removes what a killed or failed launch left under checkpoints/ before Orbax sees it: the
-    unfinished checkpoint folders of a save (Orbax's *.orbax-checkpoint-tmp*) and the step folders
-    of a delete of an old step cut off (checkpoint_files.leftovers); call only while holding the
-    lock. Returns one line per removal ("removed <path>, <what it was>")."""
-    from mombo_jax.storage import checkpoint_files  # its room check loads JAX: records import none
-    return checkpoint_files.remove_leftovers(self.checkpoints)
-
-  # ------------------------------------------------------------------------------ checkpoints
-
-  def checkpointer(self, keep: Optional[int] = 3):
-    """The run's checkpoint.RunCheckpointer (keep None: keep all, for reading)."""
-    from mombo_jax.storage import checkpoint  # Orbax and JAX: the records import neither
-    return checkpoint.RunCheckpointer(self.checkpoints, keep=keep)
-
-  def state_template(self, config=None):
-    """jax.eval_shape of the run's CellState [S]: what its checkpoints restore against, built
-    from config.json (or `config`) and the env's dims alone: nothing is trained or read."""
-    # JAX, the core and the envs only here: the records room imports no JAX (the report reads runs
-    # without it; tests/test_records.py).
-    import jax
-    import jax.numpy as jnp
-
-    from mombo_jax.core import buffer, dynamics, train as train_lib
-    from mombo_jax.core.key_scheme import cell_keys
-    from mombo_jax.env import envs
-    if config is None:
-      config, _ = self.read_config()
-    obs_dim, act_dim = envs.OBS_DIM[config.env_name], envs.ACTION_DIM[config.env_name]
-    # init reads only the real data's dims: one-row stand-ins.
-    dims = dict(obs=obs_dim, action=act_dim, next_obs=obs_dim, obs_var=obs_dim,
-                next_obs_mean=obs_dim, next_obs_var=obs_dim)
-    shape = lambda name: (1, dims[name]) if name in dims else (1,)  # noqa: E731
-    real = buffer.Batch(**{f.name: jax.ShapeDtypeStruct(shape(f.name), jnp.float32)
-                           for f in dataclasses.fields(buffer.Batch)})
-
-    def init(keys):
-      dyn = jax.vmap(lambda k: dynamics.init_state(k, obs_dim, act_dim, config))(keys)
-      return train_lib.init_cells(keys, config, real, dyn)
-    return jax.eval_shape(init, cell_keys(config)[1])
-
-  def restore(self, template=None, step: Optional[int] = None, partial: bool = False):
-    """(state, checkpoint metadata) of the newest valid (or `step`'s) checkpoint, restored
-    against `template` (default: state_template()); partial: template is a sub-tree of the saved
-    state (e.g. the actors only) and only its leaves are read. UserError when there is none or it
-    cannot be read."""
-    from mombo_jax.storage import checkpoint  # Orbax and JAX: the records import neither
-    if not os.path.isdir(self.checkpoints):
-      raise UserError(f"{self.path} has no checkpoints folder; pass a run workdir of "
-                      "experiments.run that finished at least one evaluation.")
-    if template is None:
-      template = self.state_template()
-    ckpt = self.checkpointer(keep=None)
-    try:
-      return ckpt.restore(template, step=step, partial=partial)
-    except checkpoint.CheckpointError as e:
-      raise UserError(str(e)) from None
-    finally:
-      ckpt.close()
 
   # ---------------------------------------------------------------------------------- outputs
 

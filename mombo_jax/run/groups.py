@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from mombo_jax.core import train as train_lib
 from mombo_jax.core.epoch_settings import epoch_settings
+from mombo_jax.data import names
 from mombo_jax.errors import UserError
 from mombo_jax.records.workdir import grid_dynamics_dir, run_dir
 from mombo_jax.settings import config as config_lib
@@ -58,7 +59,7 @@ def plan_groups(env, algo, preset, overrides, datasets=None, betas=None, root="r
                     params=("datasets", "betas"))
   groups = []
   for dataset in datasets:
-    task = dataset if dataset in config_lib.valid_names() else env
+    task = dataset if dataset in names.valid_names() else env
     for beta in (betas or [None]):
       values = dict(overrides) if beta is None else dict(overrides, beta=beta)
       try:

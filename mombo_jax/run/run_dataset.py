@@ -3,11 +3,10 @@ name, built by experiments.collect in a child process (which a stop request is p
 Errors are errors.UserError; a build the user stopped raises errors.Interrupted."""
 import sys
 
-from mombo_jax.data import provenance, transitions as transitions_lib
+from mombo_jax.data import names, provenance, transitions as transitions_lib
 from mombo_jax.env import envs
 from mombo_jax.errors import DatasetNotFoundError, Interrupted, UserError
 from mombo_jax.run.console import log
-from mombo_jax.settings import config as config_lib
 from mombo_jax.signals import run_child
 
 
@@ -23,7 +22,7 @@ def load_or_build(dataset, config, build_missing, build_steps, download=False, r
     transitions = transitions_lib.load_transitions(dataset, download=download)
   except DatasetNotFoundError as e:
     try:
-      quality = config_lib.parse_name(dataset)[1]
+      quality = names.parse_name(dataset)[1]
     except ValueError:
       quality = None                  # a Minari id: nothing here can build it
     if not quality or not (build_missing is True or (build_missing and quality == "random")):

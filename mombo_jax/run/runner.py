@@ -23,7 +23,7 @@ from mombo_jax.dynamics.dynamics_store import check_legacy_dynamics, get_dynamic
 from mombo_jax.env import envs
 from mombo_jax.errors import Interrupted, UserError
 from mombo_jax.records.workdir import Workdir
-from mombo_jax.run import distributed, group_run, loggers, overestimation
+from mombo_jax.run import distributed, group_run, loggers, overestimation, run_state
 from mombo_jax.run.console import log
 from mombo_jax.run.groups import Group, check_groups, describe_algorithm
 from mombo_jax.run.preflight import validate
@@ -110,7 +110,7 @@ def plan(groups, keep, stop_after, build_steps, allow_epochs_change, held):
   if distributed.is_main():
     for g in groups:
       held.append(Workdir(g.workdir).lock().acquire())
-      for line in Workdir(g.workdir).remove_leftovers():
+      for line in run_state.remove_leftovers(Workdir(g.workdir)):
         log(f"note: {line}.")
   records = [Workdir(g.workdir, g.dynamics_dir).check_config(g.config, g.dataset,
                                                              allow_epochs_change)
@@ -162,7 +162,7 @@ def prepare(groups, records, keep, should_stop, data_options):
   for g in groups:
     c, wd = g.config, Workdir(g.workdir, g.dynamics_dir)
     dyn_k, init_k, epoch_k = cell_keys(c)
-    ckpt = wd.checkpointer(keep)
+    ckpt = run_state.checkpointer(wd, keep)
     if ckpt.latest_step() is not None:
       # The run's CellState holds its dynamics: the restore below brings them back, so the saved
       # ensembles are not needed (nor checked: they may have gone, or predate reuse keys that

@@ -22,12 +22,12 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 from mombo_jax.core import algorithms
-from mombo_jax.dynamics import dynamics_store
-from mombo_jax.dynamics.dynamics_store import dynamics_path
+from mombo_jax.dynamics.reuse import dynamics_path
 from mombo_jax.errors import UserError
 from mombo_jax.records import workdir as workdir_lib
 from mombo_jax.records.workdir import HARMLESS, Workdir
 from mombo_jax.run.console import EXIT_DIVERGED
+from mombo_jax.run.sweep_dynamics import sharing_plan
 from mombo_jax.run.sweep_record import (
   SEVERITY,
   finished_status,
@@ -90,8 +90,7 @@ class SweepCell:
 
   @property
   def dynamics_path(self) -> Optional[str]:
-    """The folder of the cell's ensembles (dynamics_store.dynamics_path: its dynamics settings name
-    it);
+    """The folder of the cell's ensembles (reuse.dynamics_path: its dynamics settings name it);
     cells of one dataset with equal settings share it. None without a config."""
     return None if self.config is None else dynamics_path(self.dynamics_dir, self.config)
 
@@ -201,10 +200,10 @@ def dynamics_plan(cells: Sequence[SweepCell], budget: dict) -> List[str]:
   """Lines saying, per dataset, which cells share a dynamics ensemble and why (the settings each
   ensemble follows, with their sources: --dynamics_max_epochs, the preset, the algorithm's
   reference source in mombo_jax/settings/references.py, the Config default):
-  dynamics_store.sharing_plan of the planned cells."""
+  sweep_dynamics.sharing_plan of the planned cells."""
   flags = ({"dyn_max_epochs": "--dynamics_max_epochs"}
            if budget.get("dynamics_max_epochs") is not None else {})
-  return dynamics_store.sharing_plan(
+  return sharing_plan(
       [(c.env, c.algo, c.config, c.dynamics_dir) for c in cells if c.config is not None],
       budget.get("preset") or "paper", flags)
 

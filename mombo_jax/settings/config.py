@@ -12,12 +12,9 @@ import types
 from typing import Optional, Tuple
 
 from mombo_jax.core import algorithms
+from mombo_jax.data.names import parse_name
 from mombo_jax.settings import groups, references
 
-ENVS = ("halfcheetah", "hopper", "walker2d")
-D4RL_QUALITIES = ("random", "medium", "medium-replay", "medium-expert", "expert")
-MIXED_PARTNERS = ("medium", "expert")
-MIXED_PERCENTS = (1, 5, 10, 50)
 ALGOS = ("mombo", "mobile", "mopo")      # the paper's, with reference tables; any registered name
                                         # (mombo_jax.core.algorithms) trains (the CLI's --algo)
 TARGETS = ("lcb", "elite_spread", "mixture")
@@ -252,25 +249,6 @@ PRESETS = {
                         dyn_elites=2, mobile_num_samples=2),
                    build_missing="random", build_steps=5_000, require_full=False),
 }
-
-
-def valid_names() -> list:
-  """All short dataset names the config knows."""
-  names = sorted(MOMBO_TASKS)
-  for env in ENVS:
-    for partner in MIXED_PARTNERS:
-      names += [f"{env}-random-{partner}-{p}pct" for p in MIXED_PERCENTS]
-  return names
-
-
-def parse_name(name: str) -> tuple:
-  """'walker2d-medium-replay' -> ('walker2d', 'medium-replay'). Raises ValueError with the valid
-  names."""
-  env, _, quality = name.partition("-")
-  if env not in ENVS or name not in valid_names():
-    raise ValueError(f"Unknown dataset name {name!r}. Valid names: {', '.join(valid_names())} "
-                     "(or pass a Minari dataset id with --dataset).")
-  return env, quality
 
 
 def _reference(algo: str, reference: Optional[str]) -> Optional[str]:

@@ -119,7 +119,8 @@ def propagate(fn: Callable, argnums: Union[int, Sequence[int]] = 0,
       Shapes are always checked; under jit values never are (they are tracers).
     relu_covariance: with covariance="full" only, how a ReLU's cross covariances are computed
       (relu_covariance.py): "quadrature" (the default; within 5.7e-7 of s_i s_j) or "dvi" (Wu et
-      al.'s closed form, within 1.5e-2 of s_i s_j, a third of the cost at width 256).
+      al.'s closed form, within 1.45e-2 of s_i s_j; about half the cost at width 256,
+      benchmarks/bench_propagate.txt).
   Returns:
     g(*args) -> fn's output pytree with each array y replaced by (mean [y.shape], var [y.shape])
     ("full": (mean [..., d], cov [..., d, d])).

@@ -13,7 +13,7 @@ Rules (x ~ N(m, C) over the last axis; c deterministic):
           covariance of two rectified coordinates by Price's theorem and Sheppard's formula, a
           one-dimensional integral per pair (relu_covariance.py): by 12-point Gauss-Legendre,
           within 5.7e-7 of s_i s_j of mpmath (relu_covariance="quadrature", the default), or by
-          the closed-form approximation of Wu et al., ICLR 2019, within 1.5e-2 of s_i s_j
+          the closed-form approximation of Wu et al., ICLR 2019, within 1.45e-2 of s_i s_j
           (relu_covariance="dvi"); the approximation error of the whole network is what remains
           of treating every layer's input as Gaussian (docs/moment_matching.md).
   leaky   Y = (1 - k) relu(X) + k X: Cov = (1 - k)^2 R + k^2 C + k (1 - k) C (Phi(a_i) + Phi(a_j))

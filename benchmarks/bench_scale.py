@@ -20,8 +20,11 @@ per dataset): speed does not depend on their values.
 
 Algorithms (`--algos`): mombo (MOMBO's default target, elite_spread, the released code's),
 mombo_lcb, mombo_mixture, mobile (N = 10), mopo. Reported, per `--precision` (the float32 matmul
-precision XLA is asked for, jax.default_matmul_precision, applied when the timed programs are
-traced and compiled):
+precision XLA is asked for, applied when the timed programs are traced and compiled; the package's
+programs and the timed steps take it as their Config's matmul_precision, which train.make_epoch
+pins (issue #43): default = the Config's own, float32 since #43 (before: JAX's default, TF32 on a
+GPU); highest = float32; tensorfloat32. Part 1's hand-written critic takes
+jax.default_matmul_precision as named, its default JAX's):
 
 1. precision: the relative error of a moment-matched critic's variances (moments.mm_linear +
    mm_relu, [256, 256]) against a float64 numpy reference, and the matmul throughput;
@@ -67,7 +70,7 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.bench_train import ACT, OBS, _filled_ring, _real
-from mombo_jax.core import buffer, dynamics, moments, sac, targets, termination, train
+from mombo_jax.core import buffer, dynamics, moments, sac, targets, termination, train, xla_options
 from mombo_jax.data import names
 from mombo_jax.env import envs
 from mombo_jax.settings import config as config_lib
@@ -82,6 +85,14 @@ LABELS = {"mombo": "MOMBO elite_spread", "mombo_lcb": "MOMBO lcb", "mombo_mixtur
 TABLE_ALGOS = ("mombo", "mobile", "mopo")
 TARGET_MOMBO_HOURS, TARGET_TOTAL_HOURS, TARGET_16_CELLS = 1.5, 4.0, 2.0
 PRECISIONS = ("default", "highest", "tensorfloat32")
+# --precision as the Config's matmul_precision (None: the Config's own) for what the package pins.
+_RUN_PRECISION = {"default": None, "highest": "float32", "tensorfloat32": "tensorfloat32"}
+
+
+def _at(config, precision):
+  """config at --precision's matmul_precision (the package's programs pin their Config's)."""
+  run = _RUN_PRECISION[precision]
+  return config if run is None else config.replace(matmul_precision=run)
 
 STEP_TYPES = [("SAC = MOPO's step (soft target, plain critics)", "mopo", "lcb"),
               ("MOMBO lcb", "mombo", "lcb"),
@@ -198,7 +209,7 @@ def bench_steps(args, rng, precisions):
   real = _real(100_000, rng)
   matmul = {}
   for p in precisions:
-    with jax.default_matmul_precision(p):
+    with jax.default_matmul_precision(_at(config_lib.Config(), p).matmul_precision):
       matmul[p] = common.matmul_gflops(256, 256)
   rows = []
   for name, algo, target in STEP_TYPES:
@@ -225,8 +236,9 @@ def bench_steps(args, rng, precisions):
     counted = common.jaxpr_flops(one, agent, ring, dyn, key)
     compiled = {}
     for p in precisions:
-      with jax.default_matmul_precision(p):
-        compiled[p] = jax.jit(steps).lower(agent, ring, dyn, key).compile()
+      # The step at the precision a run of that setting computes it (the epoch pins its Config's).
+      at_p = xla_options.at_precision(steps, _at(config, p).matmul_precision)
+      compiled[p] = jax.jit(at_p).lower(agent, ring, dyn, key).compile()
       jax.block_until_ready(compiled[p](agent, ring, dyn, key))
     best = {p: float("inf") for p in precisions}
     for _ in range(args.repeats):
@@ -313,18 +325,17 @@ def time_epoch(program: Program, precision: str, repeats: int, warmup: int = 1) 
   """Compile the program's epoch under `precision`, run it `warmup` times untimed, then time the
   best of `repeats` epochs. A function of its own so that one program's state is freed before the
   next is built."""
-  config, c = program.config, program.num_cells
+  config, c = _at(program.config, precision), program.num_cells
   keys = jax.random.split(jax.random.PRNGKey(0), c)
   dyn = jax.vmap(lambda k: dynamics.init_state(k, program.obs_dim, program.act_dim, config))(keys)
   first = jax.tree.map(lambda x: x[0], program.real)
   state = train.init_cells(keys, config, first, dyn)
   real = jax.tree.map(jnp.asarray, program.real)
-  fn = train.make_cells_epoch(config, c, program.per_cell)
-  with jax.default_matmul_precision(precision):
-    flops = common.jaxpr_flops(fn, state, real, keys, program.cells)
-    t0 = time.perf_counter()
-    compiled = fn.lower(state, real, keys, program.cells).compile()
-    compile_s = time.perf_counter() - t0
+  fn = train.make_cells_epoch(config, c, program.per_cell)   # its dots at config's precision
+  flops = common.jaxpr_flops(fn, state, real, keys, program.cells)
+  t0 = time.perf_counter()
+  compiled = fn.lower(state, real, keys, program.cells).compile()
+  compile_s = time.perf_counter() - t0
   mem = compiled.memory_analysis()
   mem_gb = ((mem.argument_size_in_bytes + mem.temp_size_in_bytes) / 2**30
             if mem is not None else float("nan"))

@@ -66,6 +66,12 @@ def define_flags():
   flags.DEFINE_integer("dynamics_max_epochs", None, "Cap on dynamics training epochs.")
   flags.DEFINE_float("beta", None, "Penalty coefficient (MOMBO/MOBILE beta, MOPO lambda).")
   flags.DEFINE_float("real_ratio", None, "Fraction of real transitions in each batch.")
+  flags.DEFINE_enum("matmul_precision", None, ["float32", "tensorfloat32"],
+                    "Precision of every float32 matmul the run compiles (config.json's "
+                    "`matmul_precision`). float32 (default): full float32 on every backend, as "
+                    "the PyTorch references compute and the paper's numbers need; tensorfloat32: "
+                    "TF32 inputs (10 mantissa bits) on a GPU that has them, faster and less "
+                    "exact (docs/spec.md). The CPU computes both alike.")
   flags.DEFINE_string("workdir", None, "Output folder; default runs/<dataset>/<algo>[-target]/"
                       "s<seed>x<seeds>. With --datasets / --betas: the root under which each "
                       "cell gets <dataset>/<algo>[-target][-beta<b>]/s<seed>x<seeds> "
@@ -117,7 +123,7 @@ def _overrides():
   mapping = dict(epochs="epochs", steps_per_epoch="steps_per_epoch", eval_every="eval_every",
                  eval_episodes="eval_episodes", rollout_batch_size="rollout_batch_size",
                  rollout_length="rollout_length", dynamics_max_epochs="dyn_max_epochs",
-                 beta="beta", real_ratio="real_ratio")
+                 beta="beta", real_ratio="real_ratio", matmul_precision="matmul_precision")
   out = {field: getattr(FLAGS, flag) for flag, field in mapping.items()
          if getattr(FLAGS, flag) is not None}
   if FLAGS.schedule_epochs is not None:

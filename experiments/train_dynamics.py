@@ -36,6 +36,9 @@ def define_flags():
                     "Config preset (tiny: a 2 x 32 ensemble of 3 members, for smoke tests).")
   flags.DEFINE_string("workdir", None, "Output folder; default runs/dynamics/<dataset>.")
   flags.DEFINE_bool("overwrite", False, "Replace an existing saved ensemble.")
+  flags.DEFINE_enum("matmul_precision", "float32", ["float32", "tensorfloat32"],
+                    "Precision of the training's float32 matmuls, as experiments.run's "
+                    "--matmul_precision (runs reuse the ensembles of their own precision).")
 
 
 def main(argv):
@@ -51,7 +54,8 @@ def main(argv):
       env=FLAGS.env, dataset=FLAGS.dataset, seeds=FLAGS.seeds, seed=FLAGS.seed,
       max_epochs=FLAGS.max_epochs, preset=FLAGS.preset, workdir=FLAGS.workdir,
       overwrite=FLAGS.overwrite, log_fn=lambda s: print(s, flush=True),
-      should_stop=stop, algo=FLAGS.algo, reference=FLAGS.reference)
+      should_stop=stop, algo=FLAGS.algo, reference=FLAGS.reference,
+      matmul_precision=FLAGS.matmul_precision)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,7 @@ CASES = ([(p, ["--nosuchflag"]) for p in PROGRAMS]
          + [(p, ["stray"]) for p in PROGRAMS if p not in ("report", "sweep")]
          + [("run", ["--sed=1"]), ("run", ["--algo=mombox"]), ("train_dynamics", ["--seeds=x"]),
             ("run", ["--betas="]), ("sweep", ["--envs=hopper-random", "--out=/x", "stray"]),
+            ("run", ["--matmul_precision=highest"]),
             ("run", ["--allow_epochs_change", "false"]),
             ("train_dynamics", ["--env=hopper-random", "--seeds=0"]), ("run", ["--epochs=-1"]),
             ("run", ["--seeds=0"]), ("run", ["--algo=tests.test_cli:nope"]),
@@ -124,6 +125,8 @@ def test_absl_suggestion_is_kept_and_a_bad_enum_is_one_line(outcomes):
   assert line.endswith("(did you mean --algo=mombo?)")
   result = outcomes[("train_dynamics", ("--seeds=x",))]
   assert result["code"] == 2 and "--seeds=x" in _one_line(result)
+  result = outcomes[("run", ("--matmul_precision=highest",))]     # JAX's name, not the setting's
+  assert result["code"] == 2 and "float32|tensorfloat32" in _one_line(result)
 
 
 @pytest.mark.parametrize("program", PROGRAMS)

@@ -24,12 +24,15 @@ def test_an_old_record_loads_every_setting_into_its_group(old):
   config, dataset = workdir_lib.config_from_record(old)
   assert dataset == "hopper-random"
   settings = config.settings()
-  names = set(config_lib.Config.setting_names())
+  names = set(config_lib.Config.setting_names()) - {"matmul_precision"}   # added since: below
   # Every setting the old file holds is read, each into its group, with the value written.
   assert names <= set(old), sorted(names - set(old))
   for name in names:
     want = tuple(old[name]) if isinstance(old[name], list) else old[name]
     assert settings[name] == want, name
+  # Written before runs recorded their matmul precision: the float32 it computed at on a CPU.
+  assert "matmul_precision" not in old
+  assert config.matmul_precision == config_lib.MATMUL_PRECISION_BEFORE_RECORDED == "float32"
   assert config.agent.batch_size == 32 and config.rollout.rollout_batch_size == 64
   assert config.dynamics.dyn_members == 3 and config.dynamics_training.dyn_max_epochs == 2
   assert config.evaluation.eval_every == 1 and config.beta == old["beta"]
@@ -40,7 +43,8 @@ def test_an_old_record_loads_every_setting_into_its_group(old):
 def test_the_record_written_today_holds_the_same_keys_and_values(old):
   config, dataset = workdir_lib.config_from_record(old)
   new = workdir_lib.config_record(config, dataset)
-  assert new == {k: v for k, v in old.items() if k != "data"}    # "data": the runner adds it
+  # "data": the runner adds it; matmul_precision: recorded since.
+  assert new == dict({k: v for k, v in old.items() if k != "data"}, matmul_precision="float32")
 
 
 def test_a_run_started_before_the_groups_resumes_after(old, tmp_path):
@@ -48,10 +52,15 @@ def test_a_run_started_before_the_groups_resumes_after(old, tmp_path):
     json.dump(old, f, indent=1)
   config, dataset = workdir_lib.config_from_record(old)
   record, notes = workdir_lib.Workdir(str(tmp_path)).check_config(config, dataset)
-  assert notes == [] and record["dyn_members"] == 3
-  # Another setting still refuses, naming it by its flat name.
+  assert record["dyn_members"] == 3 and record["matmul_precision"] == "float32"
+  # One note: the precision it goes on at, now recorded.
+  assert len(notes) == 1 and "matmul precision" in notes[0] and "'float32'" in notes[0], notes
+  # Another setting still refuses, naming it by its flat name; TF32 too (the old run's float32).
   with pytest.raises(UserError, match="dyn_lr"):
     workdir_lib.Workdir(str(tmp_path)).check_config(config.replace(dyn_lr=1e-2), dataset)
+  with pytest.raises(UserError, match="matmul_precision: 'float32' -> 'tensorfloat32'"):
+    workdir_lib.Workdir(str(tmp_path)).check_config(
+        config.replace(matmul_precision="tensorfloat32"), dataset)
 
 
 def test_a_record_from_before_runs_named_their_source_loads_as_its_then_table(old):

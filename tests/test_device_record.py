@@ -1,7 +1,10 @@
-"""The device record (benchmarks/device, issue #36) cannot rot: its sizing plans every part within
-the budget, `prepare --smoke` makes a kit and `--check` says what is missing, `record --smoke`
-runs every part at tiny sizes on the CPU and writes at most 8 files, and a budget too small for
-the later parts skips them, names them, and exits 0."""
+"""The device record (benchmarks/device, issues #36, #43) cannot rot: each plan fits one call,
+sized up front from the newest record's rates, `prepare --smoke` makes a kit and `--check` says
+what is missing and which plan the newest record lacks, `record --smoke` runs each plan's parts at
+tiny sizes on the CPU (part e on an earlier call's --work) and writes at most 7 files, and a budget
+too small for the later parts plans without them and names them. The speed plan's smoke, which
+needs no kit, is tests/test_device_speed.py: a file of its own, so that the test suite's workers
+run the two smokes side by side."""
 import json
 import os
 import re
@@ -22,49 +25,80 @@ def _py(*args, **kw):
                         env=env, **kw)
 
 
-def _simulate(budget, measured=None, smoke=False, use=None):
-  """Plans the parts in order as the record does, each part spending `use(part, plan)` seconds
-  (default its whole cap). Returns {part: Plan}."""
-  left, done, plans = budget - (0 if smoke else sizing.SETUP_S), [], {}
-  for part in sizing.PARTS:
-    plan = sizing.plan(part, left, smoke, measured, tuple(done))
-    plans[part] = plan
-    done.append(part)
-    if not plan.skip:
-      left -= plan.cap_s if use is None else use(part, plan)
-  return plans
+def test_each_plan_fits_one_8_minute_call_sized_before_it_starts():
+  for name, parts in sizing.PLANS.items():
+    plans = sizing.plan_parts(name, 480)
+    assert list(plans) == list(parts) and not any(p.skip for p in plans.values()), plans
+    # The 8-minute record on one H100 (the issue): the caps, setup included, end within it.
+    assert sizing.SETUP_S + sum(p.cap_s for p in plans.values()) <= 8 * 60 + 1e-6
+    # Each plan returns at most 7 files (the device returns 8).
+    assert sum(len(record.FILES[p]) for p in parts) + 1 <= record.MAX_FILES - 1
+  d = sizing.plan_parts("learning", 480)["d"]
+  assert d.epochs >= sizing.MIN_EPOCHS and d.epochs % sizing.EVAL_EVERY == 0
+  # The epochs come from the newest record's rates: part d's cap holds them at its measured rate.
+  assert sizing.d_fixed_s() + d.epochs * sizing.D_EPOCH_S <= d.cap_s
 
 
-def test_the_full_budget_holds_every_required_part_and_100_epochs_of_learning():
-  plans = _simulate(480)
-  assert all(plans[p].skip is None for p in "abcd"), plans
-  assert plans["d"].epochs >= sizing.MIN_EPOCHS
-  assert plans["d"].epochs % sizing.EVAL_EVERY == 0
-  assert sum(p.cap_s for p in plans.values()) <= 480 - sizing.SETUP_S + 1e-6
-  # The 8-minute record on one H100 (the issue): the caps, setup included, end within it.
-  assert sizing.SETUP_S + sum(p.cap_s for p in plans.values()) <= 8 * 60
+def test_the_rates_are_the_newest_record_s():
+  """sizing's constants are what records/2026-11-27-h100's record.json files say."""
+  folder = os.path.join(ROOT, sizing.RECORD)
+  abc = json.load(open(os.path.join(folder, "record_abc.json")))
+  d = json.load(open(os.path.join(folder, "record_d.json")))
+  for algo, by_cells in sizing.EPOCH_S.items():
+    for cells, seconds in by_cells.items():
+      assert abc["rates"]["epoch_s"][algo][str(cells)] == pytest.approx(seconds, abs=1e-4)
+  assert max(s for a in abc["rates"]["compile_s"].values() for s in a.values()) == pytest.approx(
+      sizing.COMPILE_S, abs=0.05)
+  assert d["rates"]["d_epoch_s_side_by_side"] == pytest.approx(sizing.D_EPOCH_S, abs=0.005)
+  assert abc["parts"]["b"]["wall_s"] == sizing.B_S
+  # The projection the docs quote: the D4RL table from the measured 16-cell epochs.
+  at16 = {a: sizing.epoch_s(a, 16) for a in sizing.ALGOS}
+  assert sizing.table_hours(at16, 16) == pytest.approx(
+      3000 * 3 * sum(abc["rates"]["epoch_s"][a]["16"] for a in sizing.ALGOS) / 3600)
+  # Not measured: MOPO's 1-cell epoch from MOMBO's 1/16 ratio; 48 cells three times 16.
+  assert sizing.epoch_s("mopo", 1) == pytest.approx(0.6986 * 0.2594 / 1.0988)
+  assert sizing.epoch_s("mobile", 48) == pytest.approx(3 * 1.8308)
+  assert sizing.epoch_s("mombo", 4) == pytest.approx(0.2594 + (1.0988 - 0.2594) * 3 / 15)
 
 
-def test_a_faster_measured_epoch_buys_part_d_more_epochs():
-  slow = _simulate(480)["d"].epochs
-  fast = {"epoch_s": {a: {"4": 0.1 * sizing.epoch_s(a, 4)} for a in sizing.ALGOS}}
-  assert sizing.epoch_s("mombo", 4, fast) == pytest.approx(0.1 * sizing.epoch_s("mombo", 4))
-  # A count not measured is scaled from the nearest measured one by the H100 record's shape.
-  assert sizing.epoch_s("mombo", 16, fast) == pytest.approx(
-      0.1 * sizing.epoch_s("mombo", 4) * sizing.lcb_epoch_s(16) / sizing.lcb_epoch_s(4))
-  assert _simulate(480, fast)["d"].epochs >= slow
-  # With the same time left for it (part c takes what it wants first), part d trains longer.
-  assert sizing.plan("d", 400, False, fast).epochs > sizing.plan("d", 400, False).epochs
-
-
-def test_a_small_budget_skips_the_later_parts_naming_why_never_the_earlier():
-  plans = _simulate(120, use=lambda part, plan: plan.cap_s)
+def test_a_small_budget_plans_fewer_parts_naming_why_never_the_earlier():
+  # The smoke's 20 s hold part a only; the others are named, with the reason, before any runs.
+  smoke = sizing.plan_parts("speed", 20, smoke=True)
+  assert smoke["a"].skip is None and all("floor" in smoke[p].skip for p in "bcv")
+  plans = sizing.plan_parts("speed", 150)
   assert plans["a"].skip is None and plans["b"].skip is None
-  assert plans["d"].skip and "floor" in plans["d"].skip
-  assert plans["e"].skip
-  # A higher priority part is not starved to keep time for lower ones.
-  assert sizing.plan("a", 11, False).skip is None
-  assert "under its" in sizing.plan("d", 100, False).skip
+  assert plans["c"].skip and "floor" in plans["c"].skip
+  assert sum(p.cap_s for p in plans.values()) <= 150 - sizing.SETUP_S
+  learning = sizing.plan_parts("learning", 250)
+  assert learning["d"].skip is None and learning["d"].epochs < sizing.MIN_EPOCHS  # shrunk, kept
+
+
+def test_prepare_check_names_the_plans_the_2026_11_27_record_lacks():
+  from benchmarks.device import prepare
+  folder = os.path.join(ROOT, sizing.RECORD)
+  lacking = dict(prepare.lacking_plans(folder))
+  assert list(lacking) == ["speed", "learning"]
+  assert set(lacking["speed"]) == {"c", "v"} and "c_profile.md missing" in lacking["speed"]["c"]
+  assert set(lacking["learning"]) == {"d", "e"} and "by hand" in lacking["learning"]["e"]
+  assert prepare.newest_record() == folder or os.path.basename(prepare.newest_record()) > \
+      os.path.basename(folder)
+
+
+def test_part_e_runs_on_an_earlier_call_s_d_runs(tmp_path):
+  assert "run part d first" in record._cannot_run("e", str(tmp_path))
+  kit_lib.write_rates(str(tmp_path), "d", {"d_root": str(tmp_path / "learning"),
+                                          "d_dataset": "hopper-random"})
+  assert record._cannot_run("e", str(tmp_path)) is None
+
+
+def test_the_learning_table_is_taken_at_the_epoch_all_three_reached():
+  from benchmarks.device import learning
+  rows = lambda last, seeds=(0, 1): [dict(epoch=e, seed=s) for e in range(10, last + 1, 10)  # noqa
+                                     for s in seeds]
+  # MOMBO 210, MOBILE 160 (its seed 1 only to 150), MOPO 230: the 2026-11-27 launches.
+  got = {"mombo": rows(210), "mobile": rows(160, (0,)) + rows(150, (1,)), "mopo": rows(230)}
+  assert learning.common_epoch(got, [0, 1]) == 150
+  assert learning.common_epoch(dict(got, mopo=[]), [0, 1]) == 0
 
 
 def test_part_d_s_dataset_is_the_paper_s_largest_mombo_lead_that_prepare_can_build():
@@ -79,7 +113,7 @@ def test_part_d_s_dataset_is_the_paper_s_largest_mombo_lead_that_prepare_can_bui
 
 def test_record_files_are_few_and_plainly_named():
   names = [n for v in record.FILES.values() for n in v] + [record.RECORD]
-  assert len(names) <= record.MAX_FILES
+  assert len(names) == len(set(names))
   assert all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in names)
 
 
@@ -93,7 +127,8 @@ def test_lean_smoke_is_refused_without_smoke(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def smoke_kit(tmp_path_factory):
   kit = tmp_path_factory.mktemp("kit")
-  done = _py("benchmarks.device.prepare", "--smoke", "--no_wheels", f"--kit={kit}", timeout=300)
+  done = _py("benchmarks.device.prepare", "--smoke", "--no_wheels", "--plan=learning",
+             f"--kit={kit}", timeout=300)
   assert done.returncode == 0, done.stdout + done.stderr
   assert "[prepare] ready" in done.stdout
   assert re.search(r'^run: command=".*benchmarks\.device\.record --out=\$OUT .*timeout_s=540$',
@@ -102,51 +137,47 @@ def smoke_kit(tmp_path_factory):
 
 
 def test_prepare_check_names_what_is_missing(tmp_path, smoke_kit):
-  empty = _py("benchmarks.device.prepare", "--check", f"--kit={tmp_path}", timeout=120)
+  empty = _py("benchmarks.device.prepare", "--check", "--plan=learning", f"--kit={tmp_path}",
+              timeout=120)
   assert empty.returncode == 1
   assert "missing: the wheel of mujoco" in empty.stdout
   assert "missing: the dataset hopper-medium-replay" in empty.stdout
-  ready = _py("benchmarks.device.prepare", "--check", "--smoke", "--no_wheels",
+  ready = _py("benchmarks.device.prepare", "--check", "--smoke", "--no_wheels", "--plan=learning",
               f"--kit={smoke_kit}", timeout=120)
   assert ready.returncode == 0, ready.stdout
   manifest = kit_lib.read_manifest(smoke_kit)
   assert manifest["dataset"] == "hopper-random" and manifest["transitions"] == 2000
 
 
-@pytest.mark.slow
-def test_the_smoke_record_runs_every_part_on_the_cpu(smoke_kit, tmp_path):
-  out = tmp_path / "out"
-  # --lean_smoke: part c compiles its epoch program only, not the gradient-step table's too (that
-  # second compile was a fifth of the test's time); `record --smoke` alone still times it.
-  done = _py("benchmarks.device.record", f"--out={out}", "--smoke", "--lean_smoke",
-             f"--kit={smoke_kit}", f"--work={tmp_path / 'work'}", timeout=600)
-  assert done.returncode == 0, done.stdout + done.stderr
+def _files_ok(out):
   files = sorted(os.listdir(out))
-  assert len(files) <= record.MAX_FILES
+  assert len(files) <= record.MAX_FILES - 1
   assert all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in files)
-  rec = json.loads((out / record.RECORD).read_text())
-  assert {p: r["status"] for p, r in rec["parts"].items()} == {p: "ok" for p in sizing.PARTS}
-  assert rec["skipped"] == {} and rec["exit"] == 0
-  assert "mopo" in rec["rates"]["epoch_s"]
-  speed = (out / "c_speed.md").read_text()
-  assert "| MOPO | 2 |" in speed and "Gradient steps: not timed (--no_steps)" in speed, speed
-  assert re.search(r"\d+ passed", (out / "b_gpu_tests.txt").read_text())
-  learning = (out / "d_learning.md").read_text()
-  assert re.search(r"^\| MOPO \| 2 \(2 evaluations\) \|.*\| 31\.7 \+- 0\.1 \| 28\.6 \+- 1\.4 \|$",
-                   learning, re.M), learning          # ours beside the paper's Table 1
-  assert (out / "d_curves.png").stat().st_size > 0
-  assert "Accuracy" in (out / "e_uncertainty.md").read_text()
-  print(f"smoke record: {rec['wall_s']} s")
+  return json.loads((out / record.RECORD).read_text())
 
 
-def test_a_budget_too_small_for_the_later_parts_skips_and_names_them(smoke_kit, tmp_path):
-  out = tmp_path / "out"
-  done = _py("benchmarks.device.record", f"--out={out}", "--smoke", "--budget_s=20",
-             f"--kit={smoke_kit}", f"--work={tmp_path / 'work'}", timeout=300)
+@pytest.mark.slow
+def test_the_learning_plan_s_smoke_and_part_e_on_its_work(smoke_kit, tmp_path):
+  """Part d in one call, part e in a second on the first's --work (the 2026-11-27 record's part e
+  was refused there); part a runs in the speed smoke."""
+  out, work = tmp_path / "out", tmp_path / "work"
+  done = _py("benchmarks.device.record", f"--out={out}", "--smoke", "--plan=learning",
+             "--parts=d", f"--kit={smoke_kit}", f"--work={work}", timeout=600)
   assert done.returncode == 0, done.stdout + done.stderr
-  rec = json.loads((out / record.RECORD).read_text())
-  assert list(rec["parts"]) == ["a"] and rec["parts"]["a"]["status"] == "ok"
-  assert sorted(rec["skipped"]) == ["b", "c", "d", "e"]
-  for part in "bcde":
-    assert f"part {part}: SKIPPED: " in done.stdout
-  assert (out / "a_facts.txt").exists() and not (out / "c_speed.md").exists()
+  rec = _files_ok(out)
+  assert {p: r["status"] for p, r in rec["parts"].items()} == {"d": "ok"}   # a: the speed smoke's
+  assert rec["skipped"] == {"a": "not asked for (--parts)", "e": "not asked for (--parts)"}
+  assert rec["rates"]["d_epochs"] == rec["rates"]["d_epochs_asked"] == 2
+  learning = (out / "d_learning.md").read_text()
+  assert re.search(r"^\| MOPO \| 2 \(2: 2 evaluations\) \|.*"
+                   r"\| 31\.7 \+- 0\.1 \| 28\.6 \+- 1\.4 \|$", learning, re.M), learning
+  # (ours beside the paper's Table 1)
+  assert "normalised score at epoch 2," in learning
+  assert (out / "d_curves.png").stat().st_size > 0
+  again = _py("benchmarks.device.record", f"--out={out}", "--smoke", "--plan=learning",
+              "--parts=e", f"--kit={smoke_kit}", f"--work={work}", timeout=300)
+  assert again.returncode == 0, again.stdout + again.stderr
+  rec = _files_ok(out)
+  assert rec["parts"]["e"]["status"] == "ok", rec
+  assert "Accuracy" in (out / "e_uncertainty.md").read_text()
+  print(f"learning smoke: {rec['wall_s']} s (part e)")

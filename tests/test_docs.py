@@ -35,11 +35,19 @@ MADE_UP = [("experiments.run", ["--env=hopper-random", "--nosuchflag=1"]),
            ("experiments.collect", ["--env=hopper-random", "--overwrite=$X", "--nosuchflag=$Y"])]
 
 
+# A device record's folder says how its files were taken, with the commands of its own commit
+# (benchmarks/device/records/README.md): history, not instructions for the code as it is now.
+RECORDS = os.path.join("benchmarks", "device", "records") + os.sep
+
+
 def doc_files():
-  """README.md, docs/*.md, BENCHMARKS.md and benchmarks/**/README.md, relative to ROOT."""
+  """README.md, docs/*.md, BENCHMARKS.md and benchmarks/**/README.md (a device record's folder
+  excepted), relative to ROOT."""
   out = ["README.md", "BENCHMARKS.md"]
   out += sorted("docs/" + f for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
   for top, _, names in sorted(os.walk(os.path.join(ROOT, "benchmarks"))):
+    if (os.path.relpath(top, ROOT) + os.sep).startswith(RECORDS):
+      continue
     out += [os.path.relpath(os.path.join(top, n), ROOT) for n in names if n == "README.md"]
   return [p for p in out if os.path.exists(os.path.join(ROOT, p))]
 

@@ -20,7 +20,7 @@ from mombo_jax.data.transitions import Transitions
 from mombo_jax.dynamics import dynamics_store, dynamics_training, reuse, saved_dynamics
 from mombo_jax.errors import UserError
 from mombo_jax.records import workdir as workdir_lib
-from mombo_jax.settings import config as config_lib
+from mombo_jax.settings import config as config_lib, groups
 from mombo_jax.settings.config import Config
 from mombo_jax.storage import checkpoint
 from tests.conftest_runs import DATASET, tiny_run  # noqa: F401
@@ -96,6 +96,28 @@ def test_what_does_not_change_the_ensemble_changes_neither():
   name = os.path.basename(reuse.dynamics_path("d", _tiny(seed=2, num_seeds=3)))
   assert name.startswith("seed2x3-cap2-") and len(name) == len("seed2x3-cap2-") + 8
   assert "-nocap-" in reuse.dynamics_path("d", _tiny(dyn_max_epochs=None))
+
+
+def test_the_matmul_precision_keys_an_ensemble_only_when_not_float32():
+  """On a GPU an ensemble trained with TF32 inputs is not the float32 one: tensorfloat32 joins the
+  key and the folder name. float32, which every ensemble saved before it was a setting was trained
+  at (on a CPU), stays out of both, so those keep their folder names and are reused; a whole key
+  without it reads as float32, so neither precision takes the other's ensemble."""
+  base, tf32 = _tiny(), _tiny(matmul_precision="tensorfloat32")
+  before = dict(groups.to_json(base.dynamics), **groups.to_json(base.dynamics_training))
+  before[reuse.TRAINING_CODE_FIELD] = reuse.TRAINING_CODE
+  assert reuse.training_settings(base) == before           # the key before issue #43
+  assert reuse.training_settings(tf32) == dict(before, matmul_precision="tensorfloat32")
+  assert reuse.dynamics_path("d", tf32) != reuse.dynamics_path("d", base)
+  data = _transitions(20)
+  saved = {p: {saved_dynamics.REUSE_KEY_FIELD: _key(c, data)} for p, c in
+           (("float32", base), ("tensorfloat32", tf32))}
+  assert reuse.reuse_mismatch(saved["float32"], _key(base, data)) == {}
+  assert reuse.reuse_mismatch(saved["float32"], _key(tf32, data)) == {
+      "matmul_precision": ("float32", "tensorfloat32")}
+  assert reuse.reuse_mismatch(saved["tensorfloat32"], _key(base, data)) == {
+      "matmul_precision": ("tensorfloat32", "float32")}
+  assert "matmul_precision='tensorfloat32'" in reuse.describe_settings(tf32)
 
 
 def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypatch):

@@ -32,11 +32,37 @@ def _x64(dtype):
 _MM_JIT = jax.jit(mm_relu)   # one compilation per dtype (the x64 flag is part of the cache key)
 
 
-def _mm(mean, var):
+# leaky_relu's at a slope in (0, 1) and at the ends of [0, 1], where its bounds hold exactly too.
+_LEAKY_JIT = {slope: jax.jit(functools.partial(mm_leaky_relu, negative_slope=slope))
+              for slope in (0.0, 0.01, 1.0)}
+
+
+def _mm(mean, var, fn=_MM_JIT):
   mean = np.asarray(mean)
   with _x64(mean.dtype.type):
-    m, v = _MM_JIT(jnp.asarray(mean), jnp.asarray(var, mean.dtype))
+    m, v = fn(jnp.asarray(mean), jnp.asarray(var, mean.dtype))
     return np.asarray(m), np.asarray(v)
+
+
+def _leaky_lower_bound(mean, slope):
+  """leaky_relu(mean) as XLA computes it (subnormal inputs flushed to zero on CPU)."""
+  flushed = np.where(np.abs(mean) < np.finfo(mean.dtype).tiny, 0, mean)
+  return np.maximum(flushed, 0) - mean.dtype.type(slope) * np.maximum(-flushed, 0)
+
+
+def _assert_lemma1_bounds(mu, var):
+  """Lemma 1 (ii) and (iii) exactly, no tolerance: mm_relu and mm_leaky_relu clamp to them last,
+  so they hold in floating point on every backend (a GPU keeps subnormal inputs, which XLA:CPU
+  flushes; moments.py). The lower bounds are relu / leaky_relu as XLA computes them."""
+  m, v = _mm(mu, var)
+  assert np.all(np.isfinite(m)) and np.all(np.isfinite(v))
+  assert np.all(m >= _relu_lower_bound(mu))                       # Lemma 1 (ii)
+  assert np.all((v >= 0) & (v <= var))                            # Lemma 1 (iii)
+  for slope, fn in _LEAKY_JIT.items():
+    m, v = _mm(mu, var, fn)
+    assert np.all(np.isfinite(m)) and np.all(np.isfinite(v)), slope
+    assert np.all(m >= _leaky_lower_bound(mu, slope)), slope      # Jensen: convex for slope <= 1
+    assert np.all((v >= 0) & (v <= var)), slope                   # 1-Lipschitz for slope <= 1
 
 
 def _mp_moments(mu, var):
@@ -92,10 +118,8 @@ def test_zero_variance_is_relu_bit_for_bit(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_lemma1_bounds_and_finiteness_on_extremes(dtype):
   mu, var = _extreme_grid(dtype)
-  m, v = _mm(mu, var)
-  assert np.all(np.isfinite(m)) and np.all(np.isfinite(v))
-  assert np.all(m >= np.maximum(mu, 0))            # Lemma 1 (ii), exactly in floating point
-  assert np.all((v >= 0) & (v <= var))             # Lemma 1 (iii)
+  assert np.all(_relu_lower_bound(mu) == np.maximum(mu, 0))   # no subnormal mean in the grid
+  _assert_lemma1_bounds(mu, var)
 
 
 _F32 = dict(width=32, allow_nan=False, allow_infinity=False)
@@ -113,11 +137,7 @@ def test_lemma1_bounds_random(mean, var, log_scale):
   mean = np.concatenate([mean[:32], (a * np.sqrt(var2)).astype(np.float32)])
   var = np.concatenate([var[:32], var2])
   for dtype in DTYPES:
-    mu, s2 = mean.astype(dtype), var.astype(dtype)
-    m, v = _mm(mu, s2)
-    assert np.all(np.isfinite(m)) and np.all(np.isfinite(v))
-    assert np.all(m >= _relu_lower_bound(mu))
-    assert np.all((v >= 0) & (v <= s2))
+    _assert_lemma1_bounds(mean.astype(dtype), var.astype(dtype))
 
 
 def _reference_grid(dtype):

@@ -3,7 +3,9 @@ critic's own moment-matched path), composition with jit / vmap / grad, float64, 
 
 Monte Carlo agreement is in tests/test_propagate_mc.py. Bit-for-bit equalities compare two
 programs built from the same operations in the same order (as tests/test_critics_mm.py does for the
-critic), not a float against a stored number.
+critic), not a float against a stored number, at one matmul precision (the session's float32,
+tests/conftest.py; at TF32 too: test_the_critic_path_is_propagate_bit_for_bit_at_tf32_too).
+Agreements of differently built computations use tests/matmul_precision.py's tolerance.
 """
 import chex
 import flax.linen as nn
@@ -17,8 +19,18 @@ from mombo_jax.core.critics import CriticEnsemble
 from mombo_jax.core.moments import mm_leaky_relu, mm_linear, mm_relu
 from mombo_jax.core.propagate import PropagateError, propagate
 from mombo_jax.errors import InvalidArgument
+from tests import matmul_precision
 
 IN, HID, OUT, B = 5, 8, 2, 4
+DOTS = 3                 # MLP's dots, at most HID wide
+
+
+def _assert_close(got, want):
+  """Two evaluations of MLP's moments (mean, var) agree up to their dots' rounding at the matmul
+  precision in use (tests/matmul_precision.py): XLA may compute them otherwise (a batched dot
+  against one row per call; on a GPU even at another precision)."""
+  for g, w in zip(got, want, strict=True):
+    matmul_precision.assert_close(g, w, DOTS, HID)
 
 
 class MLP(nn.Module):
@@ -83,7 +95,7 @@ def test_every_relu_spelling_gives_the_hand_chain(mlp, act):
   got = propagate(MLP(act).apply, argnums=1)(params, (x, var))
   moments = mm_leaky_relu if act == "leaky" else mm_relu
   want = _hand_chain(params, x, var, moments)
-  chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-7)
+  _assert_close(got, want)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -116,8 +128,8 @@ def test_composes_with_jit_and_vmap(mlp):
   batched = fn(params, (x, var))
   per_row = jax.vmap(lambda m, v: fn(params, (m, v)))(x, var)
   jitted = jax.jit(fn)(params, (x, var))
-  chex.assert_trees_all_close(per_row, batched, rtol=1e-6, atol=1e-7)
-  chex.assert_trees_all_close(jitted, batched, rtol=1e-6, atol=1e-7)
+  _assert_close(per_row, batched)
+  _assert_close(jitted, batched)
 
 
 def test_critic_moment_matched_path_is_propagate_on_the_plain_critic():
@@ -137,6 +149,24 @@ def test_critic_moment_matched_path_is_propagate_on_the_plain_critic():
   g_auto = jax.jit(jax.grad(_loss(auto), argnums=(0, 1, 2)))(params, obs, obs_var)
   g_own = jax.jit(jax.grad(_loss(own), argnums=(0, 1, 2)))(params, obs, obs_var)
   chex.assert_trees_all_equal(g_auto, g_own)
+
+
+def test_the_critic_path_is_propagate_bit_for_bit_at_tf32_too():
+  """The equality above does not rest on float32: with every dot's inputs rounded to TF32
+  (matmul_precision.emulate_tf32, what a GPU's tensor cores take), both paths round the same
+  operands, and still agree bit for bit, while either differs from its float32 self."""
+  net = CriticEnsemble((16, 16), 2)
+  rng = np.random.default_rng(5)
+  obs = jnp.asarray(rng.normal(size=(B, 6)), jnp.float32)
+  act = jnp.asarray(rng.uniform(-1, 1, size=(B, 3)), jnp.float32)
+  obs_var = jnp.asarray(rng.uniform(0.1, 0.5, size=(B, 6)), jnp.float32)
+  params = net.init(jax.random.PRNGKey(5), obs, act)
+  own = lambda p: net.apply(p, obs, act, obs_var)  # noqa: E731
+  auto = lambda p: propagate(net.apply, argnums=1)(p, (obs, obs_var), act)  # noqa: E731
+  (got, n_auto), (want, n_own) = (matmul_precision.emulate_tf32(f)(params) for f in (auto, own))
+  assert n_own == 6 and n_auto >= n_own              # 3 layers' mean and variance dots
+  chex.assert_trees_all_equal(got, want)
+  assert not np.array_equal(want[0], jax.jit(own)(params)[0])
 
 
 def test_two_random_values_are_combined_as_independent():

@@ -169,7 +169,10 @@ def chunked(cfg, real, chunk_fn):
 
 
 def _assert_tree_close(a, b):
-  # rtol, not equality: XLA may fuse the while loop's body otherwise than the single epoch.
+  # rtol, not equality: XLA may fuse the while loop's body otherwise than the single epoch. A
+  # float32 tolerance on every backend: the programs compute at cfg's matmul_precision, float32,
+  # pinned where the epoch is traced (tests/test_matmul_precision.py checks every dot), not at a
+  # GPU's TF32 default.
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7), a, b)
 
 

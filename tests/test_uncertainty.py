@@ -391,6 +391,30 @@ def test_reduced_runs_are_marked_as_in_the_report_and_never_bold_beside_the_pape
   assert [c.strip() for c in ours.split("|")[1:-1]][2].startswith("**0.825 ± 0.025**")
 
 
+def test_no_block_bolds_a_reduced_cell_the_alternative_readings_included():
+  """Every block of a table of runs below the paper's setup (the U / beta blocks and the
+  alternative readings', eq. (1) and the real reward, which have no paper column) leaves the §
+  cells and the summary rows unbolded (the 2026-11-27 device record bolded `0.195 ± 0.040 §`)."""
+  readings = {k: 0.3 + 0.01 * i for i, k in enumerate(uncertainty_runs.READING_COLUMNS)}
+  rows = [dict(run="r", env="hopper", dataset="hopper-random", algo=algo, target="",
+               states="policy", seed=seed, epoch=1, beta=2.0, transitions=10, draws=5,
+               num_policy=7, accuracy=0.8 + 0.05 * seed + 0.01 * a, tightness=-1.0 - a,
+               accuracy_unscaled=0.5 + a, tightness_unscaled=-2.0, penalty_mean=2.0,
+               penalty_unscaled_mean=1.0, bellman_error_mean=3.0,
+               below="60 gradient steps (paper: 3,000,000)",
+               **{k: v + 0.02 * a + 0.01 * seed for k, v in readings.items()})
+          for a, algo in enumerate(("MOPO", "MOMBO (elite_spread)")) for seed in (0, 1)]
+  blocks = _blocks(uncertainty_runs.table_markdown(rows))
+  titles = [t for t, _, _, _ in uncertainty_runs.READING_BLOCKS]
+  eq1 = [t for t in blocks if "eq. (1)" in t]
+  assert len(eq1) == 4, list(blocks)
+  for title, text in blocks.items():
+    cells = [c for line in text.splitlines()[1:] if line.startswith("| ")
+             for c in line.split("|")[3:]]        # past the row's two labels
+    assert cells and not any("**" in c for c in cells), (title, text)
+  assert set(titles) <= set(blocks)
+
+
 def test_table_has_the_readings_blocks_and_columns(tmp_path):
   """The alternatives' columns (uncertainty_runs.READING_COLUMNS) go to the CSV after the chosen
   reading's; uncertainty.md gets their blocks, the paper's Table 2 numbers beside the as-trained

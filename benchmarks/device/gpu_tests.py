@@ -16,13 +16,17 @@ from benchmarks.device import kit as kit_lib
 
 SELECTION = ("tests/test_cell_layout.py", "tests/test_vmap_run.py", "tests/test_sharding.py",
              "tests/test_moments.py", "tests/test_critics_mm.py")
-# The smoke's: the layout tests alone (seconds on the CPU).
+# The smoke's: the layout tests alone (seconds on the CPU); the lean smoke's (the test suite's,
+# which runs that file itself): one of them, the part's machinery only.
 SMOKE_SELECTION = ("tests/test_cell_layout.py",)
+LEAN_SELECTION = ("tests/test_cell_layout.py::"
+                  "test_the_layout_is_loop_on_cpu_unless_the_environment_says",)
 
 
 def main():
-  args = kit_lib.part_args(__doc__)
-  selection = SMOKE_SELECTION if args.smoke else SELECTION
+  args = kit_lib.part_args(__doc__, {"--lean": dict(action="store_true",
+                                                    help="The test suite's smoke: one test.")})
+  selection = (LEAN_SELECTION if args.lean else SMOKE_SELECTION) if args.smoke else SELECTION
   workers = 0 if args.smoke else max(1, min(4, (os.cpu_count() or 1) // 4))
   cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
          "-n", str(workers), "-rfE", "--durations=5", *selection]

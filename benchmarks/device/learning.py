@@ -1,7 +1,8 @@
 """Part d of the device record: learning. MOMBO (`elite_spread`, the paper's), MOBILE and MOPO on
 the kit's dataset, 4 seeds each in one program per algorithm, each with its reference's settings
 (mombo_jax/settings/references.py), side by side on the one GPU, for the epochs the record's
-budget holds (at least 100; the paper preset keeps the actor's schedule at the paper's 3000
+plan sizes up front (benchmarks/device/sizing.py, from the newest record's rates: the same number
+for the three; the paper preset keeps the actor's schedule at the paper's 3000
 epochs, so the run is a prefix of the paper's), evaluated every 10 epochs on 10 episodes (all
 three alike: MOBILE's and MOPO's cadence here; MOMBO's reference evaluates every 50). Writes
 d_learning.md (final / AULC / per seed beside the paper's Table 1, and the curves as numbers) and
@@ -33,7 +34,9 @@ run_mobile.py default (MOBILE's reference here, and adinlab/MOMBO's on walker2d-
 shared set needs one setting and MOMBO's and MOPO's references train to convergence (~270 epochs:
 66 s on the H100 for 3 seeds), which the budget cannot hold beside 100 epochs of the three.
 At the part's soft deadline the launches still running are stopped with SIGTERM (they checkpoint,
-and their rows so far are written) and the table is made of what was evaluated.
+and their rows so far are written), and the table and the AULCs are taken at the last epoch all
+three evaluated (common_epoch): an AULC over a longer horizon is not comparable with one over a
+shorter (the 2026-11-27 record ranked 210, 160 and 230 epochs against each other).
 """
 import math
 import os
@@ -162,52 +165,71 @@ def main():
                     for a, p in procs.items()) else 1)
 
 
+def every_seed(rows, seeds) -> list:
+  """The rows of `seeds` at the epochs every one of them evaluated."""
+  per_seed = [{r["epoch"] for r in rows if r["seed"] == s} for s in seeds]
+  epochs = set.intersection(*per_seed) if per_seed else set()
+  return [r for r in rows if r["seed"] in seeds and r["epoch"] in epochs]
+
+
+def common_epoch(rows_by_algo: dict, seeds) -> int:
+  """The last epoch that every algorithm evaluated on every seed (0 when one has none): the table
+  and the AULCs are taken there, so the three are compared over one horizon."""
+  return min((max((r["epoch"] for r in every_seed(rows, seeds)), default=0)
+              for rows in rows_by_algo.values()), default=0)
+
+
 def write_table(args, dataset, workdirs, epochs, train_s, dyn_s, sz) -> dict:
-  """d_learning.md's tables (printed: they stream into the file) and d_curves.png; returns the
-  rates (s per epoch of the three side by side)."""
+  """d_learning.md's tables (printed: they stream into the file) and d_curves.png, at the epoch
+  all three reached (common_epoch; a launch stopped early truncates the others' rows there);
+  returns the rates (s per epoch of the three side by side)."""
   import numpy as np
 
   from mombo_jax.records import outputs
   from mombo_jax.report import paper_results
   seeds = list(range(sz.seeds))
-  curves, done = {}, {}
-  say(f"\n## {dataset}: normalised score, mean +- std over {sz.seeds} seeds (ddof 0, every seed), "
-      "beside the paper's Table 1 (3000 epochs, D4RL's data)")
-  say("| algorithm | epochs evaluated | final | AULC | final per seed | paper final | paper AULC |")
+  read = {a: outputs.read_rows(os.path.join(wd, "metrics.csv")) for a, wd in workdirs.items()}
+  last = {a: max((r["epoch"] for r in rows), default=0) for a, rows in read.items()}
+  common = common_epoch(read, seeds)
+  curves = {}
+  say(f"\n## {dataset}: normalised score at epoch {common}, the last all three evaluated on every "
+      f"seed ({epochs} asked), mean +- std over {sz.seeds} seeds (ddof 0), beside the paper's "
+      "Table 1 (3000 epochs, D4RL's data)")
+  say("| algorithm | epochs evaluated (table at) | final | AULC | final per seed | paper final | "
+      "paper AULC |")
   say("|---|---|---|---|---|---|---|")
-  for algo, wd in workdirs.items():
-    rows = outputs.read_rows(os.path.join(wd, "metrics.csv"))
-    have = [s for s in seeds if any(r["seed"] == s for r in rows)]
+  for algo in workdirs:
+    full = every_seed(read[algo], seeds)
+    rows = [r for r in full if r["epoch"] <= common]
     paper = [paper_results.score(dataset, NAME[algo], m) for m in ("final", "aulc")]
     shown = " | ".join(f"{p[0]:.1f} +- {p[1]:.1f}" if p else "-" for p in paper)
-    if not have:
-      say(f"| {NAME[algo]} | none | - | - | - | {shown} |")
+    if not common or not rows:
+      say(f"| {NAME[algo]} | {last[algo] or 'none'} | - | - | - | {shown} |")
       continue
-    rows = [r for r in rows if r["seed"] in have]
-    s = outputs.summarise(rows, have)
-    points, table = outputs.score_table(rows, have)
-    curves[algo], done[algo] = (points, table), points[-1]
+    s = outputs.summarise(rows, seeds)
+    points, table = outputs.score_table(rows, seeds)
+    curves[algo] = outputs.score_table(full, seeds)
     fmt = lambda m, d: "-" if m is None else f"{m:.1f} +- {d:.1f}"  # noqa: E731
-    say(f"| {NAME[algo]} | {points[-1]} ({len(points)} evaluations) | "
+    say(f"| {NAME[algo]} | {last[algo]} ({common}: {len(points)} evaluations) | "
         f"{fmt(s['final_normalized_score_mean'], s['final_normalized_score_std'])} | "
         f"{fmt(s['aulc_mean'], s['aulc_std'])} | "
         f"{', '.join(f'{x:.1f}' for x in s['final_normalized_score'])} | {shown} |")
-  say("\n## The curves: mean normalised score (and per seed) at each evaluation")
+  say("\n## The curves: mean normalised score (and per seed) at each evaluation (past the table's "
+      "epoch too)")
   say("| algorithm | epoch | mean | per seed |")
   say("|---|---|---|---|")
   for algo, (points, table) in curves.items():
     for p, row in zip(points, table):
       say(f"| {NAME[algo]} | {p} | {np.mean(row):.1f} | {', '.join(f'{x:.1f}' for x in row)} |")
-  trained = min(done.values()) if done else 0
-  per_epoch = train_s / trained if trained else None
+  per_epoch = train_s / common if common else None
   say(f"\ntime: dynamics {dyn_s:.0f} s; the launches {train_s:.0f} s for "
-      f"{epochs} epochs asked, {trained} evaluated by all" + (
+      f"{epochs} epochs asked, {common} evaluated by all" + (
           f" ({per_epoch:.2f} s per epoch of them all, compilation and evaluation included)"
           if per_epoch else ""))
   if curves:
     plot(curves, dataset, os.path.join(args.out, "d_curves.png"))
   return {"d_epoch_s_side_by_side": per_epoch, "d_dynamics_s": round(dyn_s, 1),
-          "d_epochs": trained}
+          "d_epochs": common, "d_epochs_asked": epochs}
 
 
 def plot(curves, dataset, path):

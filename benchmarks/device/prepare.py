@@ -3,6 +3,7 @@ git-ignored folder (.device_record/, benchmarks/device/kit.py), then the exact `
 
   python3 -m benchmarks.device.prepare           # build what is missing, check, print the call
   python3 -m benchmarks.device.prepare --check   # only check what is there (exit 1 if not ready)
+                                                 # and name the plan the newest record lacks
   python3 -m benchmarks.device.prepare --smoke --kit=/tmp/kit --no_wheels   # a tiny kit (tests)
 
 1. The wheels the device image lacks (kit.WHEELS: mujoco, mujoco-core, glfw, pyopengl, gymnasium,
@@ -17,7 +18,11 @@ git-ignored folder (.device_record/, benchmarks/device/kit.py), then the exact `
    where it stopped (the collector's checkpoints in .device_record/build/).
 3. The manifest (dataset, its size, the wheels, the commit) and the size check: the working tree
    that a `run` call sends plus the carried paths must fit in 64 MiB.
-Then it prints the carry list and the one `run` call.
+4. The plan to run (benchmarks/device/sizing.PLANS): the first the newest committed record under
+   benchmarks/device/records/ lacks (lacking_plans: a part is recorded when its files are in the
+   folder and one of the folder's record*.json ran it; part d when its table is at the epoch all
+   three reached, which its record.json says with `d_epochs_asked`).
+Then it prints the carry list and the one `run` call, with that plan.
 
 Run it in the checkout the session's device tool sends (the session's own, not a helper's
 worktree): only that checkout travels.
@@ -30,7 +35,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.device import kit as kit_lib
+from benchmarks.device import kit as kit_lib, record as record_lib, sizing
 
 DATASET = "hopper-medium-replay"
 SAC_STEPS = 400_000      # the collector stops at the medium point (~220k on hopper), well before
@@ -39,6 +44,45 @@ BUDGET_S, TIMEOUT_S = 480, 540
 # The command of the one `run` call; $OUT is the device's.
 RUN_COMMAND = (f"PYTHONUNBUFFERED=1 python3 -m benchmarks.device.record --out=$OUT "
                f"--budget_s={BUDGET_S}")
+RECORDS = os.path.join(kit_lib.ROOT, "benchmarks", "device", "records")
+
+
+def newest_record(records: str = RECORDS):
+  """The newest record's folder (<date>-<device>/: the names sort by date), or None."""
+  folders = sorted(d for d in os.listdir(records) if os.path.isdir(os.path.join(records, d))) \
+      if os.path.isdir(records) else []
+  return os.path.join(records, folders[-1]) if folders else None
+
+
+def missing_parts(folder: str) -> dict:
+  """{part: why it is not recorded} over every plan's parts, for one record's folder."""
+  ran, rates = set(), {}
+  for name in sorted(os.listdir(folder)):
+    if name.startswith("record") and name.endswith(".json"):
+      with open(os.path.join(folder, name)) as f:
+        rec = json.load(f)
+      ran |= {p for p, r in rec.get("parts", {}).items() if not r.get("killed")}
+      rates.update(rec.get("rates", {}))
+  out = {}
+  for part in sizing.PARTS:
+    gone = [n for n in record_lib.FILES[part] if not os.path.exists(os.path.join(folder, n))]
+    if gone:
+      out[part] = f"{', '.join(gone)} missing"
+    elif part not in ran:
+      out[part] = "no record.json of the folder ran it (made by hand)"
+    elif part == "d" and "d_epochs_asked" not in rates:
+      out[part] = "its table ranks AULCs over unequal epochs (before equal epochs, issue #43)"
+  return out
+
+
+def lacking_plans(folder) -> list:
+  """[(plan, {part: why})] of the plans the record in `folder` lacks, in sizing.PLANS's order
+  (every plan when there is no record)."""
+  if folder is None:
+    return [(plan, {p: "no record yet" for p in parts}) for plan, parts in sizing.PLANS.items()]
+  missing = missing_parts(folder)
+  return [(plan, {p: missing[p] for p in parts if p in missing})
+          for plan, parts in sizing.PLANS.items() if any(p in missing for p in parts)]
 
 
 def download_wheels(kit, say):
@@ -100,8 +144,9 @@ def carry_list(kit) -> list:
           for p in kit_lib.CARRY]
 
 
-def check(kit, dataset, need_wheels, say) -> bool:
-  """Is the kit ready? Says what is missing, the sizes, and whether they fit."""
+def check(kit, dataset, need_wheels, say, need_dataset=True) -> bool:
+  """Is the kit ready? Says what is missing, the sizes, and whether they fit. need_dataset: the
+  plan has part d (the speed plan reads random data: no dataset)."""
   ok = True
   wheels = [os.path.basename(w) for w in kit_lib.wheels(kit)]
   for name in kit_lib.WHEELS if need_wheels else ():
@@ -111,12 +156,12 @@ def check(kit, dataset, need_wheels, say) -> bool:
       say(f"missing: the wheel of {name} ({len(have)} found; one version each)")
       ok = False
   facts = dataset_facts(kit, dataset)
-  if facts["transitions"] is None:
+  if facts["transitions"] is None and need_dataset:
     say(f"missing: the dataset {dataset} ({facts['minari_id']}) in "
         f"{kit_lib.kit_path(kit, 'minari')}")
     ok = False
   manifest = kit_lib.read_manifest(kit)
-  if manifest is None or manifest.get("dataset") != dataset:
+  if manifest is None or (need_dataset and manifest.get("dataset") != dataset):
     say(f"missing: {kit_lib.kit_path(kit, kit_lib.MANIFEST)} for {dataset}")
     ok = False
   tree = kit_lib.tree_bytes()
@@ -139,16 +184,23 @@ def main(argv=None) -> int:
   parser.add_argument("--smoke", action="store_true",
                       help=f"A tiny kit: {SMOKE_DATASET}, {SMOKE_STEPS} steps (for the tests).")
   parser.add_argument("--kit", default=None, help=f"The kit's folder (default {kit_lib.KIT}).")
+  parser.add_argument("--plan", choices=sorted(sizing.PLANS), default=None,
+                      help="The plan to prepare for (default: the first the newest committed "
+                      "record lacks); only `learning` needs the dataset.")
   parser.add_argument("--no_wheels", action="store_true", help="Neither download nor require "
                       "the wheels (a CPU smoke record, where they are installed).")
   args = parser.parse_args(argv)
   say = lambda line: print(f"[prepare] {line}", flush=True)  # noqa: E731
   dataset = SMOKE_DATASET if args.smoke else DATASET
+  folder = newest_record()
+  lacking = lacking_plans(folder)
+  plan = args.plan or (lacking[0][0] if lacking else "speed")
+  needs_dataset = "d" in sizing.PLANS[plan]
   if not args.check:
     if not args.no_wheels:
       download_wheels(args.kit, say)
     build_s = None
-    if dataset_facts(args.kit, dataset)["transitions"] is None:
+    if needs_dataset and dataset_facts(args.kit, dataset)["transitions"] is None:
       build_s = build_dataset(args.kit, dataset, args.smoke, say)
     old = kit_lib.read_manifest(args.kit) or {}
     manifest = dict(dataset_facts(args.kit, dataset), smoke=args.smoke,
@@ -158,10 +210,17 @@ def main(argv=None) -> int:
                     build_s=round(build_s, 1) if build_s is not None else old.get("build_s"))
     with open(kit_lib.kit_path(args.kit, kit_lib.MANIFEST), "w") as f:
       json.dump(manifest, f, indent=1)
-  ready = check(args.kit, dataset, not args.no_wheels, say)
+  ready = check(args.kit, dataset, not args.no_wheels, say, needs_dataset)
+  say(f"newest record: {os.path.relpath(folder, kit_lib.ROOT) if folder else 'none'}")
+  for name, why in lacking:
+    say(f"it lacks plan {name}: " + "; ".join(f"part {p}: {w}" for p, w in why.items()))
+  say(f"plan: {plan}" + (" (--plan)" if args.plan else "" if lacking else
+                         " (the newest record has every plan: speed again, the numbers that "
+                         "change most)") + ("" if needs_dataset else ": no dataset needed"))
   carry = carry_list(args.kit)
-  command = RUN_COMMAND + ("" if args.kit is None else
-                           f" --kit={os.path.relpath(kit_lib.kit_path(args.kit), kit_lib.ROOT)}")
+  command = RUN_COMMAND + f" --plan={plan}" + (
+      "" if args.kit is None else
+      f" --kit={os.path.relpath(kit_lib.kit_path(args.kit), kit_lib.ROOT)}")
   print("\ncarry: " + json.dumps(carry))
   print(f"run: command={json.dumps(command)} carry={json.dumps(carry)} timeout_s={TIMEOUT_S}")
   if not ready:

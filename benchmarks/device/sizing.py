@@ -1,79 +1,86 @@
-"""How the device record spends its budget: the rates it is sized from, each with its source, and
-each part's time cap and size from what is left. Standard library only (the record plans before
-the carried wheels are installed).
+"""How the device record spends its budget: the plans (which parts one 8-minute call runs), the
+rates each part is sized from, each with its source, and each part's cap and size, all fixed
+before the first part starts. Standard library only (the record plans before the carried wheels
+are installed). `python3 -m benchmarks.device.sizing` prints the plans and the projection.
 
-The rates (one NVIDIA H100 80GB HBM3, 2026-11-23, jax 0.11.2; the only GPU lease so far):
-- benchmarks/bench_scale_gpu.txt: whole paper epochs (50,000 x 5 rollout + 1000 gradient steps
-  per cell) of MOMBO `lcb` in one program: 0.17 s at 1 cell, 0.26 s at 4, 0.54 s at 16, 0.94 s at
-  32, 1.86 s at 64; compiling one such program took 12.8-17.6 s; 1000 gradient steps of one cell:
-  SAC (= MOPO's step) 0.12 s, MOMBO `lcb` 0.16 s, `elite_spread` 0.21 s, MOBILE 0.28 s.
-- benchmarks/learning/README.md (the superseded GPU record): MOMBO, MOBILE and MOPO x 3 seeds x
-  300 epochs, three launches side by side on the one GPU, in 9 min 8 s (548 s: 1.83 s per epoch of
-  the three together, evaluation then in series with training); 3 dynamics ensembles trained to
-  convergence (270 epochs) in 66 s.
-Not measured on a GPU, so estimated here and said so: an algorithm's epoch at C cells is MOMBO
-`lcb`'s times the ratio of its gradient step to `lcb`'s (the epoch is 1000 steps and a rollout
-that costs alike); 48 cells interpolated between 32 and 64; part d's three launches side by side
-cost the sum of their 4-cell epochs times SIDE_BY_SIDE (the GPU time-slices the processes; the
-evaluation now overlaps training, so the 1.83 s above, with evaluation in series, bounds it).
-Every record writes the rates it measured (record.json, "rates"); part d is sized from part c's
-4-cell epochs where c measured them, and the next sizing should start from the newest record's.
+The rates (one NVIDIA H100 80GB HBM3, jax 0.11.2, main b6b1d0f: benchmarks/device/records/
+2026-11-27-h100/, the newest record; file names below are that folder's):
+- record_abc.json "rates" (c_speed.md's tables): whole paper epochs (50,000 x 5 rollout + 1000
+  gradient steps per cell), cells vmapped in one program: MOMBO `elite_spread` 0.2594 s at 1 cell
+  and 1.0988 s at 16, MOBILE 1.8308 s and MOPO 0.6986 s at 16; compiling one program 11.3-20.8 s;
+  one evaluation at 16 cells 6.81 s; parts a 6.2 s and b 76.9 s of wall time ("parts").
+- record_d.json "rates": part d's three 4-seed launches side by side, 2.20 s per epoch of them all
+  (352 s for the 160 epochs all three reached, compilation and evaluation included); the shared
+  dynamics (4 ensembles, 30 epochs) 23.6 s.
+- README.md: Table 2 (part e, experiments.uncertainty at the paper's settings) on d's runs, 145 s.
+Not measured there, so estimated and said so: MOBILE's and MOPO's 1-cell epochs are their 16-cell
+epochs times MOMBO's 1/16 ratio (0.236); an epoch between 1 and 16 cells is linear between them;
+past 16 cells it grows in proportion to the cells (no more sharing than at 16: 1 -> 16 cells cost
+4.2x). The 2026-11-23 rows of MOMBO `lcb` (benchmarks/bench_scale_gpu.txt: 0.17 s at 1 cell, 0.54
+s at 16) are the speed plan's regression anchor (ANCHOR_LCB_S), not a sizing rate.
+Every record writes the rates it measured (record.json, "rates"): the next sizing starts from the
+newest record's, each constant citing its file.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Dict, Optional
 
-# --- rates, with their sources (module docstring) -------------------------------------------------
-H100_LCB_EPOCH_S = {1: 0.17, 2: 0.19, 4: 0.26, 8: 0.37, 16: 0.54, 32: 0.94, 64: 1.86}
-H100_COMPILE_S = 17.6            # the longest of the record's epoch compilations
-H100_STEP_MS = {"mopo": 0.12, "mombo_lcb": 0.16, "mombo": 0.21, "mobile": 0.28}
-H100_LEARNING_EPOCH_S = 548.0 / 300     # three 3-seed launches side by side, evaluation in series
-H100_DYNAMICS_EPOCH_S = 66.0 / 270      # 3 ensembles together, hopper-medium-replay
-SIDE_BY_SIDE = 1.3               # three processes on one GPU: time-sliced, plus their host work
-# The later parts' floors are kept free with this margin: part c's measured rates may make part
-# d's floor larger than the estimate it was kept for.
-RESERVE_MARGIN = 1.15
+RECORD = "benchmarks/device/records/2026-11-27-h100"
+# --- rates, with their sources (module docstring; files of RECORD) -------------------------------
+EPOCH_S = {"mombo": {1: 0.2594, 16: 1.0988},     # record_abc.json rates.epoch_s
+           "mobile": {16: 1.8308}, "mopo": {16: 0.6986}}
+COMPILE_S = 20.8                 # record_abc.json rates.compile_s: the longest (MOMBO, 16 cells)
+EVAL_S = 6.81                    # record_abc.json rates.eval_s: one evaluation at 16 cells
+A_S, B_S = 6.2, 76.9             # record_abc.json parts.a / parts.b wall_s
+D_EPOCH_S = 2.20                 # record_d.json rates.d_epoch_s_side_by_side
+D_DYNAMICS_S = 23.6              # record_d.json rates.d_dynamics_s (4 ensembles, 30 epochs)
+E_S = 145.0                      # README.md: table2 on d's runs at the paper's settings
+ANCHOR_LCB_S = {1: 0.17, 16: 0.54}      # benchmarks/bench_scale_gpu.txt (2026-11-23), MOMBO lcb
 
 ALGOS = ("mombo", "mobile", "mopo")     # MOMBO is `elite_spread`, the paper's
 CELLS = (16, 1, 48, 4)           # part c's cell counts, in the order they are measured
+PROFILE_CELLS = (1, 16, 48)      # part c traces MOMBO's epoch at these (c_profile.md)
 SEEDS = 4                        # part d: seeds per algorithm (one program each)
-MIN_EPOCHS, MAX_EPOCHS = 100, 3000      # part d: at least, and the paper's schedule
+MIN_EPOCHS, MAX_EPOCHS = 100, 3000      # part d: the aim, and the paper's schedule
 EVAL_EVERY = 10                  # part d: every algorithm evaluated alike (MOBILE's and MOPO's)
 DYN_MAX_EPOCHS = 30              # part d's shared dynamics (learning.py says why)
-SETUP_S = 25.0                   # installing the wheels, unpacking nothing, starting Python
-
-
-def lcb_epoch_s(cells: int) -> float:
-  """MOMBO lcb's H100 epoch at `cells` cells: recorded, else linear between recorded counts."""
-  if cells in H100_LCB_EPOCH_S:
-    return H100_LCB_EPOCH_S[cells]
-  lo = max(c for c in H100_LCB_EPOCH_S if c < cells)
-  hi = min((c for c in H100_LCB_EPOCH_S if c > cells), default=None)
-  if hi is None:
-    return H100_LCB_EPOCH_S[lo] * cells / lo
-  a, b = H100_LCB_EPOCH_S[lo], H100_LCB_EPOCH_S[hi]
-  return a + (b - a) * (cells - lo) / (hi - lo)
+SETUP_S = 25.0                   # installing the wheels, starting Python
+# The paper's D4RL table (the speed goals): 12 datasets x 4 seeds x 3000 epochs per algorithm.
+TABLE_CELLS, TABLE_EPOCHS = 48, 3000
+GOALS = {"ratio_16_1": 2.0, "mombo_16_s": 0.55, "table_hours": 4.0}
 
 
 def epoch_s(algo: str, cells: int, measured: Optional[Dict] = None) -> float:
-  """An algorithm's paper epoch at `cells` cells: measured (part c's rates: {"epoch_s":
-  {algo: {cells: s}}}), else estimated from the H100 record (module docstring)."""
+  """An algorithm's paper epoch at `cells` cells: measured (rates {"epoch_s": {algo: {cells: s}}},
+  a record's), else from EPOCH_S (module docstring)."""
   seen = ((measured or {}).get("epoch_s") or {}).get(algo) or {}
-  seen = {int(c): float(s) for c, s in seen.items()}
-  if cells in seen:
-    return seen[cells]
-  if seen:   # scale the nearest measured count by the record's shape over cells
-    near = min(seen, key=lambda c: abs(c - cells))
-    return seen[near] * lcb_epoch_s(cells) / lcb_epoch_s(near)
-  return lcb_epoch_s(cells) * H100_STEP_MS[algo] / H100_STEP_MS["mombo_lcb"]
+  known = {int(c): float(s) for c, s in EPOCH_S[algo].items()}
+  known.update({int(c): float(s) for c, s in seen.items()})
+  if cells in known:
+    return known[cells]
+  if 16 in known and 1 not in known:
+    known[1] = known[16] * EPOCH_S["mombo"][1] / EPOCH_S["mombo"][16]
+  lo = max((c for c in known if c < cells), default=min(known))
+  hi = min((c for c in known if c > cells), default=None)
+  if hi is None or cells < lo:
+    return known[lo] * cells / lo
+  return known[lo] + (known[hi] - known[lo]) * (cells - lo) / (hi - lo)
+
+
+def table_hours(epochs: Dict[str, float], cells: int) -> float:
+  """The paper's D4RL table in device-hours from each algorithm's epoch (s) at `cells` cells:
+  TABLE_CELLS cells per algorithm in TABLE_CELLS / cells programs, TABLE_EPOCHS epochs each, one
+  after another (evaluation overlapped: runner.loop)."""
+  return sum(s * TABLE_CELLS / cells for s in epochs.values()) * TABLE_EPOCHS / 3600
 
 
 @dataclasses.dataclass
 class Sizes:
-  """What one record runs at: the full sizes, or the smoke's tiny ones (CPU, under 2 minutes)."""
+  """What one record runs at: the full sizes, or the smoke's tiny ones (CPU)."""
   smoke: bool
   cells: tuple
+  profile_cells: tuple
   algos_c: tuple               # part c's algorithms
   algos_d: tuple               # part d's
   seeds: int
@@ -88,54 +95,31 @@ class Sizes:
 
 def sizes(smoke: bool) -> Sizes:
   if smoke:
-    return Sizes(True, cells=(2,), algos_c=("mopo",), algos_d=("mopo",), seeds=2, rollout=32,
-                 steps=5, real_rows=1000, scan_steps=20, eval_steps=5, min_epochs=2, eval_every=1)
-  return Sizes(False, cells=CELLS, algos_c=ALGOS, algos_d=ALGOS, seeds=SEEDS, rollout=50_000,
-               steps=1000, real_rows=200_000, scan_steps=1000, eval_steps=100,
-               min_epochs=MIN_EPOCHS, eval_every=EVAL_EVERY)
+    return Sizes(True, cells=(2,), profile_cells=(2,), algos_c=("mopo",), algos_d=("mopo",),
+                 seeds=2, rollout=32, steps=5, real_rows=1000, scan_steps=20, eval_steps=5,
+                 min_epochs=2, eval_every=1)
+  return Sizes(False, cells=CELLS, profile_cells=PROFILE_CELLS, algos_c=ALGOS, algos_d=ALGOS,
+               seeds=SEEDS, rollout=50_000, steps=1000, real_rows=200_000, scan_steps=1000,
+               eval_steps=100, min_epochs=MIN_EPOCHS, eval_every=EVAL_EVERY)
 
 
-# --- each part's time: what it would like (want) and the least worth starting (floor) ------------
+# --- the plans: each fits one call; its parts' caps are fixed before the first part starts -------
 
-# Smoke: seconds on the 2-core CPU. Measured at load 5.8 (benchmarks/device/README.md): a 4 s,
-# b 8 s, c 71 s, d 65 s, e 16 s; at load 7 part d took 94 s before its table: the caps leave
-# room for a test machine busier still (they are limits, not what the smoke takes).
-SMOKE = {"a": (30, 5), "b": (60, 25), "c": (150, 20), "d": (240, 40), "e": (90, 15)}
-
-
-def d_fixed_s() -> float:
-  """Part d's cost besides its epochs: start and data (15 s), the shared dynamics (4 ensembles x
-  DYN_MAX_EPOCHS at the record's dynamics rate x 4/3 for the fourth seed, + 20 s to compile), the
-  launches' compilation side by side (30 s), the last evaluation and the table (30 s)."""
-  dynamics = DYN_MAX_EPOCHS * H100_DYNAMICS_EPOCH_S * SEEDS / 3 + 20
-  return 15 + dynamics + 30 + 30
-
-
-def d_epoch_s(measured: Optional[Dict] = None, algos=ALGOS) -> float:
-  """Part d's seconds per epoch: its three 4-seed launches side by side (module docstring)."""
-  return SIDE_BY_SIDE * sum(epoch_s(a, SEEDS, measured) for a in algos)
-
-
-def c_want_s(measured: Optional[Dict] = None) -> float:
-  """Part c at full size, compiled one program after another: every (algorithm, cells) program
-  (compile + a warm-up and a timed epoch), the 1000-step timings (3 x (10 s compile + 2 runs)),
-  the chunk lengths (20 epochs of MOPO at 16 cells + 3 s) and the evaluation (15 s)."""
-  programs = sum(H100_COMPILE_S + 2 * epoch_s(a, c, measured) for a in ALGOS for c in CELLS)
-  steps = sum(10 + 2 * H100_STEP_MS[a] for a in ALGOS)
-  return programs + steps + 3 + 20 * epoch_s("mopo", 16, measured) + 15
-
-
-def want_floor(part: str, smoke: bool, measured: Optional[Dict] = None):
-  """(want, floor) seconds of a part."""
-  if smoke:
-    return SMOKE[part]
-  d_floor = d_fixed_s() + MIN_EPOCHS * d_epoch_s(measured)
-  return {"a": (30.0, 10.0),
-          "b": (90.0, 30.0),
-          "c": (c_want_s(measured), 3 * (H100_COMPILE_S + 2 * max(
-              epoch_s(a, 16, measured) for a in ALGOS))),
-          "d": (d_fixed_s() + MAX_EPOCHS * d_epoch_s(measured), d_floor),
-          "e": (90.0, 30.0)}[part]
+PARTS = ("a", "b", "c", "v", "d", "e")
+PLANS = {"speed": ("a", "b", "c", "v"), "learning": ("a", "d", "e")}
+# Seconds of each part in a plan of budget B (setup excluded): a and b at their measured walls
+# with room, v its variants (variants.py: compiled side by side, timed in turn), e Table 2 at the
+# paper's settings, c and d what is left (c: its rows as far as they fit; d: its epochs).
+FIXED = {"a": 15.0,                      # A_S and Python's start, pip freeze on a busy host
+         "b": round(B_S * 1.25),          # 96 s
+         "v": 130.0,                      # 10 variants, 2 waves of WAVE (variants.py)
+         "e": E_S + 5}
+# The least worth starting a part with (the plan drops the last parts that cannot have it).
+FLOOR = {"a": 10.0, "b": 30.0, "c": 60.0, "v": 60.0, "d": 120.0, "e": 30.0}
+SMOKE_FLOOR = {"a": 5.0, "b": 25.0, "c": 20.0, "v": 20.0, "d": 40.0, "e": 15.0}
+# Smoke: seconds on the 2-core CPU (limits, not what the smoke takes: a 4 s, b 8-16 s, c 40-70 s,
+# d 44-65 s, e 7-16 s at load 5-7, benchmarks/device/README.md).
+SMOKE = {"a": 30.0, "b": 60.0, "c": 150.0, "v": 150.0, "d": 240.0, "e": 90.0}
 
 
 @dataclasses.dataclass
@@ -146,49 +130,99 @@ class Plan:
   skip: Optional[str] = None   # why it is skipped (None: it runs)
 
 
-PARTS = ("a", "b", "c", "d", "e")
-# Parts whose floors are kept free for them while earlier parts are capped (e only runs on what is
-# left: "if time is left").
-RESERVED = ("a", "b", "c", "d")
+def d_fixed_s() -> float:
+  """Part d's cost besides its epochs: start and data (15 s), the shared dynamics (D_DYNAMICS_S),
+  the last evaluation and the table (30 s). D_EPOCH_S holds the launches' compilation."""
+  return 15 + D_DYNAMICS_S + 30
 
 
-def plan(part: str, left_s: float, smoke: bool, measured: Optional[Dict] = None,
-         done: tuple = (), algos_d=ALGOS) -> Plan:
-  """The next part's cap from `left_s` seconds: its want, less the floors (x RESERVE_MARGIN) of the
-  later reserved parts that have not run (as many of them as leave this part its floor, the highest
-  first); skipped (with the reason) when what is left is under its floor. `done`: parts
-  that ran or were skipped (a skipped part reserves nothing). Part d's epochs follow from its cap
-  (at least the minimum, a multiple of its evaluation cadence, at most the paper's 3000); part d
-  leaves part e its want when d still gets its minimum without it."""
-  want, floor = want_floor(part, smoke, measured)
-  later = [p for p in RESERVED if p > part and p not in done]
-  # A higher priority never yields to a lower: the lowest later parts stop being kept free first.
-  kept = lambda parts: RESERVE_MARGIN * sum(want_floor(p, smoke, measured)[1]  # noqa: E731
-                                            for p in parts)
-  while later and left_s - kept(later) < floor:
-    later.pop()
-  reserve = kept(later)
-  room = left_s - reserve
-  if part == "e" and "d" in done and not _d_ran(measured):
-    return Plan(part, 0.0, skip="part d did not run: no runs to measure")
-  if room < floor:
-    return Plan(part, 0.0, skip=f"{room:.0f} s free for it (of {left_s:.0f} s left, "
-                f"{reserve:.0f} s kept for parts {','.join(later) or '-'}), under its "
-                f"{floor:.0f} s floor")
-  cap = min(want, room)
-  if part != "d":
-    return Plan(part, cap)
-  s = sizes(smoke)
+def d_epochs(cap_s: float) -> int:
+  """Part d's epochs in `cap_s` seconds at D_EPOCH_S, a multiple of EVAL_EVERY, at most the
+  paper's (under MIN_EPOCHS when the cap holds fewer: the work shrinks, the part still runs)."""
+  epochs = int((cap_s - d_fixed_s()) / D_EPOCH_S) // EVAL_EVERY * EVAL_EVERY
+  return max(EVAL_EVERY, min(MAX_EPOCHS, epochs))
+
+
+def plan_parts(plan: str, budget_s: float, smoke: bool = False) -> Dict[str, Plan]:
+  """Every part of `plan` with its cap (and part d its epochs), from the rates alone, before any
+  part runs: what the record runs whatever an earlier part measures (a part that ends early
+  leaves its spare to the next: record.main). When the budget cannot hold the plan, its last
+  parts are cut to their floors, then dropped, each named with the reason (Plan.skip)."""
+  parts = PLANS[plan]
+  room = budget_s - (0.0 if smoke else SETUP_S)
+  floor = SMOKE_FLOOR if smoke else FLOOR
   if smoke:
-    return Plan(part, cap, epochs=s.min_epochs)
-  e_want = want_floor("e", smoke, measured)[0]
-  fixed, per = d_fixed_s(), d_epoch_s(measured, algos_d)
-  if room - e_want >= fixed + MIN_EPOCHS * per:
-    cap = min(cap, room - e_want)
-  epochs = int((cap - fixed) / per) // s.eval_every * s.eval_every
-  epochs = max(MIN_EPOCHS, min(MAX_EPOCHS, epochs))
-  return Plan(part, min(cap, fixed + epochs * per * 1.15), epochs=epochs)
+    caps = {p: SMOKE[p] for p in parts}
+  else:
+    fixed = {p: FIXED[p] for p in parts if p in FIXED}
+    rest = [p for p in parts if p not in FIXED]          # c or d: the plan's main part
+    share = max(room - sum(fixed.values()), 0.0) / max(len(rest), 1)
+    caps = {p: fixed.get(p, share) for p in parts}
+  skip = {}
+  for main in (p for p in parts if not smoke and p not in FIXED):
+    # The main part before the later ones: they give up their time down to their floors, then
+    # whole, before it goes under its own floor.
+    later = parts[parts.index(main) + 1:]
+    for p in reversed(later):
+      give = max(min(caps[p] - floor[p], floor[main] - caps[main]), 0.0)
+      caps[p] -= give
+      caps[main] += give
+    for p in reversed(later):
+      if caps[main] >= floor[main]:
+        break
+      caps[main] += caps[p]
+      caps[p] = 0.0
+      skip[p] = (f"not in the plan at --budget_s={budget_s:g}: its time went to part {main}, "
+                 f"under its {floor[main]:.0f} s floor otherwise")
+  for p in reversed(parts):
+    over = sum(caps.values()) - room
+    if over <= 0:
+      break
+    if p in skip:
+      continue
+    if caps[p] - over >= floor[p]:
+      caps[p] -= over
+    else:
+      skip[p] = (f"not in the plan at --budget_s={budget_s:g}: {max(caps[p] - over, 0):.0f} s "
+                 f"would be left for it, under its {floor[p]:.0f} s floor")
+      caps[p] = 0.0
+  for p in parts:
+    if p not in skip and caps[p] < floor[p] - 1e-9:
+      skip[p] = (f"not in the plan at --budget_s={budget_s:g}: {caps[p]:.0f} s left for it, "
+                 f"under its {floor[p]:.0f} s floor")
+  out = {}
+  for p in parts:
+    if p in skip:
+      out[p] = Plan(p, 0.0, skip=skip[p])
+    elif p == "d":
+      out[p] = Plan(p, caps[p], epochs=sizes(True).min_epochs if smoke else d_epochs(caps[p]))
+    else:
+      out[p] = Plan(p, caps[p])
+  return out
 
 
-def _d_ran(measured: Optional[Dict]) -> bool:
-  return bool((measured or {}).get("d_ran"))
+def plan_lines(budget_s: float = 480.0) -> str:
+  """The plans at `budget_s` and the projection, as `python3 -m benchmarks.device.sizing` prints."""
+  lines = [f"rates: {RECORD} (module docstring); budget {budget_s:g} s, setup {SETUP_S:g} s"]
+  for name in PLANS:
+    parts = plan_parts(name, budget_s)
+    lines.append(f"plan {name}: " + ", ".join(
+        f"{p} {q.cap_s:.0f} s" + (f" ({q.epochs} epochs)" if q.epochs else "")
+        for p, q in parts.items()) + f"; sum {sum(q.cap_s for q in parts.values()):.0f} s")
+  at16 = {a: epoch_s(a, 16) for a in ALGOS}
+  lines.append("the paper's D4RL table (12 datasets x 4 seeds x 3000 epochs, three algorithms) "
+               "from the 16-cell epochs (" + ", ".join(f"{a} {s:.3f} s" for a, s in at16.items())
+               + f"), three 16-cell programs per algorithm: {table_hours(at16, 16):.2f} H100-hours"
+               f" (goal: <= {GOALS['table_hours']:g} from measured 48-cell epochs)")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  import argparse  # the command line only: the record imports this module for its constants
+  parser = argparse.ArgumentParser(description="The device record's plans and the projection.")
+  parser.add_argument("--budget_s", type=float, default=480.0, help="The record's --budget_s.")
+  print(plan_lines(parser.parse_args(argv).budget_s))
+
+
+if __name__ == "__main__":
+  main()

@@ -3,11 +3,15 @@ worth having first; each row is printed, and its rate saved, as soon as it is me
 that would not end before the part's soft deadline is named as skipped):
 
 1. whole epochs (50,000 x 5 rollout + 1000 gradient steps per cell, walker2d-medium dims) of
-   MOMBO `elite_spread`, MOBILE and MOPO at 16 cells (then 2. and 3., which read the 16-cell
-   programs), then at 1, 48 and 4 cells, each count its own table: compile s,
+   MOMBO `elite_spread`, MOBILE and MOPO at 16 cells, then at 1, 48 and 4 cells (the goals
+   first: 16 against 1 cell, 48 cells for the paper's table), each count its own table: compile s,
    s per epoch (best of 2 after a warm-up), per cell, memory (XLA's arguments + temporaries). Each
    program is the runner's own device call, train.make_cells_chunk, called with one epoch and its
-   metrics pulled to the host as runner.loop does; cells vmapped (the GPU's layout).
+   metrics pulled to the host as runner.loop does; cells vmapped (the GPU's layout). MOMBO's
+   program at 1, 16 and 48 cells (sizing.PROFILE_CELLS) is then traced for one more epoch
+   (jax.profiler) and the trace summarised on the spot into c_profile.md
+   (benchmarks/device/trace_summary.py: per phase, kernels per gradient step, the top kernels);
+   then the goals (sizing.GOALS) against what was measured;
 2. the runner's chunk length (program.CALL_SECONDS, 3 s): MOPO at 16 cells, the epochs of one
    3-second call against a call of CHUNK_LONG epochs (one compile serves both: n is traced);
 3. the evaluation's share of wall time at 16 cells: one evaluation (16 cells x 10 episodes x 1000
@@ -16,6 +20,7 @@ that would not end before the part's soft deadline is named as skipped):
    training from (1), in series and overlapped as runner.loop overlaps them (a computed share: the
    parts are measured, the overlapped launch is not timed whole);
 4. 1000 gradient steps of each algorithm, one cell (benchmarks/bench_scale.bench_steps).
+2., 3. and 4. (measured on 2026-11-27, or not needed by the goals) only with time left.
 
 Programs come from benchmarks/bench_scale (seeds_program: C seeds of walker2d-medium, random data,
 paper networks). The part's rates go to the record's record.json ("epoch_s", ...), from which part
@@ -28,6 +33,12 @@ import time
 from benchmarks.device import kit as kit_lib, sizing
 
 CHUNK_LONG = 20          # the longer chunk: epochs per call (a span to the next evaluation)
+
+
+def max_epochs(smoke: bool) -> int:
+  """The programs' max_epochs (part of the compiled program: part v passes the same, so that its
+  baseline is part c's program, found in the compilation cache)."""
+  return 4 if smoke else CHUNK_LONG
 LABELS = {"mombo": "MOMBO elite_spread", "mobile": "MOBILE (N=10)", "mopo": "MOPO"}
 
 
@@ -35,10 +46,13 @@ def say(line=""):
   print(line, flush=True)
 
 
-def time_program(name, cells, sz, rng, max_epochs, then=None):
-  """Compile the C-cell chunk program of `name`, run one warm-up epoch, time the best of 2
-  one-epoch calls. Returns dict(compile_s, seconds, mem_gb); `then(run, seconds)` is called while
-  the program and its state are alive (the chunk-length measurement)."""
+def time_program(name, cells, sz, rng, max_epochs, then=None, repeats=2, settings=None,
+                 ready=None):
+  """Compile the C-cell chunk program of `name`, run one warm-up epoch, time the best of
+  `repeats` one-epoch calls. Returns dict(compile_s, seconds, mem_gb); `then(run, seconds,
+  compiled)` is called while the program and its state are alive (the chunk-length measurement,
+  the profile). settings: Config settings over the program's (Config.replace); ready(): called
+  between the compile and the first run (part v: wait for its turn on the device)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -46,6 +60,8 @@ def time_program(name, cells, sz, rng, max_epochs, then=None):
   from benchmarks import bench_scale
   from mombo_jax.core import dynamics, train
   program = bench_scale.seeds_program(name, cells, sz.rollout, sz.steps, sz.real_rows, rng)
+  if settings:
+    program.config = program.config.replace(**settings)
   config = program.config
   keys = jax.random.split(jax.random.PRNGKey(0), cells)
   dyn = jax.vmap(lambda k: dynamics.init_state(k, program.obs_dim, program.act_dim, config))(keys)
@@ -70,17 +86,19 @@ def time_program(name, cells, sz, rng, max_epochs, then=None):
     holder["epoch"] += n
     return time.perf_counter() - t
 
+  if ready is not None:
+    ready()
   run(1)
-  seconds = min(run(1) for _ in range(2))
+  seconds = min(run(1) for _ in range(repeats))
   if then is not None:
-    then(run, seconds)
+    then(run, seconds, compiled)
   return dict(compile_s=compile_s, seconds=seconds, mem_gb=mem_gb)
 
 
 def main():
-  args = kit_lib.part_args(__doc__, {"--no_steps": dict(
-      action="store_true", help="Leave out 4. (a second compiled program): the test suite's smoke "
-      "(record --lean_smoke).")})
+  args = kit_lib.part_args(__doc__, {"--lean": dict(
+      action="store_true", help="Leave out 2., 3. and 4. (a second compiled program, an env "
+      "pool): the test suite's smoke (record --lean_smoke).")})
   t_end = time.time() + args.soft_s
   sz = sizing.sizes(args.smoke)
   # 48 cells need most of the GPU's memory (64 cells of MOMBO lcb: 71 GiB, bench_scale_gpu.txt,
@@ -114,12 +132,44 @@ def main():
   from mombo_jax.settings import environment
   chunk_rows = []
   chunk_at = (16, "mopo") if not sz.smoke else (sz.cells[0], sz.algos_c[-1])
-  long_n = CHUNK_LONG if not sz.smoke else 4
+  long_n = max_epochs(sz.smoke)
 
-  def chunk_length(run, seconds):
+  def chunk_length(run, seconds, compiled):
     n3 = program.chunk_length(0, 10**9, long_n, seconds)
     for n in dict.fromkeys((n3, long_n)):
       chunk_rows.append((n, run(n) / n))
+
+  profile_path = os.path.join(args.out, "c_profile.md")
+  profiled = "mombo" if "mombo" in sz.algos_c else sz.algos_c[0]
+  with open(profile_path, "w") as f:
+    f.write(f"# Device record, part c: where {LABELS[profiled]}'s epoch spends its device time\n"
+            f"{sz.rollout} x "
+            f"5 rollout + {sz.steps} gradient steps per cell; one epoch traced by jax.profiler "
+            "after the timed ones, summarised by benchmarks/device/trace_summary.py (phases: "
+            "the named scopes of core/train.py and core/sac.py)\n\n")
+
+  def profile(cells):
+    def then(run, seconds, compiled):
+      from benchmarks.device import trace_summary  # noqa: I001, the profile's only
+      folder = os.path.join(args.work, f"trace_{cells}")
+      t = time.time()
+      try:
+        with jax.profiler.trace(folder):
+          run(1)
+        summary = trace_summary.summarise(folder, compiled.as_text(), sz.steps)
+      except Exception as e:  # a profiler the device lacks (CUPTI) costs the profile, not part c
+        with open(profile_path, "a") as f:
+          f.write(f"### {LABELS[profiled]}, {cells} cell(s): no profile ({type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:200] if str(e) else ''})\n\n")
+        return
+      with open(profile_path, "a") as f:
+        f.write(trace_summary.markdown(summary, f"{LABELS[profiled]}, {cells} cell(s): "
+                                      f"{seconds:.3f} s per epoch (timed, untraced)")
+                + f"\n(traced and summarised in {time.time() - t:.1f} s)\n\n")
+      rates.setdefault("profile", {})[str(cells)] = {
+          "phases_ms": {p: round(ms, 2) for p, (ms, _) in summary["phases"].items()},
+          "kernels_per_step": round(summary["per_step"], 1)}
+    return then
 
   def epochs_table(cells):
     how = cell_layout.layout(environment.cells())
@@ -127,13 +177,14 @@ def main():
     say("| algorithm | cells | compile s | s / epoch | s / epoch / cell | memory (args + temp) |")
     say("|---|---|---|---|---|---|")
     for name in sz.algos_c:
-      estimate = (sizing.H100_COMPILE_S + 2 * sizing.epoch_s(name, cells, rates)
-                  if not sz.smoke else 5.0)
+      profiled_here = name == profiled and cells in sz.profile_cells
+      estimate = (sizing.COMPILE_S + (4 + 4 * profiled_here) * sizing.epoch_s(name, cells, rates)
+                  + 10 * profiled_here if not sz.smoke else 5.0)
       if not fits(estimate, f"{LABELS[name]} | {cells}"):
         continue
       try:
-        then = chunk_length if (cells, name) == chunk_at else None
-        t = time_program(name, cells, sz, rng, long_n, then)
+        then = (profile(cells) if name == profiled and cells in sz.profile_cells else None)
+        t = time_program(name, cells, sz, rng, long_n, then, repeats=1 if cells >= 48 else 2)
       except Exception as e:  # past the device's memory: named, and the table goes on
         if not bench_scale._out_of_memory(e):
           raise
@@ -162,7 +213,7 @@ def main():
 
   def evaluation_share(cells):
     trained = {n: rates["epoch_s"].get(n, {}).get(str(cells)) for n in sz.algos_c}
-    if not any(trained.values()) or not fits(30 if not sz.smoke else 5,
+    if not any(trained.values()) or not fits(2 * sizing.EVAL_S + 15 if not sz.smoke else 5,
                                              f"evaluation at {cells} cells"):
       return
     config = config_lib.make_config("hopper-medium-replay", "mopo")
@@ -189,18 +240,24 @@ def main():
           f"{left / (span + left):.3f} |")
     save()
 
-  for i, cells in enumerate(sz.cells):
+  for cells in sz.cells:
     epochs_table(cells)
-    if i == 0:
-      chunk_table()
-      evaluation_share(cells)
+  goals(rates, sz)
+  # 2. and 3. with what is left: one more 16-cell program of MOPO for the chunk lengths.
+  cells, name = chunk_at
+  if not args.lean and fits(sizing.COMPILE_S + 25 * sizing.epoch_s(name, cells, rates)
+                            if not sz.smoke else 5.0, f"chunk length: {LABELS[name]} | {cells}"):
+    time_program(name, cells, sz, rng, long_n, chunk_length)
+    chunk_table()
+  if not args.lean:
+    evaluation_share(sz.cells[0])
 
   # 4. 1000 gradient steps of each algorithm (bench_scale's step table, these algorithms only).
   kinds = {"mopo": "SAC = MOPO's step", "mombo": "MOMBO elite_spread", "mobile": "MOBILE"}
   keep = [t for t in bench_scale.STEP_TYPES
           if any(t[0].startswith(kinds[n]) for n in sz.algos_c)]
-  if args.no_steps:
-    say("\n## Gradient steps: not timed (--no_steps)")
+  if args.lean:
+    say("\n## Gradient steps: not timed (--lean)")
   elif fits(len(keep) * (10 if not sz.smoke else 25), f"{sz.scan_steps} gradient steps"):
     bench_scale.STEP_TYPES[:] = keep
     common.matmul_gflops = functools.partial(common.matmul_gflops, seconds=1.0)
@@ -209,6 +266,36 @@ def main():
   say(f"\npart c ended with {max(t_end - time.time(), 0):.0f} s of its soft deadline left; load "
       f"{os.getloadavg()[0]:.1f}")
   save()
+
+
+def goals(rates, sz):
+  """The speed goals of issue #43 (sizing.GOALS) against this part's epochs."""
+  seen = rates["epoch_s"]
+  say("\n## The goals (issue #43, one H100) against the epochs above")
+  say("| goal | measured | met |")
+  say("|---|---|---|")
+  lo, hi = sz.cells[min(1, len(sz.cells) - 1)], sz.cells[0]
+  for name in sz.algos_c:
+    a, b = seen.get(name, {}).get(str(lo)), seen.get(name, {}).get(str(hi))
+    ratio = b / a if a and b else None
+    say(f"| {LABELS[name]}: {hi}-cell epoch <= {sizing.GOALS['ratio_16_1']:g}x its {lo}-cell | "
+        + (f"{ratio:.2f}x ({b:.3f} / {a:.3f} s)" if ratio else "not measured") + " | "
+        + ("-" if ratio is None else "yes" if ratio <= sizing.GOALS["ratio_16_1"] else "NO") + " |")
+  m = seen.get("mombo", {}).get(str(hi))
+  say(f"| MOMBO elite_spread at {hi} cells <= {sizing.GOALS['mombo_16_s']:g} s | "
+      + (f"{m:.3f} s" if m else "not measured") + " | "
+      + ("-" if not m else "yes" if m <= sizing.GOALS["mombo_16_s"] else "NO") + " |")
+  top = max(sz.cells)
+  at = {n: seen.get(n, {}).get(str(top)) for n in sz.algos_c}
+  if all(at.values()) and set(at) == set(sizing.ALGOS):
+    hours = sizing.table_hours(at, top)
+    say(f"| the paper's D4RL table (12 x 4 seeds x 3000 epochs, three algorithms) from the "
+        f"{top}-cell epochs <= {sizing.GOALS['table_hours']:g} device-hours | {hours:.2f} h | "
+        + ("yes" if hours <= sizing.GOALS["table_hours"] else "NO") + " |")
+    rates["table_hours"] = round(hours, 2)
+  else:
+    say(f"| the paper's D4RL table <= {sizing.GOALS['table_hours']:g} device-hours from "
+        f"{top}-cell epochs | not every algorithm measured at {top} cells | - |")
 
 
 if __name__ == "__main__":

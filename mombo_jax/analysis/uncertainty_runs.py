@@ -183,9 +183,12 @@ def table_markdown(rows):
                              paper=True)
   for title, metric, column, paper in READING_BLOCKS:
     if any(np.isfinite(r.get(column, np.nan)) for r in rows):
-      # Built under the paper's metric name, so that its Table 2 column can stand beside it.
+      # Built under the paper's metric name, so that its Table 2 column can stand beside it. A
+      # block without that column is still part of a table beside the paper's numbers: its §
+      # cells take no bold either (the report's rule, mombo_jax/report/writer.py).
       extra = tables.build_table({k: _Seeds(v, {metric: column}) for k, v in groups.items()},
-                                 metrics=((metric, title),), digits=3, paper=paper)
+                                 metrics=((metric, title),), digits=3, paper=paper,
+                                 below_ranked=False)
       assert extra.rows == table.rows and extra.algos == table.algos
       table.blocks += extra.blocks
   states = sorted({r["states"] for r in rows})

@@ -17,9 +17,9 @@ class EpochSettings:
   """What one compiled training epoch (train.make_epoch) computes with: the run's algorithm, beta
   and schedule, and the settings groups it reads whole (the agent's networks, optimisers and
   update; the rollout and its ring; the dynamics ensemble's shape: those that shape the state it
-  steps live in the state's static fields). Hashable: the compiled program is keyed by it, so two
-  Configs with equal EpochSettings share one program (seeds, evaluation, naming, the reference
-  source and the dynamics' training are not in it).
+  steps live in the state's static fields), and the precision of its matmuls. Hashable: the
+  compiled program is keyed by it, so two Configs with equal EpochSettings share one program
+  (seeds, evaluation, naming, the reference source and the dynamics' training are not in it).
 
   Built by epoch_settings(config, per_cell). The settings the cells of a program carry
   themselves (train.Cell: beta, and those of per_cell but rollout_length) are None: the program
@@ -34,6 +34,7 @@ class EpochSettings:
   rollout: Any                        # settings.groups.RolloutConfig (rollout_length: a program
                                       # over cells: the longest cell's)
   dynamics: Any                       # settings.groups.DynamicsConfig
+  matmul_precision: str               # Config.matmul_precision: what the epoch's dots compute at
 
 
 def epoch_settings(config, per_cell: Optional[Tuple[str, ...]] = None) -> EpochSettings:
@@ -52,4 +53,4 @@ def epoch_settings(config, per_cell: Optional[Tuple[str, ...]] = None) -> EpochS
   return EpochSettings(algorithm=config.algorithm, env_name=config.env_name, beta=beta,
                        steps_per_epoch=config.steps_per_epoch,
                        schedule_steps=config.schedule_steps, agent=agent, rollout=rollout,
-                       dynamics=config.dynamics)
+                       dynamics=config.dynamics, matmul_precision=config.matmul_precision)

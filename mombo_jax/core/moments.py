@@ -54,9 +54,10 @@ from the rounded a has it; it is largest just before the true value leaves the n
 (|a| ~ 13-16 in float32, ~37-46 in float64, depending on var). Where the true value is subnormal
 or underflows, the result is within 0.95 (float32) / 0.42 (float64) smallest-normal units of it
 (0 or a subnormal; XLA:CPU flushes subnormals to zero). Lemma 1 (ii) m >= max(mu, 0) and
-(iii) 0 <= v <= var hold exactly in floating point ((ii) by construction, a non-negative term added
-to relu(mu); (iii) also enforced by a clamp that the math makes a no-op). Subnormal inputs count
-as 0, as in every XLA:CPU op.
+(iii) 0 <= v <= var hold exactly in floating point on every backend: (ii) by construction (a
+non-negative term added to relu(mu)) and (iii) nearly so, and both by clamps at the end that the
+math makes no-ops (on a GPU, which keeps subnormal inputs, v <= var needed it). Subnormal inputs
+count as 0, as in every XLA:CPU op.
 
 var == 0 returns exactly (relu(mean), 0), bit for bit, so a moment-matched network at zero input
 variance is the plain ReLU network. Negative var is treated as 0 (it is not a variance); a NaN
@@ -82,6 +83,7 @@ four of those (s, t, 1 / D, phi), and the cheap rest (Horner, products, selects)
 each output's loop.
 """
 import math
+import numbers
 
 import chex
 import jax
@@ -293,8 +295,14 @@ def _mm_relu_parts(mean, var):
   v_neg = ((var_s * ad) * phi_s) * scale
   g_pos = jnp.maximum(1.0 - (phi_s * (ca + a_tail * (hn + 2.0 * t))) * scale, 0.0)
   v = jnp.where(right, var_s * g_pos, v_neg)
-  # Lemma 1 (iii), a no-op in exact math; a NaN variance stays visible instead of reading as 0.
-  v = jnp.where(pos, jnp.clip(v, 0.0, var_s), jnp.where(jnp.isnan(var), var, zero))
+  # Lemma 1 (ii) m >= max(mu, 0) and (iii) 0 <= v <= var, clamped last so that they hold in
+  # floating point on every backend by construction: no-ops in exact math, and on this CPU (m is
+  # relu(mu) plus a non-negative term, v <= var_s). Against var itself, not var_s: a GPU keeps
+  # subnormal inputs (XLA:CPU flushes them to 0, so pos is False there), and var_s = max(var, tiny)
+  # then exceeds var; at mu = 1, var = 1e-38 v was tiny > var (the 2026-11-27 H100 record's float32
+  # failure). A NaN variance stays visible instead of reading as 0.
+  m = jnp.maximum(m, relu)
+  v = jnp.where(pos, jnp.clip(v, 0.0, var), jnp.where(jnp.isnan(var), var, zero))
 
   # Partial derivatives (closed form; see the module docstring).
   q_t = (phi_s * (t * a_tail + ca)) * scale          # Q(t) = phi(t) R(t), R = (t + c2) A
@@ -356,10 +364,26 @@ def mm_leaky_relu(mean, var, negative_slope: float = 0.01):
   relu(X) relu(-X) = 0, so Cov(relu(X), relu(-X)) = -E relu(X) E relu(-X) and
   Var = v(mu) + slope^2 v(-mu) + 2 slope m(mu) m(-mu): a sum of non-negative terms. var == 0
   gives relu(mu) - slope * relu(-mu), equal to jax.nn.leaky_relu except for the sign of zero.
+  For a slope in [0, 1] (a Python number) Lemma 1's bounds hold exactly, as mm_relu's: m >=
+  leaky_relu(mu) and 0 <= v <= var.
   """
+  mean = jnp.asarray(mean)
   mp, vp = mm_relu(mean, var)
-  mn, vn = mm_relu(-jnp.asarray(mean), var)
-  return mp - negative_slope * mn, vp + negative_slope**2 * vn + 2.0 * negative_slope * mp * mn
+  mn, vn = mm_relu(-mean, var)
+  m = mp - negative_slope * mn
+  # The cross term as 2 slope (mp mn): mp mn <= sqrt(vp vn) <= var (a covariance bound), while
+  # (2 slope mp) alone overflows at mu near the float's max and then times mn = 0 made a NaN.
+  v = vp + negative_slope**2 * vn + (2.0 * negative_slope) * (mp * mn)
+  if isinstance(negative_slope, numbers.Real) and 0.0 <= negative_slope <= 1.0:
+    # Such a leaky_relu is convex and 1-Lipschitz: E f(X) >= f(mu) (Jensen) and Var f(X) <= Var X
+    # (Var f(X) = E (f(X) - f(X'))^2 / 2 for an independent copy X'). In floating point m - slope
+    # mn can round below f(mu) and the three terms' sum above var (vp alone may equal var), so both
+    # are clamped last, as in mm_relu: no-ops in exact math. var < 0 counts as 0 (mm_relu's rule);
+    # NaN stays NaN.
+    relu = jax.nn.relu
+    m = jnp.maximum(m, (relu(mean) - negative_slope * relu(-mean)).astype(m.dtype))
+    v = jnp.minimum(v, jnp.maximum(jnp.asarray(var, v.dtype), 0.0))
+  return m, v
 
 
 def mm_identity(mean, var):

@@ -216,7 +216,9 @@ def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,
   """
   _check_batch(batch)
   k_target, k_actor = jax.random.split(key)
-  y, aux = target_fn(agent, batch, k_target)
+  # The step's phases as named scopes: metadata only (benchmarks/device/trace_summary.py).
+  with jax.named_scope("target"):
+    y, aux = target_fn(agent, batch, k_target)
   y = jax.lax.stop_gradient(y).astype(jnp.float32)
   chex.assert_shape(y, batch.reward.shape)
 
@@ -224,9 +226,10 @@ def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,
     q = agent.critic.apply_fn(params, batch.obs, batch.action)  # [E, B], zero input variance
     return jnp.sum(jnp.mean((q - y[None]) ** 2, axis=1)), q
 
-  (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
-      agent.critic.params)
-  critic = agent.critic.apply_gradients(grads=critic_grads)
+  with jax.named_scope("critic_update"):
+    (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
+        agent.critic.params)
+    critic = agent.critic.apply_gradients(grads=critic_grads)
 
   temperature = alpha(agent, config, auto_alpha)
 
@@ -236,9 +239,10 @@ def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,
     q_pi = _critic_values(agent, critic.params, batch.obs, action, batch.obs_var, config).min(0)
     return jnp.mean(temperature * logp - q_pi), logp
 
-  (actor_loss, logp), actor_grads = jax.value_and_grad(actor_loss_fn, has_aux=True)(
-      agent.actor.params)
-  actor = agent.actor.apply_gradients(grads=actor_grads)
+  with jax.named_scope("actor_update"):
+    (actor_loss, logp), actor_grads = jax.value_and_grad(actor_loss_fn, has_aux=True)(
+        agent.actor.params)
+    actor = agent.actor.apply_gradients(grads=actor_grads)
 
   log_alpha = agent.log_alpha
   alpha_loss = jnp.zeros((), jnp.float32)

@@ -148,6 +148,7 @@ def make_epoch(config, per_cell=()):
   statistics (scalars),
   `diverged` (bool scalar: the seed is frozen, this epoch or before) and `diverged/<quantity>` (bool
   scalars, quantity in DIVERGENCE_CHECKS: which check failed THIS epoch on a healthy seed).
+  Its float32 matmuls compute at config.matmul_precision, pinned when it is traced.
   """
   per_cell = _settings(per_cell)
   if not isinstance(config, EpochSettings):
@@ -174,10 +175,13 @@ def make_epoch(config, per_cell=()):
     agent, dyn = state.agent, state.dynamics
     start = jax.random.randint(k_start, (config.rollout.rollout_batch_size,), 0, size)
     policy_fn = functools.partial(_policy, agent, config)
-    ring, roll_metrics = rollout.run(k_roll, policy_fn, dyn,
-                                     buffer.take(real, start, dataset).obs, state.buffer, config,
-                                     term_fn, beta=beta, length=k,
-                                     capacity=None if k is None else capacity(config, k))
+    # Named scopes mark the epoch's phases in the compiled program's metadata (op_name) only:
+    # a profile's trace is summarised per phase by them (benchmarks/device/trace_summary.py).
+    with jax.named_scope("rollout"):
+      ring, roll_metrics = rollout.run(k_roll, policy_fn, dyn,
+                                       buffer.take(real, start, dataset).obs, state.buffer,
+                                       config, term_fn, beta=beta, length=k,
+                                       capacity=None if k is None else capacity(config, k))
     target_fn = functools.partial(target, dyn=dyn, config=config, term_fn=term_fn, beta=beta,
                                   real_rows=n_real, auto_alpha=auto_alpha)
 
@@ -202,7 +206,9 @@ def make_epoch(config, per_cell=()):
     return state.replace(agent=agent, buffer=ring, epoch=state.epoch + 1,
                          diverged=diverged), metrics
 
-  return epoch
+  # Every dot of the epoch (rollout, critic and actor updates, their gradients) at the run's
+  # precision, whoever traces it (xla_options.at_precision): float32 by default, the references'.
+  return xla_options.at_precision(epoch, config.matmul_precision)
 
 
 DIVERGENCE_CHECKS = ("critic_loss", "actor_loss", "alpha_loss", "params")

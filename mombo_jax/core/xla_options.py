@@ -18,6 +18,13 @@ reproducible under one choice, not across the two.
 
 jax.jit accepts compiler options only on a top-level function: a program built with them cannot
 be traced inside another jit (trace its `__wrapped__` function instead).
+
+The matmul precision (`at_precision`) is no compiler option but the precision config each float32
+dot carries in the traced program (jax.default_matmul_precision, read when the dot is traced): the
+run's Config.matmul_precision, pinned by the functions that build a program's body
+(train.make_epoch, dynamics_training's compiled pieces), so any jit of them, the package's or a
+benchmark's, computes at the run's precision whatever JAX's default on the backend (on a GPU with
+tensor cores: TF32, which the PyTorch references do not use).
 """
 import functools
 from typing import Optional
@@ -54,3 +61,16 @@ def jit(fn, cpu_dots: str = "eigen", **kwargs):
   """jax.jit(fn, **kwargs) with `options(cpu_dots)`: the one way the package compiles a training
   program."""
   return jax.jit(fn, compiler_options=options(cpu_dots), **kwargs)
+
+
+def at_precision(fn, precision: str):
+  """fn whose every trace (under jit, grad, vmap, the transposes of its dots included) runs under
+  jax.default_matmul_precision(precision): each float32 dot in it carries that precision
+  ('float32': HIGHEST, full float32 inputs; 'tensorfloat32': HIGH, TF32 inputs where the device has
+  them). Set inside the trace, so an enclosing context cannot override it; XLA:CPU computes every
+  precision alike (the CPU's results do not change)."""
+  @functools.wraps(fn)
+  def traced(*args, **kwargs):
+    with jax.default_matmul_precision(precision):
+      return fn(*args, **kwargs)
+  return traced

@@ -32,7 +32,7 @@ import numpy as np
 import optax
 
 from mombo_jax import signals
-from mombo_jax.core import cell_layout
+from mombo_jax.core import cell_layout, xla_options
 from mombo_jax.core.dynamics import DynamicsState, loss_fn, make_module
 from mombo_jax.dynamics import reuse, validation
 from mombo_jax.dynamics.training_data import make_arrays, seed_keys, split_indices, split_sizes
@@ -144,8 +144,10 @@ def _compiled(config, batched: bool) -> _Fns:
 
 @functools.lru_cache(maxsize=None)
 def _compiled_as(config, layout) -> _Fns:
-  fns = [functools.partial(f, config) for f in (_init_seed, _plan, _steps,
-                                                validation.validate_epoch, validation.pick_elites)]
+  # Each piece's dots at the run's matmul precision (xla_options.at_precision), pinned in the
+  # function jit traces: float32 by default, as the references train their ensembles.
+  fns = [xla_options.at_precision(functools.partial(f, config), config.matmul_precision)
+         for f in (_init_seed, _plan, _steps, validation.validate_epoch, validation.pick_elites)]
   if layout is not None:
     axes = [(0, None, None), (0,), (0, 0, 0, None, None, 0, None, None),
             (0, 0, 0, None, None, None), (0,)]
@@ -166,15 +168,18 @@ def run_epoch(fns: _Fns, st, inputs, targets, max_epochs):
 @dataclasses.dataclass(frozen=True)
 class _DynConfig:
   """What training reads of a Config: the ensemble's shape and its training recipe, whole
-  (dyn_max_epochs None: it is a runtime argument). The compile cache's key."""
+  (dyn_max_epochs None: it is a runtime argument), and the run's matmul precision. The compile
+  cache's key."""
   dynamics: groups.DynamicsConfig
   dynamics_training: groups.DynamicsTrainingConfig
+  matmul_precision: str
 
 
 def _dyn_config(config) -> _DynConfig:
   """config's _DynConfig: what the compiled training functions read, and nothing else."""
   training = dataclasses.replace(config.dynamics_training, dyn_max_epochs=None)
-  return _DynConfig(dynamics=config.dynamics, dynamics_training=training)
+  return _DynConfig(dynamics=config.dynamics, dynamics_training=training,
+                    matmul_precision=config.matmul_precision)
 
 
 class DynamicsTrainingStopped(Exception):

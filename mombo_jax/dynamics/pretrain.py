@@ -38,13 +38,14 @@ def dynamics_task(env, dataset):
 
 def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, preset="paper",
                    workdir=None, overwrite=False, log_fn=print, should_stop=None, algo="mombo",
-                   reference=None):
+                   reference=None, matmul_precision="float32"):
   """experiments.train_dynamics: loads the dataset, trains `seeds` ensembles in one vmapped run
   (dynamics_store.get_dynamics: the key scheme and the saved layout experiments.run reuses) and
   saves them; returns the saved path. The dynamics settings are `algo`'s for `env` under
   `preset` from the source `reference` (config.make_config; None: the algorithm's default; the
   references differ, e.g. in walker2d-medium's epoch cap), so the ensembles are reused by runs of
-  the algorithms whose settings agree. UserError for what the user can fix."""
+  the algorithms whose settings agree; matmul_precision: Config.matmul_precision (a run reuses the
+  ensembles of its own). UserError for what the user can fix."""
   try:
     env, dataset, note = dynamics_task(env, dataset)
   except ValueError as e:                  # unknown names: the message lists the valid ones
@@ -53,7 +54,8 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
     log_fn(note)
   if seeds < 1:
     raise UserError(f"`seeds` must be >= 1, got {seeds}.", params=("seeds",))
-  overrides = dict(seed=seed, num_seeds=seeds, reference=reference)
+  overrides = dict(seed=seed, num_seeds=seeds, reference=reference,
+                   matmul_precision=matmul_precision)
   if max_epochs is not None:
     if max_epochs < 1:
       raise UserError(f"`max_epochs` must be >= 1, got {max_epochs}.", params=("max_epochs",))
@@ -80,5 +82,7 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
   log_fn(f"Saved to {path} (dynamics settings: {reuse.describe_settings(config)}; "
          f"reused by runs with the same, e.g. python -m experiments.run --env={env} --algo={algo} "
          f"--reference={config.reference} --preset={preset} --seed={seed} --seeds={seeds} "
-         f"--dynamics_dir={workdir}).")
+         + ("" if matmul_precision == config_lib.Config.matmul_precision
+            else f"--matmul_precision={matmul_precision} ")
+         + f"--dynamics_dir={workdir}).")
   return path

@@ -37,14 +37,24 @@ TRAINING_FIELDS = (groups.fields(groups.DynamicsConfig)
 # reused. Its presence in a saved key also marks a save that records the training settings.
 TRAINING_CODE = 2             # 2: the references' initialisation (inits.py)
 TRAINING_CODE_FIELD = "dyn_training_code"
+# Settings outside the two groups that change the trained ensemble, each with the value every
+# ensemble saved before it joined the key was trained at: in the key only when another value is
+# set, so those ensembles keep their key and folder name (settings_tag), and read as that value
+# when compared (reuse_mismatch). matmul_precision: on a GPU, an ensemble trained with TF32 inputs
+# is not the float32 one (on a CPU they are the same ensemble, but the key names the setting, not
+# the backend). Saved before: float32 on the CPU they all but the device records' trained on.
+KEYED_UNLESS_DEFAULT = {"matmul_precision": "float32"}
 
 
 def training_settings(config) -> dict:
   """{setting: value} of config's two dynamics groups (dynamics, dynamics_training) in JSON types,
   normalised so that equal settings give equal dicts however they were written (groups.to_json),
-  and the TRAINING_CODE."""
+  the TRAINING_CODE, and each KEYED_UNLESS_DEFAULT setting whose value is not its default."""
   out = dict(groups.to_json(config.dynamics), **groups.to_json(config.dynamics_training))
   out[TRAINING_CODE_FIELD] = TRAINING_CODE
+  for name, default in KEYED_UNLESS_DEFAULT.items():
+    if getattr(config, name) != default:
+      out[name] = getattr(config, name)
   return out
 
 
@@ -78,7 +88,7 @@ def describe_settings(config, fields=None) -> str:
   settings, values = training_settings(config), config.settings()
   if fields is None:
     defaults = training_settings(Config())
-    fields = [f for f in settings if f in values and settings[f] != defaults[f]]
+    fields = [f for f in settings if f in values and settings[f] != defaults.get(f)]
   return ", ".join(f"{f}={values[f]!r}" for f in fields) or "Config defaults"
 
 
@@ -105,6 +115,11 @@ def reuse_mismatch(meta: dict, expected: dict) -> dict:
   """{key: (saved, expected)} for every key of `expected` whose saved value (in the reuse key
   stored in meta) differs or is missing; empty when the saved dynamics fit."""
   saved = (meta or {}).get(REUSE_KEY_FIELD) or {}
+  if TRAINING_CODE_FIELD in expected:
+    # A whole key (reuse_key's): a KEYED_UNLESS_DEFAULT setting missing on either side holds its
+    # default, so a float32 run never takes a TF32-trained ensemble, nor the reverse.
+    saved = dict(KEYED_UNLESS_DEFAULT, **saved)
+    expected = dict(KEYED_UNLESS_DEFAULT, **expected)
   return {k: (saved.get(k, "<not recorded>"), v) for k, v in expected.items()
           if saved.get(k, "<not recorded>") != v}
 

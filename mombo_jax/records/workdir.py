@@ -78,8 +78,8 @@ def config_record(config, dataset: str) -> dict:
 def config_from_record(record: dict):
   """(Config, dataset) of a config.json record; fields the Config no longer has are ignored, and
   a record written before runs recorded their settings' source gets the source it was built from
-  (references.upgrade_record), never today's default."""
-  record = references.upgrade_record(record)
+  (config.upgrade_record: the settings' source, the matmul precision), never today's default."""
+  record = config_lib.upgrade_record(record)
   # An algorithm registered by the user's own module: imported again, or one line naming it.
   algorithms.ensure(str(record.get("algo")), record.get("algo_module"))
   fields = set(config_lib.Config.setting_names())
@@ -114,12 +114,13 @@ class Workdir:
 
   def read_record(self) -> dict:
     """config.json as written, but for a field added since, which gets the value the version that
-    wrote it meant (references.upgrade_record: the settings' source); UserError naming the file
+    wrote it meant (config.upgrade_record: the settings' source, the matmul precision); UserError
+    naming the file
     when missing or unreadable."""
     path = self.file(CONFIG)
     try:
       with open(path) as f:
-        return references.upgrade_record(json.load(f))
+        return config_lib.upgrade_record(json.load(f))
     except (OSError, ValueError) as e:
       raise UserError(f"{path} is missing or unreadable ({e}); pass a run workdir written by "
                       "experiments.run.") from None
@@ -148,8 +149,9 @@ class Workdir:
       raise UserError(f"{path} is unreadable ({e}); delete that file to start the run afresh "
                       "(its checkpoints then no longer match and must go too).") from None
     # A record from before runs recorded their settings' source is compared as the source its
-    # table came from (a MOBILE run: its authors' table), not as today's default.
-    old = references.upgrade_record(written)
+    # table came from (a MOBILE run: its authors' table), not as today's default; one from before
+    # they recorded their matmul precision as float32 (config.MATMUL_PRECISION_BEFORE_RECORDED).
+    old = config_lib.upgrade_record(written)
     changed = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v
                and k not in ("epochs", "algo_module") + HARMLESS}
     if changed:
@@ -165,6 +167,11 @@ class Workdir:
       notes.append(f"config.json did not record its settings' source (written before "
                    f"--reference existed): it is {old['reference']!r}, the only {old.get('algo')} "
                    "table then; recorded now.")
+    if "matmul_precision" not in written:
+      notes.append(f"config.json did not record its matmul precision (written before "
+                   f"--matmul_precision existed): it continues at {old['matmul_precision']!r}, the "
+                   "precision it computed at on a CPU (on a GPU it had JAX's default, TF32); "
+                   "recorded now.")
     if old.get("epochs") != new["epochs"]:
       # With a fixed schedule_epochs the schedule does not move: the run stays a prefix of the
       # schedule_epochs-epoch run. Without one it spans --epochs and is re-spanned.

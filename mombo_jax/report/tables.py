@@ -176,12 +176,17 @@ def _columns(algos: Sequence[str], metric: str, paper: bool) -> Tuple[List[str],
 
 
 def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
-                paper: bool = False) -> Table:
+                paper: bool = False, below_ranked: Optional[bool] = None) -> Table:
   """Rows = tasks (grouped by dataset type), columns = algorithms, one block per metric
   (default: final score, mean of the last LAST_K evaluations and AULC). groups: {(env, dataset,
   algo): anything with .stat(metric) -> (mean, std) or (None, None), and optionally .ci(metric)
   -> (low, high)}. paper: add the paper's column beside each algorithm's for the metrics the
-  paper reports (mombo_jax.report.paper_results)."""
+  paper reports (mombo_jax.report.paper_results). below_ranked: whether a cell below the paper's
+  setup (BELOW_MARK) competes for bold, underline and the summary rows' bold (default: only in a
+  table without the paper's columns); False for a table that stands beside the paper's numbers in
+  blocks that lack its column (experiments.uncertainty's alternative readings)."""
+  if below_ranked is None:
+    below_ranked = not paper
   tasks = {(dataset_type(d), e, d) for (e, d, _) in groups}
   types = ordered({t for t, _, _ in tasks}, TYPE_ORDER)
   rows = [row for t in types for row in sorted(
@@ -227,13 +232,13 @@ def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
     marks = {k: v for k, v in marks.items() if v}
     ours = np.where(is_paper[None, :], np.nan, mean)
     # Beside the paper's numbers, a cell below the paper's setup competes for nothing.
-    ranked = np.where(below, np.nan, ours) if paper else ours
+    ranked = ours if below_ranked else np.where(below, np.nan, ours)
     # Marks and ranks compare the numbers as printed (as_printed): equal as shown, equal here.
     ranked, shown_std = as_printed(ranked, digits), as_printed(std, digits)
     rule = [mark_row(ranked[i], shown_std[i]) for i in range(len(rows))]
     bold = np.array([b for b, _ in rule], bool).reshape(mean.shape)
     under = np.array([u for _, u in rule], bool).reshape(mean.shape)
-    unranked = is_paper | (below.any(axis=0) if paper else False)
+    unranked = is_paper | (False if below_ranked else below.any(axis=0))
     # The paper's averages cover only the tasks where we ran its algorithm, so that they can be
     # read against ours; the paper's other numbers are in the rows, not in the average.
     averaged = mean.copy()

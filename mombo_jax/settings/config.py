@@ -18,6 +18,17 @@ from mombo_jax.settings import groups, references
 ALGOS = ("mombo", "mobile", "mopo")      # the paper's, with reference tables; any registered name
                                         # (mombo_jax.core.algorithms) trains (the CLI's --algo)
 TARGETS = ("lcb", "elite_spread", "mixture")
+# A run's float32 matmul precision (Config.matmul_precision), by jax.default_matmul_precision's
+# names: "float32" multiplies full float32 inputs, as the PyTorch references do; "tensorfloat32"
+# rounds the inputs to TF32 (10 mantissa bits) first where the device has the units (a GPU's tensor
+# cores since Ampere), faster and about 2^-11 relative per input less exact. XLA:CPU ignores it.
+MATMUL_PRECISIONS = ("float32", "tensorfloat32")
+# What a config.json written before runs recorded their precision (no "matmul_precision" key)
+# reads as: float32. Those runs asked XLA for nothing, which is float32 exactly on a CPU (XLA:CPU
+# ignores the precision), where all of them but the device records' throwaway runs trained; on a
+# GPU it was TF32, which no record could tell, and resuming such a run at float32 moves it to the
+# references' precision rather than on at one it never chose.
+MATMUL_PRECISION_BEFORE_RECORDED = "float32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +62,16 @@ class Config:
   schedule_epochs: Optional[int] = None
   steps_per_epoch: int = 1000
   dyn_checkpoint_every_s: float = 60.0     # seconds between checkpoints of dynamics training
+
+  # How it computes: every compiled program of the run (the epoch: rollouts, critic and actor
+  # updates; the dynamics training) multiplies its float32 matrices at this precision
+  # (MATMUL_PRECISIONS), applied where the programs are traced (train.make_epoch,
+  # dynamics_training). float32 (default): the references' full float32 on every backend, what the
+  # paper's numbers were computed with (adinlab/MOMBO and OfflineRL-Kit run PyTorch, whose float32
+  # matmuls are full float32 unless torch.backends.cuda.matmul.allow_tf32 is set; docs/spec.md);
+  # tensorfloat32: TF32 inputs on a GPU that has them, a named speed choice. The run's own, not
+  # a group's: it concerns every program, as the groups each concern one.
+  matmul_precision: str = "float32"
 
   # The groups (settings/groups.py).
   agent: groups.AgentConfig = groups.AgentConfig()
@@ -139,6 +160,10 @@ def _validate(config: "Config"):
   if c.reference is not None:
     _reference(c.algo, c.reference)
   parse_name(c.env)
+  if c.matmul_precision not in MATMUL_PRECISIONS:
+    raise ValueError(f"matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)} (float32: "
+                     f"full float32, the references'; tensorfloat32: TF32 inputs on a GPU), got "
+                     f"{c.matmul_precision!r}.")
   for name in _POSITIVE_INTS:
     v = getattr(c, name)
     if not is_int(v) or v < 1:
@@ -249,6 +274,16 @@ PRESETS = {
                         dyn_elites=2, mobile_num_samples=2),
                    build_missing="random", build_steps=5_000, require_full=False),
 }
+
+
+def upgrade_record(record: dict) -> dict:
+  """A config.json record read as the version that wrote it meant it: its settings' source
+  (references.upgrade_record) and, written before runs recorded their matmul precision,
+  MATMUL_PRECISION_BEFORE_RECORDED (float32: see there why)."""
+  record = references.upgrade_record(record)
+  if "matmul_precision" in record:
+    return record
+  return dict(record, matmul_precision=MATMUL_PRECISION_BEFORE_RECORDED)
 
 
 def _reference(algo: str, reference: Optional[str]) -> Optional[str]:

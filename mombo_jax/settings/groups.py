@@ -11,6 +11,8 @@ What reads which group, whole (never a list of names):
 - a saved dynamics ensemble's module (dynamics/saved_dynamics): DynamicsConfig;
 - its reuse key and folder name: DynamicsConfig and DynamicsTrainingConfig;
 - the evaluation loop: EvaluationConfig.
+The run's matmul_precision is Config's own field, not a group's: every compiled program reads it
+(the epoch through EpochSettings, the dynamics training, and its reuse key unless float32).
 
 No checks here: Config checks every setting at once (config._validate), so one message names the
 flag whatever group it sits in, and the epoch's per-cell copies may hold None.

@@ -1,6 +1,6 @@
-"""mombo_jax.propagate: its cost against the critic's hand-written moment-matched path, and the
-diagonal and full-covariance modes' errors against Monte Carlo by depth and width, with the cost
-of each (the table in docs/moment_matching.md).
+"""mombo_jax.propagate: its cost against the critic's hand-written moment-matched path, the
+diagonal and full-covariance modes' errors against Monte Carlo by depth, width and input variance,
+and the full mode's cost against its floor (the tables in docs/moment_matching.md).
 
   python benchmarks/bench_propagate.py [--out benchmarks/bench_propagate.txt] [--seconds 2]
 
@@ -14,12 +14,25 @@ round-robin, so their differences are the machine's noise. "trace + compile" is 
 jit's first call.
 
 Part 2, the error table: random Flax nn.Dense ReLU MLPs (input 8, output 4, Flax's default
-init, biases N(0, 0.1^2)), depth 1-3 hidden layers of width 16 and 64; inputs N(x, diag var) with x
-~ N(0, 1), var in {0.1, 1}, 16 rows each. Error against Monte Carlo (mc_moments, 1e5 samples,
-float64 to keep the reference's own error below the table's precision): "mean err" is the median
-over rows and outputs of |mean - mean_MC| / std_MC, "var err" the median of |var / var_MC - 1| (and
-its 95th percentile). ms: one jitted float32 call on the 16 rows (median of round-robin calls),
-"plain" the network itself, "MC 100" Monte Carlo with 100 samples.
+init, biases N(0, 0.1^2)), depth 1-3 hidden layers of width 16, 64, 256 and 512, and a residual
+block (relu(Dense(x)), then h + relu(Dense(h)), then the head) of width 64 and 256; inputs
+N(x, diag var) with x ~ N(0, 1), var in {1e-3, 1e-2, 0.1, 1, 10}, 16 rows each. Modes: "diag"
+(covariance="diagonal"), "full" (covariance="full", the quadrature), "dvi" (covariance="full",
+relu_covariance="dvi"). Error against Monte Carlo (mc_moments, float64; 1e5 samples at widths 16
+and 64, 2e4 at 256, 1e4 at 512, so the reference's own relative variance error, ~sqrt(2 / n), is
+0.4%, 1% and 1.4%): "mean err" is |mean - mean_MC| / std_MC over rows and outputs, "var err"
+|var / var_MC - 1|, each as its average and (95th percentile). ms: one jitted float32 call on the
+16 rows (median of round-robin calls; once per network, on its first row, as the cost does not
+depend on the variance), "plain" the network itself, "MC 100" Monte Carlo with 100
+samples.
+
+Part 3, the full mode's cost against its floor: a critic-shaped MLP (input 23, 3 hidden ReLU
+layers, output 1) at width 256 on a batch of 256 and width 512 on a batch of 64, float32, jitted:
+"floor" is the layers' own covariance products alone (W^T C W per row and Dense layer, one plain
+jitted einsum each, on covariances of the same shapes), the least any exact full-covariance method
+computes; beside it the full mode ("full", "dvi"), the diagonal mode and the plain network, each
+as the median of calls timed round-robin (so the ratio to the floor is measured side by side) and
+its trace + compile time.
 """
 import argparse
 import os
@@ -96,53 +109,108 @@ def _instructions(compiled):
 class _MLP(nn.Module):
   depth: int
   width: int
+  out: int = 4
+  residual: bool = False
 
   @nn.compact
   def __call__(self, x):
     init = nn.initializers.normal(0.1)
-    for _ in range(self.depth):
+    if self.residual:   # one residual block: the skip and its branch meet as independent values
       x = nn.relu(nn.Dense(self.width, bias_init=init)(x))
-    return nn.Dense(4, bias_init=init)(x)
+      x = x + nn.relu(nn.Dense(self.width, bias_init=init)(x))
+    for _ in range(0 if self.residual else self.depth):
+      x = nn.relu(nn.Dense(self.width, bias_init=init)(x))
+    return nn.Dense(self.out, bias_init=init)(x)
 
 
-def error_table(seconds, n_mc=100_000, rows=16):
-  lines = [f"{'depth':>5}{'width':>6}{'in var':>7}  {'diag mean err':>13}{'var err (p95)':>16}  "
-           f"{'full mean err':>13}{'var err (p95)':>16}  {'plain ms':>9}{'diag ms':>8}"
-           f"{'full ms':>8}{'MC 100 ms':>10}"]
-  with jax.enable_x64(True):
-    rng = np.random.default_rng(1)
-    for depth in (1, 2, 3):
-      for width in (16, 64):
-        net = _MLP(depth, width)
-        x = jnp.asarray(rng.normal(size=(rows, 8)))
-        params = net.init(jax.random.PRNGKey(depth * 100 + width), x)
-        apply = jax.jit(net.apply)
-        diag = jax.jit(propagate(net.apply, argnums=1))
-        full = jax.jit(propagate(net.apply, argnums=1, covariance="full"))
-        for level in (0.1, 1.0):
-          var = jnp.full_like(x, level)
-          dm, dv = diag(params, (x, var))
-          fm, fc = full(params, (x, var))
-          fv = jnp.diagonal(fc, axis1=-2, axis2=-1)
-          mm, mv = mc_moments(lambda z, p=params: net.apply(p, z), x, var,
-                              jax.random.PRNGKey(7), n_mc)
-          std = np.sqrt(np.asarray(mv))
-          stats = []
-          for m, v in ((dm, dv), (fm, fv)):
-            rel = np.abs(np.asarray(v) / np.asarray(mv) - 1.0)
-            stats += [np.median(np.abs(np.asarray(m) - np.asarray(mm)) / std), np.median(rel),
-                      np.percentile(rel, 95)]
-          # Cost in float32, the default dtype (the errors above are float64's).
-          x32, var32 = x.astype(jnp.float32), var.astype(jnp.float32)
-          mc100 = jax.jit(lambda p, k: mc_moments(lambda z: net.apply(p, z), x32, var32, k, 100))
-          ms = _timed([("plain", lambda: apply(params, x32)),
-                        ("diag", lambda: diag(params, (x32, var32))),
-                        ("full", lambda: full(params, (x32, var32))),
-                        ("mc", lambda: mc100(params, jax.random.PRNGKey(3)))], seconds / 4)
-          lines.append(f"{depth:>5}{width:>6}{level:>7g}  {stats[0]:>13.3f}"
-                       f"{stats[1]:>9.3f} ({stats[2]:.2f})  {stats[3]:>13.3f}"
-                       f"{stats[4]:>9.3f} ({stats[5]:.2f})  {ms[0]:>9.3f}{ms[1]:>8.3f}"
-                       f"{ms[2]:>8.3f}{ms[3]:>10.3f}")
+LEVELS = (1e-3, 1e-2, 0.1, 1.0, 10.0)
+MODES = {"diag": {}, "full": {"covariance": "full"},
+         "dvi": {"covariance": "full", "relu_covariance": "dvi"}}
+COST_SHAPES = ((256, 256), (512, 64))   # (width, batch) of part 3
+N_MC = {16: 100_000, 64: 100_000, 256: 20_000, 512: 10_000}
+
+
+def _errors(m, v, mm, mv):
+  """(mean err, its p95, var err, its p95) of propagated (m, v) against Monte Carlo (mm, mv)."""
+  m, v, mm, mv = (np.asarray(a, np.float64) for a in (m, v, mm, mv))
+  em, ev = np.abs(m - mm) / np.sqrt(mv), np.abs(v / mv - 1.0)
+  return em.mean(), np.percentile(em, 95), ev.mean(), np.percentile(ev, 95)
+
+
+def error_table(seconds, rows=16):
+  head = (["depth", "width", "in var", "MC n"] + [f"{k} {q}" for k in MODES
+                                                  for q in ("mean err", "var err")]
+          + ["plain ms", "diag ms", "full ms", "dvi ms", "MC 100 ms"])
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  nets = [(d, w, False) for d in (1, 2, 3) for w in (16, 64, 256, 512)]
+  nets += [(1, w, True) for w in (64, 256)]
+  rng = np.random.default_rng(1)
+  for depth, width, residual in nets:
+    net = _MLP(depth, width, residual=residual)
+    n_mc = N_MC[width]
+    with jax.enable_x64(True):
+      x = jnp.asarray(rng.normal(size=(rows, 8)))
+      params = net.init(jax.random.PRNGKey(depth * 1000 + width + residual), x)
+      fns = {k: jax.jit(propagate(net.apply, argnums=1, **kw)) for k, kw in MODES.items()}
+      got, ref = [], []
+      for level in LEVELS:
+        var = jnp.full_like(x, level)
+        got.append({k: f(params, (x, var)) for k, f in fns.items()})
+        ref.append(mc_moments(lambda z, p=params: net.apply(p, z), x, var,
+                              jax.random.PRNGKey(7), n_mc))
+    # Cost in float32, the default dtype (the errors above are float64's).
+    params32 = jax.tree.map(lambda a: a.astype(jnp.float32), params)
+    x32 = x.astype(jnp.float32)
+    apply = jax.jit(net.apply)
+    fns32 = {k: jax.jit(propagate(net.apply, argnums=1, **kw)) for k, kw in MODES.items()}
+    mc100 = jax.jit(lambda p, v, k: mc_moments(lambda z: net.apply(p, z), x32, v, k, 100))
+    var32 = jnp.ones_like(x32)   # the cost does not depend on the variance: timed once per net
+    ms = _timed([("plain", lambda: apply(params32, x32))]
+                + [(k, lambda f=f: f(params32, (x32, var32))) for k, f in fns32.items()]
+                + [("mc", lambda: mc100(params32, var32, jax.random.PRNGKey(3)))], seconds / 4)
+    for row, (level, outs, (mm, mv)) in enumerate(zip(LEVELS, got, ref)):
+      stats = []
+      for k, (m, v) in outs.items():
+        stats += _errors(m, v if k == "diag" else jnp.diagonal(v, axis1=-2, axis2=-1), mm, mv)
+      cells = ([str(depth) + (" (residual)" if residual else ""), str(width), f"{level:g}",
+                f"{n_mc:.0e}".replace("e+0", "e")]
+               + [f"{stats[i]:.3f} ({stats[i + 1]:.2f})" for i in range(0, len(stats), 2)]
+               + [f"{t:.3f}" if row == 0 else "" for t in ms])
+      lines.append("| " + " | ".join(cells) + " |")
+  return lines
+
+
+def cost_table(seconds):
+  """The full mode beside its floor (module docstring, part 3)."""
+  head = ["width", "batch", "", "floor", "full", "dvi", "diag", "plain"]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for width, batch in COST_SHAPES:
+    rng = np.random.default_rng(width)
+    net = _MLP(3, width, out=1)
+    x = jnp.asarray(rng.normal(size=(batch, 23)), jnp.float32)
+    var = jnp.full_like(x, 0.1)
+    params = jax.jit(net.init)(jax.random.PRNGKey(0), x)
+    kernels = [params["params"][f"Dense_{i}"]["kernel"] for i in range(4)]
+    covs = [jnp.broadcast_to(jnp.eye(k.shape[0], dtype=jnp.float32), (batch,) + k.shape[:1] * 2)
+            for k in kernels]
+    floor = lambda ks, cs: [jnp.einsum("io,bij,jp->bop", k, c, k)  # noqa: E731
+                            for k, c in zip(ks, cs)]
+    calls, first = {}, {}
+    for name, fn, args in [("floor", floor, (kernels, covs))] + [
+        (k, propagate(net.apply, argnums=1, **kw), (params, (x, var))) for k, kw in MODES.items()
+    ] + [("plain", net.apply, (params, x))]:
+      t = time.perf_counter()
+      compiled = jax.jit(fn).lower(*args).compile()
+      first[name] = time.perf_counter() - t
+      calls[name] = lambda c=compiled, a=args: c(*a)
+    order = ["floor", "full", "dvi", "diag", "plain"]
+    ms = dict(zip(calls, _timed(list(calls.items()), seconds)))
+    lines.append(f"| {width} | {batch} | ms per call | "
+                 + " | ".join(f"{ms[k]:.1f}" for k in order) + " |")
+    lines.append(f"| {width} | {batch} | x floor | "
+                 + " | ".join(f"{ms[k] / ms['floor']:.2f}" for k in order) + " |")
+    lines.append(f"| {width} | {batch} | trace + compile s | "
+                 + " | ".join(f"{first[k]:.2f}" for k in order) + " |")
   return lines
 
 
@@ -161,8 +229,11 @@ def main():
            f"## The critic's moment-matched path: CriticEnsemble(2 x {list(HIDDEN)}), batch "
            f"{BATCH}, float32", ""]
   lines += critic_table(args.seconds)
-  lines += ["", "## Error against Monte Carlo (1e5 samples) and cost, random ReLU MLPs, "
-            "input 8, output 4, 16 rows, float64", ""]
+  lines += ["", "## The full mode against its floor, input 23, 3 hidden ReLU layers, output 1, "
+            "float32", ""]
+  lines += cost_table(args.seconds)
+  lines += ["", "## Error against Monte Carlo and cost, random ReLU MLPs, input 8, output 4, "
+            "16 rows, float64 (cost: float32)", ""]
   lines += error_table(args.seconds)
   lines.append(f"(load average {os.getloadavg()[0]:.1f} at the end; "
                f"total {time.time() - t0:.0f} s)")

@@ -258,3 +258,17 @@ def test_full_covariance_is_exact_through_affine_maps_and_plain_at_zero():
   g = jax.jit(jax.grad(lambda p: jnp.sum(propagate(net.apply, argnums=1, covariance="full")(
       p, (x, jnp.ones_like(x)))[1])))(params)
   assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(g))
+
+
+def test_relu_covariance_choice_is_checked_and_dvi_is_plain_at_zero():
+  x = jnp.ones((2, IN))
+  net = MLP()
+  params = net.init(jax.random.PRNGKey(0), x)
+  with pytest.raises(InvalidArgument, match="relu_covariance='dvi' applies to covariance='full'"):
+    propagate(net.apply, argnums=1, relu_covariance="dvi")
+  with pytest.raises(InvalidArgument, match="relu_covariance='exact' is not one of"):
+    propagate(net.apply, argnums=1, covariance="full", relu_covariance="exact")
+  m0, c0 = jax.jit(propagate(net.apply, argnums=1, covariance="full",
+                             relu_covariance="dvi"))(params, (x, 0 * x))
+  np.testing.assert_array_equal(m0, jax.jit(net.apply)(params, x))
+  np.testing.assert_array_equal(c0, np.zeros((2, OUT, OUT)))

@@ -9,7 +9,8 @@ float32 rounding allowance (1e-5 relative). Exact, for Gaussian inputs with vari
   * diagonal mode, a plain-jnp net with one hidden layer and a linear head, and a skip connection
     x + relu(x W + b): the output means (expectation is linear);
   * full mode, one hidden layer and a linear head with a correlated input: the output mean and the
-    whole output covariance (the hidden layer's covariance is exact up to the quadrature);
+    whole output covariance (the hidden layer's covariance is exact up to the quadrature); with
+    relu_covariance="dvi" the covariance within the closed form's stated error (mpmath below);
   * a value with itself: x * x, x ** 2, jnp.square, x ** 3, exp (diagonal mode, variances 1e-3 to
     1e1, means up to 30 standard deviations), x * x and exp of a correlated input (full mode,
     covariance included); their closed forms also against Gauss-Hermite quadrature (float64).
@@ -21,6 +22,8 @@ SE: mean sqrt(Var[y] / n); variance sqrt(Var[(y - c)^2] / n) with c the propagat
 covariance entry sqrt(Var[(y_i - c_i)(y_j - c_j)] / n), all from the same samples. With fixed keys
 and ~250 comparisons at 6 SE a false failure has probability ~1e-6.
 """
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -30,13 +33,14 @@ import pytest
 from mombo_jax.core.closed_forms import exp_moments, power_moments
 from mombo_jax.core.monte_carlo import mc_moments
 from mombo_jax.core.propagate import propagate
-from mombo_jax.core.propagate_full import QUAD_NODES, relu_cov
+from mombo_jax.core.relu_covariance import QUAD_NODES, relu_cov
 
 N_MC = 1_000_000
 N_SE = 6.0
 REL = 1e-5                       # float32 rounding of the samples' statistics
 LEVELS = 10.0 ** np.arange(-6, 3)   # input variances, one batch row each
 IN = 4
+DVI_ERR = 1.5e-2                # relu_covariance="dvi"'s error, of s_i s_j (mpmath test)
 
 
 class Dense1(nn.Module):
@@ -144,6 +148,7 @@ def test_full_covariance_one_hidden_layer_is_exact():
   net = lambda z: jax.nn.relu(z @ w1 + b1) @ w2  # noqa: E731
   mean, got_cov = propagate(net, covariance="full")((x, cov))
   assert got_cov.shape == (len(levels), 3, 3)
+  dvi_mean, dvi_cov = propagate(net, covariance="full", relu_covariance="dvi")((x, cov))
 
   def sample_fn(eps):   # eps ~ N(0, I): the correlated input is x + chol eps
     y = net(x + jnp.einsum("lij,lj->li", chol, eps))
@@ -158,18 +163,27 @@ def test_full_covariance_one_hidden_layer_is_exact():
   scale = np.sqrt(diag(sq_mean)[:, :, None] * diag(sq_mean)[:, None, :])
   err = np.abs(np.asarray(got_cov, np.float64) - np.asarray(sq_mean, np.float64))
   assert np.all(err <= N_SE * se + REL * scale), (err / (se + 1e-30)).max()
+  # "dvi": the same means; each hidden pair's covariance within DVI_ERR s_k s_l, so each output
+  # covariance within DVI_ERR (|W2|^T s)_i (|W2|^T s)_j on top of Monte Carlo's error.
+  np.testing.assert_array_equal(dvi_mean, mean)
+  hidden_sd = np.sqrt(np.einsum("ik,lij,jk->lk", w1, cov, w1, dtype=np.float64))
+  spread = hidden_sd @ np.abs(np.asarray(w2, np.float64))
+  dvi_err = np.abs(np.asarray(dvi_cov, np.float64) - np.asarray(sq_mean, np.float64))
+  assert np.all(dvi_err <= N_SE * se + REL * scale + DVI_ERR * spread[:, :, None]
+                * spread[:, None, :]), (dvi_err / (se + 1e-30)).max()
   # The diagonal mode on the same net drops the hidden correlations: visibly further off.
   _, diag_var = propagate(net)((x, jnp.diagonal(cov, axis1=-2, axis2=-1)))
   assert np.abs(np.asarray(diag_var) / diag(sq_mean) - 1).max() > 10 * (
       np.abs(diag(got_cov) / diag(sq_mean) - 1).max())
 
 
-def test_relu_cov_quadrature_against_mpmath():
-  """Cov(relu X_1, relu X_2) for unit variances: |error| <= 1e-6 (20 nodes, float64)."""
+def test_relu_cov_against_mpmath():
+  """Cov(relu X_1, relu X_2) for unit variances, float64: the quadrature within 1e-6, "dvi" within
+  DVI_ERR (their measured worst cases over a finer grid: 5.7e-7 and 1.45e-2)."""
   mp = pytest.importorskip("mpmath")
-  assert QUAD_NODES == 20
-  grid = [(a1, a2, rho) for a1 in (-4.0, -0.5, 0.0, 1.5, 4.0) for a2 in (-3.0, 0.2, 2.0)
-          for rho in (-1.0, -0.99, -0.5, 0.3, 0.9, 0.999, 1.0)]
+  assert QUAD_NODES == 12
+  grid = [(a1, a2, rho) for a1 in (-4.0, -0.5, 0.0, 0.7, 4.0) for a2 in (-3.0, 0.2, 0.7, 2.0)
+          for rho in (-1.0, -0.99, -0.5, 0.0, 0.3, 0.9, 0.999, 1.0)]
 
   def exact(a1, a2, rho):
     a1, a2, rho = mp.mpf(a1), mp.mpf(a2), mp.mpf(rho)
@@ -177,12 +191,44 @@ def test_relu_cov_quadrature_against_mpmath():
         -(a1**2 - 2 * a1 * a2 * mp.sin(t) + a2**2) / (2 * mp.cos(t) ** 2))
     return float(rho * mp.ncdf(a1) * mp.ncdf(a2) + mp.quad(f, [0, mp.asin(rho)]) / (2 * mp.pi))
 
+  want = np.array([exact(*g) for g in grid])
   with jax.enable_x64(True):
     means = jnp.asarray([[a1, a2] for a1, a2, _ in grid], jnp.float64)
     covs = jnp.asarray([[[1.0, r], [r, 1.0]] for _, _, r in grid], jnp.float64)
-    got = np.asarray(jax.jit(relu_cov)(means, covs)[:, 0, 1])
-  want = np.array([exact(*g) for g in grid])
-  assert np.abs(got - want).max() <= 1e-6, np.abs(got - want).max()
+    quad = np.asarray(jax.jit(relu_cov)(means, covs)[:, 0, 1])
+    dvi = np.asarray(jax.jit(functools.partial(relu_cov, method="dvi"))(means, covs)[:, 0, 1])
+  assert np.abs(quad - want).max() <= 1e-6, np.abs(quad - want).max()
+  assert np.abs(dvi - want).max() <= DVI_ERR, np.abs(dvi - want).max()
+  # The closed form is no stand-in for the quadrature: visibly off somewhere on the grid.
+  assert np.abs(dvi - want).max() > 100 * np.abs(quad - want).max()
+  # Exact where the weighted mean of the exponent is the exponent: rho = 0, or a_1 = a_2 = 0.
+  exact_pts = [i for i, (a1, a2, rho) in enumerate(grid) if rho == 0.0]
+  np.testing.assert_allclose(dvi[exact_pts], want[exact_pts], atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["quadrature", "dvi"])
+def test_relu_cov_gradient_matches_finite_differences(method):
+  """float64: d sum(w * relu_cov) / d(mean, cov) against central differences (the series for asin
+  and sin are differentiated as written)."""
+  rng = np.random.default_rng(3)
+  with jax.enable_x64(True):
+    root = rng.normal(size=(3, 3))
+    cov = jnp.asarray(root @ root.T + 0.1 * np.eye(3))
+    mean = jnp.asarray(rng.normal(size=3))
+    w = jnp.asarray(rng.normal(size=(3, 3)))
+    f = jax.jit(lambda m, c: jnp.sum(w * relu_cov(m, c, method)))
+    gm, gc = jax.grad(f, argnums=(0, 1))(mean, cov)
+    h = 1e-6
+    for i in range(3):
+      e = jnp.zeros(3).at[i].set(h)
+      np.testing.assert_allclose(gm[i], (f(mean + e, cov) - f(mean - e, cov)) / (2 * h),
+                                 rtol=1e-6, atol=1e-8)
+      for j in range(3):
+        e = jnp.zeros((3, 3)).at[i, j].set(h)
+        np.testing.assert_allclose(gc[i, j], (f(mean, cov + e) - f(mean, cov - e)) / (2 * h),
+                                   rtol=1e-6, atol=1e-8)
+
+
 
 
 # A random value combined with itself: x * x, x ** 2, jnp.square, x ** 3, exp (closed_forms.py),

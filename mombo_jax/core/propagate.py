@@ -1,7 +1,7 @@
 """propagate(fn): the moment-matched twin of a plain JAX function (paper Algorithm 1 for any net).
 
 API
-  propagate(fn, argnums=0, covariance="diagonal") -> g
+  propagate(fn, argnums=0, covariance="diagonal", check_values=True, relu_covariance=None) -> g
     g takes fn's arguments, except that each argument at `argnums` is a pair (mean, var) of
     arrays (or of matching pytrees) describing a Gaussian input, and returns fn's output with
     every array y replaced by a pair (mean, var) of y's first two moments ("full": (mean, cov),
@@ -47,7 +47,7 @@ propagate on the plain critic bit for bit, and compiles to the same optimised HL
 (benchmarks/bench_propagate.txt); the cost of propagate is its trace, once per jit compilation.
 """
 import functools
-from typing import Callable, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -102,7 +102,8 @@ def _split_pair(arg, i):
 
 
 def propagate(fn: Callable, argnums: Union[int, Sequence[int]] = 0,
-              covariance: str = "diagonal", check_values: bool = True) -> Callable:
+              covariance: str = "diagonal", check_values: bool = True,
+              relu_covariance: Optional[str] = None) -> Callable:
   """fn's moment-matched twin (see the module docstring).
 
   Args:
@@ -116,16 +117,24 @@ def propagate(fn: Callable, argnums: Union[int, Sequence[int]] = 0,
     check_values: check concrete inputs' values before any work (finite, variances >= 0, a full
       covariance symmetric positive semi-definite; propagate_door.py says what is checked when).
       Shapes are always checked; under jit values never are (they are tracers).
+    relu_covariance: with covariance="full" only, how a ReLU's cross covariances are computed
+      (relu_covariance.py): "quadrature" (the default; within 5.7e-7 of s_i s_j) or "dvi" (Wu et
+      al.'s closed form, within 1.45e-2 of s_i s_j; about half the cost at width 256,
+      benchmarks/bench_propagate.txt).
   Returns:
     g(*args) -> fn's output pytree with each array y replaced by (mean [y.shape], var [y.shape])
     ("full": (mean [..., d], cov [..., d, d])).
   Raises (from g): propagate_door.MomentsError for moments that are not a Gaussian's, and
     PropagateError for an operation with no moment rule; both name the argument or the line.
   """
+  if covariance == "diagonal" and relu_covariance is not None:
+    raise InvalidArgument(f"propagate: relu_covariance={relu_covariance!r} applies to "
+                          "covariance='full' only; drop it or pass covariance='full'.",
+                          params=["relu_covariance"])
   if covariance == "diagonal":
     rules = DiagonalRules()
   elif covariance == "full":
-    rules = propagate_full.FullRules()
+    rules = propagate_full.FullRules(relu_covariance or "quadrature")
   else:
     raise InvalidArgument(f"propagate: covariance={covariance!r} is not one of 'diagonal', "
                           "'full'.", params=["covariance"])

@@ -10,19 +10,12 @@ Rules (x ~ N(m, C) over the last axis; c deterministic):
           x + c, x * c, x / c, -x, sum, reshape / broadcast / transpose / slice / squeeze that keep
           the last axis last, concatenation (of independent blocks, see below), float casts;
   relu    the mean and each coordinate's variance from moments.mm_relu (Lemma 1, closed form); the
-          covariance of two rectified coordinates is exact up to quadrature:
-            Cov(relu X_i, relu X_j) = s_i s_j [rho Phi(a_i) Phi(a_j)
-                + 1/(2 pi) int_0^{asin rho} (rho - sin t) exp(-(a_i^2 - 2 a_i a_j sin t + a_j^2)
-                                                            / (2 cos^2 t)) dt],
-          a = m / s, rho = C_ij / (s_i s_j). It is Price's theorem, dCov/dC_ij = P(X_i > 0, X_j > 0)
-          (the route of Wu et al., "Deterministic Variational Inference for Robust Bayesian Neural
-          Networks", ICLR 2019, Sec. 3 and App. A, who then approximate the integral in closed
-          form), with Sheppard's formula for the bivariate normal CDF integrated over rho. Instead
-          of their closed-form approximation, the integral is evaluated by 20-point Gauss-Legendre
-          (relu_cov), written so that no term cancels (below). Its error against mpmath is checked
-          in tests/test_propagate_mc.py (<= 1e-6 of s_i s_j over a grid of a in [-6, 6],
-          rho in [-1, 1]); the approximation error of the whole network is what remains of
-          treating every layer's input as Gaussian (docs/moment_matching.md).
+          covariance of two rectified coordinates by Price's theorem and Sheppard's formula, a
+          one-dimensional integral per pair (relu_covariance.py): by 12-point Gauss-Legendre,
+          within 5.7e-7 of s_i s_j of mpmath (relu_covariance="quadrature", the default), or by
+          the closed-form approximation of Wu et al., ICLR 2019, within 1.45e-2 of s_i s_j
+          (relu_covariance="dvi"); the approximation error of the whole network is what remains
+          of treating every layer's input as Gaussian (docs/moment_matching.md).
   leaky   Y = (1 - k) relu(X) + k X: Cov = (1 - k)^2 R + k^2 C + k (1 - k) C (Phi(a_i) + Phi(a_j))
           (Stein's lemma gives Cov(relu X_i, X_j) = C_ij Phi(a_i)).
   itself  x * x, x ** 2, jnp.square: mean m^2 + diag C,
@@ -34,11 +27,10 @@ Rules (x ~ N(m, C) over the last axis; c deterministic):
 Anything else with a random input (a batched dot_general, x @ y of two random values, a select,
 an op that moves the last axis) raises propagate_interp.PropagateError.
 
-Cost: a d x d covariance per row; the matmuls cost ~d times the diagonal mode's, relu's quadrature
-20 exp per pair (benchmarks/bench_propagate.txt).
+Cost: a d x d covariance per row; the matmuls (W^T C W, the floor of any exact full-covariance
+method) cost ~d times the diagonal mode's, relu 12 exponentials per pair ("dvi": one);
+benchmarks/bench_propagate.txt times both against that floor.
 """
-import math
-
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -46,13 +38,8 @@ from jax import lax
 from mombo_jax.core.closed_forms import exp_cov, exp_moments, power_moments, square_cov
 from mombo_jax.core.moments import mm_leaky_relu, mm_relu
 from mombo_jax.core.propagate_interp import Unsupported, bind, float_mean
+from mombo_jax.core.relu_covariance import METHODS, phi_cdf, relu_cov
 from mombo_jax.errors import InvalidArgument
-
-QUAD_NODES = 20
-_NODES, _WEIGHTS = np.polynomial.legendre.leggauss(QUAD_NODES)
-# |a| beyond this makes every term underflow in float64 (phi(40) ~ 1e-348); clipping keeps
-# inf * 0 out of the exponent for near-deterministic coordinates.
-_A_MAX = 40.0
 
 
 class FGauss:
@@ -71,54 +58,16 @@ def _outer(u, v):
   return u[..., :, None] * v[..., None, :]
 
 
-def _phi_cdf(a):
-  return 0.5 * lax.erfc(-a / math.sqrt(2.0))
-
-
-def relu_cov(mean, cov):
-  """Cov(relu(X)) [..., d, d] for X ~ N(mean [..., d], cov [..., d, d]) (module docstring).
-
-  The diagonal is mm_relu's variance (closed form, stable); the rest 20-point Gauss-Legendre.
-  The exponent is written without cancellation: with u = sin t, a_i^2 - 2 a_i a_j u + a_j^2 =
-  (a_i - a_j)^2 + 2 a_i a_j (1 - u) and cos^2 t = (1 - u)(1 + u), so for u >= 0 it is
-  (a_i - a_j)^2 / (2 cos^2 t) + a_i a_j / (1 + u), and for u < 0, (a_i + a_j)^2 / (2 cos^2 t) -
-  a_i a_j / (1 - u) = ... / (1 + |u|): no division by a vanishing 1 -+ u times a term that must
-  cancel. u has the sign of rho on the whole interval, so the choice is made once per pair.
-  """
-  var = jnp.diagonal(cov, axis1=-2, axis2=-1)
-  pos = var > 0
-  s = jnp.sqrt(jnp.where(pos, var, 1.0))
-  a = jnp.clip(jnp.where(pos, mean / s, 0.0), -_A_MAX, _A_MAX)
-  ss = _outer(s, s)
-  eye = jnp.eye(var.shape[-1], dtype=bool)
-  # |rho| < 1 keeps asin's derivative finite (the diagonal, rho = 1, is mm_relu's below); moving
-  # rho by eps moves the covariance by at most eps s_i s_j (its derivative in rho is s_i s_j Phi2).
-  one = 1.0 - float(np.finfo(mean.dtype).eps)
-  rho = jnp.where(eye, 0.0, jnp.clip(cov / ss, -one, one))
-  # Per pair (u = sin t has rho's sign on the whole interval): the exponent's two terms.
-  sign = jnp.where(rho >= 0, 1.0, -1.0)
-  ai, aj = a[..., :, None], a[..., None, :]
-  num = 0.5 * (ai - sign * aj) ** 2
-  cross = sign * ai * aj
-  t_max = jnp.arcsin(rho)
-  # Written out once per pair, not recomputed at each node (XLA would fuse arcsin into the loop).
-  num, cross, t_max = lax.optimization_barrier((num, cross, t_max))
-  t = t_max[..., None] * ((_NODES + 1.0) / 2.0).astype(mean.dtype)
-  u = jnp.sin(t)
-  expo = num[..., None] / jnp.cos(t) ** 2 + cross[..., None] / (1.0 + jnp.abs(u))
-  integrand = (rho[..., None] - u) * jnp.exp(-expo)
-  integral = jnp.sum(integrand * (_WEIGHTS / 2.0).astype(mean.dtype), -1) * t_max
-  cdf = _phi_cdf(a)
-  off = ss * (rho * _outer(cdf, cdf) + integral / (2.0 * math.pi))
-  off = jnp.where(_outer(pos, pos), off, 0.0)
-  _, v = mm_relu(mean, var)
-  return jnp.where(eye, v[..., :, None], off)
-
-
 class FullRules:
   """Moment rules for FGauss values (see the module docstring)."""
   value_type = FGauss
   caller = "an unknown line"   # where an error points when no user frame is known
+
+  def __init__(self, relu_covariance="quadrature"):
+    if relu_covariance not in METHODS:
+      raise InvalidArgument(f"propagate: relu_covariance={relu_covariance!r} is not one of "
+                            f"{', '.join(map(repr, METHODS))}.", params=["relu_covariance"])
+    self.relu_method = relu_covariance   # relu_covariance.relu_cov's method
 
   def lift(self, mean, var):
     mean = float_mean(mean)
@@ -163,7 +112,7 @@ class FullRules:
     m, v = mm_relu(g.mean, g.var())
     if g.scalar:
       return FGauss(m, v[..., None, None], True)
-    return FGauss(m, relu_cov(g.mean, g.cov))
+    return FGauss(m, relu_cov(g.mean, g.cov, self.relu_method))
 
   def leaky_relu(self, g, slope):
     m, v = mm_leaky_relu(g.mean, g.var(), slope)
@@ -171,8 +120,8 @@ class FullRules:
       return FGauss(m, v[..., None, None], True)
     var = g.var()
     s = jnp.sqrt(jnp.where(var > 0, var, 1.0))
-    cdf = jnp.where(var > 0, _phi_cdf(g.mean / s), (g.mean > 0).astype(g.mean.dtype))
-    cov = ((1.0 - slope) ** 2 * relu_cov(g.mean, g.cov) + slope**2 * g.cov
+    cdf = jnp.where(var > 0, phi_cdf(g.mean / s), (g.mean > 0).astype(g.mean.dtype))
+    cov = ((1.0 - slope) ** 2 * relu_cov(g.mean, g.cov, self.relu_method) + slope**2 * g.cov
            + slope * (1.0 - slope) * g.cov * (cdf[..., :, None] + cdf[..., None, :]))
     eye = jnp.eye(var.shape[-1], dtype=bool)
     return FGauss(m, jnp.where(eye, v[..., :, None], cov))

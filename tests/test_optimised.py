@@ -16,6 +16,12 @@ of a kind the marked ones cover at less cost: a grid cell vs its single run (tes
 vs plain here), two processes vs one (test_distributed; 4 devices vs 1 here) and dynamics seeds
 vmapped vs alone (test_dynamics). The vmapped cell layout's closeness to the one-cell program
 (test_train) is a tolerance claim, not bit identity: unmarked, unoptimised only.
+
+One child session per marked file, each in a test file of its own (this one: test_train.py's;
+tests/test_optimised_sharding.py: test_sharding.py's): pytest-xdist hands out whole files
+(--dist loadfile), so two files run on two workers at once where one file would bound the
+suite's wall time alone. test_the_marked_tests_cover_each_kind_of_claim checks that every file
+with a marked test has its runner.
 """
 import os
 import re
@@ -67,9 +73,18 @@ def outcomes(junit_xml: str) -> dict:
   return ran
 
 
+# {runner test file: the files with marked tests whose child session it runs}. A file that gains a
+# marked test joins a runner's tuple, or gets a runner file of its own (a slow one: its own).
+RUNNERS = {"test_optimised.py": ("test_train.py",),
+           "test_optimised_sharding.py": ("test_sharding.py",)}
+
+
 def test_the_marked_tests_cover_each_kind_of_claim():
   marked = marked_tests()
   assert set(marked) >= {"test_sharding.py", "test_train.py"}, marked
+  # Each file with a marked test is run by exactly one runner, and each runner exists.
+  assert sorted(f for files in RUNNERS.values() for f in files) == sorted(marked), marked
+  assert all(os.path.exists(os.path.join(TESTS, runner)) for runner in RUNNERS), RUNNERS
   names = {n for names in marked.values() for n in names}
   assert {"test_seeds_sharded_over_4_devices_train_as_on_1",                    # sharded
           "test_cells_differing_in_their_datasets_settings_train_as_their_single_programs",
@@ -77,11 +92,14 @@ def test_the_marked_tests_cover_each_kind_of_claim():
           "test_a_chunk_continued_where_another_stopped_is_one_chunk_bit_for_bit"} <= names, names
 
 
-@pytest.mark.slow
-def test_bit_identity_claims_hold_with_xla_optimisations_on(tmp_path):
+def run_optimised(runner, tmp_path):
+  """Runs the marked tests of RUNNERS[runner] (file names in tests/) in a pytest child session
+  with XLA's optimisations on; asserts that each of them ran there and passed."""
   if conftest.xla_optimised():
     pytest.skip("this session compiles with XLA's optimisations on: the marked tests ran so")
-  marked = marked_tests()
+  files = RUNNERS[runner]
+  marked = {f: names for f, names in marked_tests().items() if f in files}
+  assert sorted(marked) == sorted(files), (files, marked)     # each file has a marked test
   junit = str(tmp_path / "junit.xml")
   proc = subprocess.run(
       [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-o",
@@ -95,3 +113,8 @@ def test_bit_identity_claims_hold_with_xla_optimisations_on(tmp_path):
   ran = outcomes(junit)
   assert set(ran) == {n for names in marked.values() for n in names}, (sorted(ran), marked)
   assert not any(ran.values()), ran                           # none failed, none skipped
+
+
+@pytest.mark.slow
+def test_bit_identity_claims_hold_with_xla_optimisations_on(tmp_path):
+  run_optimised(os.path.basename(__file__), tmp_path)

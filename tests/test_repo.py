@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from mombo_jax.settings import references
-from tests.conftest import HANG_S
+from tests.conftest import HANG_S, SLOWEST_FILES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = os.path.join(ROOT, "docs", "spec.md")
@@ -127,3 +127,11 @@ def test_the_readme_hard_codes_no_test_count(texts):
   """A number of tests written into the README drifts (it said 532 while the suite collected 554);
   the README names none (pytest prints the count)."""
   assert not re.findall(r"\b\d+\s+tests\b", texts["README.md"])
+
+
+def test_the_files_the_suite_schedules_first_exist():
+  """conftest.SLOWEST_FILES (handed to pytest-xdist first) names test files that exist: a slow file
+  renamed without its entry would drop back to the end of the queue unnoticed."""
+  missing = [n for n in SLOWEST_FILES
+             if not os.path.exists(os.path.join(ROOT, "tests", n))]
+  assert not missing, f"conftest.SLOWEST_FILES names missing files {missing}: rename or drop them"

@@ -61,9 +61,10 @@ def pytest_configure(config):
 # child session 192 s before its split in two, docs example 76 s, test_sharding 58 s, test_grid
 # 57 s a test, test_vmap_run 49 s) and per-file runs (-n 0, load ~9 on 2 cores: test_stops 145 s,
 # test_distributed 124 s, test_train 86 s). A scheduling hint only: a missing file is not moved.
-SLOWEST_FILES = ("test_device_record.py", "test_run.py", "test_grid.py", "test_optimised.py",
-                 "test_optimised_sharding.py", "test_algorithms.py", "test_sharding.py",
-                 "test_stops.py", "test_distributed.py", "test_vmap_run.py", "test_train.py")
+SLOWEST_FILES = ("test_device_record.py", "test_device_speed.py", "test_run.py", "test_grid.py",
+                 "test_optimised.py", "test_optimised_sharding.py", "test_algorithms.py",
+                 "test_sharding.py", "test_stops.py", "test_distributed.py", "test_vmap_run.py",
+                 "test_train.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,4 +1,4 @@
-"""Host overhead of the training loop: what a real launch (mombo_jax.run.launch.train) spends
+"""Host overhead of the training loop: what a real launch (mombo_jax.run.launch.train_runs) spends
 per epoch beyond the compiled epoch's own time.
 
   python3 -m benchmarks.bench_loop --out=/tmp/bench_loop.txt               # ~4-8 min, 2 cores
@@ -8,7 +8,7 @@ Per setting (steps_per_epoch, "tiny" preset, hopper-random, --seeds cells):
 - device ms / epoch: the state built as the runner builds it, the compiled epoch
   (train.make_cells_epoch, or train.make_seeds_epoch in older trees) called N2 times back to
   back with keys made beforehand, blocked at the end;
-- T(N): wall time of one run's launch.train (runner.train_run in older trees) for N epochs
+- T(N): wall time of one run's launch.train_runs (runner.train_run in older trees) for N epochs
   (eval_every = N: one evaluation and one checkpoint, at the end) in a fresh workdir, the dataset
   and the dynamics ensembles built once beforehand and reused, compilation served by a persistent
   compilation cache that untimed warm-up launches of both N filled (the compile time the launch

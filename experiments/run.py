@@ -183,7 +183,7 @@ def main(argv):
                                                    reference=config.reference)
     specs = [run_specs.RunSpec(config, dataset, workdir, FLAGS.dynamics_dir)]
   compilation_cache.enable_compilation_cache(FLAGS.compilation_cache)
-  summaries = launch.train(specs, options)
+  summaries = launch.train_runs(specs, options)
   failed = [(s, summary) for s, summary in zip(specs, summaries)
             if summary and summary.get("diverged")]
   for s, summary in failed:

@@ -4,9 +4,9 @@ Import the fixture into a test module (`from tests.conftest_runs import tiny_run
 
 The folder is what experiments.run leaves on disk (config.json through workdir.Workdir, with the
 identity of its data, a
-checkpoint of the whole CellState saved through its RunCheckpointer as launch.train saves it),
+checkpoint of the whole CellState saved through its RunCheckpointer as launch.train_runs saves it),
 but its state is the freshly initialised one (train_lib.init_cells with untrained dynamics), not a
-trained one: a real tiny `launch.train` costs ~85 s of compilation on the 2-core test machine,
+trained one: a real tiny `launch.train_runs` costs ~85 s of compilation on the 2-core test machine,
 and the analyses only need networks of the run's shapes, read back through the run's own loaders.
 The dataset is the 2,000-step hopper-random build tests/test_run.py uses, in the session's
 MINARI_DATASETS_PATH.

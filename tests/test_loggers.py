@@ -1,6 +1,6 @@
 """The loggers besides metrics.csv (mombo_jax.run.loggers, experiments.run --log): names validated
 before any work, TensorBoard event files and an offline W&B run read back, and a resumed run that
-appends without duplicating a step. launch.train with --log=tensorboard end to end:
+appends without duplicating a step. launch.train_runs with --log=tensorboard end to end:
 test_run.py."""
 import glob
 import json

@@ -127,7 +127,7 @@ def test_the_cpu_keeps_its_program_and_the_plain_one_is_close(tiny):
   np.testing.assert_array_equal(pieces_metrics["rollout/num_added"],
                                 plain_metrics["rollout/num_added"])
   assert np.all(pieces_metrics["rollout/num_added"] > 0)
-  for name in ("critic_loss", "actor_loss", "rollout/reward", "rollout/mopo_penalty"):
+  for name in ("critic_loss", "actor_loss", "rollout/reward", "rollout/penalty"):
     np.testing.assert_allclose(pieces_metrics[name], plain_metrics[name], rtol=1e-4, atol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                pieces_state.agent.critic.params, plain_state.agent.critic.params)

@@ -1,4 +1,4 @@
-"""End-to-end runs of launch.train (experiments.run's launch) on a tiny locally built dataset
+"""End-to-end runs of launch.train_runs (experiments.run's launch) on a tiny locally built dataset
 (CI-sized), plus the properties the training loop promises: kill-and-resume = one run, and the
 moment-matching critic at zero variance = the plain critic inside the update. Seeds vmapped = seeds
 run alone is tested where it is strongest: a grid cell resumed alone = a single run (test_grid.py),

@@ -1,6 +1,6 @@
 """The layout every GPU user runs, end to end on the CPU: cells vmapped (MOMBO_JAX_CELLS=vmap, the
 default on a GPU; the CPU loops them, core/cell_layout.py). A grid of 2 betas x 2 seeds (4 cells in
-one program, its dynamics trained over seeds vmapped too) through launch.train, stopped after
+one program, its dynamics trained over seeds vmapped too) through launch.train_runs, stopped after
 one of two epochs and resumed, ends bit for bit where the same grid run without a stop ends.
 Part b of the device record (benchmarks/device/gpu_tests.py) runs this file on the GPU."""
 import jax

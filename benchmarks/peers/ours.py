@@ -1,5 +1,5 @@
 """This project's MOPO on benchmarks/peers/work.py's work: the config from config.make_config, the
-state from train.init_cells, one span = one epoch of train.make_cells_chunk (what launch.train
+state from train.init_cells, one span = one epoch of train.make_cells_chunk (what launch.train_runs
 calls), all through the library, so that changes to mombo_jax's epoch show here unchanged.
 """
 import contextlib

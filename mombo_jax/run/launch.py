@@ -68,7 +68,7 @@ class LaunchOptions:
   eval_workers: int = 0
 
 
-def train(specs: Sequence[RunSpec], options: LaunchOptions = LaunchOptions()
+def train_runs(specs: Sequence[RunSpec], options: LaunchOptions = LaunchOptions()
           ) -> List[Optional[dict]]:
   """Trains every cell (seed) of every run in one compiled program; each workdir gets what a
   plain launch of that run alone writes, and resumes on its own (from <workdir>/checkpoints).

@@ -13,31 +13,13 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
+from benchmarks.bench_mm_bounds import forward, mlp
 from mombo_jax import moment_matching_bound, propagate, relu_moment_matching_bound
 from mombo_jax.core import mm_bounds
 from mombo_jax.core.moments import mm_relu
 
 VARIANCES = (1e-3, 1e-1, 1e1)       # one input row per variance: one compilation per network
 SAMPLES = 20_000
-
-
-def _mlp(key, sizes):
-  """[(kernel [I, O], bias [O])] initialised like torch.nn.Linear (U(+-1/sqrt(I)))."""
-  layers = []
-  for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-    k1, k2, key = jax.random.split(key, 3)
-    lim = 1.0 / np.sqrt(fan_in)
-    layers.append((jax.random.uniform(k1, (fan_in, fan_out), minval=-lim, maxval=lim),
-                   jax.random.uniform(k2, (fan_out,), minval=-lim, maxval=lim)))
-  return layers
-
-
-def _forward(layers, x):
-  for i, (kernel, bias) in enumerate(layers):
-    x = x @ kernel + bias
-    if i < len(layers) - 1:
-      x = jax.nn.relu(x)
-  return x
 
 
 def _exact_relu_w1(mu, sd, m, v):
@@ -92,12 +74,12 @@ def test_mlp_bound_is_above_monte_carlo_w1(depth, width):
   W1 error. Measured (recorded in docs/moment_matching.md): the bound is 30x to 1e5x the empirical
   W1, loosest at small variance, where a dead unit still contributes |its pre-activation mean|."""
   din, dout = 5, 2
-  layers = _mlp(jax.random.PRNGKey(10 * depth + width), [din] + [width] * depth + [dout])
+  layers = mlp(jax.random.PRNGKey(10 * depth + width), [din] + [width] * depth + [dout])
   mean = jax.random.normal(jax.random.PRNGKey(7), (len(VARIANCES), din))
   var = jnp.broadcast_to(jnp.asarray(VARIANCES, jnp.float32)[:, None], mean.shape)
   result = moment_matching_bound(layers, mean, var)
   eps = jax.random.normal(jax.random.PRNGKey(1), (SAMPLES,) + mean.shape)
-  y = np.asarray(_forward(layers, mean + jnp.sqrt(var) * eps))            # [N, 3, O]
+  y = np.asarray(forward(layers, mean + jnp.sqrt(var) * eps))            # [N, 3, O]
   empirical = mm_bounds.w1_to_gaussian(y, result.mean, result.var)        # [3, O]
   margin = 3 * mm_bounds.sampling_margin(y)
   w1 = np.asarray(result.w1)[:, None]
@@ -107,11 +89,11 @@ def test_mlp_bound_is_above_monte_carlo_w1(depth, width):
 
 
 def test_mlp_moments_are_propagates_and_one_layer_is_exact():
-  layers = _mlp(jax.random.PRNGKey(2), [3, 8, 8, 2])
+  layers = mlp(jax.random.PRNGKey(2), [3, 8, 8, 2])
   mean = jax.random.normal(jax.random.PRNGKey(3), (4, 3))
   var = jnp.full((4, 3), 0.2)
   result = moment_matching_bound(layers, mean, var)
-  m, v = propagate(lambda x: _forward(layers, x))((mean, var))
+  m, v = propagate(lambda x: forward(layers, x))((mean, var))
   np.testing.assert_allclose(result.mean, m, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(result.var, v, rtol=1e-5, atol=1e-7)
   # The bound's assembly: sum over hidden layers of (G + C) times the later layers' norms.

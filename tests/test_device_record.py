@@ -8,21 +8,16 @@ run the two smokes side by side."""
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from benchmarks.device import kit as kit_lib, record, sizing
+from tests.conftest import HANG_S
+from tests.device_record_helpers import files_ok, run_module
 
 ROOT = kit_lib.ROOT
 
 
-def _py(*args, **kw):
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-  return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT,
-                        env=env, **kw)
 
 
 def test_each_plan_fits_one_8_minute_call_sized_before_it_starts():
@@ -127,8 +122,8 @@ def test_lean_smoke_is_refused_without_smoke(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def smoke_kit(tmp_path_factory):
   kit = tmp_path_factory.mktemp("kit")
-  done = _py("benchmarks.device.prepare", "--smoke", "--no_wheels", "--plan=learning",
-             f"--kit={kit}", timeout=300)
+  done = run_module("benchmarks.device.prepare", "--smoke", "--no_wheels", "--plan=learning",
+                    f"--kit={kit}", timeout=HANG_S)
   assert done.returncode == 0, done.stdout + done.stderr
   assert "[prepare] ready" in done.stdout
   assert re.search(r'^run: command=".*benchmarks\.device\.record --out=\$OUT .*timeout_s=540$',
@@ -137,23 +132,18 @@ def smoke_kit(tmp_path_factory):
 
 
 def test_prepare_check_names_what_is_missing(tmp_path, smoke_kit):
-  empty = _py("benchmarks.device.prepare", "--check", "--plan=learning", f"--kit={tmp_path}",
-              timeout=120)
+  empty = run_module("benchmarks.device.prepare", "--check", "--plan=learning", f"--kit={tmp_path}",
+                     timeout=HANG_S)
   assert empty.returncode == 1
   assert "missing: the wheel of mujoco" in empty.stdout
   assert "missing: the dataset hopper-medium-replay" in empty.stdout
-  ready = _py("benchmarks.device.prepare", "--check", "--smoke", "--no_wheels", "--plan=learning",
-              f"--kit={smoke_kit}", timeout=120)
+  ready = run_module("benchmarks.device.prepare", "--check", "--smoke", "--no_wheels",
+                     "--plan=learning", f"--kit={smoke_kit}", timeout=HANG_S)
   assert ready.returncode == 0, ready.stdout
   manifest = kit_lib.read_manifest(smoke_kit)
   assert manifest["dataset"] == "hopper-random" and manifest["transitions"] == 2000
 
 
-def _files_ok(out):
-  files = sorted(os.listdir(out))
-  assert len(files) <= record.MAX_FILES - 1
-  assert all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in files)
-  return json.loads((out / record.RECORD).read_text())
 
 
 @pytest.mark.slow
@@ -161,10 +151,10 @@ def test_the_learning_plan_s_smoke_and_part_e_on_its_work(smoke_kit, tmp_path):
   """Part d in one call, part e in a second on the first's --work (the 2026-11-27 record's part e
   was refused there); part a runs in the speed smoke."""
   out, work = tmp_path / "out", tmp_path / "work"
-  done = _py("benchmarks.device.record", f"--out={out}", "--smoke", "--plan=learning",
-             "--parts=d", f"--kit={smoke_kit}", f"--work={work}", timeout=600)
+  done = run_module("benchmarks.device.record", f"--out={out}", "--smoke", "--plan=learning",
+                    "--parts=d", f"--kit={smoke_kit}", f"--work={work}", timeout=HANG_S)
   assert done.returncode == 0, done.stdout + done.stderr
-  rec = _files_ok(out)
+  rec = files_ok(out)
   assert {p: r["status"] for p, r in rec["parts"].items()} == {"d": "ok"}   # a: the speed smoke's
   assert rec["skipped"] == {"a": "not asked for (--parts)", "e": "not asked for (--parts)"}
   assert rec["rates"]["d_epochs"] == rec["rates"]["d_epochs_asked"] == 2
@@ -174,10 +164,10 @@ def test_the_learning_plan_s_smoke_and_part_e_on_its_work(smoke_kit, tmp_path):
   # (ours beside the paper's Table 1)
   assert "normalised score at epoch 2," in learning
   assert (out / "d_curves.png").stat().st_size > 0
-  again = _py("benchmarks.device.record", f"--out={out}", "--smoke", "--plan=learning",
-              "--parts=e", f"--kit={smoke_kit}", f"--work={work}", timeout=300)
+  again = run_module("benchmarks.device.record", f"--out={out}", "--smoke", "--plan=learning",
+                     "--parts=e", f"--kit={smoke_kit}", f"--work={work}", timeout=HANG_S)
   assert again.returncode == 0, again.stdout + again.stderr
-  rec = _files_ok(out)
+  rec = files_ok(out)
   assert rec["parts"]["e"]["status"] == "ok", rec
   assert "Accuracy" in (out / "e_uncertainty.md").read_text()
   print(f"learning smoke: {rec['wall_s']} s (part e)")

@@ -2,31 +2,19 @@
 a, b, c (its epoch, traced and summarised per phase, the goals) and v (a variant in a process of
 its own) at tiny sizes on the CPU. It needs no kit (the speed plan reads random data); a file of
 its own so that the suite's workers run it beside tests/test_device_record.py's learning smoke."""
-import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from benchmarks.device import kit as kit_lib, record, sizing
+from benchmarks.device import kit as kit_lib, sizing
+from tests.conftest import HANG_S
+from tests.device_record_helpers import files_ok, run_module
 
 ROOT = kit_lib.ROOT
 
 
-def _py(*args, **kw):
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-  return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT,
-                        env=env, **kw)
 
 
-def _files_ok(out):
-  files = sorted(os.listdir(out))
-  assert len(files) <= record.MAX_FILES - 1
-  assert all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in files)
-  return json.loads((out / record.RECORD).read_text())
 
 
 @pytest.mark.slow
@@ -35,10 +23,11 @@ def test_the_speed_plan_s_smoke_runs_its_parts_on_the_cpu(tmp_path):
   # --lean_smoke: part b runs one test, part c compiles its epoch program only (no chunk lengths,
   # evaluation share or gradient-step table), part v its baseline, which the compilation cache
   # shares with part c's program; `record --smoke` alone runs them all.
-  done = _py("benchmarks.device.record", f"--out={out}", "--smoke", "--lean_smoke", "--plan=speed",
-             f"--kit={tmp_path / 'no_kit'}", f"--work={tmp_path / 'work'}", timeout=600)
+  done = run_module("benchmarks.device.record", f"--out={out}", "--smoke", "--lean_smoke",
+                    "--plan=speed", f"--kit={tmp_path / 'no_kit'}", f"--work={tmp_path / 'work'}",
+                    timeout=HANG_S)
   assert done.returncode == 0, done.stdout + done.stderr
-  rec = _files_ok(out)
+  rec = files_ok(out)
   assert rec["plan"] == "speed" and set(rec["planned"]) == set(sizing.PLANS["speed"])
   assert {p: r["status"] for p, r in rec["parts"].items()} == {p: "ok" for p in "abcv"}
   assert rec["skipped"] == {} and rec["exit"] == 0

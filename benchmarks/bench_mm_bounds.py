@@ -1,4 +1,4 @@
-"""How tight the paper's moment matching bounds are (mombo_jax.core.mm_bounds; the numbers in
+"""How tight the paper's moment matching bounds are (moment_matching/bounds.py; the numbers in
 docs/moment_matching.md, "The paper's bounds"): the cases tests/test_mm_bounds.py checks, with
 their bound / truth ratios.
 
@@ -21,8 +21,8 @@ import numpy as np
 from scipy import integrate, stats
 
 from benchmarks.common import Record, record_start
-from mombo_jax.core import mm_bounds
-from mombo_jax.core.moments import mm_relu
+from mombo_jax.moment_matching import bounds
+from mombo_jax.moment_matching.moments import mm_relu
 
 
 def exact_relu_w1(mu, sd, m, v):
@@ -65,11 +65,11 @@ def main():
   out("|---|---|---|---|---|---|")
   mus, sds = np.meshgrid([-2.0, -0.5, 0.0, 0.5, 2.0], [0.03, 0.3, 1.0, 3.0], indexing="ij")
   mus, sds = mus.ravel().astype(np.float32), sds.ravel().astype(np.float32)
-  bound = np.asarray(mm_bounds.relu_moment_matching_bound(mus, sds ** 2))
+  bound = np.asarray(bounds.relu_moment_matching_bound(mus, sds ** 2))
   m, v = (np.asarray(x, np.float64) for x in mm_relu(jnp.asarray(mus), jnp.asarray(sds ** 2)))
   y = np.maximum(mus + sds * np.asarray(jax.random.normal(jax.random.PRNGKey(0),
                                                           (args.samples, mus.size))), 0)
-  emp, margin = mm_bounds.w1_to_gaussian(y, m, v), 3 * mm_bounds.sampling_margin(y)
+  emp, margin = bounds.w1_to_gaussian(y, m, v), 3 * bounds.sampling_margin(y)
   for i in range(mus.size):
     exact = exact_relu_w1(float(mus[i]), float(sds[i]), m[i], v[i])
     ratio = f"{bound[i] / exact:.3g}" if exact > 1e-8 else "(truth ~0)"
@@ -88,11 +88,11 @@ def main():
       mean = jax.random.normal(jax.random.PRNGKey(7), (3, din))
       for var_value in variances:
         var = jnp.full_like(mean, var_value)
-        r = mm_bounds.moment_matching_bound(layers, mean, var)
+        r = bounds.moment_matching_bound(layers, mean, var)
         eps = jax.random.normal(jax.random.PRNGKey(1), (args.samples,) + mean.shape)
         ys = np.asarray(forward(layers, mean + jnp.sqrt(var) * eps))
-        emp = mm_bounds.w1_to_gaussian(ys, r.mean, r.var)
-        margin = 3 * mm_bounds.sampling_margin(ys)
+        emp = bounds.w1_to_gaussian(ys, r.mean, r.var)
+        margin = 3 * bounds.sampling_margin(ys)
         w1 = np.asarray(r.w1)[:, None]
         ok = bool(np.all(w1 >= emp - margin))
         ratio = w1 / emp if np.all(emp > 0) else None

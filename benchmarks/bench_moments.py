@@ -9,7 +9,7 @@ jitted, warmed up, each call timed with block_until_ready; the median over repet
 min) in ms. The short calls are timed round-robin so that background load on a shared machine
 hits them alike; "x plain" is the ratio of medians, "x plain (min)" the ratio of minima. Monte
 Carlo draws N next states per batch row from N(obs, obs_var) and returns the mean and variance of
-Q over them (mombo_jax.core.monte_carlo.mc_moments, chunked so N = 10000 fits in memory). "MM,
+Q over them (moment_matching/monte_carlo.py mc_moments, chunked so N = 10000 fits in memory). "MM,
 textbook formula" is the same network with the unstable closed form of the reference code, to show
 what the stable mm_relu costs on top of it; the last three rows time the elementwise step alone on
 one hidden layer ([256, 256]).
@@ -44,8 +44,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from benchmarks import common  # noqa: E402
 from mombo_jax.core import buffer, critics, sac, targets  # noqa: E402
 from mombo_jax.core.critics import MMCritic  # noqa: E402
-from mombo_jax.core.moments import mm_linear, mm_relu  # noqa: E402
-from mombo_jax.core.monte_carlo import mc_moments  # noqa: E402
+from mombo_jax.moment_matching.moments import mm_linear, mm_relu  # noqa: E402
+from mombo_jax.moment_matching.monte_carlo import mc_moments  # noqa: E402
 from mombo_jax.settings import config as config_lib
 
 BATCH, OBS_DIM, ACT_DIM, HIDDEN = 256, 17, 6, (256, 256)

@@ -48,8 +48,8 @@ import numpy as np
 
 from benchmarks import common
 from mombo_jax.core.critics import CriticEnsemble
-from mombo_jax.core.monte_carlo import mc_moments
-from mombo_jax.core.propagate import propagate
+from mombo_jax.moment_matching.monte_carlo import mc_moments
+from mombo_jax.moment_matching.propagate import propagate
 
 BATCH, OBS_DIM, ACT_DIM, HIDDEN = 256, 17, 6, (256, 256)
 

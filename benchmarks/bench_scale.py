@@ -70,9 +70,10 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.bench_train import ACT, OBS, _filled_ring, _real
-from mombo_jax.core import buffer, dynamics, moments, sac, targets, termination, train, xla_options
+from mombo_jax.core import buffer, dynamics, sac, targets, termination, train, xla_options
 from mombo_jax.data import names
 from mombo_jax.env import envs
+from mombo_jax.moment_matching import moments
 from mombo_jax.settings import config as config_lib
 
 # name -> (algo, MOMBO target; MOBILE and MOPO ignore the target), the order of the tables.

@@ -10,13 +10,13 @@ __version__ = "0.1.0"
 
 # name -> the module that defines it (imported on first access)
 _API = {
-    "mm_relu": "mombo_jax.core.moments",
-    "mm_linear": "mombo_jax.core.moments",
-    "mm_leaky_relu": "mombo_jax.core.moments",
-    "mc_moments": "mombo_jax.core.monte_carlo",
-    "propagate": "mombo_jax.core.propagate",
-    "moment_matching_bound": "mombo_jax.core.mm_bounds",
-    "relu_moment_matching_bound": "mombo_jax.core.mm_bounds",
+    "mm_relu": "mombo_jax.moment_matching.moments",
+    "mm_linear": "mombo_jax.moment_matching.moments",
+    "mm_leaky_relu": "mombo_jax.moment_matching.moments",
+    "mc_moments": "mombo_jax.moment_matching.monte_carlo",
+    "propagate": "mombo_jax.moment_matching.propagate",
+    "moment_matching_bound": "mombo_jax.moment_matching.bounds",
+    "relu_moment_matching_bound": "mombo_jax.moment_matching.bounds",
     "load_policy": "mombo_jax.analysis.policy",
     "Transitions": "mombo_jax.data.transitions",
     "load_transitions": "mombo_jax.data.transitions",

@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 
 from mombo_jax.core.critics import CriticEnsemble, MMCritic, MMDense
-from mombo_jax.core.moments import mm_linear, mm_relu
-from mombo_jax.core.monte_carlo import mc_moments
+from mombo_jax.moment_matching.moments import mm_linear, mm_relu
+from mombo_jax.moment_matching.monte_carlo import mc_moments
 from tests import matmul_precision
 
 S, A, B = 5, 2, 2

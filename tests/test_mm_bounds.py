@@ -1,4 +1,4 @@
-"""The paper's section 4 bounds (mombo_jax.core.mm_bounds): Lemma "Moment matching bound" per
+"""The paper's section 4 bounds (moment_matching/bounds.py): Lemma "Moment matching bound" per
 ReLU and Lemma "Moment matching MLP bound" lie at or above the W1 distance between Monte Carlo
 samples of the true output and the moment-matched Gaussian, minus the samples' own W1 error
 (sampling_margin, x3), on every case tried; the per-ReLU bound is also checked against the exact
@@ -15,8 +15,8 @@ from scipy import integrate, stats
 
 from benchmarks.bench_mm_bounds import forward, mlp
 from mombo_jax import moment_matching_bound, propagate, relu_moment_matching_bound
-from mombo_jax.core import mm_bounds
-from mombo_jax.core.moments import mm_relu
+from mombo_jax.moment_matching import bounds
+from mombo_jax.moment_matching.moments import mm_relu
 
 VARIANCES = (1e-3, 1e-1, 1e1)       # one input row per variance: one compilation per network
 SAMPLES = 20_000
@@ -60,8 +60,8 @@ def test_relu_bound_is_above_monte_carlo_w1():
   x = mu + sd * np.asarray(jax.random.normal(jax.random.PRNGKey(0), (SAMPLES, mu.size)))
   y = np.maximum(x, 0.0)
   m, v = mm_relu(jnp.asarray(mu), jnp.asarray(sd ** 2))
-  empirical = mm_bounds.w1_to_gaussian(y, m, v)
-  margin = 3 * mm_bounds.sampling_margin(y) + 1e-6
+  empirical = bounds.w1_to_gaussian(y, m, v)
+  margin = 3 * bounds.sampling_margin(y) + 1e-6
   bound = np.asarray(relu_moment_matching_bound(mu, sd ** 2))
   assert np.all(bound >= empirical - margin), np.c_[mu, sd, bound, empirical, margin]
 
@@ -80,8 +80,8 @@ def test_mlp_bound_is_above_monte_carlo_w1(depth, width):
   result = moment_matching_bound(layers, mean, var)
   eps = jax.random.normal(jax.random.PRNGKey(1), (SAMPLES,) + mean.shape)
   y = np.asarray(forward(layers, mean + jnp.sqrt(var) * eps))            # [N, 3, O]
-  empirical = mm_bounds.w1_to_gaussian(y, result.mean, result.var)        # [3, O]
-  margin = 3 * mm_bounds.sampling_margin(y)
+  empirical = bounds.w1_to_gaussian(y, result.mean, result.var)        # [3, O]
+  margin = 3 * bounds.sampling_margin(y)
   w1 = np.asarray(result.w1)[:, None]
   assert result.w1.shape == (len(VARIANCES),) and result.g.shape == (depth, len(VARIANCES))
   assert np.all(np.isfinite(w1)) and np.all(w1 > 0)
@@ -156,18 +156,18 @@ def test_flax_params_are_read_and_other_networks_refused():
 
 def test_theorems_are_their_formulas():
   norms = jnp.asarray([3.0, 2.0, 0.5])
-  got = mm_bounds.sampling_pevi_bound(norms, num_samples=10, delta=0.05, r_max=11.7, gamma=0.99,
+  got = bounds.sampling_pevi_bound(norms, num_samples=10, delta=0.05, r_max=11.7, gamma=0.99,
                                       horizon=1000)
   expect = 2 * 1000 * 3.0 * np.sqrt(-8 * np.log(0.05 / 4) * 11.7 ** 2 / (5 * 0.01 ** 2))
   np.testing.assert_allclose(got, expect, rtol=1e-6)
   # The paper's example: R_max^2 / (1 - gamma)^2 = 1.37e6 for HalfCheetah's 11.7 and gamma 0.99.
   np.testing.assert_allclose(11.7 ** 2 / 0.01 ** 2, 1.37e6, rtol=0.01)
   # N = 11 floors to the same 5 pairs as N = 10.
-  np.testing.assert_allclose(mm_bounds.sampling_pevi_bound(norms, 11, 0.05, 11.7, 0.99, 1000),
+  np.testing.assert_allclose(bounds.sampling_pevi_bound(norms, 11, 0.05, 11.7, 0.99, 1000),
                              got, rtol=1e-7)
-  np.testing.assert_allclose(mm_bounds.mm_pevi_bound(jnp.asarray([0.5, 2.0]), 10), [10.0, 40.0])
+  np.testing.assert_allclose(bounds.mm_pevi_bound(jnp.asarray([0.5, 2.0]), 10), [10.0, 40.0])
   for bad, match in ((dict(num_samples=1), "N >= 2"), (dict(delta=1.0), "delta"),
                      (dict(gamma=1.0), "gamma")):
     kwargs = dict(num_samples=10, delta=0.05, r_max=1.0, gamma=0.99, horizon=10) | bad
     with pytest.raises(ValueError, match=match):
-      mm_bounds.sampling_pevi_bound(norms, **kwargs)
+      bounds.sampling_pevi_bound(norms, **kwargs)

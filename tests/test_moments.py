@@ -16,9 +16,9 @@ from hypothesis.extra import numpy as hnp
 from jax.test_util import check_grads
 
 import mombo_jax
-from mombo_jax.core import moments
-from mombo_jax.core.moments import ACTIVATION_MOMENTS, mm_leaky_relu, mm_linear, mm_relu
-from mombo_jax.core.monte_carlo import mc_moments
+from mombo_jax.moment_matching import moments
+from mombo_jax.moment_matching.moments import ACTIVATION_MOMENTS, mm_leaky_relu, mm_linear, mm_relu
+from mombo_jax.moment_matching.monte_carlo import mc_moments
 
 DTYPES = [np.float32, np.float64]
 MP_DIGITS = 80   # enough for the reference's own cancellation (~|a|^4 ~ 1e16 at |a| = 1e4)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mombo_jax.analysis import critic_moments, mm_vs_mc, pevi_bounds
-from mombo_jax.core import mm_bounds
+from mombo_jax.moment_matching import bounds
 from tests.conftest_runs import tiny_run  # noqa: F401  (session fixture)
 
 
@@ -43,7 +43,7 @@ def test_bounds_on_a_run_are_the_critics(tiny_run):
   np.testing.assert_allclose(result["mm_bound"], 2 * 50 * result["mm_w1"], rtol=1e-6)
   # The Lemma holds at the run's states too (Monte Carlo's W1 minus its sampling error).
   assert np.all(result["mm_w1"][:2] >= result["empirical_w1"] - 3 * result["empirical_margin"])
-  direct = mm_bounds.moment_matching_bound(pevi_bounds.member_layers(nets, 1), x, x_var)
+  direct = bounds.moment_matching_bound(pevi_bounds.member_layers(nets, 1), x, x_var)
   one = result["member"] == 1
   np.testing.assert_allclose(result["mm_w1"][one], np.asarray(direct.w1)[one], rtol=1e-6)
 

@@ -16,9 +16,9 @@ import pytest
 
 import mombo_jax
 from mombo_jax.core.critics import CriticEnsemble
-from mombo_jax.core.moments import mm_leaky_relu, mm_linear, mm_relu
-from mombo_jax.core.propagate import PropagateError, propagate
 from mombo_jax.errors import InvalidArgument
+from mombo_jax.moment_matching.moments import mm_leaky_relu, mm_linear, mm_relu
+from mombo_jax.moment_matching.propagate import PropagateError, propagate
 from tests import matmul_precision
 
 IN, HID, OUT, B = 5, 8, 2, 4

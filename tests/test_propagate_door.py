@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax.core.propagate import MomentsError, PropagateError, propagate
+from mombo_jax.moment_matching.propagate import MomentsError, PropagateError, propagate
 
 B, D = 3, 4
 LINEAR = lambda x: x @ jnp.ones((D, 2))  # noqa: E731

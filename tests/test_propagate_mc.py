@@ -30,10 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax.core.closed_forms import exp_moments, power_moments
-from mombo_jax.core.monte_carlo import mc_moments
-from mombo_jax.core.propagate import propagate
-from mombo_jax.core.relu_covariance import QUAD_NODES, relu_cov
+from mombo_jax.moment_matching.closed_forms import exp_moments, power_moments
+from mombo_jax.moment_matching.monte_carlo import mc_moments
+from mombo_jax.moment_matching.propagate import propagate
+from mombo_jax.moment_matching.relu_covariance import QUAD_NODES, relu_cov
 
 N_MC = 1_000_000
 N_SE = 6.0

@@ -14,7 +14,7 @@ import numpy as np
 
 from mombo_jax.analysis.pevi_bounds import critic_inputs, member_layers
 from mombo_jax.analysis.trained import SeedNets
-from mombo_jax.core.propagate import propagate
+from mombo_jax.moment_matching.propagate import propagate
 
 
 def _mlp(layers):

@@ -21,7 +21,7 @@ import numpy as np
 
 from mombo_jax.analysis.mm_vs_mc import elite_gaussian
 from mombo_jax.analysis.trained import SeedNets
-from mombo_jax.core import mm_bounds
+from mombo_jax.moment_matching import bounds
 from mombo_jax.records import outputs
 from mombo_jax.report import labels
 
@@ -34,7 +34,7 @@ HORIZON = 1000        # the MuJoCo tasks' episode length (the D4RL / Gymnasium t
 def member_layers(nets: SeedNets, member: int) -> list:
   """[(kernel [I, O], bias [O])] of target critic `member` (its MMDense layers in order)."""
   tree = nets.target_critic["params"]["members"]
-  return mm_bounds.mlp_layers(jax.tree.map(lambda x: x[member], tree))
+  return bounds.mlp_layers(jax.tree.map(lambda x: x[member], tree))
 
 
 def critic_inputs(nets: SeedNets, obs, key):
@@ -58,15 +58,15 @@ def evaluate(nets: SeedNets, obs, key, r_max: float, num_samples: int = NUM_SAMP
   gamma = float(nets.config.agent.gamma)
   x, x_var, _ = critic_inputs(nets, jnp.asarray(obs, jnp.float32), key)
   num_critics = nets.target_critic["params"]["members"]["MMDense_0"]["kernel"].shape[0]
-  per_member = [mm_bounds.moment_matching_bound(member_layers(nets, e), x, x_var, norm)
+  per_member = [bounds.moment_matching_bound(member_layers(nets, e), x, x_var, norm)
                 for e in range(num_critics)]
   means = jnp.stack([r.mean[..., 0] for r in per_member])                 # [E, B]
   member = np.asarray(jnp.argmin(means, axis=0))
   rows = np.arange(x.shape[0])
   w1 = np.asarray(jnp.stack([r.w1 for r in per_member]))[member, rows]
   norms = np.asarray(jnp.stack([r.norms for r in per_member]))             # [E, L]
-  mc = np.asarray(mm_bounds.sampling_pevi_bound(norms, num_samples, delta, r_max, gamma, horizon))
-  out = dict(mm_w1=w1, mm_bound=np.asarray(mm_bounds.mm_pevi_bound(w1, horizon)),
+  mc = np.asarray(bounds.sampling_pevi_bound(norms, num_samples, delta, r_max, gamma, horizon))
+  out = dict(mm_w1=w1, mm_bound=np.asarray(bounds.mm_pevi_bound(w1, horizon)),
              mc_bound=mc[member], norms=norms, member=member, gamma=gamma,
              mm_mean=np.asarray(means)[member, rows],
              mm_var=np.asarray(jnp.stack([r.var[..., 0] for r in per_member]))[member, rows])
@@ -76,8 +76,8 @@ def evaluate(nets: SeedNets, obs, key, r_max: float, num_samples: int = NUM_SAMP
     samples = x[:k] + jnp.sqrt(x_var[:k]) * eps                            # [N, k, S+A]
     q = np.asarray(jax.jit(lambda p, z: _apply_layers(p, z))(
         [member_layers(nets, int(e)) for e in member[:k]], samples))        # [N, k]
-    out["empirical_w1"] = mm_bounds.w1_to_gaussian(q, out["mm_mean"][:k], out["mm_var"][:k])
-    out["empirical_margin"] = mm_bounds.sampling_margin(q)
+    out["empirical_w1"] = bounds.w1_to_gaussian(q, out["mm_mean"][:k], out["mm_var"][:k])
+    out["empirical_margin"] = bounds.sampling_margin(q)
   return out
 
 

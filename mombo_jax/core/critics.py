@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from mombo_jax.core import inits, rewrites
-from mombo_jax.core.moments import mm_linear, mm_relu
+from mombo_jax.moment_matching.moments import mm_linear, mm_relu
 
 # Kernels with at most this many output features (the critics' scalar heads) get their weight
 # gradient as XLA:CPU's gemv on x in place instead of x^T written out (0: never; the benchmark's

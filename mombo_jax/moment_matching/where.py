@@ -1,5 +1,5 @@
 """Where a refused operation sits in the user's code, and the message propagate's PropagateError
-prints for it (core/propagate_interp.py raises it).
+prints for it (moment_matching/interpreter.py raises it).
 
 A primitive's traceback (jax's source_info) runs from JAX's internals through the libraries the
 user called (jax.numpy, jax.nn, Flax's layers) up to the user's own code. jax's own user-frame
@@ -21,8 +21,8 @@ import traceback
 
 _LIBRARIES = ("jax", "jaxlib", "flax", "optax", "chex", "equinox", "haiku", "numpy")
 _OWN = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-             for name in ("propagate.py", "propagate_full.py", "propagate_interp.py",
-                          "propagate_door.py", "propagate_where.py"))
+             for name in ("propagate.py", "full.py", "interpreter.py",
+                          "door.py", "where.py"))
 # Library files that are machinery, not a function a user calls (tracing, wrappers, jit).
 _MACHINERY = ("jax/_src/core.py", "jax/_src/interpreters/", "jax/_src/source_info_util.py",
               "jax/_src/pjit.py", "jax/_src/traceback_util.py", "jax/_src/api.py",

@@ -1,4 +1,4 @@
-"""The moments propagate is given, checked before any work (core/propagate.py calls check_input).
+"""The moments propagate is given, checked before any work (propagate.py calls check_input).
 
 What is checked when:
   always (eager, and under jit / vmap / grad, where the inputs are tracers): the structure and the
@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax.core.propagate_interp import PropagateError
+from mombo_jax.moment_matching.interpreter import PropagateError
 
 
 class MomentsError(PropagateError):
-  """The moments passed to a propagated function are not a Gaussian's (propagate_door)."""
+  """The moments passed to a propagated function are not a Gaussian's (door.py)."""
 
 
 def _concrete(x):

@@ -1,4 +1,4 @@
-"""Cov(relu X) for X ~ N(mean, cov): the full-covariance mode's ReLU rule (propagate_full.py).
+"""Cov(relu X) for X ~ N(mean, cov): the full-covariance mode's ReLU rule (full.py).
 
 For two coordinates, a = m / s, rho = C_ij / (s_i s_j), Price's theorem (dCov/dC_ij =
 P(X_i > 0, X_j > 0)) with Sheppard's formula for the bivariate normal CDF integrated over rho gives
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mombo_jax.core.moments import mm_relu
+from mombo_jax.moment_matching.moments import mm_relu
 
 QUAD_NODES = 12
 _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(QUAD_NODES)

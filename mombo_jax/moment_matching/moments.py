@@ -5,7 +5,7 @@ API
   mm_relu(mean, var) -> (m, v)                          moments of relu(X), X ~ N(mean, var)
   mm_leaky_relu(mean, var, negative_slope) -> (m, v)    the same for leaky_relu (via mm_relu)
   ACTIVATION_MOMENTS                                    name -> moment function
-(Their Monte Carlo reference, mc_moments: core/monte_carlo.py.)
+(Their Monte Carlo reference, mc_moments: moment_matching/monte_carlo.py.)
 
 For X ~ N(mu, s^2) with a = mu / s, Lemma 1 (i) gives the moments of Y = max(0, X) as
 

@@ -25,7 +25,7 @@ Rules (x ~ N(m, C) over the last axis; c deterministic):
           x * y exact when they share no random input, refused when they share one; x + y and a
           concatenation taken as independent: a skip connection's correlation is dropped.
 Anything else with a random input (a batched dot_general, x @ y of two random values, a select,
-an op that moves the last axis) raises propagate_interp.PropagateError.
+an op that moves the last axis) raises interpreter.PropagateError.
 
 Cost: a d x d covariance per row; the matmuls (W^T C W, the floor of any exact full-covariance
 method) cost ~d times the diagonal mode's, relu 12 exponentials per pair ("dvi": one);
@@ -35,11 +35,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mombo_jax.core.closed_forms import exp_cov, exp_moments, power_moments, square_cov
-from mombo_jax.core.moments import mm_leaky_relu, mm_relu
-from mombo_jax.core.propagate_interp import Unsupported, bind, float_mean
-from mombo_jax.core.relu_covariance import METHODS, phi_cdf, relu_cov
 from mombo_jax.errors import InvalidArgument
+from mombo_jax.moment_matching.closed_forms import exp_cov, exp_moments, power_moments, square_cov
+from mombo_jax.moment_matching.interpreter import Unsupported, bind, float_mean
+from mombo_jax.moment_matching.moments import mm_leaky_relu, mm_relu
+from mombo_jax.moment_matching.relu_covariance import METHODS, phi_cdf, relu_cov
 
 
 class FGauss:
@@ -48,7 +48,7 @@ class FGauss:
 
   def __init__(self, mean, cov, scalar=False, scaled=None):
     self.mean, self.cov, self.scalar, self.scaled, self.slab = mean, cov, scalar, scaled, None
-    self.src = frozenset()     # the random inputs it depends on (propagate_interp.interpret)
+    self.src = frozenset()     # the random inputs it depends on (interpreter.interpret)
 
   def var(self):
     return self.cov[..., 0, 0] if self.scalar else jnp.diagonal(self.cov, axis1=-2, axis2=-1)
@@ -129,7 +129,7 @@ class FullRules:
   def neg(self, g):
     return FGauss(lax.neg(g.mean), g.cov, g.scalar)
 
-  # Exact rules for a value combined with itself (closed_forms.py; propagate_interp calls them).
+  # Exact rules for a value combined with itself (closed_forms.py; interpreter.py calls them).
   def power(self, g, n, plain):
     """g ** 2: Cov(x_i^2, x_j^2) = 2 S_ij^2 + 4 m_i m_j S_ij; other n have no rule here."""
     if n != 2:

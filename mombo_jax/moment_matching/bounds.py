@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import special
 
-from mombo_jax.core.moments import mm_linear, mm_relu
+from mombo_jax.moment_matching.moments import mm_linear, mm_relu
 
 NORMS = ("operator", "entrywise")
 

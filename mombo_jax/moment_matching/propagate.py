@@ -5,10 +5,10 @@ API
     g takes fn's arguments, except that each argument at `argnums` is a pair (mean, var) of
     arrays (or of matching pytrees) describing a Gaussian input, and returns fn's output with
     every array y replaced by a pair (mean, var) of y's first two moments ("full": (mean, cov),
-    propagate_full.py). Deterministic outputs come back with zero variance.
+    full.py). Deterministic outputs come back with zero variance.
 
 How: g traces fn to a jaxpr (jax.make_jaxpr, on the arguments' shapes) and evaluates that jaxpr
-(propagate_interp.interpret, with this module's DiagonalRules) once, replacing each value that
+(interpreter.interpret, with this module's DiagonalRules) once, replacing each value that
 depends on a random argument by its moments. Values that do not depend on one (the parameters, their
 transposes, ...) are computed exactly as fn computes them. The rules, for a random x ~ N(m, v)
 (diagonal: independent coordinates, the paper's assumption after every layer) and deterministic c:
@@ -34,8 +34,8 @@ Sub-programs are entered: jit (pjit), custom_jvp (jax.nn.relu, ...), custom_vjp 
 checkpoint. Where a custom_jvp / custom_vjp sub-program is affine in its random inputs, its mean
 is that sub-program called on the means, so gradients go through its own rule, as in the plain
 function. Any other primitive with a random input raises PropagateError naming the user's line, the
-layer or library function it called, then the primitive, and what to do (propagate_where.py).
-The inputs are checked before any work (propagate_door.py: shapes always, values when concrete).
+layer or library function it called, then the primitive, and what to do (where.py).
+The inputs are checked before any work (door.py: shapes always, values when concrete).
 
 Exactness: zero input variance gives fn's output bit for bit and variance exactly 0 (the means are
 fn's own operations; mm_relu(m, 0) == (relu(m), 0)); a Flax Dense/ReLU stack equals the
@@ -54,11 +54,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mombo_jax.core import propagate_full
-from mombo_jax.core.closed_forms import exp_moments, power_moments
-from mombo_jax.core.moments import mm_leaky_relu, mm_relu
-from mombo_jax.core.propagate_door import MomentsError, check_input  # noqa: F401
-from mombo_jax.core.propagate_interp import (  # noqa: F401
+from mombo_jax.errors import InvalidArgument
+from mombo_jax.moment_matching import full
+from mombo_jax.moment_matching.closed_forms import exp_moments, power_moments
+from mombo_jax.moment_matching.door import MomentsError, check_input  # noqa: F401
+from mombo_jax.moment_matching.interpreter import (  # noqa: F401
   PropagateError,
   Sign,
   Unsupported,
@@ -66,8 +66,8 @@ from mombo_jax.core.propagate_interp import (  # noqa: F401
   float_mean,
   interpret,
 )
-from mombo_jax.core.propagate_where import public_name
-from mombo_jax.errors import InvalidArgument
+from mombo_jax.moment_matching.moments import mm_leaky_relu, mm_relu
+from mombo_jax.moment_matching.where import public_name
 
 
 class Gauss:
@@ -82,7 +82,7 @@ class Gauss:
 
   def __init__(self, mean, var, slab=None, scaled=None):
     self.mean, self.var, self.slab, self.scaled = mean, var, slab, scaled
-    self.src = frozenset()     # the random inputs it depends on (propagate_interp.interpret)
+    self.src = frozenset()     # the random inputs it depends on (interpreter.interpret)
 
   def full_var(self):
     """The variance of the whole value, zeros filled in where slab says so."""
@@ -112,10 +112,10 @@ def propagate(fn: Callable, argnums: Union[int, Sequence[int]] = 0,
     argnums: the positions of the Gaussian arguments; each is passed as (mean, var) with mean and
       var pytrees of the same structure and shapes (var broadcastable to mean).
     covariance: "diagonal" (independent coordinates after every layer, the paper's Algorithm 1),
-      or "full" (covariance over each value's last axis, see propagate_full.py): then var may be
+      or "full" (covariance over each value's last axis, see full.py): then var may be
       [..., d] (diagonal) or [..., d, d], and outputs are (mean [..., d], cov [..., d, d]).
     check_values: check concrete inputs' values before any work (finite, variances >= 0, a full
-      covariance symmetric positive semi-definite; propagate_door.py says what is checked when).
+      covariance symmetric positive semi-definite; door.py says what is checked when).
       Shapes are always checked; under jit values never are (they are tracers).
     relu_covariance: with covariance="full" only, how a ReLU's cross covariances are computed
       (relu_covariance.py): "quadrature" (the default; within 5.7e-7 of s_i s_j) or "dvi" (Wu et
@@ -124,7 +124,7 @@ def propagate(fn: Callable, argnums: Union[int, Sequence[int]] = 0,
   Returns:
     g(*args) -> fn's output pytree with each array y replaced by (mean [y.shape], var [y.shape])
     ("full": (mean [..., d], cov [..., d, d])).
-  Raises (from g): propagate_door.MomentsError for moments that are not a Gaussian's, and
+  Raises (from g): door.MomentsError for moments that are not a Gaussian's, and
     PropagateError for an operation with no moment rule; both name the argument or the line.
   """
   if covariance == "diagonal" and relu_covariance is not None:
@@ -134,7 +134,7 @@ def propagate(fn: Callable, argnums: Union[int, Sequence[int]] = 0,
   if covariance == "diagonal":
     rules = DiagonalRules()
   elif covariance == "full":
-    rules = propagate_full.FullRules(relu_covariance or "quadrature")
+    rules = full.FullRules(relu_covariance or "quadrature")
   else:
     raise InvalidArgument(f"propagate: covariance={covariance!r} is not one of 'diagonal', "
                           "'full'.", params=["covariance"])

@@ -1,6 +1,6 @@
-"""The jaxpr interpreter behind propagate (core/propagate.py): evaluates a traced function on
+"""The jaxpr interpreter behind propagate (propagate.py): evaluates a traced function on
 random values whose moment rules a `rules` object gives (propagate.DiagonalRules,
-propagate_full.FullRules), and the pieces both rule sets share (relu recognised in any spelling,
+full.FullRules), and the pieces both rule sets share (relu recognised in any spelling,
 the error for an unsupported operation)."""
 import jax
 import jax.numpy as jnp
@@ -8,8 +8,8 @@ import numpy as np
 from jax import lax
 from jax.extend import core as jcore
 
-from mombo_jax.core.propagate_where import refusal_message
 from mombo_jax.errors import InvalidArgument
+from mombo_jax.moment_matching.where import refusal_message
 
 # Sub-program primitives entered by the interpreter, and the parameter holding their jaxpr.
 _CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
@@ -43,7 +43,7 @@ _PRODUCTS = {"mul", "dot_general"}
 
 class PropagateError(InvalidArgument):
   """propagate refuses fn: an operation with no moment rule for a random input (the message:
-  core/propagate_where.py), or moments that are not a Gaussian's (propagate_door.MomentsError).
+  moment_matching/where.py), or moments that are not a Gaussian's (door.MomentsError).
   `supported` lists every operation with a rule."""
   supported = SUPPORTED
 

@@ -1,5 +1,5 @@
 """Monte Carlo moments of fn(X), X ~ N(mean, diag var): the reference the moment-matched ones
-(core/moments.py) are checked against (tests, Figure 1, benchmarks).
+(moment_matching/moments.py) are checked against (tests, Figure 1, benchmarks).
 
   mc_moments(fn, mean, var, key, n, chunk_size=None)    Monte Carlo moments of fn(X), chunked
 """

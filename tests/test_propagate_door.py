@@ -152,8 +152,39 @@ def test_ensemble_in_full_mode_names_the_users_line():
   params = Ensemble().init(jax.random.PRNGKey(0), mean)
   chex.assert_shape(propagate(Ensemble().apply, argnums=1)(params, (mean, var)),
                     ((2, B, 3), (2, B, 3)))
-  with pytest.raises(PropagateError, match=rf"test_propagate_door.py:{_line_of('ensemble')} "):
+  with pytest.raises(PropagateError, match=rf"test_propagate_door.py:{_line_of('ensemble')} "
+                     r"(.|\n)*jax\.vmap\(propagate\("):          # and the way that works
     propagate(Ensemble().apply, argnums=1, covariance="full")(params, (mean, var))
+  # That way: one member's network, jax.vmap over the stacked parameters.
+  member = lambda p, x: nn.Dense(3).apply(p, x)  # noqa: E731
+  got = jax.vmap(propagate(member, argnums=1, covariance="full"), in_axes=(0, None))(
+      {"params": params["params"]["VmapDense_0"]}, (mean, var))
+  chex.assert_shape(got, ((2, B, 3), (2, B, 3, 3)))
+  np.testing.assert_allclose(got[0], propagate(Ensemble().apply, argnums=1)(params, (mean, var))[0],
+                             rtol=1e-5, atol=1e-6)
+
+
+class Dropped(nn.Module):
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(2)(nn.Dropout(0.5, deterministic=self.deterministic)(x))   # line: dropout
+
+
+@pytest.mark.parametrize("covariance", ["diagonal", "full"])
+def test_dropout_in_training_mode_is_refused_alike_in_both_modes(covariance):
+  """A drawn dropout mask would stand for every sample of the Gaussian (the diagonal mode used to
+  keep one fixed mask silently, the full mode to refuse it as an index): both refuse it, naming
+  deterministic=True; in evaluation mode dropout is the identity and propagates."""
+  mean, var = _pair()
+  params = Dropped(True).init(jax.random.PRNGKey(0), mean)
+  fn = lambda p, x: Dropped(False).apply(p, x, rngs={"dropout": jax.random.PRNGKey(1)})  # noqa
+  with pytest.raises(PropagateError, match=rf"`nn.Dropout` .*test_propagate_door.py:"
+                     rf"{_line_of('dropout')} (.|\n)*random draw(.|\n)*deterministic=True"):
+    propagate(fn, argnums=1, covariance=covariance)(params, (mean, var))
+  m, _ = propagate(Dropped(True).apply, argnums=1, covariance=covariance)(params, (mean, var))
+  np.testing.assert_allclose(m, Dropped(True).apply(params, mean), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("covariance", ["diagonal", "full"])

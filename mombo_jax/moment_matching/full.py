@@ -41,6 +41,13 @@ from mombo_jax.moment_matching.interpreter import Unsupported, bind, float_mean
 from mombo_jax.moment_matching.moments import mm_leaky_relu, mm_relu
 from mombo_jax.moment_matching.relu_covariance import METHODS, phi_cdf, relu_cov
 
+# An ensemble's stacked weights (nn.vmap, a [members, I, O] kernel) reach the full mode as a
+# batched matmul; one member's network is plain x @ W, so jax.vmap over the members works.
+_MEMBERS_HINT = ("an ensemble with stacked weights (nn.vmap) is a batched matmul, which the full "
+                 "mode does not take; propagate one member and jax.vmap over the members' "
+                 "parameters instead: jax.vmap(propagate(member.apply, argnums=1, "
+                 "covariance='full'), in_axes=(0, None))(stacked_params, (x_mean, x_cov)).")
+
 
 class FGauss:
   """mean [..., d] and cov [..., d, d] (scalar=True: mean [...], cov [..., 1, 1])."""
@@ -252,7 +259,7 @@ class FullRules:
     if isinstance(a, FGauss) and isinstance(b, FGauss):
       raise Unsupported("x @ y of two random values (covariance='full')")
     if lb or rb:
-      raise Unsupported("a batched dot_general (covariance='full')")
+      raise Unsupported("a batched dot_general (covariance='full')", hint=_MEMBERS_HINT)
     if isinstance(a, FGauss):
       g, w, g_dims, w_dims = a, b, tuple(lc), tuple(rc)
     else:
@@ -260,7 +267,8 @@ class FullRules:
       if g.mean.ndim != 1:
         raise Unsupported("c @ x with a random x of more than one axis (covariance='full')")
     if g.scalar or g_dims != (g.mean.ndim - 1,) or w.ndim not in (1, 2):
-      raise Unsupported("covariance='full' needs x @ W contracting x's last axis with a 2-D W")
+      raise Unsupported("covariance='full' needs x @ W contracting x's last axis with a 2-D W",
+                        hint=_MEMBERS_HINT if w.ndim > 2 else None)
     w = jnp.asarray(w)
     mat = w[:, None] if w.ndim == 1 else (w if w_dims == (0,) else w.T)     # [I, O]
     cov = jnp.matmul(mat.T, jnp.matmul(g.cov, mat))

@@ -24,6 +24,15 @@ _FOLD = {"broadcast_in_dim", "convert_element_type", "reshape", "squeeze", "expa
 # A custom sub-program using one of these is taken as non-affine (a relu) without a try.
 _NONLINEAR = {"max", "min", "gt", "ge", "lt", "le"}
 _CMP = {"gt": (True, False), "ge": (True, False), "lt": (False, True), "le": (False, True)}
+# Primitives that draw random numbers (jax.random.bernoulli / uniform / normal, and so
+# nn.Dropout(deterministic=False)): a value they reach is a draw, and a draw meeting a random
+# (Gaussian) value is refused the same way in both modes (one draw would fix one mask or noise
+# for every moment: the moments of fn given that draw, not of fn).
+_DRAWS = {"random_bits", "threefry2x32", "rng_bit_generator", "rng_uniform"}
+_DRAW_HINT = ("moment matching pushes a Gaussian through a deterministic function. For "
+              "nn.Dropout pass deterministic=True (your module's evaluation mode, e.g. "
+              "train=False); to condition on one mask, draw it outside and pass it to fn as an "
+              "argument.")
 
 SUPPORTED = ("dot_general / matmul / einsum with deterministic weights, add, sub, mul and div by "
              "deterministic values, neg, sum, cumsum, reshape, broadcast, transpose, squeeze, "
@@ -119,16 +128,28 @@ def interpret(jaxpr, consts, args, rules, outer=()):
   for v, a in zip(jaxpr.invars, args):
     env[v] = a
   affine = True
+  drawn = set()                    # the variables whose value comes from a random draw
   for eqn in jaxpr.eqns:
     ins = [read(v) for v in eqn.invars]
     name = eqn.primitive.name
+    from_draw = any(isinstance(v, jcore.Var) and v in drawn for v in eqn.invars)
     if not any(isinstance(x, (rules.value_type, Sign)) for x in ins):
+      if from_draw or name in _DRAWS or (name in _CALLS and _uses(
+          getattr(eqn.params[_CALLS[name]], "jaxpr", eqn.params[_CALLS[name]]), _DRAWS)):
+        drawn.update(v for v in eqn.outvars if not isinstance(v, jcore.DropVar))
       if name in _FOLD and all(not isinstance(x, jax.core.Tracer) and np.size(x) <= 1
                                for x in ins):
         with jax.ensure_compile_time_eval():
           outs = bind(eqn, ins)
       else:
         outs = bind(eqn, ins)
+    elif from_draw:
+      error = PropagateError(refusal_message(
+          eqn, "one of its operands is a random draw made inside fn (a dropout mask, noise: "
+          "nn.Dropout(deterministic=False)?), and one draw would stand for every sample of the "
+          "Gaussian", rules.caller, outer, _DRAW_HINT))
+      error.primitive = name
+      raise error
     elif name in _CALLS:
       sub = eqn.params[_CALLS[name]]
       sub_jaxpr, sub_consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())

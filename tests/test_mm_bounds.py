@@ -130,7 +130,7 @@ def test_flax_params_are_read_and_other_networks_refused():
             for i in range(2)]
   np.testing.assert_array_equal(result.w1, moment_matching_bound(layers, x, var).w1)
   tanh = _Mlp(act=nn.tanh)
-  with pytest.raises(ValueError, match="not the ReLU MLP"):
+  with pytest.raises(ValueError, match="applies JAX's `tanh` to the network's value after layer 1"):
     moment_matching_bound(params, x + 3, var, apply_fn=lambda z: tanh.apply(params, z))
 
   class Normed(nn.Module):
@@ -152,6 +152,51 @@ def test_flax_params_are_read_and_other_networks_refused():
     jax.jit(lambda m: moment_matching_bound(params, m, var, apply_fn=fn).w1)(x)
   with pytest.raises(ValueError, match="norm='l2'"):
     moment_matching_bound(layers, x, var, norm="l2")
+
+
+class _Nested(nn.Module):
+  """The issue's network written inside out: Flax builds the outer layer first, so Dense_0 is the
+  last layer called and Dense_2 the first."""
+  act: callable = nn.relu
+  skip: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    if self.skip:                                     # the same layers, x added before the last
+      return nn.Dense(16)(self.act(nn.Dense(16)(self.act(nn.Dense(16)(x)))) + x)
+    return nn.Dense(16)(self.act(nn.Dense(16)(self.act(nn.Dense(16)(x)))))
+
+
+def test_the_network_is_read_as_it_runs_never_another():
+  """moment_matching_bound follows apply_fn as it runs (on ffc5631 it read Flax's layers in
+  construction order: with square layers it bounded the reversed network); what it cannot verify
+  it refuses, naming why: a params dict alone, another activation, a skip connection, layers
+  that are not the ones apply_fn runs, a full covariance."""
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 16))
+  var = jnp.full_like(x, 0.1)
+  net = _Nested()
+  params = net.init(jax.random.PRNGKey(0), x)
+  apply_fn = lambda z: net.apply(params, z)  # noqa: E731
+  m, v = propagate(net.apply, argnums=1)(params, (x, var))
+  result = moment_matching_bound(params, x, var, apply_fn=apply_fn)
+  np.testing.assert_allclose(result.mean, m, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(result.var, v, rtol=1e-5, atol=1e-7)
+  names = ("Dense_2", "Dense_1", "Dense_0")                             # the call order
+  called = [(params["params"][n]["kernel"], params["params"][n]["bias"]) for n in names]
+  np.testing.assert_allclose(result.w1, moment_matching_bound(called, x, var).w1, rtol=1e-6)
+  with pytest.raises(ValueError, match="not the 3 layers apply_fn runs"):
+    moment_matching_bound(called[::-1], x, var, apply_fn=apply_fn)     # the construction order
+  with pytest.raises(ValueError, match="params dict says neither the order(.|\n)*apply_fn"):
+    moment_matching_bound(params, x, var)          # a tanh network's params look the same
+  tanh = _Nested(act=nn.tanh)
+  with pytest.raises(ValueError, match="`tanh`"):
+    moment_matching_bound(params, x, var, apply_fn=lambda z: tanh.apply(params, z))
+  skip = _Nested(skip=True)
+  with pytest.raises(ValueError, match="skip connection"):
+    moment_matching_bound(params, x, var, apply_fn=lambda z: skip.apply(params, z))
+  cov = jnp.broadcast_to(jnp.eye(16) * 0.1, (2, 16, 16))
+  with pytest.raises(ValueError, match="a covariance over the input's last axis(.|\n)*diagonal"):
+    moment_matching_bound(params, x, cov, apply_fn=apply_fn)
 
 
 def test_theorems_are_their_formulas():

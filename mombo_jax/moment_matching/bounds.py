@@ -1,14 +1,15 @@
 """The paper's section 4 bounds as numbers: how far moment matching's Gaussian can be from a ReLU
 network's true output distribution (1-Wasserstein), and the two suboptimality theorems built on it.
 
-API
-  relu_moment_matching_bound(mean, var) -> bound [...]       Lemma "Moment matching bound"
-  moment_matching_bound(layers, mean, var, norm) -> MLPBound  Lemma "Moment matching MLP bound"
+API (the paper's numbering: Lemma 1 is "Moment matching", mm_relu; Theorem 1 is Jin et al.'s)
+  relu_moment_matching_bound(mean, var) -> bound [...]     Lemma 2 "Moment matching bound"
+  moment_matching_bound(layers, mean, var, norm, apply_fn) -> MLPBound
+                                                            Lemma 3 "Moment matching MLP bound"
   mlp_layers(layers) -> [(kernel [I, O], bias [O]), ...]      a plain MLP's layers, checked
   layer_norm(kernel, norm) -> []                               ||A_l|| (see "norm" below)
   sampling_pevi_bound(norms, num_samples, delta, r_max, gamma, horizon)
-                                                    Theorem "Suboptimality of sampling-based PEVI"
-  mm_pevi_bound(w1, horizon)       Theorem "Suboptimality of moment matching-based PEVI algorithms"
+                                          Theorem 2 "Suboptimality of sampling-based PEVI"
+  mm_pevi_bound(w1, horizon)   Theorem 3 "Suboptimality of moment matching-based PEVI algorithms"
 
 Per ReLU (X ~ N(mu, s^2), Y = max(0, X), X~ ~ N(m, v) with m = E[Y], v = Var[Y], mm_relu):
   W1(Y, X~) <= G + |mu - m| + |s - sqrt(v)|,  G = int_{-inf}^0 F_X~(u) du = E[max(0, -X~)],
@@ -48,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import special
 
+from mombo_jax.moment_matching import mlp_trace
 from mombo_jax.moment_matching.moments import mm_linear, mm_relu
 
 NORMS = ("operator", "entrywise")
@@ -57,7 +59,7 @@ class MLPBound(NamedTuple):
   """moment_matching_bound's answer.
 
   mean, var: [B..., O] the moment-matched output (what `propagate` returns for the MLP).
-  w1: [B...] the Lemma's bound on W1(true output, N(mean, var)) per input row.
+  w1: [B...] Lemma 3's bound on W1(true output, N(mean, var)) per input row.
   g, c: [L-1, B...] per hidden layer, the summed G and C terms.
   norms: [L] ||A_l|| per layer (the `norm` chosen).
   """
@@ -70,7 +72,7 @@ class MLPBound(NamedTuple):
 
 
 def relu_moment_matching_bound(mean, var):
-  """Lemma "Moment matching bound" elementwise: an upper bound [...] on W1(max(0, X), N(m, v)) for
+  """Lemma 2 "Moment matching bound" elementwise: an upper bound [...] on W1(max(0, X), N(m, v)) for
   X ~ N(mean, var) [...] and (m, v) = mm_relu(mean, var), its moment-matched Gaussian."""
   mean, var = jnp.asarray(mean), jnp.asarray(var)
   chex.assert_equal_shape([mean, var])
@@ -98,24 +100,13 @@ def mlp_layers(layers) -> list:
   """[(kernel [I, O], bias [O]), ...] of a plain MLP, given either that list (kernel as x @ kernel,
   Flax's layout) or a Flax variables / params dict of Dense layers only ({"params": {"Dense_0":
   {"kernel", "bias"}, ...}}, any names ending in _<index>, taken in index order: the order Flax
-  built them in, which is the call order when each layer is built where it is called). Raises
+  built them in, which is the call order only when each layer is built where it is called, so
+  moment_matching_bound takes a dict only with apply_fn, and reads the order from it). Raises
   ValueError naming the problem for anything else (a layer without a bias or with more parameters,
   a kernel that is not 2-D, sizes that do not chain). That the activation between the layers is
   ReLU cannot be read from parameters: pass apply_fn to moment_matching_bound to have it checked."""
   if isinstance(layers, Mapping):
-    tree = layers.get("params", layers)
-    names = sorted(tree, key=_layer_index)
-    pairs = []
-    for name in names:
-      leaf = tree[name]
-      if not isinstance(leaf, Mapping) or set(leaf) != {"kernel", "bias"}:
-        got = sorted(leaf) if isinstance(leaf, Mapping) else type(leaf).__name__
-        raise ValueError(
-            f"moment_matching_bound: {name!r} is not a Dense layer (its parameters are {got}, not "
-            "exactly kernel and bias): the bound is the paper's for a plain ReLU MLP of Dense "
-            "layers. Pass the MLP's layers as a list of (kernel, bias) pairs instead.")
-      pairs.append((leaf["kernel"], leaf["bias"]))
-    layers = pairs
+    layers = _dict_pairs(layers)
   layers = [(jnp.asarray(k), jnp.asarray(b)) for k, b in layers]
   if not layers:
     raise ValueError("moment_matching_bound: no layers given.")
@@ -131,6 +122,22 @@ def mlp_layers(layers) -> list:
   return layers
 
 
+def _dict_pairs(layers) -> list:
+  """[(kernel, bias)] of a Flax dict of Dense layers, in the index order of their names."""
+  tree = layers.get("params", layers)
+  pairs = []
+  for name in sorted(tree, key=_layer_index):
+    leaf = tree[name]
+    if not isinstance(leaf, Mapping) or set(leaf) != {"kernel", "bias"}:
+      got = sorted(leaf) if isinstance(leaf, Mapping) else type(leaf).__name__
+      raise ValueError(
+          f"moment_matching_bound: {name!r} is not a Dense layer (its parameters are {got}, not "
+          "exactly kernel and bias): the bound is the paper's for a plain ReLU MLP of Dense "
+          "layers. Pass the MLP's layers as a list of (kernel, bias) pairs instead.")
+    pairs.append((leaf["kernel"], leaf["bias"]))
+  return pairs
+
+
 def _layer_index(name: str) -> int:
   tail = name.rsplit("_", 1)[-1]
   if not tail.isdigit():
@@ -142,33 +149,48 @@ def _layer_index(name: str) -> int:
 
 def moment_matching_bound(layers, mean, var, norm: str = "operator",
                           apply_fn=None) -> MLPBound:
-  """Lemma "Moment matching MLP bound" for the ReLU MLP `layers` (mlp_layers' forms) at the
-  diagonal Gaussian input N(mean, var) [B..., I]: its moment-matched output and the bound on the
-  W1 distance of the network's true output distribution from it (MLPBound, module docstring).
+  """Lemma "Moment matching MLP bound" (the paper's Lemma 3) for a ReLU MLP at the diagonal
+  Gaussian input N(mean, var) [B..., I]: its moment-matched output and the bound on the W1
+  distance of the network's true output distribution from it (MLPBound, module docstring).
 
+  layers: a list of (kernel [I, O], bias [O]) pairs in call order, read as relu(x @ A_1 + b_1)
+    ... x @ A_L + b_L (your statement that this is the network: parameters cannot show it); or
+    a Flax variables dict of Dense layers, which needs apply_fn: a dict says neither the order its
+    layers are called in (Flax numbers them as built, not as called) nor the activation.
+  apply_fn: fn(x [B..., I]) -> [B..., O], the network as you call it (concrete inputs only:
+    refused under jit). It is traced and the MLP read from it as it runs (mlp_trace.py: dot,
+    add, relu, ..., dot); anything else on the way (tanh, a normalisation, a skip connection)
+    raises ValueError naming it, and so do layers that are not the ones it uses. The layers read
+    are then checked against apply_fn's output at the mean.
   Outside jit, mean and var are checked first (finite, var >= 0: ValueError otherwise); under jit
-  they cannot be, and the bound is computed as given (mm_relu reads a negative var as 0).
-  apply_fn: optional fn(x [B..., I]) -> [B..., O], the network as you call it (concrete inputs
-  only: refused under jit); it is compared with the layers read as relu(x @ A + b) ...
-  x @ A_L + b_L at the mean, and a mismatch (another activation, a skip connection,
-  normalisation) raises ValueError instead of returning a bound for a network that is not the
-  one you have.
+  they cannot be, and the bound is computed as given (mm_relu reads a negative var as 0). var is
+  a diagonal: a covariance [B..., I, I] is refused (the Lemma is for a diagonal input).
   """
   if norm not in NORMS:
     raise ValueError(f"moment_matching_bound: norm={norm!r}; choose one of {NORMS}.")
-  layers = mlp_layers(layers)
+  if isinstance(layers, Mapping) and apply_fn is None:
+    _dict_pairs(layers)                      # a dict of other layers: named first
+    raise ValueError(
+        "moment_matching_bound: a Flax params dict says neither the order its layers are called "
+        "in (Flax numbers them as built: in nn.Dense(1)(nn.relu(nn.Dense(16)(x))) Dense_0 is the "
+        "last layer called) nor the activation between them. Pass apply_fn=lambda x: "
+        "model.apply(params, x) to have the network read as it runs, or a list of (kernel, "
+        "bias) pairs in call order.")
   mean, var = jnp.asarray(mean), jnp.asarray(var)
-  chex.assert_equal_shape([mean, var])
-  if mean.shape[-1] != layers[0][0].shape[0]:
-    raise ValueError(f"moment_matching_bound: the input has {mean.shape[-1]} features but the "
-                     f"first layer takes {layers[0][0].shape[0]}.")
+  _check_shapes(mean, var)
   traced = isinstance(mean, jax.core.Tracer) or isinstance(var, jax.core.Tracer)
-  if not traced:
-    _check_moments(mean, var)
   if apply_fn is not None:
     if traced:
       raise ValueError("moment_matching_bound: apply_fn is checked on concrete inputs; call it "
                        "outside jit, or leave apply_fn out under jit.")
+    layers = _the_layers_it_runs(layers, mlp_trace.read_mlp(apply_fn, mean))
+  layers = mlp_layers(layers)
+  if mean.shape[-1] != layers[0][0].shape[0]:
+    raise ValueError(f"moment_matching_bound: the input has {mean.shape[-1]} features but the "
+                     f"first layer takes {layers[0][0].shape[0]}.")
+  if not traced:
+    _check_moments(mean, var)
+  if apply_fn is not None:
     _check_is_the_mlp(layers, mean, apply_fn)
   m, v = mean, var
   gs, cs = [], []
@@ -188,6 +210,50 @@ def moment_matching_bound(layers, mean, var, norm: str = "operator",
   tail = jnp.flip(jnp.cumprod(jnp.flip(norms[1:])))
   w1 = jnp.tensordot(tail, g + c, axes=1)
   return MLPBound(m, v, w1, g, c, norms)
+
+
+def _check_shapes(mean, var):
+  ms, vs = tuple(mean.shape), tuple(var.shape)
+  if ms and vs == ms + ms[-1:]:
+    raise ValueError(
+        f"moment_matching_bound: var has shape {vs}, a covariance over the input's last axis; "
+        f"the paper's Lemma 3 bounds a diagonal Gaussian input (var of mean's shape {ms}). For "
+        "the moments under a full covariance use mombo_jax.propagate(fn, covariance='full') (no "
+        "bound); jnp.diagonal(cov, axis1=-2, axis2=-1) gives the bound of the input without its "
+        "correlations.")
+  if vs != ms:
+    raise ValueError(f"moment_matching_bound: var has shape {vs} but mean {ms}; pass one "
+                     "variance per input entry (var of mean's shape).")
+
+
+def _the_layers_it_runs(given, ran):
+  """The given layers (a list in call order, or a Flax dict in any order) as apply_fn runs them,
+  [(kernel, bias)] in call order; ValueError when they are not the layers apply_fn uses."""
+  if isinstance(given, Mapping):
+    tree = given.get("params", given)
+    pool = {name: (np.asarray(leaf.get("kernel")), np.asarray(leaf.get("bias")))
+            for name, leaf in tree.items() if isinstance(leaf, Mapping)}
+    order = []
+    for i, (kernel, bias) in enumerate(ran):
+      names = [n for n, (k, b) in pool.items() if n not in order and k.shape == kernel.shape
+               and np.array_equal(k, kernel) and b.shape == bias.shape and np.array_equal(b, bias)]
+      if not names:
+        raise ValueError(f"moment_matching_bound: layer {i} that apply_fn calls (kernel "
+                         f"{kernel.shape}) is not one of the params' layers {sorted(pool)}: "
+                         "apply_fn must run the params passed.")
+      order.append(names[0])
+    unused = sorted(set(pool) - set(order))
+    if unused:
+      raise ValueError(f"moment_matching_bound: apply_fn does not use the params' {unused}; "
+                       "the bound covers the network apply_fn runs, with every layer given.")
+    return [(tree[n]["kernel"], tree[n]["bias"]) for n in order]
+  given = mlp_layers(given)
+  if len(given) != len(ran) or any(
+      np.shape(k) != r[0].shape or not np.allclose(np.asarray(k), r[0])
+      or not np.allclose(np.asarray(b), r[1]) for (k, b), r in zip(given, ran)):
+    raise ValueError(f"moment_matching_bound: the layers given are not the {len(ran)} layers "
+                     "apply_fn runs, in its call order; pass those (or the params dict).")
+  return given
 
 
 def _check_moments(mean, var):
@@ -217,7 +283,7 @@ def _check_is_the_mlp(layers, mean, apply_fn):
 
 def sampling_pevi_bound(norms, num_samples: int, delta: float, r_max: float, gamma: float,
                         horizon: int):
-  """Theorem "Suboptimality of sampling-based PEVI": with probability >= 1 - delta,
+  """Theorem 2 "Suboptimality of sampling-based PEVI": with probability >= 1 - delta,
   SubOpt <= 2 H prod_l ||A_l|| sqrt(-8 log(delta / 4) R_max^2 / (floor(N / 2) (1 - gamma)^2)).
   norms: [L] or [..., L] the layers' norms; returns [] or [...]."""
   if int(num_samples) < 2:
@@ -234,8 +300,8 @@ def sampling_pevi_bound(norms, num_samples: int, delta: float, r_max: float, gam
 
 
 def mm_pevi_bound(w1, horizon: int):
-  """Theorem "Suboptimality of moment matching-based PEVI algorithms": SubOpt <= 2 H w1, w1 the
-  Lemma "Moment matching MLP bound" (MLPBound.w1); deterministic (no delta)."""
+  """Theorem 3 "Suboptimality of moment matching-based PEVI algorithms": SubOpt <= 2 H w1, w1
+  Lemma 3 "Moment matching MLP bound" (MLPBound.w1); deterministic (no delta)."""
   if horizon < 1:
     raise ValueError(f"horizon={horizon}: need horizon >= 1.")
   return 2.0 * horizon * jnp.asarray(w1)

@@ -1,6 +1,6 @@
-r"""The paper's two suboptimality bounds on a trained run's critic: Theorem "Suboptimality of
-sampling-based PEVI" beside Theorem "Suboptimality of moment matching-based PEVI algorithms"
-(the paper's section 4), at its dataset's states.
+r"""The paper's two suboptimality bounds on a trained run's critic: Theorem 2 "Suboptimality of
+sampling-based PEVI" beside Theorem 3 "Suboptimality of moment matching-based PEVI algorithms"
+(the paper's section 4 and numbering), at its dataset's states.
 
   python -m experiments.pevi_bounds --run=runs/hopper-random/mombo-elite_spread/s0x2
   python -m experiments.pevi_bounds --run=DIR --num_samples=10 --delta=0.05 --horizon=1000
@@ -9,8 +9,9 @@ States come from the run's dataset, actions from its policy, the next-state Gaus
 elite, the critic is its target critic with the smaller moment-matched mean (as in
 experiments.mm_vs_mc). R_max is the dataset's largest |reward|, gamma the run's. Prints the
 settings, both bounds (median and max over the states) and their ratio, and Monte Carlo's W1 at a
-few states as a yardstick; writes pevi_bounds.csv (one row per state) into --out (default: the
-run folder). The computation is mombo_jax.analysis.pevi_bounds's; this program only parses flags.
+few states as a yardstick; writes pevi_bounds.csv (one row per state: Lemma 3's W1 bound, Monte
+Carlo's measured W1 where measured, both theorems' bounds and their ratio; the columns:
+mombo_jax/analysis/pevi_bounds.py) into --out (default: the run folder). The computation is mombo_jax.analysis.pevi_bounds's; this program only parses flags.
 """
 from absl import flags, logging
 

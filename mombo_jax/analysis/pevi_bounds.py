@@ -1,9 +1,21 @@
 """The paper's two suboptimality theorems evaluated on a trained run's critic at its dataset's
-states (experiments.pevi_bounds is its CLI): Theorem "Suboptimality of sampling-based PEVI" (N
-samples, delta, R_max, gamma, H and the critic layers' norms) beside Theorem "Suboptimality of
-moment matching-based PEVI algorithms" (2 H times Lemma "Moment matching MLP bound" at each state's
-next-state Gaussian), and, as a yardstick for both, the W1 distance that Monte Carlo measures
-between the critic's true output and its moment-matched Gaussian at a few of the states.
+states (experiments.pevi_bounds is its CLI): Theorem 2 "Suboptimality of sampling-based PEVI" (N
+samples, delta, R_max, gamma, H and the critic layers' norms) beside Theorem 3 "Suboptimality of
+moment matching-based PEVI algorithms" (2 H times Lemma 3 "Moment matching MLP bound" at each
+state's next-state Gaussian), and, as a yardstick for both, the W1 distance that Monte Carlo
+measures between the critic's true output and its moment-matched Gaussian at a few of the states.
+(The paper's numbering: Theorem 1 is Jin et al.'s PEVI bound, Lemma 2 the per-ReLU bound.)
+
+pevi_bounds.csv, one row per state, its columns named for what they hold:
+  state, critic                 the dataset row, the target critic used (the smaller MM mean)
+  lemma3_w1_bound               Lemma 3's bound on W1(Q's true distribution, its MM Gaussian)
+  mc_w1, mc_w1_margin           that W1 as Monte Carlo measures it (check_samples samples) and its
+                                sampling error; at the first check_states states only, else nan
+  theorem3_mm_subopt_bound      Theorem 3: 2 H lemma3_w1_bound
+  theorem2_sampling_subopt_bound  Theorem 2 (probability >= 1 - delta)
+  sampling_over_mm              theorem2 / theorem3
+(Before issue #49 the columns were mm_w1, mm_bound, mc_bound (Theorem 2's bound, not Monte Carlo)
+and ratio_mc_over_mm, and the measured W1 was printed only.)
 
 The protocol is experiments.mm_vs_mc's (analysis/mm_vs_mc.py): a ~ pi(s) at dataset states s,
 (mu, var) = the elite's next-state Gaussian, a' = pi(mu), the target critic j* with the smaller
@@ -51,8 +63,9 @@ def evaluate(nets: SeedNets, obs, key, r_max: float, num_samples: int = NUM_SAMP
              delta: float = DELTA, horizon: int = HORIZON, norm: str = "operator",
              check_states: int = 4, check_samples: int = 10_000) -> dict:
   """Both theorems at states obs [B, S] of one seed's networks. Per state b, the critic is j*(b)
-  (the smaller MM mean), and both bounds use its layers. Returns dict(mm_w1 [B] (the Lemma),
-  mm_bound [B] (2 H mm_w1), mc_bound [B], norms [E, L], member [B], gamma, and, for the first
+  (the smaller MM mean), and both bounds use its layers. Returns dict(mm_w1 [B] (Lemma 3),
+  mm_bound [B] (Theorem 3: 2 H mm_w1), sampling_bound [B] (Theorem 2), norms [E, L], member [B],
+  gamma, and, for the first
   check_states states, empirical_w1 [<=B]: the 1-D W1 between check_samples Monte Carlo values of
   Q_j*(s', a') and the moment-matched Gaussian, and its sampling margin)."""
   gamma = float(nets.config.agent.gamma)
@@ -65,9 +78,10 @@ def evaluate(nets: SeedNets, obs, key, r_max: float, num_samples: int = NUM_SAMP
   rows = np.arange(x.shape[0])
   w1 = np.asarray(jnp.stack([r.w1 for r in per_member]))[member, rows]
   norms = np.asarray(jnp.stack([r.norms for r in per_member]))             # [E, L]
-  mc = np.asarray(bounds.sampling_pevi_bound(norms, num_samples, delta, r_max, gamma, horizon))
+  sampling = np.asarray(bounds.sampling_pevi_bound(norms, num_samples, delta, r_max, gamma,
+                                                    horizon))
   out = dict(mm_w1=w1, mm_bound=np.asarray(bounds.mm_pevi_bound(w1, horizon)),
-             mc_bound=mc[member], norms=norms, member=member, gamma=gamma,
+             sampling_bound=sampling[member], norms=norms, member=member, gamma=gamma,
              mm_mean=np.asarray(means)[member, rows],
              mm_var=np.asarray(jnp.stack([r.var[..., 0] for r in per_member]))[member, rows])
   k = min(int(check_states), x.shape[0])
@@ -111,9 +125,14 @@ def run_experiment(trained, transitions, out: str, num_states: int = 1000, seed_
       f"{labels.algo_label(trained.config.settings())} on {trained.dataset}, seed "
       f"{trained.seeds[seed_index]}, epoch {trained.epoch}"))
   os.makedirs(out, exist_ok=True)
-  rows = [dict(state=int(i), critic=int(result["member"][b]), mm_w1=float(result["mm_w1"][b]),
-               mm_bound=float(result["mm_bound"][b]), mc_bound=float(result["mc_bound"][b]),
-               ratio_mc_over_mm=float(result["mc_bound"][b] / result["mm_bound"][b]))
+  emp, margin = result.get("empirical_w1", []), result.get("empirical_margin", [])
+  rows = [dict(state=int(i), critic=int(result["member"][b]),
+               lemma3_w1_bound=float(result["mm_w1"][b]),
+               mc_w1=float(emp[b]) if b < len(emp) else float("nan"),
+               mc_w1_margin=float(margin[b]) if b < len(margin) else float("nan"),
+               theorem3_mm_subopt_bound=float(result["mm_bound"][b]),
+               theorem2_sampling_subopt_bound=float(result["sampling_bound"][b]),
+               sampling_over_mm=float(result["sampling_bound"][b] / result["mm_bound"][b]))
           for b, i in enumerate(idx)]
   outputs.write_rows(os.path.join(out, "pevi_bounds.csv"), rows)
   return result
@@ -122,7 +141,7 @@ def run_experiment(trained, transitions, out: str, num_states: int = 1000, seed_
 def summary_lines(result: dict, out: str) -> list:
   """What experiments.pevi_bounds prints: the run, the settings, each theorem's bound over the
   states (median, max), their ratio, and the Monte Carlo yardstick."""
-  mm, mc = result["mm_bound"], result["mc_bound"]
+  mm, mc = result["mm_bound"], result["sampling_bound"]
   ratio = mc / mm
   norms = result["norms"]
   lines = [
@@ -133,10 +152,10 @@ def summary_lines(result: dict, out: str) -> list:
       f"H={result['horizon']}, layer norms ({result['norm']} L1) per critic: "
       + "; ".join(" x ".join(f"{v:.3g}" for v in row) for row in norms)
       + f" (products {', '.join(f'{p:.4g}' for p in np.prod(norms, axis=1))})",
-      f"Theorem 'Suboptimality of sampling-based PEVI' (prob. >= {1 - result['delta']:g}): "
+      f"Theorem 2 'Suboptimality of sampling-based PEVI' (prob. >= {1 - result['delta']:g}): "
       f"SubOpt <= {np.median(mc):.4g} (median over states; max {np.max(mc):.4g})",
-      f"Theorem 'Suboptimality of moment matching-based PEVI' (deterministic): SubOpt <= "
-      f"{np.median(mm):.4g} (median; max {np.max(mm):.4g}); the Lemma's W1 bound itself: "
+      f"Theorem 3 'Suboptimality of moment matching-based PEVI' (deterministic): SubOpt <= "
+      f"{np.median(mm):.4g} (median; max {np.max(mm):.4g}); Lemma 3's W1 bound itself: "
       f"median {np.median(result['mm_w1']):.4g}",
       f"sampling / moment matching: {np.median(ratio):.4g}x (median over states; min "
       f"{np.min(ratio):.4g}x, max {np.max(ratio):.4g}x)",
@@ -147,7 +166,7 @@ def summary_lines(result: dict, out: str) -> list:
     lines.append(
         f"yardstick: Monte Carlo's W1 between Q's true distribution and the MM Gaussian at the "
         f"first {k} states: {', '.join(f'{e:.3g}' for e in emp)} (+- "
-        f"{np.max(result['empirical_margin']):.2g} sampling error); the Lemma's bound there is "
+        f"{np.max(result['empirical_margin']):.2g} sampling error); Lemma 3's bound there is "
         f"{np.median(result['mm_w1'][:k] / np.maximum(emp, 1e-30)):.3g}x it (median)")
   lines.append(f"wrote {os.path.join(out, 'pevi_bounds.csv')}")
   return lines

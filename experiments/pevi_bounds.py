@@ -11,7 +11,8 @@ experiments.mm_vs_mc). R_max is the dataset's largest |reward|, gamma the run's.
 settings, both bounds (median and max over the states) and their ratio, and Monte Carlo's W1 at a
 few states as a yardstick; writes pevi_bounds.csv (one row per state: Lemma 3's W1 bound, Monte
 Carlo's measured W1 where measured, both theorems' bounds and their ratio; the columns:
-mombo_jax/analysis/pevi_bounds.py) into --out (default: the run folder). The computation is mombo_jax.analysis.pevi_bounds's; this program only parses flags.
+mombo_jax/analysis/pevi_bounds.py) into --out (default: the run folder). The computation is
+mombo_jax.analysis.pevi_bounds's; this program only parses flags.
 """
 from absl import flags, logging
 

@@ -10,7 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import checkify
 
+from mombo_jax.errors import InvalidArgument
+from mombo_jax.moment_matching import door, propagate as propagate_module
 from mombo_jax.moment_matching.propagate import MomentsError, PropagateError, propagate
 
 B, D = 3, 4
@@ -96,6 +99,59 @@ def test_values_are_checked_when_concrete_only():
   assert float(var.max()) < 0
   with pytest.raises(MomentsError):   # the same inputs, eager: refused
     propagate(LINEAR)((mean, bad))
+
+
+def test_checkify_checks_values_under_jit():
+  """check_values="checkify" stages the door's value checks under jit (on ffc5631 a negative
+  variance or a non-PSD covariance passed jit silently with plausible output)."""
+  mean, var = _pair()
+  bad = var.at[1, 2].set(-1.0)
+  g = checkify.checkify(jax.jit(propagate(LINEAR, check_values="checkify")))
+  err, _ = g((mean, var))
+  err.throw()                                                            # good moments pass
+  err, _ = g((mean, bad))
+  with pytest.raises(Exception, match="argument 0's var has negative entries"):
+    err.throw()
+  cov = jnp.broadcast_to(jnp.eye(D), (B, D, D)).at[0, 1, 1].set(-1.0)
+  err, _ = checkify.checkify(jax.jit(propagate(LINEAR, covariance="full",
+                                               check_values="checkify")))((mean, cov))
+  with pytest.raises(Exception, match="not symmetric positive semi-definite"):
+    err.throw()
+  with pytest.raises(InvalidArgument, match="check_values='yes' is not one of"):
+    propagate(LINEAR, check_values="yes")
+
+
+def test_an_eager_call_seen_before_runs_compiled_with_the_same_answer():
+  """Eager calls were interpreted op by op every time (~20x a jitted call at width 256,
+  benchmarks/bench_propagate_eager.txt); the first still is, later ones with the same fn and
+  shapes run one cached compiled program (what they cost: the benchmark)."""
+  mean, var = _pair()
+  w = jnp.asarray(np.random.default_rng(4).normal(size=(D, 3)), jnp.float32)
+  fn = lambda x: jax.nn.relu(x @ w) * 2.0  # noqa: E731
+  answers = [propagate(fn)((mean, var)) for _ in range(3)]
+  key = propagate_module._key((fn, "diagonal", None, jax.tree.structure([mean]), (True,),
+                               ("argument 0",)), [mean], [var])
+  assert callable(propagate_module._COMPILED[key])                     # compiled and cached
+  for m, v in answers[1:]:
+    np.testing.assert_allclose(m, answers[0][0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(v, answers[0][1], rtol=1e-6, atol=1e-7)
+  for _ in range(3):                             # a refused fn stays refused, with its message
+    with pytest.raises(PropagateError, match="`tanh`"):
+      propagate(jnp.tanh)((mean, var))
+
+
+def test_a_wide_covariance_is_checked_on_its_device_first():
+  """From d = 64 the PSD check runs in the covariance's dtype on its device; the float64 host
+  check only confirms a failure and names the row, so the answers are the host check's."""
+  d = door._DEVICE_CHECK_D
+  factor = np.random.default_rng(2).normal(size=(2, d, 3))
+  ok = jnp.asarray(factor @ np.swapaxes(factor, 1, 2), jnp.float32)  # rank 3: singular, PSD
+  door.check_input("x", jnp.zeros((2, d)), ok, True)
+  bad = ok.at[1].add(-0.1 * jnp.trace(ok[1]) / d * jnp.eye(d))
+  with pytest.raises(MomentsError, match="not positive semi-definite: row 1 "):
+    door.check_input("x", jnp.zeros((2, d)), bad, True)
+  with pytest.raises(MomentsError, match="NaN or infinite"):
+    door.check_input("x", jnp.zeros((2, d)), ok.at[0, 3, 3].set(np.nan), True)
 
 
 class Net(nn.Module):

@@ -4,9 +4,11 @@ their bound / truth ratios.
 
   python3 -m benchmarks.bench_mm_bounds [--out=benchmarks/bench_mm_bounds.txt] [--samples=20000]
 
-Part 1, Lemma "Moment matching bound" per ReLU: X ~ N(mu, sd^2) on a grid; the bound against the
-exact W1(max(0, X), N(m, v)) (quadrature, float64) and against Monte Carlo's.
-Part 2, Lemma "Moment matching MLP bound": ReLU MLPs (input 5, output 2, torch.nn.Linear's init
+Part 1, Lemma 2 "Moment matching bound" per ReLU (the paper's numbering): X ~ N(mu, sd^2) on a
+grid; the bound against the exact W1(max(0, X), N(m, v)) (quadrature, float64) and against Monte
+Carlo's. Part 1b: the bound / exact ratio as a function of t = mu / sd alone (it is scale-free),
+t from -3 to 3: the per-ReLU figure docs/moment_matching.md quotes.
+Part 2, Lemma 3 "Moment matching MLP bound": ReLU MLPs (input 5, output 2, torch.nn.Linear's init
 U(+-1/sqrt(fan_in)) for weights and biases), 1-3 hidden layers of width 4, 32, 128, inputs
 N(x, var I) with x ~ N(0, I), var in {0, 1e-3, 1e-1, 1e1}, 3 rows each; the bound (operator L1
 norms) against the 1-D W1 of --samples Monte Carlo outputs per output and row from the MM
@@ -52,6 +54,26 @@ def forward(layers, x):
   return x
 
 
+def relu_ratio_by_t(out):
+  """Part 1b: bound / exact W1 against t = mu / sd. Both scale with sd at fixed t (X -> c X
+  scales Y, its MM Gaussian and every term of the bound by c), so the ratio is a function of t
+  alone: this sweep gives its range over any band of t, e.g. the kink's |t| <= 1."""
+  ts = np.round(np.arange(-3.0, 3.0 + 1e-9, 0.25), 2)
+  bound = np.asarray(bounds.relu_moment_matching_bound(ts.astype(np.float32), np.ones_like(ts,
+                                                        np.float32)), np.float64)
+  m, v = (np.asarray(x, np.float64) for x in mm_relu(jnp.asarray(ts, jnp.float32),
+                                                     jnp.ones(ts.shape, jnp.float32)))
+  ratio = np.array([bound[i] / exact_relu_w1(float(t), 1.0, m[i], v[i]) for i, t in enumerate(ts)])
+  out("Part 1b: Lemma 2's bound / exact W1 by t = mu / sd (sd = 1; the ratio depends on t only)")
+  out("| t | " + " | ".join(f"{t:g}" for t in ts) + " |")
+  out("|---|" + "---|" * len(ts))
+  out("| bound / exact | " + " | ".join(f"{r:.3g}" for r in ratio) + " |")
+  for band in (1.0, 2.0):
+    inside = np.abs(ts) <= band
+    lo, hi = np.argmin(np.where(inside, ratio, np.inf)), np.argmax(np.where(inside, ratio, -1))
+    out(f"|t| <= {band:g}: {ratio[lo]:.3g}x (t = {ts[lo]:g}) to {ratio[hi]:.3g}x (t = {ts[hi]:g})")
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--samples", type=int, default=20000)
@@ -60,7 +82,7 @@ def main():
   out = Record(args.out)
   record_start(out, "bench_mm_bounds", "the paper's W1 bounds against the truth", args)
   out("")
-  out("Part 1: Lemma 'Moment matching bound' per ReLU")
+  out("Part 1: Lemma 2 'Moment matching bound' per ReLU")
   out("| mu | sd | bound | exact W1 | MC W1 (margin) | bound / exact |")
   out("|---|---|---|---|---|---|")
   mus, sds = np.meshgrid([-2.0, -0.5, 0.0, 0.5, 2.0], [0.03, 0.3, 1.0, 3.0], indexing="ij")
@@ -76,7 +98,9 @@ def main():
     out(f"| {mus[i]:g} | {sds[i]:g} | {bound[i]:.4g} | {exact:.4g} | {emp[i]:.4g} "
         f"({margin[i]:.2g}) | {ratio} |")
   out("")
-  out("Part 2: Lemma 'Moment matching MLP bound' (operator L1 norms)")
+  relu_ratio_by_t(out)
+  out("")
+  out("Part 2: Lemma 3 'Moment matching MLP bound' (operator L1 norms)")
   out("| depth | width | input var | norms | bound (rows) | max MC W1 (margin) "
       "| ratio min / median | bound >= MC - margin |")
   out("|---|---|---|---|---|---|---|---|")

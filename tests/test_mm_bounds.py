@@ -4,6 +4,7 @@ samples of the true output and the moment-matched Gaussian, minus the samples' o
 (sampling_margin, x3), on every case tried; the per-ReLU bound is also checked against the exact
 W1 by quadrature and is within a small factor of it where the input is not deep in the dead zone;
 the theorems are their formulas; bad networks are refused by name."""
+import os
 import warnings
 
 import flax.linen as nn
@@ -17,6 +18,8 @@ from benchmarks.bench_mm_bounds import forward, mlp
 from mombo_jax import moment_matching_bound, propagate, relu_moment_matching_bound
 from mombo_jax.moment_matching import bounds
 from mombo_jax.moment_matching.moments import mm_relu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 VARIANCES = (1e-3, 1e-1, 1e1)       # one input row per variance: one compilation per network
 SAMPLES = 20_000
@@ -53,6 +56,23 @@ def test_relu_bound_is_above_the_exact_w1_and_within_10x_near_the_kink():
   # Deep in the dead zone the Lemma's W1(X, X~) term charges |mu|: loose by design, not by us.
   dead = (mu <= -2 * sd)
   assert np.all(bound[dead] >= -mu[dead]) and np.all(bound[dead] > 5 * exact[dead])
+
+
+def test_the_docs_per_relu_figure_is_measured_at_the_kinks_edges():
+  """docs/moment_matching.md quotes the per-ReLU bound / exact ratio over |mean| <= std from
+  benchmarks/bench_mm_bounds.txt Part 1b (on ffc5631 it said 1.5-5.8x, from a grid that missed
+  mean = -std, where it is 10.4x). The ratio depends on mean / std only, so its ends are at
+  t = +-1 (it falls monotonically in t on the record's sweep)."""
+  t = np.array([-1.0, 1.0], np.float32)
+  bound = np.asarray(relu_moment_matching_bound(t, np.ones_like(t)), np.float64)
+  m, v = (np.asarray(x, np.float64) for x in mm_relu(jnp.asarray(t), jnp.ones(2)))
+  ratio = [bound[i] / _exact_relu_w1(float(t[i]), 1.0, m[i], v[i]) for i in range(2)]
+  quoted = f"{ratio[1]:.1f}x (mean = std) to {ratio[0]:.1f}x (mean = -std)"
+  assert quoted == "2.0x (mean = std) to 10.4x (mean = -std)", ratio
+  docs = open(os.path.join(ROOT, "docs", "moment_matching.md")).read()
+  assert quoted in " ".join(docs.split()), "the docs' per-ReLU figure is not the benchmark's"
+  record = open(os.path.join(ROOT, "benchmarks", "bench_mm_bounds.txt")).read()
+  assert "|t| <= 1: 1.99x (t = 1) to 10.4x (t = -1)" in record
 
 
 def test_relu_bound_is_above_monte_carlo_w1():

@@ -105,7 +105,7 @@ def _split_pair(arg, i):
 
 
 def propagate(fn: Callable, argnums: Union[int, Sequence[int]] = 0,
-              covariance: str = "diagonal", check_values: bool = True,
+              covariance: str = "diagonal", check_values: Union[bool, str] = True,
               relu_covariance: Optional[str] = None) -> Callable:
   """fn's moment-matched twin (see the module docstring).
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from benchmarks.fidelity import dyn_ours
-from mombo_jax.core import buffer, dynamics, rollout
+from mombo_jax.core import buffer, dynamics, rollout, termination
 from mombo_jax.dynamics import dynamics_training
 
 TINY = dict(dyn_hidden=(16, 16), dyn_weight_decay=(2.5e-5, 5e-5, 1e-4), dyn_members=3,
@@ -22,7 +22,7 @@ def trained():
   data = dyn_ours.synthetic(N)
   inputs, targets = dyn_ours.arrays(data, "float32")
   key = jax.random.PRNGKey(3)
-  trace = dyn_ours.train(cfg, key, inputs, targets, EPOCHS, "float32")
+  trace = dyn_ours.train_epochs(cfg, key, inputs, targets, EPOCHS, "float32")
   return cfg, data, key, trace
 
 
@@ -64,15 +64,10 @@ def test_rollout_draws_and_replay_are_rollout_runs(trained):
   rows, written = dyn_ours.rollout_replay(key, policy, dyn, start, cfg, cfg.beta)
   capacity = BRANCHES * cfg.rollout.rollout_length
   buf, _ = rollout.run(key, policy, dyn, start, buffer.init_ring(capacity, dyn_ours.S, dyn_ours.A),
-                       cfg, dynamics_ours_term(cfg), cfg.beta)
+                       cfg, termination.termination_fn(cfg.env_name), cfg.beta)
   count = int(buf.count)
   assert count == written.sum() and 0 < count < capacity      # some branches ended
   for ours, name in (("obs", "obs"), ("action", "action"), ("next_obs", "next_obs"),
                      ("reward", "reward"), ("done", "done"), ("obs_var", "obs_var")):
     np.testing.assert_allclose(np.asarray(getattr(buf.data, name))[:count], rows[ours][written],
                                rtol=1e-5, atol=1e-5, err_msg=name)
-
-
-def dynamics_ours_term(cfg):
-  from mombo_jax.core import termination
-  return termination.termination_fn(cfg.env_name)

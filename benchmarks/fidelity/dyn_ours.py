@@ -7,6 +7,14 @@ and Gaussian noise per row), and a replay of our rollout from those draws with e
 tests/test_fidelity_dynamics.py holds these to the product: the positions and draws are what
 dynamics_training and rollout.run use, and the replay writes what rollout.run writes.
 
+float64 (the harness process under jax_enable_x64): the product writes float32 in four places,
+which the harness casts around, keeping the values: training_data.make_arrays (the training
+arrays: `arrays` builds them in float64), the ensemble's parameters (Flax Dense's default
+param_dtype and EnsembleDynamics' max / min logvar: `start_training` casts them and re-inits Adam),
+validation.INITIAL_BEST's array (cast with them) and the replay ring (buffer.init_ring / add:
+float32 rows, as the references' ReplayBuffer; the comparison reads the ring as float32). Padding
+weights (dynamics_training._steps) and terminals (rollout.run) are float32 0 / 1, exact either way.
+
 Shapes: N rows of data, T = N - H training rows, H holdout rows, M members, E elites, K rollout
 steps, R rollout branches, S = 11 obs dims, A = 3 action dims, O = S + 1 outputs.
 """
@@ -120,7 +128,7 @@ def start_training(cfg, key, inputs, targets, dtype: str):
                     opt_state=optax.adam(cfg.dynamics_training.dyn_lr).init(params))
 
 
-def train(cfg, key, inputs, targets, epochs: int, dtype: str) -> TrainingTrace:
+def train_epochs(cfg, key, inputs, targets, epochs: int, dtype: str) -> TrainingTrace:
   """`epochs` epochs of our dynamics training, each minibatch one call of the product's compiled
   step (dynamics_training._steps with start = b, stop = b + 1: the same bits as the epoch in one
   call), its loss terms taken before the step and its parameters after."""

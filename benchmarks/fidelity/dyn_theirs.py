@@ -27,7 +27,9 @@ import types
 
 import numpy as np
 
-REFERENCES = {"mombo": "adinlab/MOMBO", "mobile": "OfflineRL-Kit", "mopo": "OfflineRL-Kit"}
+# --algo -> the reference it is compared with (MOMBO's targets share its dynamics and rollout).
+REFERENCES = {"mombo": "adinlab/MOMBO", "mombo-lcb": "adinlab/MOMBO", "mobile": "OfflineRL-Kit",
+              "mopo": "OfflineRL-Kit"}
 
 
 class Stand(types.ModuleType):
@@ -66,8 +68,10 @@ def _stub_imports(kit: bool):
     gym.envs = sys.modules["gym.envs"]
     gym.envs.mujoco = sys.modules["gym.envs.mujoco"]
     gym.envs.mujoco.mujoco_env = sys.modules["gym.envs.mujoco.mujoco_env"]
+    gym.envs.mujoco.mujoco_env.MujocoEnv = object
     notes.append("gym: an empty module (gym.spaces.Space, gym.Env: annotations; "
-                 "gym.envs.mujoco.mujoco_env: imported by a dynamics file never run here)")
+                 "gym.envs.mujoco.mujoco_env.MujocoEnv: an annotation of OfflineRL-Kit's "
+                 "mujoco_oracle_dynamics.py, never run here)")
   if kit:
     try:
       import tensorboard  # noqa: F401
@@ -83,6 +87,7 @@ def _stub_imports(kit: bool):
 def load(algo: str, path: str):
   """(namespace of their modules: ens (ensemble_dynamics), model (dynamics_model), scaler, term
   (termination_fns), buffer, rollout (the policy class whose `rollout` we call); [stub lines])."""
+  algo = algo.split("-")[0]
   kit = algo != "mombo"
   notes = _stub_imports(kit)
   sys.path.insert(0, os.path.abspath(path))
@@ -97,6 +102,11 @@ def load(algo: str, path: str):
                  nets="models.nets", scaler="utils.scaler", term="utils.termination_fns",
                  buffer="utils.buffer", policy="policies.mombo")
   mods = types.SimpleNamespace(**{k: importlib.import_module(v) for k, v in names.items()})
+  for name, module in vars(mods).items():
+    if not os.path.realpath(module.__file__).startswith(os.path.realpath(path)):
+      raise SystemExit(f"their module {names[name]} was imported from {module.__file__}, not from "
+                       f"{path}: another package of that name is on sys.path first; run the "
+                       "harness in a fresh process")
   mods.rollout = {"mombo": "MOMBOPolicy", "mobile": "MOBILEPolicy",
                   "mopo": "MOPOPolicy"}[algo]
   mods.rollout = getattr(mods.policy, mods.rollout).rollout
@@ -217,7 +227,7 @@ def _training_draws(trace, positions, reorder):
   return random_split, randint, uniform
 
 
-def train(mods, dyn, cfg, transitions, trace, positions, reorder, dtype):
+def train_epochs(mods, dyn, cfg, transitions, trace, positions, reorder, dtype):
   """Their EnsembleDynamics.train for len(trace.orders) epochs on our split and orders (see
   _training_draws), recording per minibatch the loss terms before its Adam step (their learn's
   loss; the decay by their get_decay_loss; the logvar-bound term; nll the rest) and the parameters
@@ -234,8 +244,9 @@ def train(mods, dyn, cfg, transitions, trace, positions, reorder, dtype):
     losses, after = [], []
     for start in range(0, inputs.shape[1], batch_size):
       m = dyn.model
-      decay = float(m.get_decay_loss())
-      bound = float(coef * m.max_logvar.sum() - coef * m.min_logvar.sum())
+      with torch.no_grad():
+        decay = float(m.get_decay_loss())
+        bound = float(coef * m.max_logvar.sum() - coef * m.min_logvar.sum())
       total = learn(inputs[:, start:start + batch_size], targets[:, start:start + batch_size],
                     batch_size, logvar_loss_coef)
       losses.append(dict(total=total, nll=total - decay - bound, decay=decay,

@@ -33,16 +33,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.fidelity import dyn_ours, dyn_theirs
-from mombo_jax.core import buffer, rollout, termination
+from mombo_jax.core import buffer, dynamics, rollout, termination
 
 N_DATA, EPOCHS, R_BRANCHES = 1500, 3, 256
 ROUNDING = {"float32": 1e-4, "float64": 1e-10}
 
 
 def compare(algo: str, reference_dir: str, dtype: str = "float32", seed: int = 0):
-  """(rows, stubs) for algo mombo | mobile | mopo against reference_dir (adinlab/MOMBO for mombo,
-  OfflineRL-Kit for the others), in dtype float32 | float64 (float64 switches jax_enable_x64 on
-  for the call and back after)."""
+  """(rows, stubs) for algo mombo | mombo-lcb | mobile | mopo against reference_dir (adinlab/MOMBO
+  for MOMBO, whose targets share the dynamics and rollout; OfflineRL-Kit for the others), in
+  dtype float32 | float64 (float64 switches jax_enable_x64 on for the call and back after).
+  reference_dir is not checked here (the harness checks its commit first)."""
   if algo not in dyn_theirs.REFERENCES:
     raise ValueError(f"algo {algo!r}: one of {', '.join(dyn_theirs.REFERENCES)}")
   if dtype not in ROUNDING:
@@ -53,7 +54,7 @@ def compare(algo: str, reference_dir: str, dtype: str = "float32", seed: int = 0
     mods, stubs = dyn_theirs.load(algo, reference_dir)
     if dtype == "float64":
       stubs = stubs + dyn_theirs.float64_stubs()
-    return _compare(algo, mods, dtype, seed), stubs
+    return _compare(algo.split("-")[0], mods, dtype, seed), stubs
   finally:
     jax.config.update("jax_enable_x64", x64)
 
@@ -62,10 +63,10 @@ def _compare(algo, mods, dtype, seed):
   cfg = dyn_ours.config(algo, EPOCHS)
   data = dyn_ours.synthetic(N_DATA, seed)
   inputs, targets = dyn_ours.arrays(data, dtype)
-  ours = dyn_ours.train(cfg, jax.random.PRNGKey(seed), inputs, targets, EPOCHS, dtype)
+  ours = dyn_ours.train_epochs(cfg, jax.random.PRNGKey(seed), inputs, targets, EPOCHS, dtype)
   positions = [dyn_ours.positions(ours.train_idx, order) for order in ours.orders]
   dyn = dyn_theirs.build(mods, cfg, ours.init_params, dtype)
-  theirs = dyn_theirs.train(mods, dyn, cfg, data, ours, positions, dyn_ours.reorder, dtype)
+  theirs = dyn_theirs.train_epochs(mods, dyn, cfg, data, ours, positions, dyn_ours.reorder, dtype)
   rows = _training_rows(algo, ours, theirs, dtype)
   rows += _prediction_rows(algo, mods, dyn, cfg, ours, data, dtype)
   rows += _rollout_rows(algo, mods, cfg, ours.final, data, dtype, seed)
@@ -162,7 +163,6 @@ def _training_rows(algo, ours, theirs, dtype):
 def _prediction_rows(algo, mods, dyn, cfg, ours, data, dtype):
   """Every member's Gaussian on the holdout rows: their trained model (snapshots loaded) vs ours
   (validation.pick_elites' state), each trained on its own side."""
-  from mombo_jax.core import dynamics
   idx = ours.holdout_idx
   obs = np.asarray(data.observations[idx], dtype)
   act = np.asarray(data.actions[idx], dtype)
@@ -257,7 +257,7 @@ def _rollout_values(algo, flat, trans, infos, i, j, k, dtype):
     rows.append(_row("rollout", mine, k, flat[mine][i], b, dtype, note))
   done, term = flat["done"][i].astype(bool), trans["terminals"][j].reshape(-1).astype(bool)
   differ = done != term
-  gap = _hopper_gap(flat["next_obs"][i]) if algo and differ.any() else np.zeros(0, bool)
+  gap = _hopper_gap(flat["next_obs"][i])
   explained = differ.any() and np.all(gap[differ] & done[differ])
   rows.append(_count("rollout", "terminal", k, int(differ.sum()), len(done),
                      "their task's termination fn vs ours (gymnasium v5 + runaway bound); they "

@@ -160,6 +160,8 @@ def train_epochs(cfg, key, inputs, targets, epochs: int, dtype: str) -> Training
     tr.holdout_mse.append(np.asarray(mse))
     tr.kept.append(np.asarray(new.best != st.best))
     st = new
+    if not bool(st.active):          # patience ran out (their train() breaks there too)
+      break
   tr.final = fns.finish(st)
   return tr
 

@@ -83,9 +83,11 @@ class TrainingTrace:
 
   train_idx [T], holdout_idx [H]: the split; orders[e] [M, T]: epoch e's minibatch order as data
   indices (dynamics_training._plan, padding dropped); losses[e][b]: the loss terms of minibatch b
-  before its Adam step (total, nll, decay, logvar_bound); params[e][b]: the parameters after that
-  step; holdout_mse[e] [M], kept[e] bool [M] (snapshot taken), input_mean / input_std [D];
-  final: the trained DynamicsState (validation.pick_elites); init_params: the start.
+  before its Adam step (total, nll, decay, logvar_bound); params[k]: the parameters after Adam
+  step k (1-based, over all epochs) for the steps `kept_step` keeps; holdout_mse[e] [M],
+  kept[e] bool [M] (snapshot taken), input_mean / input_std [D];
+  final: the trained DynamicsState (validation.pick_elites); init_params: the start; further:
+  the ensemble after train_epochs' further epochs.
   """
   train_idx: np.ndarray
   holdout_idx: np.ndarray
@@ -94,10 +96,17 @@ class TrainingTrace:
   init_params: dict
   orders: List[np.ndarray] = dataclasses.field(default_factory=list)
   losses: List[List[Dict[str, float]]] = dataclasses.field(default_factory=list)
-  params: List[List[dict]] = dataclasses.field(default_factory=list)
+  params: Dict[int, dict] = dataclasses.field(default_factory=dict)
   holdout_mse: List[np.ndarray] = dataclasses.field(default_factory=list)
   kept: List[np.ndarray] = dataclasses.field(default_factory=list)
   final: dynamics.DynamicsState = None
+  further: dynamics.DynamicsState = None
+
+
+def kept_step(k: int, n_batches: int) -> bool:
+  """Whether the parameters after Adam step k are kept: the first, and each epoch's last (all of
+  them would be ~7 MB a step in float64)."""
+  return k == 1 or k % n_batches == 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,10 +137,13 @@ def start_training(cfg, key, inputs, targets, dtype: str):
                     opt_state=optax.adam(cfg.dynamics_training.dyn_lr).init(params))
 
 
-def train_epochs(cfg, key, inputs, targets, epochs: int, dtype: str) -> TrainingTrace:
+def train_epochs(cfg, key, inputs, targets, epochs: int, dtype: str,
+                 further: int = 0) -> TrainingTrace:
   """`epochs` epochs of our dynamics training, each minibatch one call of the product's compiled
   step (dynamics_training._steps with start = b, stop = b + 1: the same bits as the epoch in one
-  call), its loss terms taken before the step and its parameters after."""
+  call), its loss terms taken before the step and its parameters after; then `further` epochs
+  as the product trains them (dynamics_training.run_epoch), nothing recorded but the ensemble
+  they end with (TrainingTrace.further)."""
   fns = _fns(cfg)
   st = start_training(cfg, key, inputs, targets, dtype)
   train_idx, holdout_idx = (np.asarray(a) for a in training_data.split_indices(
@@ -141,28 +153,32 @@ def train_epochs(cfg, key, inputs, targets, epochs: int, dtype: str) -> Training
   terms = _loss_terms(cfg)
   n_train = train_idx.shape[0]
   bs = cfg.dynamics_training.dyn_batch_size
-  max_epochs = jnp.asarray(epochs, jnp.int32)
+  max_epochs = jnp.asarray(epochs + further, jnp.int32)
   for _ in range(epochs):
     order = fns.plan(st)                                            # [n_batches, M, bs]
     params, opt_state = st.params, st.opt_state
-    losses, after = [], []
+    losses = []
     for b in range(order.shape[0]):
       idx = order[b]
       w = jnp.broadcast_to((b * bs + jnp.arange(bs) < n_train).astype(inputs.dtype), idx.shape)
       x = (inputs[idx] - st.input_mean) / st.input_std
       losses.append({k: float(v) for k, v in terms(params, x, targets[idx], w).items()})
       params, opt_state = fns.steps(st, params, opt_state, inputs, targets, order, b, b + 1)
-      after.append(jax.device_get(params))
+      k = sum(map(len, tr.losses)) + b + 1
+      if kept_step(k, order.shape[0]):
+        tr.params[k] = jax.device_get(params)
     new, mse = fns.end(st, params, opt_state, inputs, targets, max_epochs)
     tr.orders.append(np.asarray(order).swapaxes(0, 1).reshape(order.shape[1], -1)[:, :n_train])
     tr.losses.append(losses)
-    tr.params.append(after)
     tr.holdout_mse.append(np.asarray(mse))
     tr.kept.append(np.asarray(new.best != st.best))
     st = new
     if not bool(st.active):          # patience ran out (their train() breaks there too)
       break
   tr.final = fns.finish(st)
+  for _ in range(further):
+    st, _ = dynamics_training.run_epoch(fns, st, inputs, targets, max_epochs)
+  tr.further = fns.finish(st)
   return tr
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import sys
 import tempfile
@@ -56,31 +57,30 @@ def standing(module, **names):
 
 
 def _stub_imports(kit: bool):
+  """Installs the import stubs where the real modules are missing (once per process; a stub is a
+  module without a file) and returns a line for each stub in use."""
   notes = []
-  if "gym" not in sys.modules:
-    gym = types.ModuleType("gym")
-    gym.spaces = types.SimpleNamespace(Space=object)
-    gym.Env = object
+  if "gym" not in sys.modules and importlib.util.find_spec("gym") is None:
     names = ["gym", "gym.envs", "gym.envs.mujoco", "gym.envs.mujoco.mujoco_env"]
-    for name in names[1:]:
+    for parent, name in zip([None] + names, names):
       sys.modules[name] = types.ModuleType(name)
-    sys.modules["gym"] = gym
-    gym.envs = sys.modules["gym.envs"]
-    gym.envs.mujoco = sys.modules["gym.envs.mujoco"]
-    gym.envs.mujoco.mujoco_env = sys.modules["gym.envs.mujoco.mujoco_env"]
-    gym.envs.mujoco.mujoco_env.MujocoEnv = object
+      if parent:
+        setattr(sys.modules[parent], name.rsplit(".", 1)[1], sys.modules[name])
+    sys.modules["gym"].spaces = types.SimpleNamespace(Space=object)
+    sys.modules["gym"].Env = object
+  if "gym" in sys.modules and getattr(sys.modules["gym"], "__file__", None) is None:
+    env = sys.modules["gym"].envs.mujoco.mujoco_env
+    env.MujocoEnv = getattr(env, "MujocoEnv", object)
     notes.append("gym: an empty module (gym.spaces.Space, gym.Env: annotations; "
                  "gym.envs.mujoco.mujoco_env.MujocoEnv: an annotation of OfflineRL-Kit's "
                  "mujoco_oracle_dynamics.py, never run here)")
-  if kit:
-    try:
-      import tensorboard  # noqa: F401
-    except ImportError:
-      board = types.ModuleType("torch.utils.tensorboard")
-      board.SummaryWriter = object
-      sys.modules["torch.utils.tensorboard"] = board
-      notes.append("torch.utils.tensorboard: a module with SummaryWriter = object (imported by "
-                   "offlinerlkit/utils/logger.py; tensorboard is not installed; never constructed)")
+  board = "torch.utils.tensorboard"
+  if kit and board not in sys.modules and importlib.util.find_spec("tensorboard") is None:
+    sys.modules[board] = types.ModuleType(board)
+    sys.modules[board].SummaryWriter = object
+  if kit and board in sys.modules and getattr(sys.modules[board], "__file__", None) is None:
+    notes.append("torch.utils.tensorboard: a module with SummaryWriter = object (imported by "
+                 "offlinerlkit/utils/logger.py; tensorboard is not installed; never constructed)")
   return notes
 
 
@@ -227,21 +227,19 @@ def _training_draws(trace, positions, reorder):
   return random_split, randint, uniform
 
 
-def train_epochs(mods, dyn, cfg, transitions, trace, positions, reorder, dtype):
-  """Their EnsembleDynamics.train for len(trace.orders) epochs on our split and orders (see
-  _training_draws), recording per minibatch the loss terms before its Adam step (their learn's
-  loss; the decay by their get_decay_loss; the logvar-bound term; nll the rest) and the parameters
-  after it, per epoch the holdout losses (their validate) and the members snapshotted (their
-  update_save). Returns the record (lists like dyn_ours.TrainingTrace's) and their final model's
-  params, elites and scaler."""
+def _recording(dyn, coef: float, kept_step):
+  """Wraps dyn's learn, validate and model.update_save (instance attributes over their methods,
+  which run unchanged) to record into the returned dict: losses[e][b] (the loss terms of
+  minibatch b before its Adam step: their learn's loss, the decay by their get_decay_loss, the
+  logvar-bound term, nll the rest), params[k] (after Adam step k where kept_step(k, n_batches)),
+  holdout_mse[e] (their validate), kept[e] (the members their update_save snapshots). Their learn
+  is called once per minibatch, on that minibatch: the same slices and steps as one call."""
   import torch
-  training = cfg.dynamics_training
-  coef, bs = training.dyn_logvar_coef, training.dyn_batch_size
-  rec = dict(losses=[], params=[], holdout_mse=[], kept=[])
+  rec = dict(losses=[], params={}, holdout_mse=[], kept=[])
   learn, validate, update_save = dyn.learn, dyn.validate, dyn.model.update_save
 
   def learn_by_batch(inputs, targets, batch_size, logvar_loss_coef):
-    losses, after = [], []
+    losses, n_batches = [], -(-inputs.shape[1] // batch_size)
     for start in range(0, inputs.shape[1], batch_size):
       m = dyn.model
       with torch.no_grad():
@@ -251,23 +249,34 @@ def train_epochs(mods, dyn, cfg, transitions, trace, positions, reorder, dtype):
                     batch_size, logvar_loss_coef)
       losses.append(dict(total=total, nll=total - decay - bound, decay=decay,
                          logvar_bound=bound))
-      after.append(get_params(m))
+      k = len(rec["losses"]) * n_batches + len(losses)
+      if kept_step(k, n_batches):
+        rec["params"][k] = get_params(m)
     rec["losses"].append(losses)
-    rec["params"].append(after)
     return float(np.mean([x["total"] for x in losses]))
 
   def validate_recorded(inputs, targets):
     out = validate(inputs, targets)
     rec["holdout_mse"].append(np.asarray(out))
-    rec["kept"].append(np.zeros(cfg.dynamics.dyn_members, bool))
+    rec["kept"].append(np.zeros(len(out), bool))
     return out
 
   def update_save_recorded(indexes):
     rec["kept"][-1][indexes] = True
     return update_save(indexes)
 
-  dyn.learn, dyn.validate, dyn.model.update_save = (learn_by_batch, validate_recorded,
-                                                    update_save_recorded)
+  dyn.learn, dyn.validate = learn_by_batch, validate_recorded
+  dyn.model.update_save = update_save_recorded
+  return rec
+
+
+def train_epochs(mods, dyn, cfg, transitions, trace, positions, reorder, kept_step, dtype):
+  """Their EnsembleDynamics.train for len(positions) epochs (max_epochs) on our split and
+  orders (_training_draws), recorded (_recording). Returns the record (as dyn_ours
+  .TrainingTrace's fields) with their final model's params, elites and scaler."""
+  import torch
+  training = cfg.dynamics_training
+  rec = _recording(dyn, training.dyn_logvar_coef, kept_step)
   split, randint, uniform = _training_draws(trace, positions, reorder)
   their_torch = Stand(torch, utils=types.SimpleNamespace(
       data=types.SimpleNamespace(random_split=split)))
@@ -277,8 +286,8 @@ def train_epochs(mods, dyn, cfg, transitions, trace, positions, reorder, dtype):
     logger = types.SimpleNamespace(log=_none, logkv=_none, set_timestep=_none, dumpkvs=_none,
                                    model_dir=tmp)
     dyn.train(_data(transitions, dtype), logger, max_epochs=len(positions),
-              max_epochs_since_update=training.dyn_patience, batch_size=bs,
-              holdout_ratio=training.dyn_holdout_ratio, logvar_loss_coef=coef)
+              max_epochs_since_update=training.dyn_patience, batch_size=training.dyn_batch_size,
+              holdout_ratio=training.dyn_holdout_ratio, logvar_loss_coef=training.dyn_logvar_coef)
   rec.update(final=get_params(dyn.model), elites=dyn.model.elites.data.numpy().copy(),
              mu=dyn.scaler.mu[0], std=dyn.scaler.std[0])
   return rec

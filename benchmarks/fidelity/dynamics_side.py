@@ -9,13 +9,14 @@ What is compared, on a synthetic hopper-shaped dataset (dyn_ours.synthetic, N_DA
 reference settings of hopper-medium-replay for the algorithm: 7 members of 4 x 200, 5 elites,
 batch 256), after EPOCHS epochs from our initial weights:
 - dynamics training: the input scaler; each minibatch's loss terms before its Adam step (total,
-  the Gaussian NLL, weight decay, the logvar-bound term); all parameters after each Adam step;
-  max / min logvar; each epoch's holdout MSE per member, the members snapshotted (the > 1 %
-  rule) and the elites; then every member's predicted mean and variance on the holdout rows;
-- one rollout (K steps of R_BRANCHES branches from dataset states, both ensembles holding our
-  trained weights, a fixed linear policy, our elite and noise per row): the rows written, their
-  obs, action, next_obs, reward, terminal, variances (MOMBO), MOPO's penalty, and the replay
-  buffers' contents after the rollout;
+  the Gaussian NLL, weight decay, the logvar-bound term); the parameters after the first Adam
+  step and after each epoch; max / min logvar; each epoch's holdout MSE per member, the members
+  snapshotted (the > 1 % rule) and the elites; then every member's predicted mean and variance
+  on the holdout rows;
+- one rollout (K steps of R_BRANCHES branches from dataset states, both sides holding our
+  ensemble trained ROLLOUT_EPOCHS epochs, a fixed linear policy, our elite and noise per row):
+  the rows written, their obs, action, next_obs, reward, terminal, variances (MOMBO), MOPO's
+  penalty, and the replay buffers' contents after the rollout;
 - termination: ours (termination.model_done with the runaway bound) against the reference's
   function on states placed on and around every boundary, for the three envs.
 
@@ -35,7 +36,12 @@ import numpy as np
 from benchmarks.fidelity import dyn_ours, dyn_theirs
 from mombo_jax.core import buffer, dynamics, rollout, termination
 
-N_DATA, EPOCHS, R_BRANCHES = 1500, 12, 256
+# EPOCHS compared (5 minibatches each); ours trains ROLLOUT_EPOCHS in all for the rollouts' ensemble
+# (after 4 epochs its variance still ends ~85 % of the branches in the first step; after 12,
+# 256/220/181/149/125 rows per step). Rounding grows with the Adam steps: over 60 steps (12
+# epochs) float64 drifted from 1e-14 to 6e-12 (parameters) and 3e-10 (losses), float32 from
+# 4e-6 to 8e-3, and the float32 elites then differed; over 20 it stays at rounding level.
+N_DATA, EPOCHS, ROLLOUT_EPOCHS, R_BRANCHES = 1500, 4, 12, 256
 # float32's bound is loose on purpose: the float64 run of the same row tells rounding from
 # definition (there every agreeing row falls to ~1e-14).
 ROUNDING = {"float32": 1e-3, "float64": 1e-10}
@@ -65,13 +71,15 @@ def _compare(algo, mods, dtype, seed):
   cfg = dyn_ours.config(algo, EPOCHS)
   data = dyn_ours.synthetic(N_DATA, seed)
   inputs, targets = dyn_ours.arrays(data, dtype)
-  ours = dyn_ours.train_epochs(cfg, jax.random.PRNGKey(seed), inputs, targets, EPOCHS, dtype)
+  ours = dyn_ours.train_epochs(cfg, jax.random.PRNGKey(seed), inputs, targets, EPOCHS, dtype,
+                               further=ROLLOUT_EPOCHS - EPOCHS)
   positions = [dyn_ours.positions(ours.train_idx, order) for order in ours.orders]
   dyn = dyn_theirs.build(mods, cfg, ours.init_params, dtype)
-  theirs = dyn_theirs.train_epochs(mods, dyn, cfg, data, ours, positions, dyn_ours.reorder, dtype)
+  theirs = dyn_theirs.train_epochs(mods, dyn, cfg, data, ours, positions, dyn_ours.reorder,
+                                   dyn_ours.kept_step, dtype)
   rows = _training_rows(algo, ours, theirs, dtype)
   rows += _prediction_rows(algo, mods, dyn, cfg, ours, data, dtype)
-  rows += _rollout_rows(algo, mods, cfg, ours.final, data, dtype, seed)
+  rows += _rollout_rows(algo, mods, cfg, ours.further, data, dtype, seed)
   return rows + _termination_rows(algo, mods)
 
 
@@ -130,8 +138,9 @@ def _training_rows(algo, ours, theirs, dtype):
                f"their StandardScaler.fit on our training split ({ref((115, 124))})"),
           _row(sec, "input scaler std", 0, ours.input_std, theirs["std"], dtype,
                "np.std (ddof 0) vs jnp.std; constant inputs scaled by 1 on both sides")]
-  notes = {"total": f"every minibatch's loss before its step (their learn, {ref((183, 192))}-"
-                    "187; ours core/dynamics.loss_fn, the last minibatch zero-padded, weight 0)",
+  notes = {"total": f"every minibatch's loss before its step (their learn, from "
+                    f"{ref((183, 192))}; ours core/dynamics.loss_fn, the last minibatch "
+                    "zero-padded with weight 0)",
            "nll": "mean over rows and dims of (mean - y)^2 exp(-logvar) + logvar, summed over "
                   "members (total - decay - logvar bound on both sides)",
            "decay": "sum over layers of wd * 0.5 * ||W||^2, kernels only (their get_decay_loss)",
@@ -149,16 +158,18 @@ def _epoch_rows(algo, ours, theirs, epochs, dtype):
   sec, ref = "dynamics training", lambda line: _ref(algo, "dynamics/ensemble_dynamics.py", line)
   nb = len(ours.losses[0])
   steps = nb * epochs
-  rows = []
-  for e, b in ((0, 1), (0, nb), (epochs - 1, nb)):
-    rows.append(_row(sec, "weights, biases after Adam step", e * nb + b,
-                     ours.params[e][b - 1]["members"], theirs["params"][e][b - 1]["members"],
-                     dtype, "torch.optim.Adam (eps 1e-8, no decoupled decay) vs optax.adam; "
-                     "kernels [M, in, out] as their EnsembleLinear weight"))
+  ends = [nb * (e + 1) for e in range(epochs)]
+  adam = ("torch.optim.Adam (eps 1e-8, no decoupled decay) vs optax.adam; kernels [M, in, out] "
+          "as their EnsembleLinear weight")
+  rows = [_row(sec, "weights, biases after Adam step 1", 1, ours.params[1]["members"],
+               theirs["params"][1]["members"], dtype, adam),
+          _row(sec, "weights, biases after every epoch", steps,
+               [ours.params[k]["members"] for k in ends],
+               [theirs["params"][k]["members"] for k in ends], dtype, adam)]
   bounds = lambda p: (p["max_logvar"], p["min_logvar"])  # noqa: E731
   rows.append(_row(sec, "max_logvar, min_logvar after every epoch", steps,
-                   [bounds(e[-1]) for e in ours.params[:epochs]],
-                   [bounds(e[-1]) for e in theirs["params"][:epochs]], dtype,
+                   [bounds(ours.params[k]) for k in ends],
+                   [bounds(theirs["params"][k]) for k in ends], dtype,
                    "the learned soft-clamp bounds"))
   rows.append(_row(sec, "holdout MSE per member, every epoch", steps, ours.holdout_mse[:epochs],
                    theirs["holdout_mse"][:epochs], dtype,

@@ -18,21 +18,25 @@ EPOCHS, N, BRANCHES = 2, 300, 32
 
 @pytest.fixture(scope="module")
 def trained():
-  cfg = dyn_ours.config("mopo", EPOCHS, **TINY)
+  cfg = dyn_ours.config("mopo", EPOCHS + 1, **TINY)
   data = dyn_ours.synthetic(N)
   inputs, targets = dyn_ours.arrays(data, "float32")
   key = jax.random.PRNGKey(3)
-  trace = dyn_ours.train_epochs(cfg, key, inputs, targets, EPOCHS, "float32")
+  trace = dyn_ours.train_epochs(cfg, key, inputs, targets, EPOCHS, "float32", further=1)
   return cfg, data, key, trace
 
 
 def test_step_by_step_training_is_the_products(trained):
+  # EPOCHS recorded minibatch by minibatch, then one more as the product runs it: the product's
+  # EPOCHS + 1 epochs.
   cfg, data, key, trace = trained
   product = dynamics_training.train_ensemble(key, data, cfg, log_fn=lambda line: None)
-  np.testing.assert_array_equal(trace.final.elites, product.elites)
-  for ours, theirs in zip(jax.tree.leaves(trace.final.params), jax.tree.leaves(product.params)):
+  np.testing.assert_array_equal(trace.further.elites, product.elites)
+  for ours, theirs in zip(jax.tree.leaves(trace.further.params), jax.tree.leaves(product.params)):
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
   assert len(trace.losses) == EPOCHS and np.all(trace.kept[0])      # epoch 1 beats 1e10
+  last = trace.params[max(trace.params)]                            # after EPOCHS epochs
+  np.testing.assert_array_equal(trace.final.params["max_logvar"], last["max_logvar"])
 
 
 def test_orders_as_positions_and_their_reshuffle(trained):
@@ -51,7 +55,7 @@ def test_orders_as_positions_and_their_reshuffle(trained):
 
 def test_rollout_draws_and_replay_are_rollout_runs(trained):
   cfg, data, _, trace = trained
-  dyn, key = trace.final, jax.random.PRNGKey(7)
+  dyn, key = trace.further, jax.random.PRNGKey(7)
   policy = dyn_ours.policy_fn(*dyn_ours.linear_policy())
   start = jnp.asarray(data.observations[:BRANCHES], jnp.float32)
   elite, noise = dyn_ours.rollout_draws(key, BRANCHES, cfg, dyn.elites, "float32")

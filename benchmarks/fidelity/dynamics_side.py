@@ -20,6 +20,12 @@ batch 256), after EPOCHS epochs from our initial weights:
 - termination: ours (termination.model_done with the runaway bound) against the reference's
   function on states placed on and around every boundary, for the three envs.
 
+The draws: their split is ours; their bootstrap (np.random.randint) is our epoch 1 order, and
+their reshuffle after each epoch (argsort of np.random.uniform) turns it into our next epoch's.
+Ours draws a bootstrap and then a fresh order every epoch, the first included; theirs orders the
+first epoch as drawn: a permutation of uniform draws is uniform, so the two are the same
+distribution, and fed these draws the same minibatches.
+
 A row: {section, quantity, k (Adam steps so far, or rollout steps), max_abs, max_rel, verdict,
 note}. max_rel is max |ours - theirs| / max |theirs| over the quantity (relative to its scale; an
 element-wise ratio explodes where values cross zero). Verdict "rounding" when max_rel <= ROUNDING

@@ -116,9 +116,10 @@ def load(algo: str, path: str):
 
 
 def float64_stubs():
-  return ["float64: torch.float32 in models/dynamics_model.py's forward (its input cast) and "
-          "np.float32 in ensemble_dynamics.py's step (sample and penalty casts) read as float64, "
-          "their model .double()-ed"]
+  return ["float64: torch.float32 in their model's forward (its input cast; MOMBO "
+          "models/dynamics_model.py:87, OfflineRL-Kit offlinerlkit/modules/dynamics_module.py:87) "
+          "and np.float32 in their EnsembleDynamics.step (the sample and penalty casts) read as "
+          "float64, their model .double()-ed"]
 
 
 # ---------------------------------------------------------------------------- their objects

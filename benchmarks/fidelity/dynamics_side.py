@@ -16,7 +16,9 @@ batch 256), after EPOCHS epochs from our initial weights:
 - one rollout (K steps of R_BRANCHES branches from dataset states, both sides holding our
   ensemble trained ROLLOUT_EPOCHS epochs, a fixed linear policy, our elite and noise per row):
   the rows written, their obs, action, next_obs, reward, terminal, variances (MOMBO), MOPO's
-  penalty, and the replay buffers' contents after the rollout;
+  penalty, and the replay buffers' contents after the rollout (a rollout penalises only MOPO's
+  rewards; MOBILE's Q-spread and MOMBO's penalty are made in the critic targets, which the
+  agent comparison covers);
 - termination: ours (termination.model_done with the runaway bound) against the reference's
   function on states placed on and around every boundary, for the three envs.
 

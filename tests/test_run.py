@@ -500,7 +500,7 @@ def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, m
 def test_the_loaded_policy_reproduces_the_runs_evaluation_returns(mombo_run):
   """Each seed of a finished run, loaded as a plain Policy (mombo_jax.load_policy) and stepped in
   a plain env with its actions, returns what the run's last evaluation recorded in metrics.csv, on
-  the env seeds that evaluation used (host_run.returns_all: Evaluator.run(actors, seed=10_000 *
+  the env seeds that evaluation used (evaluation.returns_all: Evaluator.run(actors, seed=10_000 *
   config.seed + epoch), env (s, e) reset with evaluate.env_seeds(that, S, episodes)[s, e])."""
   from mombo_jax import load_policy
   from mombo_jax.env import envs, evaluate
@@ -599,10 +599,10 @@ def test_evaluation_overlaps_the_next_device_call(dataset, dyn_dir, tmp_path, mo
   them time out). The rows are the same as an uninterrupted run's."""
   import threading
 
-  from mombo_jax.run import host_run
+  from mombo_jax.run import evaluation
   straight, _ = mombo_run
   dispatched, waited = threading.Event(), {}
-  compile_chunk, returns_all = launch.compile_chunk, host_run.returns_all
+  compile_chunk, returns_all = launch.compile_chunk, evaluation.returns_all
 
   def watched_compile(program):
     chunk = compile_chunk(program)
@@ -621,7 +621,7 @@ def test_evaluation_overlaps_the_next_device_call(dataset, dyn_dir, tmp_path, mo
     return returns_all(runs, actors, done, should_stop)
 
   monkeypatch.setattr(launch, "compile_chunk", watched_compile)
-  monkeypatch.setattr(host_run, "returns_all", slow_returns)
+  monkeypatch.setattr(evaluation, "returns_all", slow_returns)
   assert train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path),
                           dynamics_dir=dyn_dir) is not None
   ok, thread = waited[1]

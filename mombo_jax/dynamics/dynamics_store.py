@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from typing import Callable
 
 import jax
 import numpy as np
@@ -53,8 +52,20 @@ def check_legacy_dynamics(dynamics_dir: str, config):
 
 # ------------------------------------------------------------------------------ get or train
 
+class Console:
+  """Where get_dynamics's lines go: line(text) hands each to `write` (default: printed). Any
+  object with a line(text) method serves: a launch passes run/console.CONSOLE (process 0 speaks),
+  tests a collector."""
+
+  def __init__(self, write=print):
+    self.write = write
+
+  def line(self, text: str):
+    self.write(text)
+
+
 def get_dynamics(config, transitions, dataset, dynamics_dir, *, should_stop=None,
-                 overwrite: bool = False, log: Callable = print):
+                 overwrite: bool = False, console=None):
   """config's seeds' dynamics ensembles [S] in reuse.dynamics_path(dynamics_dir, config): reused
   when saved there for this very setup (reuse.reuse_key: data, seeds and every training
   setting), else trained with cell_keys' dynamics keys (resumably: <path>.partial holds an
@@ -64,7 +75,9 @@ def get_dynamics(config, transitions, dataset, dynamics_dir, *, should_stop=None
   overwrite: train again and replace a saved ensemble instead of reusing it (or refusing one of
   another setup).
   should_stop: a StopFlag; when it fires, training checkpoints and Interrupted is raised.
+  console: where its lines go (line(text); default Console(): printed).
   """
+  console = console or Console()
   check_legacy_dynamics(dynamics_dir, config)
   path = reuse.dynamics_path(dynamics_dir, config)
   # Reading: shared with other readers; training and writing: this process alone.
@@ -73,7 +86,7 @@ def get_dynamics(config, transitions, dataset, dynamics_dir, *, should_stop=None
   ok = False
   try:
     dyn = _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop, overwrite,
-                        log)
+                        console)
     ok = True
     return dyn
   finally:
@@ -90,7 +103,9 @@ def dynamics_lock(dynamics_dir: str, config, shared: bool = False):
                               "another --dynamics_dir"))
 
 
-def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop, overwrite, log):
+def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop, overwrite,
+                  console):
+  log = console.line
   key = reuse.reuse_key(config, transitions, provenance.dataset_identity(dataset, transitions))
   if os.path.exists(path) and not overwrite:
     try:
@@ -127,7 +142,8 @@ def _get_dynamics(config, transitions, dataset, dynamics_dir, path, should_stop,
   t0 = time.time()
   partial = path + ".partial"
   try:
-    dyn = dynamics_training.train_seeds(cell_keys(config)[0], transitions, config, log_fn=log,
+    dyn = dynamics_training.train_seeds(cell_keys(config)[0], transitions, config,
+                                        log_fn=console.line,
                                         checkpoint_dir=partial, should_stop=should_stop,
                                         reuse_key=key)
   except dynamics_training.DynamicsTrainingStopped as e:

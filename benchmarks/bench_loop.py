@@ -59,7 +59,7 @@ except ImportError:                                     # an older tree: runner.
   from mombo_jax.run import runner
   host_run = None
 try:
-  from mombo_jax.run import evaluation                  # its own module since issue #50
+  from mombo_jax.run import evaluation  # its own module since issue #50
 except ImportError:
   evaluation = host_run
 from mombo_jax.settings import config as config_lib

@@ -19,7 +19,8 @@ run_specs.RunSpec, launch.LaunchOptions, launch.train_runs, run_state.restore):
 Compared: every workdir's metrics.csv and summary.json byte for byte, and every array of its last
 checkpoint (np.array_equal, NaNs equal); handover against the base's plain run. Prints one line per
 comparison and exits 1 on any difference. A step already done in --out (<step>.done) is not
-repeated: --only_base trains the base's runs ahead, a later call the new code's. CPU, about 10 min on a busy 2-core machine.
+repeated: --only_base trains the base's runs ahead, a later call the new code's. CPU: about 3 min
+per checkout on the busy 2-core machine of issue #50 (benchmarks/same_runs.txt).
 """
 import argparse
 import filecmp

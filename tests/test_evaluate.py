@@ -250,7 +250,7 @@ def test_evaluating_all_runs_at_once_equals_each_run_alone(config, tmp_path, mon
                                                            capsys):
   """The launch's evaluation (launch.Launch.evaluate: evaluation.build_evaluators, one Evaluator
   for every cell, here over 2 workers; an evaluation.Evaluation computing the returns in its thread,
-  then its finish writing them in the main thread) writes each run's metrics.csv rows exactly as
+  then its write in the main thread) writes each run's metrics.csv rows exactly as
   an Evaluator of the run's own does; a run with another eval_episodes gets its own Evaluator,
   the others share one."""
   import functools
@@ -307,7 +307,7 @@ def test_evaluating_all_runs_at_once_equals_each_run_alone(config, tmp_path, mon
     point.join()
     # The thread computes returns only: the main thread writes them (finish).
     assert point.error is None and [len(r.rows) for r in runs] == before
-    point.finish()
+    point.write()
 
   together = host_runs("together", evaluate_in_the_loop)
   assert together[0].evaluator is together[1].evaluator is not together[2].evaluator
@@ -315,7 +315,7 @@ def test_evaluating_all_runs_at_once_equals_each_run_alone(config, tmp_path, mon
   for a, b in zip(alone, together):
     assert len(a.rows) == 2 * a.config.num_seeds
     assert a.rows == b.rows
-    assert Workdir(b.workdir.path).read_rows() == a.workdir.read_rows()
+    assert Workdir(b.folder.path).read_rows() == a.folder.read_rows()
   assert len({r["return_mean"] for r in together[0].rows + together[2].rows}) == 8
   # finish's log line, one per run and evaluation point, names the run.
   lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("epoch ")]

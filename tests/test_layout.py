@@ -15,7 +15,7 @@ PACKAGE = os.path.join(ROOT, "mombo_jax")
 API = ("mm_relu", "mm_linear", "mm_leaky_relu", "mc_moments", "propagate", "load_policy",
        "moment_matching_bound", "relu_moment_matching_bound",
        "load_transitions", "Transitions",
-       "normalized_score", "ref_scores", "termination_fn", "model_done", "make_epoch")
+       "normalized_score", "ref_scores", "termination_fn", "model_done", "make_epoch", "fit")
 
 
 def test_import_is_lazy_and_the_api_loads():

@@ -104,6 +104,24 @@ def test_the_opening_line_names_the_settings_source(minari_root, tmp_path, capsy
 
 
 @pytest.mark.slow
+def test_the_python_call_is_the_launch_of_the_same_run(dataset, dyn_dir, tmp_path, mombo_run):
+  """mombo_jax.fit (experiments.run's own path: fit.plan, fit.fit_runs) trains the run the launch
+  trains: the same summary and rows; a grid asked for in one run's terms is refused before any
+  work."""
+  import mombo_jax
+  straight, summary = mombo_run
+  got = mombo_jax.fit(DATASET, "mombo", preset="tiny", seeds=2, workdir=str(tmp_path / "fit"),
+                      dynamics_dir=dyn_dir, **TINY)
+  assert got == summary
+  _assert_same_rows(Workdir(str(tmp_path / "fit")).read_rows(),
+                    Workdir(str(straight)).read_rows())
+  with pytest.raises(UserError, match="not both"):
+    mombo_jax.fit(DATASET, preset="tiny", betas=[1.0, 2.0], beta=3.0,
+                  workdir=str(tmp_path / "grid"))
+  assert not os.path.exists(tmp_path / "grid")
+
+
+@pytest.mark.slow
 def test_kill_and_resume_equals_uninterrupted(dataset, dyn_dir, tmp_path, mombo_run):
   straight, _ = mombo_run
   config = _config("mombo", num_seeds=2)

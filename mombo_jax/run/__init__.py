@@ -1,4 +1,5 @@
-"""A training launch (experiments.run, experiments.sweep): what it trains (run_specs), what is
+"""A training launch (experiments.run, experiments.sweep, mombo_jax.fit: fit, the one call both
+the command line and Python take): what it trains (run_specs), what is
 checked before any data (preflight), the datasets it trains on (run_dataset), the launch itself
 (launch: plan, prepare, train_epochs, finish), each run on the host (host_run) with its
 overestimation watch (overestimation), its evaluation points (evaluation: every run's returns in

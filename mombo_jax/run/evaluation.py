@@ -23,11 +23,12 @@ def build_evaluators(runs, workers: int = 0):
   by_env = {}                              # the launch's runs share one env name (check_runs)
   for r in runs:
     if r.evaluator is None:
-      spec = json.dumps(envs.eval_env_spec(r.spec.dataset), sort_keys=True)
-      by_env.setdefault((r.config.evaluation.eval_episodes, spec), []).append(r)
-  for (episodes, spec), missing in by_env.items():
+      env_spec = json.dumps(envs.eval_env_spec(r.spec.dataset), sort_keys=True)
+      by_env.setdefault((r.config.evaluation.eval_episodes, env_spec), []).append(r)
+  for (episodes, env_spec), missing in by_env.items():
     c, num_seeds = missing[0].config, sum(r.config.num_seeds for r in missing)
-    evaluator = evaluate_lib.Evaluator(c, json.loads(spec), num_seeds, episodes, workers=workers)
+    evaluator = evaluate_lib.Evaluator(c, json.loads(env_spec), num_seeds, episodes,
+                                       workers=workers)
     for r in missing:
       r.evaluator = evaluator
 
@@ -57,7 +58,7 @@ def returns_all(runs: Sequence, actors, epoch: int, should_stop=None) -> Dict[ob
 
 class Evaluation:
   """An evaluation point's returns computed in a background thread (process 0) while the device
-  trains the next epochs; joined and written by the main thread, in epoch order (`finish`).
+  trains the next epochs; joined and written by the main thread, in epoch order (`write`).
 
   The thread only computes returns (returns_all over the launch's Evaluators): every row, log
   line and checkpoint stays in the main thread. Each run holds what writing its rows needs
@@ -75,7 +76,7 @@ class Evaluation:
   def _work(self, actors):
     try:
       self.returns = returns_all(self.runs, actors, self.epoch, self.cancelled.is_set)
-    except BaseException as e:  # noqa: BLE001 -- re-raised in the main thread by finish()
+    except BaseException as e:  # noqa: BLE001 -- re-raised in the main thread by write()
       self.error = e
 
   def join(self, timeout=None):
@@ -88,7 +89,7 @@ class Evaluation:
     """Ends the evaluation within one time step (its envs stay usable); it writes nothing."""
     self.cancelled.set()
 
-  def finish(self):
+  def write(self):
     """Waits for the returns, then writes each run's rows (and progress line) as an evaluation
     done at once would have."""
     self.join()

@@ -35,9 +35,9 @@ from mombo_jax.storage.locks import FolderLock
 class HostRun:
   """A run during a launch, everything the host keeps of it. Its fields, by who sets them:
 
-  made by plan (Launch.plan): spec, workdir (its Workdir), where (" [label]" in the log lines of
-  a launch of several runs), lock (process 0's, take_lock), record (config.json's content,
-  check_config, write_config), notes;
+  made by plan (Launch.plan): spec, folder (the Workdir over spec.workdir), where (" [label]" in
+  the log lines of a launch of several runs), lock (process 0's, take_lock), record
+  (config.json's content: check_config, write_config), notes;
   filled once by prepare (Launch.prepare): ckpt, cell_slice, keys (open_checkpoints), start and
   the checkpoint's metadata (restore), rows, q, diverged, point, dataset_score, loggers (resume),
   evaluator (evaluation.build_evaluators, process 0);
@@ -47,7 +47,7 @@ class HostRun:
 
   def __init__(self, spec: RunSpec, several_runs: bool = False):
     self.spec: RunSpec = spec
-    self.workdir: Workdir = Workdir(spec.workdir, spec.dynamics_dir)
+    self.folder: Workdir = Workdir(spec.workdir, spec.dynamics_dir)   # spec.workdir: its path
     self.where: str = f" [{spec.label()}]" if several_runs else ""
     self.several_runs: bool = several_runs
     self.seeds: np.ndarray = np.arange(spec.config.seed,
@@ -81,21 +81,21 @@ class HostRun:
   def take_lock(self):
     """The workdir's lock (process 0: the one writer here), then the leftovers of a killed save
     removed (run_state.remove_leftovers), one note each."""
-    self.lock = self.workdir.lock().acquire()
-    for line in run_state.remove_leftovers(self.workdir):
+    self.lock = self.folder.lock().acquire()
+    for line in run_state.remove_leftovers(self.folder):
       log(f"note: {line}.")
 
   def check_config(self, allow_epochs_change: bool):
     """config.json's content to write (self.record) and the notes on it; refuses a workdir of
     another run (Workdir.check_config). Writes nothing."""
-    self.record, self.notes = self.workdir.check_config(self.config, self.spec.dataset,
+    self.record, self.notes = self.folder.check_config(self.config, self.spec.dataset,
                                                         allow_epochs_change)
 
   def check_legacy_dynamics(self):
     """Refuses legacy dynamics saves this run would train beside; a resume takes its ensembles
     from its checkpoint and is not checked."""
-    if not self.workdir.checkpointer_steps():
-      check_legacy_dynamics(self.workdir.dynamics_dir, self.config)
+    if not self.folder.checkpointer_steps():
+      check_legacy_dynamics(self.folder.dynamics_dir, self.config)
 
   def release(self):
     """The workdir's lock released; a refused launch leaves no folder it created."""
@@ -109,23 +109,23 @@ class HostRun:
     """config.json written (process 0) with its data's identity (a resume on other data is
     refused), and plan's notes logged."""
     identity = provenance.dataset_identity(self.spec.dataset, transitions)
-    self.record, more = self.workdir.check_data(self.record, identity)
+    self.record, more = self.folder.check_data(self.record, identity)
     if distributed.is_main():
-      self.workdir.write_config(self.record)
+      self.folder.write_config(self.record)
     for note in self.notes + more:
       log(f"note: {note}" + (f" ({self.spec.workdir})" if self.several_runs else ""))
 
   def open_checkpoints(self, keep: int, offset: int):
     """Its checkpointer, its cells' slice [offset, offset + S) of the program's cell axis and its
     keys (key_scheme.cell_keys)."""
-    self.ckpt = run_state.checkpointer(self.workdir, keep)
+    self.ckpt = run_state.checkpointer(self.folder, keep)
     self.cell_slice = slice(offset, offset + self.config.num_seeds)
     self.keys = cell_keys(self.config)
 
-  def restore(self, fresh: train_lib.CellState, program: config_lib.Config
+  def restore(self, fresh: train_lib.CellState, program_config: config_lib.Config
               ) -> train_lib.CellState:
     """Its cells' state [S]: `fresh` (its cells of the launch's init), or its latest checkpoint
-    restored onto them (program: the program's config, whose ring may be longer); self.start
+    restored onto them (program_config: the program's, whose ring may be longer); self.start
     and self.saved from the checkpoint."""
     if self.ckpt.latest_step() is None:
       return fresh
@@ -135,7 +135,7 @@ class HostRun:
                                                              train_lib.capacity(self.config)))
     except checkpoint.CheckpointError as e:
       raise UserError(str(e)) from None
-    state = placement.resize_rings(state, train_lib.capacity(program))
+    state = placement.resize_rings(state, train_lib.capacity(program_config))
     self.start, self.saved = int(np.asarray(state.epoch)[0]), meta or {}
     log(f"Resumed from {self.ckpt.directory} at epoch {self.start}.")
     return state
@@ -145,7 +145,7 @@ class HostRun:
     the seeds that diverged and the overestimation watch (from its checkpoint's metadata; bound:
     its dataset's return bound), the point whose rows its checkpoint says are lost, the
     dataset's own score, its loggers (opened by open_loggers)."""
-    rows = self.workdir.read_rows(max_epoch=self.start)
+    rows = self.folder.read_rows(max_epoch=self.start)
     lost = self.saved.get("eval")
     if lost and int(lost["epoch"]) == self.start \
         and not any(int(row["epoch"]) == self.start for row in rows):
@@ -168,7 +168,7 @@ class HostRun:
     """Opens the loggers besides metrics.csv (--log) at self.start (0: fresh) with self.rows,
     metrics.csv's rows up to there; one line each says where it writes."""
     if self.loggers is not None and self.loggers.extra:
-      for line in self.loggers.open(self.spec.workdir, self.workdir.read_record(), self.seeds,
+      for line in self.loggers.open(self.spec.workdir, self.folder.read_record(), self.seeds,
                                     self.rows, self.start):
         log(line)
 
@@ -252,7 +252,7 @@ class HostRun:
 
   def _write_rows(self):
     """metrics.csv: its one writer."""
-    self.workdir.write_rows(self.rows)
+    self.folder.write_rows(self.rows)
 
   def _log_progress(self, last: dict, rate: float, eta: float):
     """The log line of self.point's evaluation (last: its metrics {name: [S]})."""
@@ -275,9 +275,9 @@ class HostRun:
     c, spec = self.config, self.spec
     diverged = sorted(self.diverged.values(), key=lambda d: d["seed"])
     summary = outputs.summarise(self.rows, self.seeds, diverged, self.q)
-    self.workdir.write_summary(summary)
+    self.folder.write_summary(summary)
     title = f"{algorithms.label(c.algo, c.target, 'title')} on {spec.dataset}"
-    self.workdir.plot(self.rows, self.seeds, title, sorted(self.diverged), self.dataset_score)
+    self.folder.plot(self.rows, self.seeds, title, sorted(self.diverged), self.dataset_score)
     log(f"{finish_line(summary, self.q, self.dataset_score)}; wrote {spec.workdir}")
     return summary
 

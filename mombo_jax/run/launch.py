@@ -115,10 +115,10 @@ class Launch:
     config.json agrees. Makes self.runs."""
     o = self.options
     check_runs(self.specs)
-    cells = sum(s.config.num_seeds for s in self.specs)
+    num_cells = sum(s.config.num_seeds for s in self.specs)
     for s in self.specs:
       validate(s.config, s.dataset, s.workdir, s.dynamics_dir, o.keep, o.stop_after,
-               o.build_steps, cells=cells)
+               o.build_steps, num_cells=num_cells)
     self.runs = [HostRun(s, self.several_runs) for s in self.specs]
     if distributed.is_main():
       for r in self.runs:
@@ -165,7 +165,7 @@ class Launch:
               for r in self.runs]
     del fresh
     start = common_start(self.runs)
-    group = loggers.launch_group([s.workdir for s in self.specs])
+    group = loggers.wandb_group([s.workdir for s in self.specs])
     for r in self.runs:    # loggers opened by train_epochs (process 0), once training is sure
       r.resume(float(bounds[names.index(r.spec.dataset)]), data[r.spec.dataset],
                loggers.RunLoggers(self.logger_kinds, group))
@@ -173,14 +173,15 @@ class Launch:
     self.end = config.epochs if stop_after is None else min(config.epochs, start + stop_after)
     # The cell axis lives split over all devices (of all processes) from here on; the datasets
     # are copied to every device once.
-    dataset_of = [names.index(r.spec.dataset) for r in self.runs for _ in r.seeds]
+    dataset_index = [names.index(r.spec.dataset) for r in self.runs for _ in r.seeds]   # [C]
     configs = [r.config for r in self.runs for _ in r.seeds]
     self.program = Program(
         config=config, num_cells=len(configs),
         state=placement.shard_cells(join_cells(states)),
         real=placement.replicate(stacked),
         keys=placement.shard_cells(join_cells([r.keys[2] for r in self.runs])),
-        cells=placement.shard_cells(train_lib.make_cells(dataset_of, sizes[dataset_of], configs)),
+        cells=placement.shard_cells(train_lib.make_cells(dataset_index, sizes[dataset_index],
+                                                         configs)),
         start=start, per_cell=train_lib.per_cell_settings([r.config for r in self.runs]))
     if distributed.is_main() and (start < self.end or self._lost()):
       build_evaluators(self.runs, o.eval_workers)     # (process 0 evaluates) starts the env
@@ -332,7 +333,7 @@ class Launch:
   def _write_pending(self):
     pending, self.pending = self.pending, None
     if pending is not None:
-      pending.finish()
+      pending.write()
 
   def _abandon(self, epoch: int):
     """Raises Interrupted, the evaluation of the last checkpoint still running (train_epochs)."""

@@ -96,7 +96,7 @@ def scalars(row: dict) -> Dict[str, float]:
   return out
 
 
-def launch_group(workdirs: Sequence[str]) -> str:
+def wandb_group(workdirs: Sequence[str]) -> str:
   """A launch's W&B group: its workdirs' common folder, relative to the current folder when
   inside it (`runs/hopper-random` for a --betas grid under runs)."""
   common = os.path.commonpath([os.path.abspath(w) for w in workdirs])
@@ -127,7 +127,7 @@ class RunLoggers:
     seeds = [int(s) for s in seeds]
     history = [r for r in history if r["epoch"] <= resume_epoch]
     resume_step = resume_epoch * int(record["steps_per_epoch"])
-    group = self.group or launch_group([workdir])
+    group = self.group or wandb_group([workdir])
     try:
       if "tensorboard" in self.kinds:
         self._backends.append(_TensorBoard(workdir, record, seeds, history, resume_step))

@@ -28,7 +28,7 @@ def run_dynamics(run: HostRun, transitions: transitions_lib.Transitions,
   (dynamics_store.get_dynamics), or for a resume untrained stand-ins of the right shapes."""
   spec = run.spec
   if run.ckpt.latest_step() is None:
-    return get_dynamics(spec.config, transitions, spec.dataset, run.workdir.dynamics_dir,
+    return get_dynamics(spec.config, transitions, spec.dataset, run.folder.dynamics_dir,
                         should_stop=should_stop, console=CONSOLE)
   # The run's CellState holds its dynamics: the restore brings them back, so the saved
   # ensembles are not needed (nor checked: they may have gone, or predate reuse keys that record

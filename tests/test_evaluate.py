@@ -1,7 +1,7 @@
 """evaluate.py: shapes, determinism, a hand-stepped constant-action check, masking, aulc; env_pool's
 worker processes (same returns for any number, errors, no child left) and the evaluation of all a
-launch's runs at once, as the launch does it (host_run.build_evaluators, then
-host_run.Evaluation's background thread and its finish)."""
+launch's runs at once, as the launch does it (evaluation.build_evaluators, then
+evaluation.Evaluation's background thread and its write)."""
 import os
 import signal
 

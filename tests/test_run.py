@@ -399,7 +399,8 @@ def test_dynamics_of_another_setup_are_refused(dataset, dyn_dir, tmp_path, mombo
   full = transitions_lib.load_transitions(DATASET)
   fewer = type(full)(*(np.asarray(x)[:1500] for x in full))
   with pytest.raises(UserError, match="another setup.*num_transitions: saved 2000, now 1500"):
-    dynamics_store.get_dynamics(config, fewer, DATASET, dyn_dir, log=lambda _: None)
+    dynamics_store.get_dynamics(config, fewer, DATASET, dyn_dir,
+                                console=dynamics_store.Console(lambda _: None))
   other = _config("mombo", num_seeds=2, dyn_members=4)
   assert (reuse.dynamics_path(dyn_dir, other)
           != reuse.dynamics_path(dyn_dir, config))

@@ -6,7 +6,8 @@ r"""Train MOMBO / MOBILE / MOPO on a D4RL-style Minari dataset, many seeds in on
 Steps: load the dataset (building the random ones when missing and --build_missing), train or reuse
 the dynamics ensembles (one per seed, vmapped), then the jit(vmap(epoch)) loop. The workdir gets
 Orbax checkpoints (resumed when the same command runs again), metrics.csv, summary.json and
-learning_curve.png.
+learning_curve.png. From Python the same launch is one call, mombo_jax.fit (mombo_jax/run/fit.py:
+this program calls its two steps, fit.plan and fit.fit_runs).
 """
 import sys
 

@@ -58,6 +58,10 @@ try:
 except ImportError:                                     # an older tree: runner.train_run
   from mombo_jax.run import runner
   host_run = None
+try:
+  from mombo_jax.run import evaluation  # its own module since issue #50
+except ImportError:
+  evaluation = host_run
 from mombo_jax.settings import config as config_lib
 
 SCRIPT = os.path.join("benchmarks", "bench_loop.py")
@@ -200,9 +204,9 @@ def launch_seconds(config, dataset, workdir, dyn_dir, build_steps, log_path):
   """(wall s of one run's launch in a fresh workdir, compile s it logged or nan, s in its
   evaluations or nan); its log goes to log_path, the workdir is removed."""
   evals = []
-  # The evaluation function: host_run.returns_all now, group_run.evaluate or runner._evaluate in
-  # older checkouts.
-  host, name = ((host_run, "returns_all") if host_run is not None
+  # The evaluation function: evaluation.returns_all now, host_run.returns_all,
+  # group_run.evaluate or runner._evaluate in older checkouts.
+  host, name = ((evaluation, "returns_all") if evaluation is not None
                 else (runner.group_run, "evaluate") if hasattr(runner, "group_run")
                 else (runner, "_evaluate"))
   original = getattr(host, name, None)

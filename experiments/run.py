@@ -6,7 +6,8 @@ r"""Train MOMBO / MOBILE / MOPO on a D4RL-style Minari dataset, many seeds in on
 Steps: load the dataset (building the random ones when missing and --build_missing), train or reuse
 the dynamics ensembles (one per seed, vmapped), then the jit(vmap(epoch)) loop. The workdir gets
 Orbax checkpoints (resumed when the same command runs again), metrics.csv, summary.json and
-learning_curve.png.
+learning_curve.png. From Python the same launch is one call, mombo_jax.fit (mombo_jax/run/fit.py:
+this program calls its two steps, fit.plan and fit.fit_runs).
 """
 import sys
 
@@ -119,7 +120,8 @@ def define_flags():
                        "a job time limit); the same command resumes.")
 
 
-def _overrides():
+def _settings():
+  """The flags that set the runs' Config (fit's **settings), as config.make_config names them."""
   mapping = dict(epochs="epochs", steps_per_epoch="steps_per_epoch", eval_every="eval_every",
                  eval_episodes="eval_episodes", rollout_batch_size="rollout_batch_size",
                  rollout_length="rollout_length", dynamics_max_epochs="dyn_max_epochs",
@@ -130,9 +132,7 @@ def _overrides():
     out["schedule_epochs"] = FLAGS.schedule_epochs or None
   if FLAGS.reference is not None:
     out["reference"] = FLAGS.reference
-  out.update(target=FLAGS.target, seed=FLAGS.seed)
-  if FLAGS.seeds is not None:            # else the preset's (config.PRESETS)
-    out["num_seeds"] = FLAGS.seeds
+  out.update(target=FLAGS.target)
   return out
 
 
@@ -147,8 +147,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)   # Orbax logs every save at INFO
   from mombo_jax import signals
   from mombo_jax.records import workdir as workdir_lib
-  from mombo_jax.run import compilation_cache, console, distributed, launch, run_specs
-  from mombo_jax.settings import config as config_lib
+  from mombo_jax.run import console, distributed, fit
   stop = signals.StopFlag()
   stop.install()
   # before anything touches JAX's devices
@@ -158,32 +157,22 @@ def main(argv):
   if grid and (FLAGS.dataset or FLAGS.beta is not None):
     raise _cli.UsageError("pass --dataset / --beta for one run, or --datasets / --betas for a "
                           "grid, not both.")
-  preset = config_lib.PRESETS[FLAGS.preset]
-  build = preset.build_missing if FLAGS.build_missing is None else FLAGS.build_missing
-  options = launch.LaunchOptions(
-      build_missing=build, build_steps=FLAGS.build_steps or preset.build_steps,
-      keep=FLAGS.keep_checkpoints, stop_after=FLAGS.stop_after, download=FLAGS.download,
-      require_full=preset.require_full and not FLAGS.allow_small_dataset,
-      allow_epochs_change=FLAGS.allow_epochs_change, should_stop=stop, log_to=FLAGS.log,
-      eval_workers=FLAGS.eval_workers)
-  if grid:
-    try:
-      betas = [float(b) for b in FLAGS.betas] if FLAGS.betas is not None else None
-    except ValueError:
-      raise _cli.UsageError(f"--betas={','.join(FLAGS.betas)}: not all numbers.") from None
-    specs = run_specs.plan_runs(FLAGS.env, FLAGS.algo, FLAGS.preset, _overrides(),
-                                FLAGS.datasets, betas, FLAGS.workdir or "runs",
-                                FLAGS.dynamics_dir)
-  else:
-    with _cli.as_user_error(ValueError, flag_names=FLAG_NAMES):  # a field's value: its flag named
-      config = config_lib.make_config(FLAGS.env, FLAGS.algo, FLAGS.preset, **_overrides())
-    dataset = FLAGS.dataset or FLAGS.env
-    workdir = FLAGS.workdir or workdir_lib.run_dir("runs", dataset, FLAGS.algo, FLAGS.target,
-                                                   FLAGS.seed, config.num_seeds,
-                                                   reference=config.reference)
-    specs = [run_specs.RunSpec(config, dataset, workdir, FLAGS.dynamics_dir)]
-  compilation_cache.enable_compilation_cache(FLAGS.compilation_cache)
-  summaries = launch.train_runs(specs, options)
+  try:
+    betas = [float(b) for b in FLAGS.betas] if FLAGS.betas is not None else None
+  except ValueError:
+    raise _cli.UsageError(f"--betas={','.join(FLAGS.betas)}: not all numbers.") from None
+  # mombo_jax.fit's own two steps: the runs, then their launch.
+  with _cli.as_user_error(ValueError, flag_names=FLAG_NAMES):  # a field's value: its flag named
+    specs = fit.plan(FLAGS.env, FLAGS.algo, dataset=FLAGS.dataset, datasets=FLAGS.datasets,
+                     betas=betas, preset=FLAGS.preset, seeds=FLAGS.seeds, seed=FLAGS.seed,
+                     workdir=FLAGS.workdir, dynamics_dir=FLAGS.dynamics_dir, **_settings())
+  summaries = fit.fit_runs(
+      specs, FLAGS.preset, build_missing=FLAGS.build_missing, build_steps=FLAGS.build_steps,
+      download=FLAGS.download, keep_checkpoints=FLAGS.keep_checkpoints,
+      allow_small_dataset=FLAGS.allow_small_dataset,
+      allow_epochs_change=FLAGS.allow_epochs_change, stop_after=FLAGS.stop_after, log=FLAGS.log,
+      eval_workers=FLAGS.eval_workers, compilation_cache=FLAGS.compilation_cache,
+      should_stop=stop)
   failed = [(s, summary) for s, summary in zip(specs, summaries)
             if summary and summary.get("diverged")]
   for s, summary in failed:

@@ -1,6 +1,7 @@
 """mombo_jax: MOMBO, MOBILE and MOPO for offline RL in JAX/Flax.
 
-The public API is importable from here, lazily: `import mombo_jax` imports none of JAX's heavy
+The public API is importable from here, lazily (a run in one call: `mombo_jax.fit(env, algo=...,
+seeds=..., workdir=..., **settings)`, run/fit.py): `import mombo_jax` imports none of JAX's heavy
 neighbours (orbax, minari, gymnasium); each name loads its module on first use. The package's
 layers (docs/architecture.md) are its subpackages.
 """
@@ -25,6 +26,7 @@ _API = {
     "termination_fn": "mombo_jax.core.termination",
     "model_done": "mombo_jax.core.termination",
     "make_epoch": "mombo_jax.core.train",
+    "fit": "mombo_jax.run.fit",
 }
 
 __all__ = sorted(_API)

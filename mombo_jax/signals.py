@@ -94,15 +94,15 @@ def check(should_stop: Optional[Callable[[], bool]], where: str):
 class Chunks:
   """Lengths of the device calls of a loop of `total` iterations: about seconds (POLL_SECONDS) by
   the last call's pace, one iteration while the pace is unknown (the first call compiles).
-  on_pace(seconds per iteration), if given, is called once, after the second call (the first
-  pace without compilation)."""
+  first_pace() tells the caller, once, the first pace without compilation (after the second
+  call)."""
 
-  def __init__(self, total: int, seconds: Optional[float] = None,
-               on_pace: Optional[Callable[[float], None]] = None):
-    self.total, self.on_pace = int(total), on_pace
+  def __init__(self, total: int, seconds: Optional[float] = None):
+    self.total = int(total)
     self.seconds = POLL_SECONDS if seconds is None else seconds
     self.pace = None                  # seconds per iteration of the last call
     self.calls = 0
+    self._told = False                # first_pace has answered
 
   def next(self, left: int) -> int:
     """Iterations of the next call (1 <= n <= left)."""
@@ -117,6 +117,12 @@ class Chunks:
     t0 = time.perf_counter()
     out = jax.block_until_ready(fn(start, start + n))
     self.pace, self.calls = (time.perf_counter() - t0) / n, self.calls + 1
-    if self.calls == 2 and self.on_pace is not None:
-      self.on_pace(self.pace)
     return out
+
+  def first_pace(self) -> Optional[float]:
+    """Seconds per iteration right after the second call (the first pace without compilation),
+    once: None at every other time."""
+    if self.calls == 2 and not self._told:
+      self._told = True
+      return self.pace
+    return None

@@ -140,7 +140,8 @@ def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypat
 
   monkeypatch.setattr(dynamics_training, "train_seeds", train_seeds)
   lines = []
-  dynamics_store.get_dynamics(paper, data, "hopper-random", dyn_dir, log=lines.append)
+  dynamics_store.get_dynamics(paper, data, "hopper-random", dyn_dir,
+                              console=dynamics_store.Console(lines.append))
   assert ([c.dynamics_training.dyn_max_epochs for c in trained]
           == [paper.dynamics_training.dyn_max_epochs])
   paper_path = reuse.dynamics_path(dyn_dir, paper)
@@ -152,7 +153,8 @@ def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypat
   # Each is reused by a run of its own settings; nothing is trained again.
   for config in (quick, paper):
     lines.clear()
-    dynamics_store.get_dynamics(config, data, "hopper-random", dyn_dir, log=lines.append)
+    dynamics_store.get_dynamics(config, data, "hopper-random", dyn_dir,
+                                console=dynamics_store.Console(lines.append))
     assert lines == [f"Reusing the dynamics ensembles in "
                      f"{reuse.dynamics_path(dyn_dir, config)}."]
   assert len(trained) == 1
@@ -173,7 +175,8 @@ def test_a_legacy_save_is_refused_naming_the_fix(tmp_path, monkeypatch):
   assert reuse.is_legacy(meta)
   monkeypatch.setattr(dynamics_training, "train_seeds", None)   # never reached
   with pytest.raises(UserError) as e:
-    dynamics_store.get_dynamics(config, data, "hopper-random", dyn_dir, log=lambda _: None)
+    dynamics_store.get_dynamics(config, data, "hopper-random", dyn_dir,
+                                console=dynamics_store.Console(lambda _: None))
   line = str(e.value)
   assert "\n" not in line and legacy in line and "delete them" in line
   assert "did not record their training settings" in line and "not reused" in line
@@ -208,7 +211,7 @@ def test_a_resume_takes_its_dynamics_from_its_checkpoint(tiny_run, tmp_path,  # 
                                                         monkeypatch):
   """A run with checkpoints needs no saved ensemble (its CellState holds the dynamics): resuming
   neither trains nor reads one, and a legacy save in its dynamics folder does not stop it."""
-  from mombo_jax.run import launch as launch_lib, resume
+  from mombo_jax.run import host_run, launch as launch_lib, resume
   from mombo_jax.run.run_specs import RunSpec
   workdir, state = tiny_run
   run = str(tmp_path / "run")
@@ -221,6 +224,7 @@ def test_a_resume_takes_its_dynamics_from_its_checkpoint(tiny_run, tmp_path,  # 
   monkeypatch.setattr(dynamics_training, "train_seeds", None)
   lines = []
   monkeypatch.setattr(resume, "log", lines.append)
+  monkeypatch.setattr(host_run, "log", lines.append)
   launch = launch_lib.Launch([RunSpec(config, dataset, run, dyn_dir)],
                              launch_lib.LaunchOptions(build_steps=1))
   try:

@@ -100,16 +100,16 @@ def test_evaluation_and_its_worker_processes_step_the_datasets_physics(datasets)
 
 
 def test_each_run_of_a_launch_is_evaluated_in_its_datasets_env(datasets):
-  """host_run.build_evaluators gives runs of datasets with other physics their own Evaluator
+  """evaluation.build_evaluators gives runs of datasets with other physics their own Evaluator
   (and shares one between runs of the same)."""
   from types import SimpleNamespace
 
-  from mombo_jax.run import host_run
+  from mombo_jax.run import evaluation
   config = make_config("walker2d-medium", preset="tiny", actor_hidden=(8,), num_seeds=1,
                        eval_episodes=1)
   runs = [SimpleNamespace(spec=SimpleNamespace(dataset=d), config=config, evaluator=None)
           for d in (IMPORTED, SELF_BUILT, "walker2d-medium", IMPORTED)]
-  host_run.build_evaluators(runs, workers=1)
+  evaluation.build_evaluators(runs, workers=1)
   try:
     assert runs[0].evaluator is runs[3].evaluator and runs[1].evaluator is runs[2].evaluator
     assert runs[0].evaluator is not runs[1].evaluator

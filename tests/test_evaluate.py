@@ -1,7 +1,7 @@
 """evaluate.py: shapes, determinism, a hand-stepped constant-action check, masking, aulc; env_pool's
 worker processes (same returns for any number, errors, no child left) and the evaluation of all a
-launch's runs at once, as the launch does it (host_run.build_evaluators, then
-host_run.Evaluation's background thread and its finish)."""
+launch's runs at once, as the launch does it (evaluation.build_evaluators, then
+evaluation.Evaluation's background thread and its write)."""
 import os
 import signal
 
@@ -248,15 +248,15 @@ def test_auto_workers(monkeypatch):
 
 def test_evaluating_all_runs_at_once_equals_each_run_alone(config, tmp_path, monkeypatch,
                                                            capsys):
-  """The launch's evaluation (launch.Launch.evaluate: host_run.build_evaluators, one Evaluator
-  for every cell, here over 2 workers; a host_run.Evaluation computing the returns in its thread,
-  then its finish writing them in the main thread) writes each run's metrics.csv rows exactly as
+  """The launch's evaluation (launch.Launch.evaluate: evaluation.build_evaluators, one Evaluator
+  for every cell, here over 2 workers; an evaluation.Evaluation computing the returns in its thread,
+  then its write in the main thread) writes each run's metrics.csv rows exactly as
   an Evaluator of the run's own does; a run with another eval_episodes gets its own Evaluator,
   the others share one."""
   import functools
 
   from mombo_jax.records.workdir import Workdir
-  from mombo_jax.run import host_run, overestimation
+  from mombo_jax.run import evaluation, host_run, overestimation
   from mombo_jax.run.run_specs import RunSpec
   monkeypatch.setattr(evaluate, "Evaluator",
                       functools.partial(evaluate.Evaluator, max_episode_steps=30))
@@ -272,9 +272,10 @@ def test_evaluating_all_runs_at_once_equals_each_run_alone(config, tmp_path, mon
       wd = Workdir(str(tmp_path / name / str(i)))
       os.makedirs(wd.path)
       seeds = np.arange(c.seed, c.seed + c.num_seeds)
-      runs.append(host_run.HostRun(RunSpec(c, "hopper-random", wd.path), wd,
-                                   slice(offset, offset + c.num_seeds), seeds, ckpt=None,
-                                   q=overestimation.OverestimationWatch(seeds, 100.0)))
+      r = host_run.HostRun(RunSpec(c, "hopper-random", wd.path), several_runs=True)
+      r.cell_slice, r.q = (slice(offset, offset + c.num_seeds),
+                           overestimation.OverestimationWatch(seeds, 100.0))
+      runs.append(r)
       offset += c.num_seeds
     try:
       for done in (1, 2):
@@ -290,21 +291,23 @@ def test_evaluating_all_runs_at_once_equals_each_run_alone(config, tmp_path, mon
     c = r.config
     if r.evaluator is None:
       r.evaluator = evaluate.Evaluator(c, c.env_name, c.num_seeds, c.evaluation.eval_episodes)
-    r.add_evaluation(r.evaluator.run(jax.tree.map(lambda x: x[r.cell_slice], actors),
-                                     seed=r.eval_seed(done)), last, done)
+    r.mark_point(done, last)
+    r.write_evaluation(r.evaluator.run(jax.tree.map(lambda x: x[r.cell_slice], actors),
+                                       seed=r.eval_seed(done)))
 
   alone = host_runs("alone", lambda runs, done: [evaluate_alone(r, done) for r in runs])
 
   def evaluate_in_the_loop(runs, epoch):
     """What Launch.evaluate does at an evaluation point (on process 0)."""
-    snaps = [r.snapshot() for r in runs]
-    host_run.build_evaluators(runs, workers=2)
+    for r in runs:
+      r.mark_point(epoch, last)
+    evaluation.build_evaluators(runs, workers=2)
     before = [len(r.rows) for r in runs]
-    point = host_run.Evaluation(runs, actors, last, epoch, snaps, rate=1.0, eta=0.0)
+    point = evaluation.Evaluation(runs, actors, epoch, rate=1.0, eta=0.0)
     point.join()
     # The thread computes returns only: the main thread writes them (finish).
     assert point.error is None and [len(r.rows) for r in runs] == before
-    point.finish(several_runs=True)
+    point.write()
 
   together = host_runs("together", evaluate_in_the_loop)
   assert together[0].evaluator is together[1].evaluator is not together[2].evaluator
@@ -312,7 +315,7 @@ def test_evaluating_all_runs_at_once_equals_each_run_alone(config, tmp_path, mon
   for a, b in zip(alone, together):
     assert len(a.rows) == 2 * a.config.num_seeds
     assert a.rows == b.rows
-    assert Workdir(b.workdir.path).read_rows() == a.workdir.read_rows()
+    assert Workdir(b.folder.path).read_rows() == a.folder.read_rows()
   assert len({r["return_mean"] for r in together[0].rows + together[2].rows}) == 8
   # finish's log line, one per run and evaluation point, names the run.
   lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("epoch ")]

@@ -15,7 +15,7 @@ PACKAGE = os.path.join(ROOT, "mombo_jax")
 API = ("mm_relu", "mm_linear", "mm_leaky_relu", "mc_moments", "propagate", "load_policy",
        "moment_matching_bound", "relu_moment_matching_bound",
        "load_transitions", "Transitions",
-       "normalized_score", "ref_scores", "termination_fn", "model_done", "make_epoch")
+       "normalized_score", "ref_scores", "termination_fn", "model_done", "make_epoch", "fit")
 
 
 def test_import_is_lazy_and_the_api_loads():
@@ -153,3 +153,28 @@ def test_every_package_docstring_names_every_module_of_its_room():
       if f.endswith(".py") and f != "__init__.py" and not re.search(rf"\b{f[:-3]}\b", doc):
         missing.append(f"{room}/{f}")
   assert len(rooms) >= 10 and not missing, f"modules no package docstring names: {missing}"
+
+
+def _run_trees():
+  run = os.path.join(PACKAGE, "run")
+  for name in sorted(os.listdir(run)):
+    if name.endswith(".py"):
+      yield name, ast.parse(open(os.path.join(run, name)).read())
+
+
+def test_run_state_has_one_owner_one_writer_and_few_nested_functions():
+  """Issue #50: metrics.csv has one writer (HostRun._write_rows: Workdir.write_rows is called in
+  run/ from nowhere else), and run/ defines at most 2 functions inside functions (a closure
+  hides state; pass an object with named methods)."""
+  writers, nested = [], []
+  for name, tree in _run_trees():
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        nested += [f"{name}:{node.name}>{inner.name}" for inner in ast.walk(node)
+                   if inner is not node
+                   and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        writers += [f"{name}:{node.name}" for call in ast.walk(node)
+                    if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and call.func.attr == "write_rows"]
+  assert writers == ["host_run.py:_write_rows"]
+  assert len(nested) <= 2, nested

@@ -63,10 +63,10 @@ def test_the_flag_sets_it():
   run.define_flags()
   try:
     flags.FLAGS(["run", "--matmul_precision=tensorfloat32"])
-    assert run._overrides()["matmul_precision"] == "tensorfloat32"
+    assert run._settings()["matmul_precision"] == "tensorfloat32"
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["run"])
-    assert "matmul_precision" not in run._overrides()          # unset: the Config's float32
+    assert "matmul_precision" not in run._settings()          # unset: the Config's float32
   finally:
     for name in set(flags.FLAGS) - before:
       delattr(flags.FLAGS, name)

@@ -1,7 +1,8 @@
 """Names that say what they hold (#27 item 6), read from the package's source: no two modules
 define a public class of the same name (train.Cell / sweep.Cell and errors.Interrupted /
 dynamics_training.Interrupted once did), and no function is called plain `train` (there were
-three beside the train module: the runner's, the dynamics training's and the online SAC's)."""
+three beside the train module: the runner's, the dynamics training's and the online SAC's; the
+public one-call run is `mombo_jax.fit`, the launch `launch.train_runs`)."""
 import ast
 import collections
 import pathlib

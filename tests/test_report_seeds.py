@@ -72,11 +72,10 @@ def test_the_last_line_says_over_how_many_seeds_and_how_many_diverged(tmp_path, 
   config = config_lib.make_config("hopper-random", "mopo", "tiny", num_seeds=3)
   wd = Workdir(str(tmp_path / "run"))
   os.makedirs(wd.path)
-  r = host_run.HostRun(spec=RunSpec(config, "hopper-random", wd.path), workdir=wd,
-                       cell_slice=slice(0, 3), seeds=np.array([0, 1, 2]), ckpt=None,
-                         rows=_rows(SCORES, [0, 1, 2], {1}),
-                         q=overestimation.OverestimationWatch([0, 1, 2], 100.0),
-                         diverged={1: {"seed": 1, "epoch": 2, "quantity": "critic_loss"}})
+  r = host_run.HostRun(RunSpec(config, "hopper-random", wd.path))
+  r.rows = _rows(SCORES, [0, 1, 2], {1})
+  r.q = overestimation.OverestimationWatch([0, 1, 2], 100.0)
+  r.diverged = {1: {"seed": 1, "epoch": 2, "quantity": "critic_loss"}}
   summary = r.finish()
   line = capsys.readouterr().out.strip().splitlines()[-1]
   assert summary["final_normalized_score_mean"] == pytest.approx(30.0)

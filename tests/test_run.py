@@ -104,6 +104,24 @@ def test_the_opening_line_names_the_settings_source(minari_root, tmp_path, capsy
 
 
 @pytest.mark.slow
+def test_the_python_call_is_the_launch_of_the_same_run(dataset, dyn_dir, tmp_path, mombo_run):
+  """mombo_jax.fit (experiments.run's own path: fit.plan, fit.fit_runs) trains the run the launch
+  trains: the same summary and rows; a grid asked for in one run's terms is refused before any
+  work."""
+  import mombo_jax
+  straight, summary = mombo_run
+  got = mombo_jax.fit(DATASET, "mombo", preset="tiny", seeds=2, workdir=str(tmp_path / "fit"),
+                      dynamics_dir=dyn_dir, **TINY)
+  assert got == summary
+  _assert_same_rows(Workdir(str(tmp_path / "fit")).read_rows(),
+                    Workdir(str(straight)).read_rows())
+  with pytest.raises(UserError, match="not both"):
+    mombo_jax.fit(DATASET, preset="tiny", betas=[1.0, 2.0], beta=3.0,
+                  workdir=str(tmp_path / "grid"))
+  assert not os.path.exists(tmp_path / "grid")
+
+
+@pytest.mark.slow
 def test_kill_and_resume_equals_uninterrupted(dataset, dyn_dir, tmp_path, mombo_run):
   straight, _ = mombo_run
   config = _config("mombo", num_seeds=2)
@@ -381,7 +399,8 @@ def test_dynamics_of_another_setup_are_refused(dataset, dyn_dir, tmp_path, mombo
   full = transitions_lib.load_transitions(DATASET)
   fewer = type(full)(*(np.asarray(x)[:1500] for x in full))
   with pytest.raises(UserError, match="another setup.*num_transitions: saved 2000, now 1500"):
-    dynamics_store.get_dynamics(config, fewer, DATASET, dyn_dir, log=lambda _: None)
+    dynamics_store.get_dynamics(config, fewer, DATASET, dyn_dir,
+                                console=dynamics_store.Console(lambda _: None))
   other = _config("mombo", num_seeds=2, dyn_members=4)
   assert (reuse.dynamics_path(dyn_dir, other)
           != reuse.dynamics_path(dyn_dir, config))
@@ -500,7 +519,7 @@ def test_sigterm_and_sigint_checkpoint_and_resume_to_the_same_summary(dataset, m
 def test_the_loaded_policy_reproduces_the_runs_evaluation_returns(mombo_run):
   """Each seed of a finished run, loaded as a plain Policy (mombo_jax.load_policy) and stepped in
   a plain env with its actions, returns what the run's last evaluation recorded in metrics.csv, on
-  the env seeds that evaluation used (host_run.returns_all: Evaluator.run(actors, seed=10_000 *
+  the env seeds that evaluation used (evaluation.returns_all: Evaluator.run(actors, seed=10_000 *
   config.seed + epoch), env (s, e) reset with evaluate.env_seeds(that, S, episodes)[s, e])."""
   from mombo_jax import load_policy
   from mombo_jax.env import envs, evaluate
@@ -599,10 +618,10 @@ def test_evaluation_overlaps_the_next_device_call(dataset, dyn_dir, tmp_path, mo
   them time out). The rows are the same as an uninterrupted run's."""
   import threading
 
-  from mombo_jax.run import host_run
+  from mombo_jax.run import evaluation
   straight, _ = mombo_run
   dispatched, waited = threading.Event(), {}
-  compile_chunk, returns_all = launch.compile_chunk, host_run.returns_all
+  compile_chunk, returns_all = launch.compile_chunk, evaluation.returns_all
 
   def watched_compile(program):
     chunk = compile_chunk(program)
@@ -621,7 +640,7 @@ def test_evaluation_overlaps_the_next_device_call(dataset, dyn_dir, tmp_path, mo
     return returns_all(runs, actors, done, should_stop)
 
   monkeypatch.setattr(launch, "compile_chunk", watched_compile)
-  monkeypatch.setattr(host_run, "returns_all", slow_returns)
+  monkeypatch.setattr(evaluation, "returns_all", slow_returns)
   assert train_run(_config("mombo", num_seeds=2), dataset, str(tmp_path),
                           dynamics_dir=dyn_dir) is not None
   ok, thread = waited[1]

@@ -1,5 +1,5 @@
-"""mombo_jax/run/sweep.py (behind experiments.sweep): the grid of cells, shared dynamics,
-skip-when-finished, failure and interruption records, the status history, finished cells of
+"""mombo_jax/run/sweep.py (behind experiments.sweep): the grid of entries, shared dynamics,
+skip-when-finished, failure and interruption records, the status history, finished entries of
 another setup refused, only validated flags passed on, SIGTERM's exit status, an unwritable --out;
 one real tiny sweep through the CLI."""
 import errno
@@ -22,75 +22,77 @@ BUDGET = dict(preset="tiny", epochs=1, steps_per_epoch=5, rollout_batch_size=32,
               dynamics_max_epochs=2)
 
 
-def _cells(out, envs=("hopper-random", "walker2d-random"), algos=("mombo", "mopo"), extra=(),
+def _entries(out, envs=("hopper-random", "walker2d-random"), algos=("mombo", "mopo"), extra=(),
            **budget):
   return sweep.plan(list(envs), list(algos), seeds=2, seed=0, out=str(out),
                     budget={**BUDGET, **budget}, extra=extra, python="python3")
 
 
-def _finish(cell, diverged=()):
-  """What experiments.run leaves in a finished cell's folder, as far as the sweep reads it: the
-  config.json of the cell's config and a summary.json."""
+def _finish(entry, diverged=()):
+  """What experiments.run leaves in a finished entry's folder, as far as the sweep reads it: the
+  config.json of the entry's config and a summary.json."""
   from mombo_jax.records import workdir
-  wd = workdir.Workdir(cell.workdir)
-  wd.write_config(workdir.config_record(cell.config, cell.env))
+  wd = workdir.Workdir(entry.workdir)
+  wd.write_config(workdir.config_record(entry.config, entry.env))
   wd.write_summary({"diverged": [{"seed": s, "epoch": 1, "quantity": "params"}
                                  for s in diverged]})
 
 
 def test_plan_is_dataset_major_with_shared_dynamics(tmp_path):
-  cells = _cells(tmp_path)
-  assert [(c.env, c.algo) for c in cells] == [
+  entries = _entries(tmp_path)
+  assert [(c.env, c.algo) for c in entries] == [
       ("hopper-random", "mombo"), ("hopper-random", "mopo"),
       ("walker2d-random", "mombo"), ("walker2d-random", "mopo")]
-  assert cells[0].workdir == str(tmp_path / "hopper-random" / "mombo-elite_spread" / "s0x2")
-  assert cells[1].workdir == str(tmp_path / "hopper-random" / "mopo" / "s0x2")
-  assert cells[0].dynamics_dir == cells[1].dynamics_dir != cells[2].dynamics_dir
-  cmd = cells[1].command
+  assert entries[0].workdir == str(tmp_path / "hopper-random" / "mombo-elite_spread" / "s0x2")
+  assert entries[1].workdir == str(tmp_path / "hopper-random" / "mopo" / "s0x2")
+  assert entries[0].dynamics_dir == entries[1].dynamics_dir != entries[2].dynamics_dir
+  cmd = entries[1].command
   assert cmd[:3] == ("python3", "-m", "experiments.run")
   for flag in ("--env=hopper-random", "--algo=mopo", "--seeds=2", "--seed=0", "--preset=tiny",
-               "--epochs=1", "--dynamics_max_epochs=2", f"--dynamics_dir={cells[1].dynamics_dir}"):
+               "--epochs=1", "--dynamics_max_epochs=2",
+               f"--dynamics_dir={entries[1].dynamics_dir}"):
     assert flag in cmd, (flag, cmd)
-  assert _cells(tmp_path, target="mixture")[0].workdir.endswith(
+  assert _entries(tmp_path, target="mixture")[0].workdir.endswith(
       os.path.join("mombo-mixture", "s0x2"))
 
 
 def test_a_sweep_chooses_the_settings_source(tmp_path):
-  cells = _cells(tmp_path, envs=("hopper-medium",), algos=("mombo", "mobile"), reference=None)
-  assert [c.config.reference for c in cells] == ["authors", "offlinerl_kit"]
-  assert cells[1].workdir == str(tmp_path / "hopper-medium" / "mobile" / "s0x2")
-  cells = _cells(tmp_path, envs=("hopper-medium",), algos=("mombo", "mobile"), reference="authors")
-  assert [c.config.reference for c in cells] == ["authors", "authors"]
-  assert cells[1].workdir == str(tmp_path / "hopper-medium" / "mobile-authors" / "s0x2")
-  assert cells[0].workdir == str(tmp_path / "hopper-medium" / "mombo-elite_spread" / "s0x2")
-  assert "--reference=authors" in cells[1].command
+  entries = _entries(tmp_path, envs=("hopper-medium",), algos=("mombo", "mobile"), reference=None)
+  assert [c.config.reference for c in entries] == ["authors", "offlinerl_kit"]
+  assert entries[1].workdir == str(tmp_path / "hopper-medium" / "mobile" / "s0x2")
+  entries = _entries(tmp_path, envs=("hopper-medium",), algos=("mombo", "mobile"),
+                     reference="authors")
+  assert [c.config.reference for c in entries] == ["authors", "authors"]
+  assert entries[1].workdir == str(tmp_path / "hopper-medium" / "mobile-authors" / "s0x2")
+  assert entries[0].workdir == str(tmp_path / "hopper-medium" / "mombo-elite_spread" / "s0x2")
+  assert "--reference=authors" in entries[1].command
   with pytest.raises(errors.UserError, match="hopper-medium / mopo: Unknown reference 'authors'"):
-    _cells(tmp_path, envs=("hopper-medium",), algos=("mobile", "mopo"), reference="authors")
+    _entries(tmp_path, envs=("hopper-medium",), algos=("mobile", "mopo"), reference="authors")
 
 
 @pytest.mark.parametrize("preset", ["paper", "quick"])
-def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_path, preset):
+def test_entries_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_path, preset):
   """walker2d-medium over the three algorithms (issue #26): the references' sources may set other
-  dynamics settings for it (e.g. an epoch cap), so which cells share is computed from the cells'
-  configs, not assumed. Cells with equal settings share one folder, others do not; the plan
-  names each ensemble's cells, the settings that keep them apart and each value's source."""
+  dynamics settings for it (e.g. an epoch cap), so which entries share is computed from the entries'
+  configs, not assumed. Entries with equal settings share one folder, others do not; the plan
+  names each ensemble's entries, the settings that keep them apart and each value's source."""
   from mombo_jax.dynamics import reuse
   from mombo_jax.settings import config as config_lib, references
   env, algos = "walker2d-medium", ("mombo", "mobile", "mopo")
-  cells = sweep.plan([env], list(algos), seeds=3, seed=0, out=str(tmp_path),
+  entries = sweep.plan([env], list(algos), seeds=3, seed=0, out=str(tmp_path),
                      budget={"preset": preset})
-  settings = {c.algo: reuse.training_settings(c.config) for c in cells}
-  paths = {c.algo: c.dynamics_path for c in cells}
+  settings = {c.algo: reuse.training_settings(c.config) for c in entries}
+  paths = {c.algo: c.dynamics_path for c in entries}
   for a in algos:
     for b in algos:
       assert (paths[a] == paths[b]) == (settings[a] == settings[b]), (a, b)
-  assert all(p.startswith(cells[0].dynamics_dir + os.sep) for p in paths.values())
-  lines = sweep.dynamics_plan(cells, {"preset": preset})
+  assert all(p.startswith(entries[0].dynamics_dir + os.sep) for p in paths.values())
+  lines = sweep.dynamics_plan(entries, {"preset": preset})
   text = "\n".join(lines)
   groups = {}
   for a in algos:
     groups.setdefault(paths[a], []).append(a)
-  assert lines[0].startswith(f"dynamics of {env}: {len(groups)} ensemble(s) for 3 cell(s)")
+  assert lines[0].startswith(f"dynamics of {env}: {len(groups)} ensemble(s) for 3 entries")
   for path, users in groups.items():
     assert (f"shared by {', '.join(users)}: {path}" if len(users) > 1
             else f"{users[0]} alone: {path}") in [line.strip() for line in lines]
@@ -100,7 +102,7 @@ def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_
   if apart:
     assert f"apart because these settings differ: {', '.join(apart)}" in lines[0]
   default = config_lib.Config().settings()
-  for c in cells:                                  # every value set by the algorithm's source
+  for c in entries:                                  # every value set by the algorithm's source
     table = config_lib.task_overrides(env, c.algo, c.config.reference)
     values = c.config.settings()
     for f in reuse.TRAINING_FIELDS:
@@ -109,7 +111,7 @@ def test_cells_share_an_ensemble_exactly_when_their_dynamics_settings_agree(tmp_
         code = references.source(c.algo, c.config.reference).code
         assert f"{f}={values[f]!r}: " in text and code in text, (c.algo, f)
   if preset == "quick":                            # the preset's cap overrides every table's
-    assert {c.config.dynamics_training.dyn_max_epochs for c in cells} == {2}
+    assert {c.config.dynamics_training.dyn_max_epochs for c in entries} == {2}
     assert "dyn_max_epochs=2: preset quick" in text
 
 
@@ -132,40 +134,40 @@ def test_the_sweep_prints_its_dynamics_plan(tmp_path):
 ])
 def test_plan_refuses_bad_input_before_anything_runs(tmp_path, bad, match):
   with pytest.raises(errors.UserError, match=match):
-    _cells(tmp_path / "out", **bad)
+    _entries(tmp_path / "out", **bad)
   assert not os.path.exists(tmp_path / "out")
 
 
-def test_run_records_statuses_skips_finished_cells_and_stops_after_an_interrupt(tmp_path):
-  cells = _cells(tmp_path)
+def test_run_records_statuses_skips_finished_entries_and_stops_after_an_interrupt(tmp_path):
+  entries = _entries(tmp_path)
   codes = {("hopper-random", "mombo"): 0, ("hopper-random", "mopo"): 1,
            ("walker2d-random", "mombo"): console.EXIT_DIVERGED, ("walker2d-random", "mopo"): 0}
   launched = []
 
-  def runner(cell):
-    launched.append((cell.env, cell.algo))
-    code = codes[(cell.env, cell.algo)]
+  def runner(entry):
+    launched.append((entry.env, entry.algo))
+    code = codes[(entry.env, entry.algo)]
     if code in (0, console.EXIT_DIVERGED):      # experiments.run writes summary.json then
-      _finish(cell)
+      _finish(entry)
     return code
 
-  result = sweep.run_sweep(cells, str(tmp_path), runner=runner, log=lambda *_: None)
+  result = sweep.run_sweep(entries, str(tmp_path), runner=runner, log=lambda *_: None)
   assert launched == list(codes)
   assert [e["status"] for e in result["cells"]] == ["finished", "failed", "diverged", "finished"]
   assert result["status"] == "failed" and sweep_record.exit_code(result) == 1
   assert json.loads((tmp_path / "sweep.json").read_text()) == result
 
-  # Again: only the failed cell is launched (the others have their summary.json). The diverged
-  # cell stays diverged (never overwritten by "skipped"), so the sweep still exits 3.
+  # Again: only the failed entry is launched (the others have their summary.json). The diverged
+  # entry stays diverged (never overwritten by "skipped"), so the sweep still exits 3.
   launched.clear()
   codes[("hopper-random", "mopo")] = 0
-  result = sweep.run_sweep(cells, str(tmp_path), runner=runner, log=lambda *_: None)
+  result = sweep.run_sweep(entries, str(tmp_path), runner=runner, log=lambda *_: None)
   assert launched == [("hopper-random", "mopo")]
   assert [e["status"] for e in result["cells"]] == ["finished", "finished", "diverged", "finished"]
   assert [e["skipped"] for e in result["cells"]] == [True, False, True, True]
   assert result["status"] == "diverged" and sweep_record.exit_code(result) == console.EXIT_DIVERGED
   assert "(3 skipped: finished before)" in sweep_record.summary(result, str(tmp_path))
-  # Each cell's history over both sweeps, oldest first, with the command and time of each.
+  # Each entry's history over both sweeps, oldest first, with the command and time of each.
   histories = [[h["status"] for h in e["history"]] for e in result["cells"]]
   assert histories == [["finished", "skipped"], ["failed", "finished"], ["diverged", "skipped"],
                        ["finished", "skipped"]]
@@ -173,10 +175,10 @@ def test_run_records_statuses_skips_finished_cells_and_stops_after_an_interrupt(
              for h in e["history"])
   assert json.loads((tmp_path / "sweep.json").read_text()) == result
 
-  # An interrupted cell stops the sweep: later cells are not launched; the exit status is the
+  # An interrupted entry stops the sweep: later entries are not launched; the exit status is the
   # signal's (SIGINT 130, SIGTERM 143).
   for code, signum in ((130, signal.SIGINT), (143, signal.SIGTERM), (-15, signal.SIGTERM)):
-    fresh = _cells(tmp_path / f"other{code}")
+    fresh = _entries(tmp_path / f"other{code}")
     launched.clear()
     result = sweep.run_sweep(fresh, str(tmp_path / f"other{code}"),
                              runner=lambda c, code=code: launched.append(c) or code,
@@ -186,53 +188,53 @@ def test_run_records_statuses_skips_finished_cells_and_stops_after_an_interrupt(
     assert result["signal"] == signum and sweep_record.exit_code(result) == 128 + signum
 
 
-def test_a_summary_listing_diverged_seeds_makes_a_skipped_cell_diverged(tmp_path):
-  cells = _cells(tmp_path, envs=("hopper-random",), algos=("mopo",))
-  _finish(cells[0], diverged=(1,))
-  result = sweep.run_sweep(cells, str(tmp_path), runner=lambda c: pytest.fail("launched"),
+def test_a_summary_listing_diverged_seeds_makes_a_skipped_entry_diverged(tmp_path):
+  entries = _entries(tmp_path, envs=("hopper-random",), algos=("mopo",))
+  _finish(entries[0], diverged=(1,))
+  result = sweep.run_sweep(entries, str(tmp_path), runner=lambda c: pytest.fail("launched"),
                            log=lambda *_: None)
   assert result["cells"][0]["status"] == "diverged" and result["cells"][0]["skipped"]
   assert sweep_record.exit_code(result) == console.EXIT_DIVERGED
 
 
-def test_finished_cells_of_another_setup_are_refused_naming_the_fields(tmp_path):
-  cells = _cells(tmp_path)
-  for c in cells:
+def test_finished_entries_of_another_setup_are_refused_naming_the_fields(tmp_path):
+  entries = _entries(tmp_path)
+  for c in entries:
     _finish(c)
   record = (tmp_path / "sweep.json")
   never = lambda c: pytest.fail(f"{c.name} launched")   # noqa: E731
-  # Another budget over the finished cells: refused before anything runs, naming cell and field.
+  # Another budget over the finished entries: refused before anything runs, naming entry and field.
   with pytest.raises(errors.UserError) as e:
-    sweep.run_sweep(_cells(tmp_path, epochs=2, steps_per_epoch=6), str(tmp_path), runner=never,
+    sweep.run_sweep(_entries(tmp_path, epochs=2, steps_per_epoch=6), str(tmp_path), runner=never,
                     log=lambda *_: None)
   msg = str(e.value)
-  assert "4 cell(s) hold a run of another setup" in msg and "nothing was launched" in msg
+  assert "4 entries hold a run of another setup" in msg and "nothing was launched" in msg
   assert "hopper-random mombo-elite_spread" in msg and "epochs: 1 -> 2" in msg
   assert "steps_per_epoch: 5 -> 6" in msg and "\n" not in msg
   assert "--allow_epochs_change" not in msg    # more than epochs differs
   assert not record.exists()
-  # Evaluation fields: a finished cell's evaluations are done, so they count there ...
+  # Evaluation fields: a finished entry's evaluations are done, so they count there ...
   with pytest.raises(errors.UserError, match="eval_episodes: 1 -> 3"):
-    sweep.run_sweep(_cells(tmp_path, eval_episodes=3), str(tmp_path), runner=never,
+    sweep.run_sweep(_entries(tmp_path, eval_episodes=3), str(tmp_path), runner=never,
                     log=lambda *_: None)
   # ... but not for an unfinished one, which experiments.run resumes under the new ones.
-  os.remove(os.path.join(cells[0].workdir, "summary.json"))
-  assert sweep.check_cells(_cells(tmp_path, envs=("hopper-random",), algos=("mombo",),
+  os.remove(os.path.join(entries[0].workdir, "summary.json"))
+  assert sweep.check_entries(_entries(tmp_path, envs=("hopper-random",), algos=("mombo",),
                                   eval_episodes=3)) == set()
-  # Only --epochs: refused with the way to continue, which then relaunches the finished cells.
+  # Only --epochs: refused with the way to continue, which then relaunches the finished entries.
   with pytest.raises(errors.UserError, match="allow_epochs_change"):
-    sweep.check_cells(_cells(tmp_path, epochs=3))
-  longer = _cells(tmp_path, epochs=3, extra=["--allow_epochs_change"])
-  assert sweep.check_cells(longer) == {c.workdir for c in cells[1:]}
+    sweep.check_entries(_entries(tmp_path, epochs=3))
+  longer = _entries(tmp_path, epochs=3, extra=["--allow_epochs_change"])
+  assert sweep.check_entries(longer) == {c.workdir for c in entries[1:]}
   launched = []
   sweep.run_sweep(longer, str(tmp_path), runner=lambda c: launched.append(c) or 0,
                   log=lambda *_: None)
   assert launched == longer
   assert all("--allow_epochs_change" in c.command for c in launched)
-  # Another beta names other folders: launched beside the old cells, nothing refused.
-  betas = _cells(tmp_path, beta=0.5)
+  # Another beta names other folders: launched beside the old entries, nothing refused.
+  betas = _entries(tmp_path, beta=0.5)
   assert all(re.search(r"-beta0.5/s0x2$", c.workdir) for c in betas)
-  assert sweep.check_cells(betas) == set()
+  assert sweep.check_entries(betas) == set()
 
 
 def test_only_validated_flags_are_passed_on(tmp_path):
@@ -252,7 +254,7 @@ def test_only_validated_flags_are_passed_on(tmp_path):
                        (["--keep_checkpoints"], "give --keep_checkpoints its value"),
                        (["--download=maybe"], "takes true or false")]:
     with pytest.raises(errors.UserError, match=re.escape(match)):
-      _cells(tmp_path / "out", extra=words)
+      _entries(tmp_path / "out", extra=words)
   assert not os.path.exists(tmp_path / "out")
   # Every flag passed on is one experiments.run defines, with the type the sweep checks.
   with open(os.path.join(REPO, "experiments", "run.py")) as f:
@@ -264,11 +266,11 @@ def test_only_validated_flags_are_passed_on(tmp_path):
 def test_an_unwritable_out_is_one_line_before_any_launch(tmp_path, monkeypatch):
   blocker = tmp_path / "file"
   blocker.write_text("")
-  cells = _cells(blocker / "sweep")
+  entries = _entries(blocker / "sweep")
   never = lambda c: pytest.fail("launched")   # noqa: E731
   with pytest.raises(errors.UserError, match=re.escape(f"Cannot write {blocker / 'sweep'}: Not a "
                                                         "directory")):
-    sweep.run_sweep(cells, str(blocker / "sweep"), runner=never, log=lambda *_: None)
+    sweep.run_sweep(entries, str(blocker / "sweep"), runner=never, log=lambda *_: None)
   # A read-only file system (tests run as root, where permissions do not stop writes): the OS's
   # refusal of the record's rename, simulated.
   out = tmp_path / "ro"
@@ -281,7 +283,7 @@ def test_an_unwritable_out_is_one_line_before_any_launch(tmp_path, monkeypatch):
 
   monkeypatch.setattr(os, "replace", refuse)
   with pytest.raises(errors.UserError) as e:
-    sweep.run_sweep(_cells(out), str(out), runner=never, log=lambda *_: None)
+    sweep.run_sweep(_entries(out), str(out), runner=never, log=lambda *_: None)
   assert str(e.value) == (f"Cannot write {out / 'sweep.json'}: Read-only file system; pass a "
                           "folder on a writable file system.")
   assert os.listdir(out) == [".sweep.lock"]   # the temporary record is gone (the lock's file
@@ -295,19 +297,19 @@ import sys
 from mombo_jax.run import sweep, sweep_record
 out = sys.argv[1]
 child = (sys.executable, "-c", sys.argv[2])
-cells = [sweep.SweepCell("hopper-random", a, f"{out}/{a}", f"{out}/dynamics", child)
+entries = [sweep.SweepEntry("hopper-random", a, f"{out}/{a}", f"{out}/dynamics", child)
          for a in ("mopo", "mombo")]
 launcher = sweep.Launcher()
 launcher.install()
-result = sweep.run_sweep(cells, out, runner=launcher)
+result = sweep.run_sweep(entries, out, runner=launcher)
 print(sweep_record.summary(result, out))
 sys.exit(sweep_record.exit_code(result))
 """
 
 
 def test_sigterm_stops_the_sweep_with_143(tmp_path):
-  """A real sweep process: SIGTERM is forwarded once to the running cell (which exits 143 as
-  experiments.run does after its checkpoint), no further cell starts, the sweep exits 143."""
+  """A real sweep process: SIGTERM is forwarded once to the running entry (which exits 143 as
+  experiments.run does after its checkpoint), no further entry starts, the sweep exits 143."""
   proc = subprocess.Popen([sys.executable, "-c", _SWEEP, str(tmp_path), _CHILD], cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
@@ -342,7 +344,7 @@ def test_cli_runs_a_tiny_sweep_and_skips_it_when_run_again(minari_root, hopper_r
   assert "sweep finished: 1 finished" in first.stdout
   again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S)
   assert again.returncode == 0 and "1 finished (1 skipped: finished before)" in again.stdout
-  # The same sweep with another budget over the finished cell: refused, naming the field.
+  # The same sweep with another budget over the finished entry: refused, naming the field.
   other = subprocess.run(cmd + ["--steps_per_epoch=6"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=HANG_S)
   assert other.returncode == 1 and "steps_per_epoch: 5 -> 6" in other.stderr

@@ -8,7 +8,8 @@ in core/dynamics.py):
 4. the reuse key: what must match for a saved ensemble to serve a run, and the folder its
    training settings name ........................................................... reuse.py
 5. save and load, shapes checked before any array is read ................. saved_dynamics.py
-6. the store: a run's get-or-train under a lock, legacy saves refused ........ dynamics_store.py
+6. the store: a run's get-or-train under a lock, read top to bottom in get_dynamics (the place
+   and key worked out once: reuse.Shelf), legacy saves refused ............... dynamics_store.py
 
 experiments.train_dynamics trains ensembles ahead of the runs (pretrain.py); a sweep's plan of
 which cells share one: mombo_jax/run/sweep_dynamics.py.

@@ -211,10 +211,11 @@ def _resume(ckpt, st, reuse_key):
   return restored, True
 
 
-def _train_epoch(fns, st, inputs, targets, max_epochs, chunks, should_stop):
+def _train_epoch(fns, st, inputs, targets, max_epochs, chunks, should_stop, log_fn):
   """One epoch in device calls of chunks.next() minibatches (signals.Chunks), should_stop polled
-  before each. Returns (st, mse) after the epoch, or None when should_stop fired (st, the state
-  before the epoch, is untouched: nothing of the epoch is kept)."""
+  before each; a long epoch (no line for minutes otherwise) is told once its pace is known.
+  Returns (st, mse) after the epoch, or None when should_stop fired (st, the state before the
+  epoch, is untouched: nothing of the epoch is kept)."""
   order = fns.plan(st)
   params, opt_state, done = st.params, st.opt_state, 0
   while done < chunks.total:
@@ -224,6 +225,10 @@ def _train_epoch(fns, st, inputs, targets, max_epochs, chunks, should_stop):
     params, opt_state = chunks.run(
         lambda a, b: fns.steps(st, params, opt_state, inputs, targets, order, a, b), done, n)
     done += n
+    pace = chunks.first_pace()
+    if pace is not None and pace * chunks.total >= 10.0:
+      log_fn(f"dynamics: {chunks.total} minibatches an epoch, about {pace * chunks.total:.0f} s "
+             f"an epoch at this pace (a stop request waits about {signals.POLL_SECONDS:g} s)")
   return fns.end(st, params, opt_state, inputs, targets, max_epochs)
 
 
@@ -249,13 +254,7 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_d
   max_epochs = jnp.asarray(np.iinfo(np.int32).max if config.dynamics_training.dyn_max_epochs is None
                            else config.dynamics_training.dyn_max_epochs, jnp.int32)
   num_seeds = keys.shape[0] if batched else 1
-  n_batches = _num_batches(n_train, config)
-
-  def announce(pace):                 # a long epoch (no line for minutes otherwise) is told
-    if pace * n_batches >= 10.0:
-      log_fn(f"dynamics: {n_batches} minibatches an epoch, about {pace * n_batches:.0f} s an "
-             f"epoch at this pace (a stop request waits about {signals.POLL_SECONDS:g} s)")
-  chunks = signals.Chunks(n_batches, on_pace=announce)
+  chunks = signals.Chunks(_num_batches(n_train, config))
   t0 = time.time()
 
   def save(ep):
@@ -265,7 +264,7 @@ def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_d
       last_save, saved = time.time(), ep
 
   while True:
-    done = _train_epoch(fns, st, inputs, targets, max_epochs, chunks, should_stop)
+    done = _train_epoch(fns, st, inputs, targets, max_epochs, chunks, should_stop, log_fn)
     if done is None:               # stopped mid-epoch: the state before it is what resumes
       ep = int(np.max(jax.device_get(st.epoch)))
       save(ep)

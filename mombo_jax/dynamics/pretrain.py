@@ -78,7 +78,7 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
     log_fn(f"{dataset}: {len(transitions.rewards)} transitions, obs dim "
            f"{transitions.observations.shape[1]}, action dim {transitions.actions.shape[1]}.")
     dynamics_store.get_dynamics(config, transitions, dataset, workdir, should_stop=should_stop,
-                 overwrite=overwrite, log=log_fn)
+                                overwrite=overwrite, console=dynamics_store.Console(log_fn))
   log_fn(f"Saved to {path} (dynamics settings: {reuse.describe_settings(config)}; "
          f"reused by runs with the same, e.g. python -m experiments.run --env={env} --algo={algo} "
          f"--reference={config.reference} --preset={preset} --seed={seed} --seeds={seeds} "

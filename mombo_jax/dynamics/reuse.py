@@ -12,6 +12,7 @@ cannot be shown to match and is never reused (dynamics_store refuses it, naming 
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -127,3 +128,37 @@ def reuse_mismatch(meta: dict, expected: dict) -> dict:
 def format_mismatch(differs: dict) -> str:
   """reuse_mismatch's result as one line: "key: saved a, now b; ..."."""
   return "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in sorted(differs.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Shelf:
+  """config's seeds' place in a dynamics_dir under the rule above, worked out once: what the
+  store's get-or-train (dynamics_store.get_dynamics) reads, with no second trip here but to
+  compare a saved key (mismatch_line).
+
+  path: dynamics_path (seed<s>x<S>-<tag>); partial: its unfinished training; legacy:
+  legacy_dynamics_path (a save from before the tag); settings: describe_settings (the training
+  settings not at their default); key: reuse_key with the data's identity (None when the shelf
+  was looked up without data: check_legacy_dynamics)."""
+  path: str
+  legacy: str
+  settings: str
+  key: Optional[dict] = None
+
+  @property
+  def partial(self) -> str:
+    return self.path + ".partial"
+
+  def mismatch_line(self, meta: dict) -> str:
+    """"" when the saved metadata's reuse key fits self.key, else what differs as one line
+    (format_mismatch)."""
+    return format_mismatch(reuse_mismatch(meta, self.key))
+
+
+def shelf(dynamics_dir: str, config, transitions=None, identity: Optional[dict] = None) -> Shelf:
+  """config's seeds' Shelf in dynamics_dir; with `transitions` (and `identity`,
+  provenance.dataset_identity), its reuse key too."""
+  return Shelf(path=dynamics_path(dynamics_dir, config),
+               legacy=legacy_dynamics_path(dynamics_dir, config),
+               settings=describe_settings(config),
+               key=None if transitions is None else reuse_key(config, transitions, identity))

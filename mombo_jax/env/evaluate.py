@@ -1,7 +1,7 @@
 """Evaluation in the real environment: the deterministic policy tanh(mean) of every seed's actor,
 all seeds x episodes environments stepped together (over worker processes: env_pool), one jitted
 policy call per time step for all of them. A launch builds its envs once (Evaluator) and reuses
-them for every evaluation; all its cells are evaluated in one pass (host_run.returns_all).
+them for every evaluation; all its cells are evaluated in one pass (run/evaluation.returns_all).
 
 Returns are undiscounted sums of the environment's rewards up to termination or the time limit;
 `scores.normalized_score` turns them into D4RL-normalised scores and `aulc` averages those over a
@@ -93,7 +93,7 @@ class Evaluator:
       params, every leaf with a leading seed axis S.
     seed: an int: env (s, e) is reset with env_seeds(seed, S, episodes)[s, e]; or those reset
       seeds themselves, int [S, episodes] (several runs evaluated together, each with its own
-      seeds: host_run.returns_all). Same seeds, same returns.
+      seeds: run/evaluation.returns_all). Same seeds, same returns.
     Episodes end at termination or truncation; a finished env is not stepped again.
     should_stop: polled before every time step; when it fires, errors.Interrupted (between two
     steps: the envs stay usable, the next run resets them).

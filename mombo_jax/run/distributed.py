@@ -92,18 +92,34 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
                f"{process_id}) ...")
     kwargs = dict(coordinator_address=coordinator_address, num_processes=int(num_processes),
                   process_id=int(process_id), local_device_ids=local_devices)
-
-  def join():
-    try:
-      jax.distributed.initialize(
-          **kwargs, initialization_timeout=int(math.ceil(timeout)) + _JAX_DEADLINE_MARGIN)
-    except (ValueError, RuntimeError) as e:
-      if kwargs:
-        raise
-      raise _no_cluster(e) from None
-
-  _wait_for(join, waiting, timeout, coordinator_address, num_processes, process_id)
+  _wait_for(_Join(kwargs, timeout), waiting, timeout, coordinator_address, num_processes,
+            process_id)
   return True
+
+
+class _Join:
+  """jax.distributed.initialize with `kwargs`, run in a daemon thread by _wait_for: `done` is set
+  once it returned, `failure` holds what it raised (a missing cluster as one line)."""
+
+  def __init__(self, kwargs: dict, timeout: float):
+    self.kwargs, self.timeout = kwargs, timeout
+    self.done = threading.Event()
+    self.failure: Optional[BaseException] = None
+
+  def run(self):
+    import jax  # lazy: experiments.run imports this module before its flags
+    try:
+      try:
+        jax.distributed.initialize(
+            **self.kwargs,
+            initialization_timeout=int(math.ceil(self.timeout)) + _JAX_DEADLINE_MARGIN)
+      except (ValueError, RuntimeError) as e:
+        if self.kwargs:
+          raise
+        raise _no_cluster(e) from None
+    except BaseException as e:                 # noqa: BLE001 - handed to the main thread
+      self.failure = e
+    self.done.set()
 
 
 def _port(address: str) -> int:
@@ -165,29 +181,19 @@ def _check_port_free(address: str):
   # Neither family could bind for another reason: let JAX try (and report) itself.
 
 
-def _wait_for(join, waiting, timeout, address, num_processes, process_id):
-  """Prints `waiting` and runs join() (jax.distributed.initialize) in a daemon thread; returns when
-  it did, re-raises what it raised, and ends the process (one line, os._exit) on timeout or
+def _wait_for(join: _Join, waiting, timeout, address, num_processes, process_id):
+  """Prints `waiting` and runs join.run() (jax.distributed.initialize) in a daemon thread; returns
+  when it did, re-raises what it raised, and ends the process (one line, os._exit) on timeout or
   SIGINT / SIGTERM (the handlers are in place before `waiting` is out)."""
-  done = threading.Event()
-  failure = []
-
-  def run():
-    try:
-      join()
-    except BaseException as e:                 # noqa: BLE001 - handed to the main thread
-      failure.append(e)
-    done.set()
-
   received = []
   handlers = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
               for sig in (signal.SIGINT, signal.SIGTERM)}
   print(waiting, flush=True)
   try:
-    threading.Thread(target=run, name="jax.distributed.initialize", daemon=True).start()
+    threading.Thread(target=join.run, name="jax.distributed.initialize", daemon=True).start()
     deadline = time.monotonic() + timeout
     # Short waits: Python runs signal handlers on the main thread between them.
-    while not done.wait(0.1):
+    while not join.done.wait(0.1):
       if received:
         name = signal.Signals(received[0]).name
         _end(f"{name} received while waiting for the other processes"
@@ -200,8 +206,8 @@ def _wait_for(join, waiting, timeout, address, num_processes, process_id):
     # the processes join (a cluster's SIGTERM would never reach the run's stop flag).
     for sig, handler in handlers.items():
       signal.signal(sig, handler)
-  if failure:
-    raise failure[0]
+  if join.failure is not None:
+    raise join.failure
   if received:           # came as the processes joined: the run's own handler takes it
     signal.raise_signal(received[0])
 

@@ -2,11 +2,11 @@
 beta) of its runs, evaluation, checkpoints and outputs per workdir.
 
 A launch trains one or more runs (run_specs.RunSpec: one workdir each, one dataset, one beta, its
-seeds), each exactly a plain run's folder (workdir.Workdir), resumable on its own. `train` reads
-top to bottom: Launch.plan -> prepare -> train_epochs -> finish. train_epochs hands the device
-several epochs per call (train.make_cells_chunk, program.Program), so the host acts only at
-evaluations, checkpoints and stop requests; what the host keeps and does per run is
-host_run.HostRun's.
+seeds), each exactly a plain run's folder (workdir.Workdir), resumable on its own. `train_runs`
+reads top to bottom: Launch.plan -> prepare -> train_epochs -> finish. train_epochs hands the
+device several epochs per call (train.make_cells_chunk, program.Program), so the host acts only at
+evaluations, checkpoints and stop requests; each run's state on the host is its
+host_run.HostRun's, and every Launch method is a loop over its runs.
 """
 from __future__ import annotations
 
@@ -18,23 +18,18 @@ import jax
 import numpy as np
 
 from mombo_jax.core import buffer, placement, train as train_lib
-from mombo_jax.core.key_scheme import cell_keys
-from mombo_jax.data import provenance, transitions as transitions_lib
-from mombo_jax.dynamics.dynamics_store import check_legacy_dynamics
 from mombo_jax.errors import Interrupted, UserError
-from mombo_jax.records.workdir import Workdir
-from mombo_jax.run import distributed, loggers, overestimation, resume, run_state
+from mombo_jax.run import distributed, loggers, overestimation, resume
 from mombo_jax.run.console import log
-from mombo_jax.run.host_run import Evaluation, HostRun, Pace, build_evaluators, log_reference_scores
+from mombo_jax.run.evaluation import Evaluation, build_evaluators
+from mombo_jax.run.host_run import HostRun, Pace, log_reference_scores
 from mombo_jax.run.preflight import validate
 from mombo_jax.run.program import Program, chunk_length, compile_chunk, program_config
-from mombo_jax.run.resume import cell_slices, common_start, join_cells
+from mombo_jax.run.resume import common_start, join_cells
 from mombo_jax.run.run_dataset import load_datasets
 from mombo_jax.run.run_specs import RunSpec, check_runs, describe_algorithm
 from mombo_jax.settings import references
 from mombo_jax.signals import StopFlag
-from mombo_jax.storage import checkpoint
-from mombo_jax.storage.locks import FolderLock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +64,7 @@ class LaunchOptions:
 
 
 def train_runs(specs: Sequence[RunSpec], options: LaunchOptions = LaunchOptions()
-          ) -> List[Optional[dict]]:
+               ) -> List[Optional[dict]]:
   """Trains every cell (seed) of every run in one compiled program; each workdir gets what a
   plain launch of that run alone writes, and resumes on its own (from <workdir>/checkpoints).
   Returns the runs' summaries (None each when options.stop_after ended this launch early; None
@@ -81,15 +76,15 @@ def train_runs(specs: Sequence[RunSpec], options: LaunchOptions = LaunchOptions(
     launch.plan()
     launch.prepare()
     if not launch.train_epochs():
-      return [None] * len(launch.specs)
+      return [None for _ in launch.runs]
     return launch.finish()
   finally:
     launch.release()
 
 
 class Launch:
-  """One launch: its runs (specs, each one's Workdir built once), the workdirs' locks, the
-  device program, each run's host state (HostRun) and the evaluation under way.
+  """One launch: its runs (host_run.HostRun each, made by plan: spec, Workdir, lock, config.json),
+  the device program and the evaluation under way.
 
   plan: every check that needs no data; prepare: data, config.json, dynamics, init or restore,
   placement; train_epochs: the epochs, with step / evaluate / save / stop_if_requested; finish: each
@@ -102,12 +97,9 @@ class Launch:
     if int(options.eval_workers) < 0:
       raise UserError(f"eval_workers={options.eval_workers}: pass a number of processes >= 1, "
                       "or 0 (auto).")
-    self.workdirs: List[Workdir] = [Workdir(s.workdir, s.dynamics_dir) for s in self.specs]
-    self.locks: List[FolderLock] = []     # the workdirs' (process 0's), released by the OS at death
-    self.config_json: List[dict] = []     # each workdir's config.json content, from plan
-    self.notes: List[List[str]] = []      # what plan found worth a note, logged by prepare
-    self.runs: List[HostRun] = []         # from prepare, in the order of specs
+    self.runs: List[HostRun] = []         # from plan, in the order of specs
     self.program: Optional[Program] = None
+    self.end: int = 0                     # the epoch this launch stops at (prepare)
     self.chunk: Optional[jax.stages.Compiled] = None  # program.compile_chunk's, from train_epochs
     self.pending: Optional[Evaluation] = None   # the evaluation under way (process 0)
 
@@ -120,89 +112,84 @@ class Launch:
   def plan(self):
     """Every check that needs no data: the runs fit one program, the flags and folders are
     valid, no other launch writes these workdirs (process 0 takes their locks), each workdir's
-    config.json agrees."""
+    config.json agrees. Makes self.runs."""
     o = self.options
     check_runs(self.specs)
-    cells = sum(s.config.num_seeds for s in self.specs)
+    num_cells = sum(s.config.num_seeds for s in self.specs)
     for s in self.specs:
       validate(s.config, s.dataset, s.workdir, s.dynamics_dir, o.keep, o.stop_after,
-               o.build_steps, cells=cells)
+               o.build_steps, num_cells=num_cells)
+    self.runs = [HostRun(s, self.several_runs) for s in self.specs]
     if distributed.is_main():
-      for wd in self.workdirs:
-        self.locks.append(wd.lock().acquire())
-        for line in run_state.remove_leftovers(wd):
-          log(f"note: {line}.")
-    for s, wd in zip(self.specs, self.workdirs):
-      content, notes = wd.check_config(s.config, s.dataset, o.allow_epochs_change)
-      self.config_json.append(content)
-      self.notes.append(notes)
-    for s, wd in zip(self.specs, self.workdirs):
-      if not wd.checkpointer_steps():      # a resume takes its ensembles from its checkpoint
-        check_legacy_dynamics(wd.dynamics_dir, s.config)
-    for line in dict.fromkeys(references.describe(s.config) for s in self.specs):
+      for r in self.runs:
+        r.take_lock()
+    for r in self.runs:
+      r.check_config(o.allow_epochs_change)
+    for r in self.runs:
+      r.check_legacy_dynamics()
+    for line in dict.fromkeys(references.describe(r.config) for r in self.runs):
       log(line)                  # where the settings come from, before any long work
 
   # --------------------------------------------------------------------------------- prepare
 
   def prepare(self):
     """Loads the datasets, writes config.json (only now that the data loaded), gets the
-    dynamics, initialises or restores every cell and places the program's arguments on the
-    devices (self.runs, self.program). Its steps' order is the launch's contract."""
+    dynamics, initialises or restores every cell, fills each run's host state and places the
+    program's arguments on the devices (self.program). Its steps' order is the launch's
+    contract."""
     o = self.options
     data = load_datasets(self.specs, o.build_missing, o.build_steps, o.download, o.require_full,
                          o.should_stop)
-    self._write_configs(data)
+    for r in self.runs:
+      r.write_config(data[r.spec.dataset])
     names = list(data)
     reals = [buffer.from_transitions(data[name]) for name in names]
     stacked, sizes = buffer.stack(reals)
     # Each dataset's return bound max|r| / (1 - gamma), from its real rewards (the stack's NaN
     # padding ignored): the critics' mean Q of its cells is watched against it
     # (overestimation.OverestimationWatch).
-    bounds = dict(zip(names, overestimation.return_bound(np.asarray(stacked.reward),
-                                                         self.specs[0].config.agent.gamma)))
-    ckpts = [run_state.checkpointer(wd, self.options.keep) for wd in self.workdirs]
-    keys = [cell_keys(s.config) for s in self.specs]        # (dynamics, init, epoch) [S] each
-    dyns = [resume.run_dynamics(s, wd, ckpt, data[s.dataset], k[0], self.options.should_stop)
-            for s, wd, ckpt, k in zip(self.specs, self.workdirs, ckpts, keys)]
+    bounds = overestimation.return_bound(np.asarray(stacked.reward),
+                                         self.runs[0].config.agent.gamma)
+    offset = 0
+    for r in self.runs:          # the runs' cells side by side on the program's cell axis [C]
+      r.open_checkpoints(o.keep, offset)
+      offset += r.config.num_seeds
+    dyns = [resume.run_dynamics(r, data[r.spec.dataset], o.should_stop) for r in self.runs]
     # One init for all cells (one set of network and optimiser objects, so the runs' states
     # concatenate); each run's checkpoint then restores onto its slice.
     config = program_config(self.specs)
-    fresh = train_lib.init_cells(join_cells([k[1] for k in keys]), config, reals[0],
+    fresh = train_lib.init_cells(join_cells([r.keys[1] for r in self.runs]), config, reals[0],
                                  join_cells(dyns))
     del dyns
-    slices = cell_slices(self.specs)
-    restored = [resume.restore_cells(ckpt, jax.tree.map(lambda x, c=c: x[c], fresh), s.config,
-                                     config) for s, ckpt, c in zip(self.specs, ckpts, slices)]
+    states = [r.restore(jax.tree.map(lambda x, c=r.cell_slice: x[c], fresh), config)
+              for r in self.runs]
     del fresh
-    start = common_start(self.specs, [int(np.asarray(st.epoch)[0]) for st, _ in restored])
-    for s, wd, ckpt, c, (_, meta) in zip(self.specs, self.workdirs, ckpts, slices, restored):
-      self.runs.append(resume.host_run(s, wd, ckpt, c, meta, start, bounds[s.dataset],
-                                       data[s.dataset]))
-    for r in self.runs:    # opened by train_epochs (process 0), once training is sure to start
-      r.loggers = loggers.RunLoggers(self.logger_kinds, loggers.launch_group(
-          [s.workdir for s in self.specs]))
+    start = common_start(self.runs)
+    group = loggers.wandb_group([s.workdir for s in self.specs])
+    for r in self.runs:    # loggers opened by train_epochs (process 0), once training is sure
+      r.resume(float(bounds[names.index(r.spec.dataset)]), data[r.spec.dataset],
+               loggers.RunLoggers(self.logger_kinds, group))
+    stop_after = o.stop_after
+    self.end = config.epochs if stop_after is None else min(config.epochs, start + stop_after)
     # The cell axis lives split over all devices (of all processes) from here on; the datasets
     # are copied to every device once.
-    dataset_of = [names.index(s.dataset) for s in self.specs for _ in range(s.config.num_seeds)]
-    configs = [s.config for s in self.specs for _ in range(s.config.num_seeds)]
+    dataset_index = [names.index(r.spec.dataset) for r in self.runs for _ in r.seeds]   # [C]
+    configs = [r.config for r in self.runs for _ in r.seeds]
     self.program = Program(
         config=config, num_cells=len(configs),
-        state=placement.shard_cells(join_cells([state for state, _ in restored])),
+        state=placement.shard_cells(join_cells(states)),
         real=placement.replicate(stacked),
-        keys=placement.shard_cells(join_cells([k[2] for k in keys])),
-        cells=placement.shard_cells(train_lib.make_cells(dataset_of, sizes[dataset_of], configs)),
-        start=start, per_cell=train_lib.per_cell_settings([s.config for s in self.specs]))
+        keys=placement.shard_cells(join_cells([r.keys[2] for r in self.runs])),
+        cells=placement.shard_cells(train_lib.make_cells(dataset_index, sizes[dataset_index],
+                                                         configs)),
+        start=start, per_cell=train_lib.per_cell_settings([r.config for r in self.runs]))
+    if distributed.is_main() and (start < self.end or self._lost()):
+      build_evaluators(self.runs, o.eval_workers)     # (process 0 evaluates) starts the env
+                                                      # workers
 
-  def _write_configs(self, data: Dict[str, transitions_lib.Transitions]):
-    """Each workdir's config.json, with its data's identity (a resume on other data is
-    refused), and plan's notes."""
-    for i, (s, wd) in enumerate(zip(self.specs, self.workdirs)):
-      identity = provenance.dataset_identity(s.dataset, data[s.dataset])
-      self.config_json[i], more = wd.check_data(self.config_json[i], identity)
-      if distributed.is_main():
-        wd.write_config(self.config_json[i])
-      for note in self.notes[i] + more:
-        log(f"note: {note}" + (f" ({s.workdir})" if self.several_runs else ""))
+  def _lost(self) -> List[HostRun]:
+    """The runs whose checkpoint holds an evaluation point whose rows a killed launch lost."""
+    return [r for r in self.runs if r.point is not None]
 
   # ----------------------------------------------------------------------------------- train
 
@@ -211,7 +198,7 @@ class Launch:
     checkpointing and evaluating every eval_every epochs. Returns False when stop_after ended it
     early; raises Interrupted when should_stop fired (after a checkpoint).
 
-    The evaluation of epoch E runs in a background thread (process 0; host_run.Evaluation) while
+    The evaluation of epoch E runs in a background thread (process 0; evaluation.Evaluation) while
     the device trains E..E+eval_every; its rows are written at the next evaluation point (or at a
     stop, or at the end) before anything later. The checkpoint of E holds what writing them needs
     (`eval` in its metadata: resume.write_lost_rows). A stop request while that evaluation runs
@@ -229,8 +216,8 @@ class Launch:
           r.loggers.close()
 
   def _train_epochs(self) -> bool:
-    program, config = self.program, self.program.config
-    end = self._begin()
+    program, config, end = self.program, self.program.config, self.end
+    self._begin()
     epoch, pace = program.start, None
     pace_line = Pace(epoch, time.time())   # the progress line's moving-average steps/s
     while epoch < end:
@@ -259,10 +246,10 @@ class Launch:
       return False
     return True
 
-  def _begin(self) -> int:
+  def _begin(self):
     """The launch's opening lines, the compiled program (self.chunk), the loggers, the rows a
-    killed launch lost; returns the epoch this launch stops at."""
-    program, config, stop_after = self.program, self.program.config, self.options.stop_after
+    killed launch lost."""
+    program, config = self.program, self.program.config
     devices = jax.devices()
     what = ("Seeds" if not self.several_runs
             else f"{program.num_cells} cells ({len(self.runs)} workdirs x seeds)")
@@ -273,21 +260,18 @@ class Launch:
     log(f"Algorithm: {describe_algorithm(config, sorted({r.config.beta for r in self.runs}))}; "
         f"actor lr schedule over {config.schedule_steps // config.steps_per_epoch} epochs, stop "
         f"at {config.epochs}.")
-    end = config.epochs if stop_after is None else min(config.epochs, program.start + stop_after)
-    unwritten = [r for r in self.runs if r.unwritten_eval is not None]
-    if program.start < end:
+    lost = self._lost()
+    if program.start < self.end:
       # Compiled ahead of the loop, so steps/s and the ETA measure training only.
       t_compile = time.time()
       self.chunk = compile_chunk(program)
       log(f"Compiled the epoch in {time.time() - t_compile:.1f} s.")
-    if (program.start < end or unwritten) and distributed.is_main():
+    if (program.start < self.end or lost) and distributed.is_main():
       for r in self.runs:        # before training: a logger that fails costs no epoch
-        r.open_loggers(program.start)
+        r.open_loggers()
     log_reference_scores(self.runs)
-    if unwritten:
-      resume.write_lost_rows(unwritten, program, self.options.eval_workers,
-                             self.options.should_stop)
-    return end
+    if lost:
+      resume.write_lost_rows(lost, program, self.options.should_stop)
 
   def step(self, epoch: int, n: int) -> Dict[str, np.ndarray]:
     """One device call: epochs epoch .. epoch+n-1 of every cell; each epoch's metrics watched
@@ -301,40 +285,25 @@ class Launch:
     for i in range(n):
       epoch_metrics = {k: np.asarray(v[i]) for k, v in metrics.items()}
       for r in self.runs:
-        r.watch(epoch_metrics, epoch + i + 1, self.several_runs)
+        r.watch(epoch_metrics, epoch + i + 1)
     return metrics
 
   def evaluate(self, epoch: int, last: Dict[str, np.ndarray], rate: float, eta: float):
-    """The evaluation point `epoch` (last: its metrics {name: [C]}): the checkpoint, with what
-    writing the point's rows needs, then (process 0) the evaluation started in its thread."""
+    """The evaluation point `epoch` (last: its metrics {name: [C]}): each run's point marked, the
+    checkpoint, with what writing the point's rows needs, then (process 0) the evaluation started
+    in its thread."""
     actors = distributed.to_host(self.program.state.agent.actor.params)
-    snaps = [r.snapshot() for r in self.runs]
-    self.save(epoch, [dict(snap, epoch=epoch, last={k: [float(x) for x in v[r.cell_slice]]
-                                                    for k, v in sorted(last.items())})
-                      for r, snap in zip(self.runs, snaps)])
+    for r in self.runs:
+      r.mark_point(epoch, last)
+    self.save(epoch, with_point=True)
     if distributed.is_main():              # process 0 evaluates and writes the outputs
-      build_evaluators(self.runs, self.options.eval_workers)
-      self.pending = Evaluation(self.runs, actors, last, epoch, snaps, rate, eta)
+      self.pending = Evaluation(self.runs, actors, epoch, rate, eta)
 
-  def save(self, epoch: int, evals: Optional[List[dict]] = None):
-    """Each run's checkpoint at `epoch` (unless saved); evals: per run, what writing this
-    evaluation point's rows needs, should they be lost (`eval` in the metadata)."""
-    for i, r in enumerate(self.runs):
-      if r.ckpt.latest_step() == epoch:
-        continue
-      # The run's cells with its own ring (what a plain run of it saves), each device keeping
-      # the cells it holds: every process writes its own shards (every process calls save;
-      # nothing is gathered).
-      state = placement.take_cells(self.program.state, r.cell_slice,
-                                   train_lib.capacity(r.config))
-      meta = {"epoch": epoch, "diverged": list(r.diverged.values()),
-              "q": list(r.q.per_seed.values())}
-      if evals is not None:
-        meta["eval"] = evals[i]
-      try:
-        r.ckpt.save(epoch, state, meta)
-      except checkpoint.CheckpointError as e:
-        raise UserError(str(e)) from None
+  def save(self, epoch: int, with_point: bool = False):
+    """Each run's checkpoint at `epoch` (unless saved); with_point: with the evaluation point's
+    what writing its rows needs, should they be lost (`eval` in the metadata)."""
+    for r in self.runs:
+      r.save(epoch, self.program.state, with_point)
 
   def stop_if_requested(self, epoch: int):
     """On a stop request (options.should_stop, agreed by every process): the pending rows
@@ -364,7 +333,7 @@ class Launch:
   def _write_pending(self):
     pending, self.pending = self.pending, None
     if pending is not None:
-      pending.finish(self.several_runs)
+      pending.write()
 
   def _abandon(self, epoch: int):
     """Raises Interrupted, the evaluation of the last checkpoint still running (train_epochs)."""
@@ -386,7 +355,6 @@ class Launch:
 
   def release(self):
     """The workdirs' locks released; a refused launch leaves no folder it created."""
-    for lock in reversed(self.locks):
-      lock.release(cleanup=True)
-    self.locks = []
+    for r in reversed(self.runs):
+      r.release()
 

@@ -96,7 +96,7 @@ def scalars(row: dict) -> Dict[str, float]:
   return out
 
 
-def launch_group(workdirs: Sequence[str]) -> str:
+def wandb_group(workdirs: Sequence[str]) -> str:
   """A launch's W&B group: its workdirs' common folder, relative to the current folder when
   inside it (`runs/hopper-random` for a --betas grid under runs)."""
   common = os.path.commonpath([os.path.abspath(w) for w in workdirs])
@@ -119,15 +119,15 @@ class RunLoggers:
     return tuple(k for k in self.kinds if k != "csv")
 
   def open(self, workdir: str, record: dict, seeds: Sequence[int], history: Sequence[dict] = (),
-           resume_epoch: int = 0, log=None):
+           resume_epoch: int = 0) -> List[str]:
     """Opens the loggers of the run in `workdir` (record: its config.json; seeds: int [S]) that
     resumes at `resume_epoch` (0: fresh) with `history`, its metrics.csv rows up to there.
-    log: called with one line per logger saying where it writes."""
+    Returns one line per logger saying where it writes."""
     self.close()
     seeds = [int(s) for s in seeds]
     history = [r for r in history if r["epoch"] <= resume_epoch]
     resume_step = resume_epoch * int(record["steps_per_epoch"])
-    group = self.group or launch_group([workdir])
+    group = self.group or wandb_group([workdir])
     try:
       if "tensorboard" in self.kinds:
         self._backends.append(_TensorBoard(workdir, record, seeds, history, resume_step))
@@ -140,9 +140,7 @@ class RunLoggers:
     except BaseException:
       self.close()
       raise
-    for b in self._backends:
-      if log is not None:
-        log(b.where)
+    return [b.where for b in self._backends]
 
   def write(self, rows: Sequence[dict]):
     """metrics.csv rows (epoch, step, seed, return_mean, normalized_score, diverged, training

@@ -60,9 +60,9 @@ def check_seeds_fit_devices(num_seeds: int):
 
 
 def validate(config, dataset, workdir, dynamics_dir=None, keep=3, stop_after=None,
-             build_steps=None, cells=None):
+             build_steps=None, num_cells=None):
   """Everything checkable before any data or model work; raises UserError naming the flag.
-  cells: how many cells the launch trains in one program (default config.num_seeds)."""
+  num_cells: how many cells the launch trains in one program (default config.num_seeds)."""
   # A bad MOMBO_JAX_CPU_DOTS / CELLS / PREDICT_ROWS / CRITIC_MATMUL is refused here, not when a
   # program is built.
   environment.cpu_dots()
@@ -76,7 +76,7 @@ def validate(config, dataset, workdir, dynamics_dir=None, keep=3, stop_after=Non
                     params=("stop_after",))
   if build_steps is not None and build_steps < 1:
     raise UserError(f"`build_steps` must be >= 1, got {build_steps}.", params=("build_steps",))
-  check_seeds_fit_devices(config.num_seeds if cells is None else cells)
+  check_seeds_fit_devices(config.num_seeds if num_cells is None else num_cells)
   check_dataset_env(dataset, config)
   _check_dir(workdir, "workdir")
   if dynamics_dir is not None:

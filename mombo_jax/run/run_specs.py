@@ -82,6 +82,19 @@ def plan_runs(env, algo, preset, overrides, datasets=None, betas=None, root="run
 _LOOP = ("epochs", "eval_every")
 
 
+def _shared_settings(c) -> dict:
+  """{flat setting name: value} of what runs of one program must share (check_runs), named as
+  the flags are, so that a refusal names one."""
+  settings = epoch_settings(c.replace(rollout_length=1), tuple(train_lib.CELL_SETTINGS))
+  out = {}
+  for f in dataclasses.fields(settings):
+    value = getattr(settings, f.name)
+    out.update(dataclasses.asdict(value) if f.name in config_lib.GROUPS else {f.name: value})
+  out["algorithm"] = settings.algorithm.label
+  values = c.settings()
+  return dict(out, **{k: values[k] for k in _LOOP})
+
+
 def check_runs(specs):
   """Refuses runs that cannot share one compiled epoch (their epoch_settings.EpochSettings differ
   beyond the settings each cell carries: beta and train.CELL_SETTINGS (rollout_length,
@@ -93,22 +106,13 @@ def check_runs(specs):
   if len(set(dirs)) != len(dirs):
     raise UserError(f"Two runs of this launch would share a workdir ({', '.join(dirs)}); give "
                     "each (dataset, beta) its own.")
-  def shared(c):
-    settings = epoch_settings(c.replace(rollout_length=1), tuple(train_lib.CELL_SETTINGS))
-    out = {}
-    for f in dataclasses.fields(settings):        # flat setting names: a message names one
-      value = getattr(settings, f.name)
-      out.update(dataclasses.asdict(value) if f.name in config_lib.GROUPS else {f.name: value})
-    out["algorithm"] = settings.algorithm.label
-    values = c.settings()
-    return dict(out, **{k: values[k] for k in _LOOP})
-  first = shared(specs[0].config)
+  first = _shared_settings(specs[0].config)
   envs = {g.config.env_name for g in specs}
   if len(envs) > 1:
     raise UserError(f"`datasets` of one launch must share an environment, got {sorted(envs)}: "
                     "launch one per environment.", params=("datasets",))
   for g in specs[1:]:
-    other = shared(g.config)
+    other = _shared_settings(g.config)
     diff = {k: (first[k], v) for k, v in other.items() if first[k] != v}
     if diff:
       what = ", ".join(f"{k}: {a!r} for {specs[0].dataset} vs {b!r} for {g.dataset}"

@@ -6,6 +6,7 @@ layout and names, config.json and the outputs: mombo_jax.records.workdir (no JAX
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import List, Optional
 
@@ -43,14 +44,17 @@ def state_template(wd: Workdir, config=None):
   # init reads only the real data's dims: one-row stand-ins.
   dims = dict(obs=obs_dim, action=act_dim, next_obs=obs_dim, obs_var=obs_dim,
               next_obs_mean=obs_dim, next_obs_var=obs_dim)
-  shape = lambda name: (1, dims[name]) if name in dims else (1,)  # noqa: E731
-  real = buffer.Batch(**{f.name: jax.ShapeDtypeStruct(shape(f.name), jnp.float32)
+  real = buffer.Batch(**{f.name: jax.ShapeDtypeStruct((1, dims[f.name]) if f.name in dims
+                                                      else (1,), jnp.float32)
                          for f in dataclasses.fields(buffer.Batch)})
+  return jax.eval_shape(functools.partial(_init_cells, config=config, real=real, obs_dim=obs_dim,
+                                          act_dim=act_dim), cell_keys(config)[1])
 
-  def init(keys):
-    dyn = jax.vmap(lambda k: dynamics.init_state(k, obs_dim, act_dim, config))(keys)
-    return train_lib.init_cells(keys, config, real, dyn)
-  return jax.eval_shape(init, cell_keys(config)[1])
+
+def _init_cells(keys, *, config, real, obs_dim, act_dim):
+  """train.init_cells with untrained dynamics: what state_template traces."""
+  dyn = jax.vmap(lambda k: dynamics.init_state(k, obs_dim, act_dim, config))(keys)
+  return train_lib.init_cells(keys, config, real, dyn)
 
 
 def restore(wd: Workdir, template=None, step: Optional[int] = None, partial: bool = False):

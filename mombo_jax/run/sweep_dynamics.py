@@ -1,6 +1,6 @@
-"""What a sweep's cells share: which cells of a dataset train one dynamics ensemble together and
+"""What a sweep's entries share: which entries of a dataset train one dynamics ensemble together and
 why (sharing_plan, printed by experiments.sweep before it runs: sweep.dynamics_plan), with where
-each of the ensemble's settings comes from (settings_sources). Cells share an ensemble exactly
+each of the ensemble's settings comes from (settings_sources). Entries share an ensemble exactly
 when their dynamics training settings agree (mombo_jax.dynamics.reuse: the folder those settings
 name). No JAX: the sweep's parent process plans without it.
 """
@@ -37,30 +37,30 @@ def settings_sources(env: str, algo: str, preset: str = "paper", flags: Sequence
   return out
 
 
-def sharing_plan(cells: Sequence[tuple], preset: str = "paper", flags: Dict[str, str] = None) \
+def sharing_plan(entries: Sequence[tuple], preset: str = "paper", flags: Dict[str, str] = None) \
     -> List[str]:
-  """Lines saying, per dataset, which cells share a dynamics ensemble and why. cells: (env, algo,
-  config, dynamics_dir) each; flags: {training field: the flag that set it for every cell}.
+  """Lines saying, per dataset, which entries share a dynamics ensemble and why. entries: (env,
+  algo, config, dynamics_dir) each; flags: {training field: the flag that set it for every entry}.
   Per dataset: how many ensembles and the settings that keep them apart; per ensemble its folder
   (reuse.dynamics_path), the algorithms that use it and the dynamics settings it follows with each
-  value's source (settings_sources). Cells share an ensemble exactly when their training settings
+  value's source (settings_sources). Entries share an ensemble exactly when their training settings
   (reuse.training_settings) agree."""
   flags = flags or {}
   fields = reuse.TRAINING_FIELDS
   defaults = reuse.training_settings(Config())
   lines = []
-  for env in dict.fromkeys(c[0] for c in cells):
-    mine = [c for c in cells if c[0] == env]
-    ensembles = {}                       # dynamics_path -> cells, in plan order
+  for env in dict.fromkeys(c[0] for c in entries):
+    mine = [c for c in entries if c[0] == env]
+    ensembles = {}                       # dynamics_path -> entries, in plan order
     for c in mine:
       ensembles.setdefault(reuse.dynamics_path(c[3], c[2]), []).append(c)
     settings = {p: reuse.training_settings(cs[0][2]) for p, cs in ensembles.items()}
     apart = [f for f in fields if len({json.dumps(s[f]) for s in settings.values()}) > 1]
     shown = [f for f in fields
              if f in apart or any(s[f] != defaults[f] for s in settings.values())]
-    lines.append(f"dynamics of {env}: {len(ensembles)} ensemble(s) for {len(mine)} cell(s)"
+    lines.append(f"dynamics of {env}: {len(ensembles)} ensemble(s) for {len(mine)} entries"
                  + (f", apart because these settings differ: {', '.join(apart)}" if apart else
-                    ": every cell's dynamics settings agree, one ensemble is shared"))
+                    ": every entry's dynamics settings agree, one ensemble is shared"))
     for path, users in ensembles.items():
       algos = [c[1] for c in users]
       lines.append(f"  {'shared by ' + ', '.join(algos) if len(algos) > 1 else algos[0] + ' alone'}"

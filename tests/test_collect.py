@@ -134,7 +134,7 @@ def test_cli(root, tmp_path):
     return subprocess.run([sys.executable, "-m", "experiments.collect", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=HANG_S)
   bad = run("--env=hopper-foo")
-  assert bad.returncode == 1 and "Valid names" in bad.stderr and "Traceback" not in bad.stderr
+  assert bad.returncode == 2 and "Valid names" in bad.stderr and "Traceback" not in bad.stderr
   good = run("--env=walker2d-random", "--steps=60", "--max_episode_steps=20")
   assert good.returncode == 0, good.stderr
   assert "steps/s" in good.stdout and "mombo/walker2d/random-v0" in good.stdout

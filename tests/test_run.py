@@ -555,7 +555,7 @@ def test_tensorboard_logger_follows_metrics_csv_across_a_resume(dataset, dyn_dir
 def test_cli_refuses_an_unknown_logger_before_any_work(tmp_path):
   out = _run_cli(["--log=csv,tensorbord", "--env=hopper-random", f"--workdir={tmp_path / 'w'}"],
                  {"MINARI_DATASETS_PATH": str(tmp_path / "empty")})
-  assert out.returncode == 1 and "Traceback" not in out.stderr
+  assert out.returncode == 2 and "Traceback" not in out.stderr     # a value --log cannot take
   lines = [l for l in out.stderr.strip().splitlines() if l.strip()]
   assert len(lines) == 1 and "unknown logger(s) tensorbord; valid: csv, tensorboard, wandb" in \
       lines[0], out.stderr

@@ -8,7 +8,7 @@ import os
 
 from mombo_jax.data import minari_io, names, transitions as transitions_lib
 from mombo_jax.dynamics import dynamics_store, reuse
-from mombo_jax.errors import UserError
+from mombo_jax.errors import InvalidValue, UserError
 from mombo_jax.records.workdir import DYNAMICS
 from mombo_jax.settings import config as config_lib
 
@@ -53,12 +53,12 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
   if note:
     log_fn(note)
   if seeds < 1:
-    raise UserError(f"`seeds` must be >= 1, got {seeds}.", params=("seeds",))
+    raise InvalidValue(f"`seeds` must be >= 1, got {seeds}.", params=("seeds",))
   overrides = dict(seed=seed, num_seeds=seeds, reference=reference,
                    matmul_precision=matmul_precision)
   if max_epochs is not None:
     if max_epochs < 1:
-      raise UserError(f"`max_epochs` must be >= 1, got {max_epochs}.", params=("max_epochs",))
+      raise InvalidValue(f"`max_epochs` must be >= 1, got {max_epochs}.", params=("max_epochs",))
     overrides["dyn_max_epochs"] = max_epochs
   try:
     config = config_lib.make_config(env, algo, preset, **overrides)

@@ -79,9 +79,10 @@ def config_from_record(record: dict):
   """(Config, dataset) of a config.json record; fields the Config no longer has are ignored, and
   a record written before runs recorded their settings' source gets the source it was built from
   (config.upgrade_record: the settings' source, the matmul precision), never today's default."""
-  record = config_lib.upgrade_record(record)
-  # An algorithm registered by the user's own module: imported again, or one line naming it.
+  # An algorithm registered by the user's own module: imported again, or one line naming it (first:
+  # upgrade_record reads whether it has variants).
   algorithms.ensure(str(record.get("algo")), record.get("algo_module"))
+  record = config_lib.upgrade_record(record)
   fields = set(config_lib.Config.setting_names())
   # JSON turned the config's tuples into lists; the frozen Config must stay hashable.
   values = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in fields}

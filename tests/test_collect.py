@@ -344,10 +344,12 @@ def _tiny_sac(**kwargs):
   """TINY's SAC run (300 steps, warm-up 100, one chunk of 201 gradient steps at step 300: the
   shapes the tests above compiled already) with an evaluation every 50 steps, medium return 0.5."""
   config = online_sac.online_config("hopper", TINY.hidden, TINY.batch_size)
+  schedule = online_sac.SacSchedule(TINY.sac_steps, TINY.start_steps, eval_every=50,
+                                    eval_episodes=2, seed=1, train_every=TINY.train_every,
+                                    checkpoint_every=kwargs.pop("checkpoint_every", 50_000))
+  medium = online_sac.MediumPoint(0.5, kwargs.pop("medium_consecutive", 2))
   return online_sac.train_sac(lambda: envs.make_env("hopper-random", max_episode_steps=40),
-                              config, TINY.sac_steps, start_steps=TINY.start_steps, eval_every=50,
-                              eval_episodes=2, seed=1, medium_return=0.5,
-                              train_every=TINY.train_every, **kwargs)
+                              config, schedule, medium, **kwargs)
 
 
 def test_medium_point_needs_consecutive_evaluations(monkeypatch):

@@ -162,11 +162,12 @@ class _Poll:
 
 def _tiny_sac(workdir=None, should_stop=None):
   config = online_sac.online_config("hopper", (16, 16), 32)
+  schedule = online_sac.SacSchedule(300, start_steps=100, eval_every=150, eval_episodes=2, seed=3,
+                                    train_every=100, checkpoint_every=10**6, log_every=10**6)
   return online_sac.train_sac(
-      lambda: envs.make_env("hopper-random", max_episode_steps=40), config, 300, start_steps=100,
-      eval_every=150, eval_episodes=2, seed=3, medium_return=-1e9, medium_consecutive=1,
-      workdir=workdir, checkpoint_every=10**6, log_every=10**6, log_fn=lambda *_: None,
-      train_every=100, should_stop=should_stop)
+      lambda: envs.make_env("hopper-random", max_episode_steps=40), config, schedule,
+      online_sac.MediumPoint(-1e9, consecutive=1), workdir=workdir, log_fn=lambda *_: None,
+      should_stop=should_stop)
 
 
 def test_sac_stopped_between_steps_amid_gradient_steps_or_an_evaluation_resumes_bit_for_bit(

@@ -38,7 +38,14 @@ from typing import Dict, List, Optional, Sequence
 import mombo_jax
 from mombo_jax.collection import saved_actors
 from mombo_jax.collection.dataset_writer import write_dataset
-from mombo_jax.collection.online_sac import SEED_OFFSETS, _print, online_config, train_sac
+from mombo_jax.collection.online_sac import (
+  SEED_OFFSETS,
+  MediumPoint,
+  SacSchedule,
+  _print,
+  online_config,
+  train_sac,
+)
 from mombo_jax.collection.options import RECORD_FLAGS, SAC_FLAGS, Options, collect_command
 from mombo_jax.collection.recording import (
   mix_episodes,
@@ -290,13 +297,13 @@ class Builder:
     self.log(f"SAC run on {envs.GYM_IDS[env]}: {o.sac_steps} steps, hidden {list(o.hidden)}, "
              f"medium point at eval return >= {medium_return:.1f} "
              f"({o.medium_fraction:.3g} x D4RL expert {expert_return}); checkpoints in {workdir}")
+    schedule = SacSchedule(o.sac_steps, o.start_steps, o.eval_every, o.eval_episodes,
+                           o.seed + SEED_OFFSETS["sac"], o.train_every, o.checkpoint_every,
+                           o.log_every)
+    medium = MediumPoint(medium_return, o.medium_consecutive, stop_at=until_medium)
     result = train_sac(lambda: envs.make_env(env, max_episode_steps=o.max_episode_steps), config,
-                       o.sac_steps, start_steps=o.start_steps, eval_every=o.eval_every,
-                       eval_episodes=o.eval_episodes, seed=o.seed + SEED_OFFSETS["sac"],
-                       medium_return=medium_return, workdir=workdir,
-                       checkpoint_every=o.checkpoint_every, log_every=o.log_every, log_fn=self.log,
-                       train_every=o.train_every, stop_at_medium=until_medium,
-                       medium_consecutive=o.medium_consecutive, should_stop=self.should_stop)
+                       schedule, medium, workdir=workdir, log_fn=self.log,
+                       should_stop=self.should_stop)
     self._sac[env] = result
     self._save_actors(env, result)
     return result

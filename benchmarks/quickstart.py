@@ -36,8 +36,9 @@ training (epochs x steps x seeds / the last progress line's steps/s, which is of
 so this assumes the run's late rate throughout; quickstart.txt recorded before issue #50 read a
 wall-clock rate, evaluations included);
 evaluations (the rest up to the final line: the evaluation points and checkpoints, which run
-beside training on the same cores, and writing the outputs). CPU per phase is the CPU used between the lines that bound it (training
-and evaluation share the span after compile and are given together).
+beside training on the same cores, and writing the outputs). CPU per phase is the CPU used
+between the lines that bound it (training and evaluation share the span after compile and are
+given together).
 """
 import argparse
 import os

@@ -10,7 +10,7 @@ from benchmarks import quickstart
 from mombo_jax.settings import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMAND = ("python3 -m pip install -r requirements.txt -e . && python3 -m experiments.run "
+COMMAND = ("python3 -m pip install -r requirements-core.txt -e . && python3 -m experiments.run "
            "--env=hopper-random --preset=quick --seeds=2")
 
 # The lines that bound the phases, as pip and experiments.run print them (stamps made up).

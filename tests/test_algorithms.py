@@ -140,6 +140,10 @@ def test_an_algorithm_without_variants_has_no_target(tmp_path):
     assert config_from_record(dict(record, target="elite_spread"))[0] == config
   mombo = config_lib.make_config("hopper-random", "mombo", preset="tiny", target="lcb")
   assert mombo.target == "lcb" and config_record(mombo, "hopper-random")["target"] == "lcb"
+  # A plain algorithm's config made MOMBO's again takes MOMBO's default target.
+  mopo = config_lib.make_config("hopper-random", "mopo", preset="tiny")
+  assert mopo.replace(algo="mombo", reference=None).target == config_lib.Config.target
+  assert config_lib.Config.target == "elite_spread"
 
 
 def test_online_sac_is_plain_sac_with_its_own_env():

@@ -156,10 +156,10 @@ def test_sweep_words_empty_lists_and_the_boolean_trap(outcomes):
 
 
 def test_a_library_user_error_is_one_line_in_the_programs_flags(outcomes):
-  # The library speaks Python (pretrain.train_dynamics(seeds=0)); the program names its flag.
+  # The library speaks Python (pretrain.DynamicsJob(seeds=0)); the program names its flag.
   from mombo_jax.dynamics import pretrain
   with pytest.raises(UserError) as e:
-    pretrain.train_dynamics(env="hopper-random", seeds=0)
+    pretrain.train_dynamics(pretrain.DynamicsJob(env="hopper-random", seeds=0))
   assert str(e.value) == "`seeds` must be >= 1, got 0." and "--" not in str(e.value)
   # A value no call could take is the command line's mistake: exit 2 (docs/training.md).
   result = outcomes[("train_dynamics", ("--env=hopper-random", "--seeds=0"))]

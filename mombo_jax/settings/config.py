@@ -298,10 +298,16 @@ PRESETS = {
 
 
 def plain_target(algo: str, target: Optional[str]) -> Optional[str]:
-  """`target` where `algo` has variants (MOMBO's targets) or is not registered (its record then
+  """`target` where `algo` has variants (MOMBO's targets; None there: the default, Config.target
+  where it is one of them, else the first registered) or is not registered (its record then
   refuses it); None for a registered algorithm without variants, whose runs have no target."""
-  if algo in algorithms.names() and not algorithms.variants(algo):
+  if algo not in algorithms.names():
+    return target
+  have = algorithms.variants(algo)
+  if not have:
     return None
+  if target is None:
+    return Config.target if Config.target in have else have[0]
   return target
 
 

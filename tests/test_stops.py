@@ -111,7 +111,9 @@ def _synthetic_hopper(n_episodes, length=1000):
               actions=rng.uniform(-1, 1, (length, 3)).astype(np.float32),
               rewards=rng.normal(size=length), terminations=np.zeros(length, bool),
               truncations=np.arange(length) == length - 1) for _ in range(n_episodes)]
-  dataset_writer.write_dataset("hopper-random", eps, "synthetic", "synthetic", overwrite=True)
+  dataset_writer.write_dataset("hopper-random", eps,
+                               dataset_writer.DatasetMetadata("synthetic", "synthetic"),
+                               overwrite=True)
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Sequence
 
 import mombo_jax
 from mombo_jax.collection import saved_actors
-from mombo_jax.collection.dataset_writer import write_dataset
+from mombo_jax.collection.dataset_writer import DatasetMetadata, write_dataset
 from mombo_jax.collection.online_sac import (
   SEED_OFFSETS,
   MediumPoint,
@@ -92,10 +92,10 @@ def build_random(name: str, steps: int = 1_000_000, seed: int = 0, log_fn=_print
   elapsed = time.time() - t0
   log_fn(f"{name}: {summary(episodes)}; {steps / max(elapsed, 1e-9):.0f} steps/s")
   written = sum(len(ep["rewards"]) for ep in episodes)
-  dataset_id = write_dataset(name, episodes, f"{steps} steps of a uniform random policy on "
-                             f"{envs.GYM_IDS[env]} (D4RL recipe).", "uniform-random",
-                             max_episode_steps, overwrite,
-                             provenance=provenance_for(name, "random", written))
+  dataset_id = write_dataset(name, episodes, DatasetMetadata(
+      f"{steps} steps of a uniform random policy on {envs.GYM_IDS[env]} (D4RL recipe).",
+      "uniform-random", max_episode_steps, provenance=provenance_for(name, "random", written)),
+      overwrite)
   log_fn(f"wrote {dataset_id} ({time.time() - t0:.1f} s in all)")
   return dataset_id
 
@@ -130,8 +130,8 @@ class Builder:
     if command:
       provenance["command"] = command
     provenance.update(extra_provenance or {})
-    dataset_id = write_dataset(name, episodes, description, algorithm, self.opts.max_episode_steps,
-                               overwrite, provenance=provenance)
+    dataset_id = write_dataset(name, episodes, DatasetMetadata(
+        description, algorithm, self.opts.max_episode_steps, provenance=provenance), overwrite)
     self.log(f"wrote {dataset_id}: {summary(episodes)}")
     return dataset_id
 

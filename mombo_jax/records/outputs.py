@@ -105,6 +105,9 @@ def summarise(rows: Sequence[dict], seeds: Sequence[int], diverged: Sequence[dic
               diverged=list(diverged), **({} if q is None else q.summary(seeds)))
 
 
+_SEED_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
+
+
 def plot_curve(rows: Sequence[dict], seeds: Sequence[int], path: str, title: str,
                diverged: Sequence[int] = (), dataset_score: Optional[float] = None):
   """learning_curve.png at `path`: curve_figure's figure."""
@@ -132,8 +135,10 @@ def curve_figure(rows: Sequence[dict], seeds: Sequence[int], title: str,
   bad = {int(s) for s in diverged}
   fig, ax = plt.subplots(figsize=(6, 4))
   for i, s in enumerate(seeds):
-    ax.plot(steps, table[:, i], lw=0.8, alpha=0.6, marker="o", ms=3,
-            ls="--" if int(s) in bad else "-",
+    # Each seed its own hollow marker, drawn over the mean: seeds at the same score (or at the
+    # mean) stay visible.
+    ax.plot(steps, table[:, i], lw=0.8, alpha=0.8, marker=_SEED_MARKERS[i % len(_SEED_MARKERS)],
+            ms=5, mfc="none", zorder=3, ls="--" if int(s) in bad else "-",
             label=f"seed {s}" + (" (diverged, frozen)" if int(s) in bad else ""))
   if len(seeds):
     mean, std = table.mean(1), table.std(1)

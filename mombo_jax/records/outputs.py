@@ -109,11 +109,12 @@ _SEED_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
 
 
 def plot_curve(rows: Sequence[dict], seeds: Sequence[int], path: str, title: str,
-               diverged: Sequence[int] = (), dataset_score: Optional[float] = None):
+               diverged: Sequence[int] = (), dataset_score: Optional[float] = None,
+               note: Optional[str] = None):
   """learning_curve.png at `path`: curve_figure's figure."""
   # matplotlib only when a figure is drawn: the records are read without it
   import matplotlib.pyplot as plt
-  fig = curve_figure(rows, seeds, title, diverged, dataset_score)
+  fig = curve_figure(rows, seeds, title, diverged, dataset_score, note)
   try:
     save_figure(fig, path, dpi=100)
   finally:
@@ -121,12 +122,13 @@ def plot_curve(rows: Sequence[dict], seeds: Sequence[int], path: str, title: str
 
 
 def curve_figure(rows: Sequence[dict], seeds: Sequence[int], title: str,
-                 diverged: Sequence[int] = (), dataset_score: Optional[float] = None):
+                 diverged: Sequence[int] = (), dataset_score: Optional[float] = None,
+                 note: Optional[str] = None):
   """The learning curve's matplotlib figure: every seed thin with its evaluation points marked
   (diverged ones dashed: their frozen policy's scores), the mean over every seed thick
   (summary.json's) with a band of +- the std over the seeds (ddof 0, as summary.json's; said in the
   legend), and the dataset's own episodes' mean normalised return as a labelled line (dataset_score,
-  where given)."""
+  where given); `note` (a run below the paper's budget: workdir.budget_note) under the title."""
   # matplotlib only when a figure is drawn: the records are read without it
   import matplotlib
   matplotlib.use("Agg")
@@ -149,8 +151,9 @@ def curve_figure(rows: Sequence[dict], seeds: Sequence[int], title: str,
   if dataset_score is not None and np.isfinite(dataset_score):
     ax.axhline(dataset_score, color="C3", lw=1, ls=":",
                label=f"dataset's own episodes (mean {dataset_score:.1f})")
-  ax.set(xlabel="gradient steps per seed", ylabel="D4RL-normalised score (0 random, 100 expert)",
-         title=title)
+  ax.set(xlabel="gradient steps per seed", ylabel="D4RL-normalised score (0 random, 100 expert)")
+  ax.set_title(title if note is None else f"{title}\n{note}",
+               fontsize=None if note is None else 10)
   ax.legend(fontsize=7)
   fig.tight_layout()
   return fig

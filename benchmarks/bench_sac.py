@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from benchmarks import common
-from mombo_jax.collection import online_sac, options
+from mombo_jax.collection import online_sac, options, sac_run
 from mombo_jax.data import scores
 from mombo_jax.env import envs
 
@@ -106,13 +106,13 @@ def main():
     print(f"[{online_sac._fmt_time(t)}] {msg}", flush=True)
 
   workdir = os.path.join(args.workdir, args.env, "sac") if args.workdir else None
-  schedule = online_sac.SacSchedule(
+  schedule = sac_run.SacSchedule(
       args.steps, args.start_steps, args.eval_every, args.eval_episodes,
       args.seed + online_sac.SEED_OFFSETS["sac"], args.train_every, args.checkpoint_every,
       log_every=args.eval_every)
-  result = online_sac.train_sac(
+  result = sac_run.train_sac(
       lambda: envs.make_env(args.env), config, schedule,
-      online_sac.MediumPoint(args.medium_fraction * expert), workdir=workdir, log_fn=log)
+      sac_run.MediumPoint(args.medium_fraction * expert), workdir=workdir, log_fn=log)
   total = time.perf_counter() - t_start
 
   # Per checkpoint: the progress line is logged just before the evaluation, so the gap between

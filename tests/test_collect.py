@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from mombo_jax import errors
-from mombo_jax.collection import online_sac, options, recipes, recording, saved_actors
+from mombo_jax.collection import online_sac, options, recipes, recording, sac_run, saved_actors
 from mombo_jax.core import actor_policy
 from mombo_jax.data import minari_io, provenance, scores, transitions as transitions_lib
 from mombo_jax.env import envs
@@ -344,11 +344,11 @@ def _tiny_sac(**kwargs):
   """TINY's SAC run (300 steps, warm-up 100, one chunk of 201 gradient steps at step 300: the
   shapes the tests above compiled already) with an evaluation every 50 steps, medium return 0.5."""
   config = online_sac.online_config("hopper", TINY.hidden, TINY.batch_size)
-  schedule = online_sac.SacSchedule(TINY.sac_steps, TINY.start_steps, eval_every=50,
+  schedule = sac_run.SacSchedule(TINY.sac_steps, TINY.start_steps, eval_every=50,
                                     eval_episodes=2, seed=1, train_every=TINY.train_every,
                                     checkpoint_every=kwargs.pop("checkpoint_every", 50_000))
-  medium = online_sac.MediumPoint(0.5, kwargs.pop("medium_consecutive", 2))
-  return online_sac.train_sac(lambda: envs.make_env("hopper-random", max_episode_steps=40),
+  medium = sac_run.MediumPoint(0.5, kwargs.pop("medium_consecutive", 2))
+  return sac_run.train_sac(lambda: envs.make_env("hopper-random", max_episode_steps=40),
                               config, schedule, medium, **kwargs)
 
 

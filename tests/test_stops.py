@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mombo_jax import errors, signals
-from mombo_jax.collection import dataset_writer, online_sac, recipes
+from mombo_jax.collection import dataset_writer, online_sac, recipes, sac_run
 from mombo_jax.data import minari_io
 from mombo_jax.dynamics import dynamics_training
 from mombo_jax.env import envs
@@ -164,11 +164,11 @@ class _Poll:
 
 def _tiny_sac(workdir=None, should_stop=None):
   config = online_sac.online_config("hopper", (16, 16), 32)
-  schedule = online_sac.SacSchedule(300, start_steps=100, eval_every=150, eval_episodes=2, seed=3,
+  schedule = sac_run.SacSchedule(300, start_steps=100, eval_every=150, eval_episodes=2, seed=3,
                                     train_every=100, checkpoint_every=10**6, log_every=10**6)
-  return online_sac.train_sac(
+  return sac_run.train_sac(
       lambda: envs.make_env("hopper-random", max_episode_steps=40), config, schedule,
-      online_sac.MediumPoint(-1e9, consecutive=1), workdir=workdir, log_fn=lambda *_: None,
+      sac_run.MediumPoint(-1e9, consecutive=1), workdir=workdir, log_fn=lambda *_: None,
       should_stop=should_stop)
 
 

@@ -38,14 +38,7 @@ from typing import Dict, List, Optional, Sequence
 import mombo_jax
 from mombo_jax.collection import saved_actors
 from mombo_jax.collection.dataset_writer import DatasetMetadata, write_dataset
-from mombo_jax.collection.online_sac import (
-  SEED_OFFSETS,
-  MediumPoint,
-  SacSchedule,
-  _print,
-  online_config,
-  train_sac,
-)
+from mombo_jax.collection.online_sac import SEED_OFFSETS, _print, online_config
 from mombo_jax.collection.options import RECORD_FLAGS, SAC_FLAGS, Options, collect_command
 from mombo_jax.collection.recording import (
   mix_episodes,
@@ -56,6 +49,7 @@ from mombo_jax.collection.recording import (
   summary,
 )
 from mombo_jax.collection.sac_checkpoints import SacResult, restore_sac
+from mombo_jax.collection.sac_run import MediumPoint, SacSchedule, train_sac
 from mombo_jax.data import minari_io, names
 from mombo_jax.data.minari_io import read_episodes
 from mombo_jax.data.names import parse_name

@@ -1,6 +1,6 @@
 """What a collector's online SAC run (mombo_jax.collection.online_sac) keeps in its checkpoints: the
 replay layout, the settings a checkpoint must match to be resumed, the Orbax checkpoints themselves
-(SacCheckpoints), the run's result (SacResult, what online_sac.train_sac returns too) and
+(SacCheckpoints), the run's result (SacResult, what sac_run.train_sac returns too) and
 reading them back without training (restore_sac, for exporting actors).
 """
 from __future__ import annotations

@@ -76,7 +76,7 @@ def curves_figure(groups: Dict[tuple, Pool], env: str):
 
 def plot_curves(groups: Dict[tuple, Pool], env: str, path: str):
   """curves_<env>.png: curves_figure's figure."""
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # matplotlib only when a figure is drawn (a second to import)
   fig = curves_figure(groups, env)
   try:
     atomic.save_figure(fig, path, dpi=100)

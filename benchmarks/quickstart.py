@@ -3,7 +3,7 @@ training, evaluation, with the machine named. Writes benchmarks/quickstart.txt (
 
   python3 benchmarks/quickstart.py                      # fresh venv; ~5 min on a quiet 2-core CPU
   python3 benchmarks/quickstart.py --python=system --out=/tmp/q.txt --keep
-  python3 benchmarks/quickstart.py --pip_cache=machine  # the install from pip's cache here
+  python3 benchmarks/quickstart.py --caches=machine     # pip's (and other) caches of this machine
 
 What it does, in a new temporary folder (removed at the end unless --keep):
 1. `git clone` of this repository at its HEAD (commit in the record; uncommitted edits are not in
@@ -16,10 +16,12 @@ What it does, in a new temporary folder (removed at the end unless --keep):
 2. README.md's command 1 (the line after `# 1.` in its first bash block), run exactly as written by
    bash in the clone, with the venv first on PATH, a fresh MINARI_DATASETS_PATH and a fresh
    JAX_COMPILATION_CACHE_DIR in the temporary folder (nothing built or compiled before is reused;
-   the run's workdir is the clone's runs/), PYTHONPATH unset. With `--pip_cache=fresh` (default)
-   pip gets a new empty cache there too (PIP_CACHE_DIR): it downloads every package from its
-   index, as on a new machine; `--pip_cache=machine` keeps pip's cache (and configuration) of
-   this machine, which can make the install several times faster than a new user's.
+   the run's workdir is the clone's runs/), PYTHONPATH unset. With `--caches=fresh` (default)
+   pip, matplotlib and everything else that caches under ~/.cache get new empty caches there
+   too (PIP_CACHE_DIR, XDG_CACHE_HOME, MPLCONFIGDIR): pip downloads every package from its index
+   and matplotlib builds its font cache, as on a new machine; `--caches=machine` keeps this
+   machine's, which can make the install several times faster than a new user's (pip's
+   configuration, e.g. a local index, is kept either way).
    The command's parts (split at `&&`: the install, then the run) run one after the other as
    separate processes, each timed apart (the record's "install" and "run" rows), their stamped
    lines joined on one clock.
@@ -265,9 +267,9 @@ def main():
   p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "quickstart.txt"))
   p.add_argument("--label", default="", help="a line added to the record's header (e.g. "
                  "'loaded machine')")
-  p.add_argument("--pip_cache", choices=["fresh", "machine"], default="fresh",
-                 help="fresh: pip downloads every package, as on a new machine; machine: pip's "
-                      "cache here")
+  p.add_argument("--caches", choices=["fresh", "machine"], default="fresh",
+                 help="fresh: new empty pip, ~/.cache and matplotlib caches, as on a new machine "
+                      "(pip downloads every package); machine: this machine's")
   p.add_argument("--keep", action="store_true", help="keep the temporary folder")
   args = p.parse_args()
 
@@ -289,8 +291,10 @@ def main():
     env.update(PATH=os.path.join(venv, "bin") + os.pathsep + env.get("PATH", ""),
                VIRTUAL_ENV=venv, MINARI_DATASETS_PATH=os.path.join(tmp, "minari"),
                JAX_COMPILATION_CACHE_DIR=os.path.join(tmp, "jax_cache"))
-    if args.pip_cache == "fresh":
-      env.update(PIP_CACHE_DIR=os.path.join(tmp, "pip_cache"))
+    if args.caches == "fresh":
+      env.update(PIP_CACHE_DIR=os.path.join(tmp, "pip_cache"),
+                 XDG_CACHE_HOME=os.path.join(tmp, "xdg_cache"),
+                 MPLCONFIGDIR=os.path.join(tmp, "matplotlib"))
     print(f"running in {clone}: {command}", flush=True)
     with open(log_path, "w") as log:
       lines, code, spans = run_parts(command, clone, env, log)
@@ -309,9 +313,9 @@ def main():
           f"{time.strftime('%Y-%m-%d %H:%M %Z')}; repository at {head} (git clone of HEAD)",
           *header,
           f"load average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}",
-          f"python: {args.python} venv ({venv_s:.1f} s to create, not counted); pip cache: "
-          + ("fresh (every package downloaded)" if args.pip_cache == "fresh"
-             else "this machine's"),
+          f"python: {args.python} venv ({venv_s:.1f} s to create, not counted); caches: "
+          + ("fresh (pip downloads every package; ~/.cache and matplotlib's empty)"
+             if args.caches == "fresh" else "this machine's pip, ~/.cache and matplotlib caches"),
           "compile cache: fresh (JAX_COMPILATION_CACHE_DIR in the temporary folder)",
           f"command (README.md's command 1): {command}", f"exit code: {code}",
           "timed apart (separate processes): " + "; ".join(

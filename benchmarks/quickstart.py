@@ -166,7 +166,8 @@ def phases(lines, steps_per_epoch=None) -> list:
     return None if i is None else lines[i]
 
   end = lines[-1]
-  marks = [("install", at(r"^\(install done\)$|^Successfully installed")),
+  # The install's end: its own process's exit where it ran apart (run_parts), else pip's last line.
+  marks = [("install", at(r"^\(install done\)$") or at(r"^Successfully installed")),
            ("start-up (imports, flags)", at(r"is missing: building it")),
            ("dataset (build, write, load)", at(r"^\S+: \d+ transitions, obs dim")),
            ("dynamics", at(r"^Dynamics trained in")),

@@ -23,14 +23,19 @@ def _marker(i: int) -> dict:
               mfc=None if i == 0 else "none", mew=1.5, lw=max(3.0 - i, 1.2))
 
 
+_NOTE_POOLS = 4          # pools the note names, then "and N more"
+
+
 def _below_note(pools) -> str:
   """The figure's note for the pools below the paper's setup (a smoke or short run: their legend
   entries carry BELOW_MARK, as report.md's cells), one line each, their first shortfall."""
   lines = [f"{BELOW_MARK}: below the paper's setup, a smoke or short run (report.md's footnotes "
            "list all):"]
-  for g in pools:
+  for g in pools[:_NOTE_POOLS]:
     more = f" and {len(g.shortfalls) - 1} more" if len(g.shortfalls) > 1 else ""
     lines.append(f"{g.algo} on {g.dataset}: {g.shortfalls[0]}{more}")
+  if len(pools) > _NOTE_POOLS:
+    lines.append(f"and {len(pools) - _NOTE_POOLS} more")
   return "\n".join(lines)
 
 
@@ -66,9 +71,12 @@ def curves_figure(groups: Dict[tuple, Pool], env: str):
     ax.set(title=dataset, xlabel="gradient steps", ylabel="normalised score")
     ax.legend(fontsize=7, title="final, AULC", title_fontsize=7)
   if below:
+    # The note gets its own room under the panels: the figure grows by its lines.
     note = _below_note(below)
+    room = 0.14 * (note.count("\n") + 1)                     # inches
+    fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() + room)
     fig.text(0.01, 0.01, note, fontsize=7, va="bottom", ha="left")
-    fig.tight_layout(rect=(0, 0.045 * (note.count("\n") + 1), 1, 1))
+    fig.tight_layout(rect=(0, room / fig.get_figheight(), 1, 1))
   else:
     fig.tight_layout()
   return fig

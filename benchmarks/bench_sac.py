@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from benchmarks import common
-from mombo_jax.collection import online_sac, options
+from mombo_jax.collection import online_sac, options, sac_run
 from mombo_jax.data import scores
 from mombo_jax.env import envs
 
@@ -106,13 +106,13 @@ def main():
     print(f"[{online_sac._fmt_time(t)}] {msg}", flush=True)
 
   workdir = os.path.join(args.workdir, args.env, "sac") if args.workdir else None
-  result = online_sac.train_sac(
-      lambda: envs.make_env(args.env), config, args.steps,
-      start_steps=args.start_steps, eval_every=args.eval_every, eval_episodes=args.eval_episodes,
-      seed=args.seed + online_sac.SEED_OFFSETS["sac"],
-      medium_return=args.medium_fraction * expert, workdir=workdir,
-      checkpoint_every=args.checkpoint_every, log_every=args.eval_every, log_fn=log,
-      train_every=args.train_every)
+  schedule = sac_run.SacSchedule(
+      args.steps, args.start_steps, args.eval_every, args.eval_episodes,
+      args.seed + online_sac.SEED_OFFSETS["sac"], args.train_every, args.checkpoint_every,
+      log_every=args.eval_every)
+  result = sac_run.train_sac(
+      lambda: envs.make_env(args.env), config, schedule,
+      sac_run.MediumPoint(args.medium_fraction * expert), workdir=workdir, log_fn=log)
   total = time.perf_counter() - t_start
 
   # Per checkpoint: the progress line is logged just before the evaluation, so the gap between

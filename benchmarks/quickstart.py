@@ -3,6 +3,7 @@ training, evaluation, with the machine named. Writes benchmarks/quickstart.txt (
 
   python3 benchmarks/quickstart.py                      # fresh venv; ~5 min on a quiet 2-core CPU
   python3 benchmarks/quickstart.py --python=system --out=/tmp/q.txt --keep
+  python3 benchmarks/quickstart.py --caches=machine     # pip's (and other) caches of this machine
 
 What it does, in a new temporary folder (removed at the end unless --keep):
 1. `git clone` of this repository at its HEAD (commit in the record; uncommitted edits are not in
@@ -15,7 +16,15 @@ What it does, in a new temporary folder (removed at the end unless --keep):
 2. README.md's command 1 (the line after `# 1.` in its first bash block), run exactly as written by
    bash in the clone, with the venv first on PATH, a fresh MINARI_DATASETS_PATH and a fresh
    JAX_COMPILATION_CACHE_DIR in the temporary folder (nothing built or compiled before is reused;
-   the run's workdir is the clone's runs/), PYTHONPATH unset.
+   the run's workdir is the clone's runs/), PYTHONPATH unset. With `--caches=fresh` (default)
+   pip, matplotlib and everything else that caches under ~/.cache get new empty caches there
+   too (PIP_CACHE_DIR, XDG_CACHE_HOME, MPLCONFIGDIR): pip downloads every package from its index
+   and matplotlib builds its font cache, as on a new machine; `--caches=machine` keeps this
+   machine's, which can make the install several times faster than a new user's (pip's
+   configuration, e.g. a local index, is kept either way).
+   The command's parts (split at `&&`: the install, then the run) run one after the other as
+   separate processes, each timed apart (the record's "install" and "run" rows), their stamped
+   lines joined on one clock.
 3. Every output line is stamped with the wall seconds since the start and the CPU seconds
    (user + sys) the command's process tree has used so far (/proc: live processes' own and
    reaped children's times), so each phase gets both; the total CPU also comes from
@@ -24,14 +33,14 @@ What it does, in a new temporary folder (removed at the end unless --keep):
 Phases, from the run's own log lines: install (start -> pip's "Successfully installed"); start-up
 (-> the dataset's "is missing: building" line); dataset (-> the "<name>: N transitions" line);
 dynamics ("Training ... dynamics" -> "Dynamics trained in"); compile (-> "Compiled the epoch");
-training (the epochs' wall time, epochs x steps x seeds / the last progress line's steps/s, which
-is a moving average over the last 3 evaluation intervals (run/host_run.Pace): so this assumes the
-run's late rate throughout, and quickstart.txt recorded before that average reads the last
-interval's rate; the evaluation points before the last run in a background thread during training
-and count here);
-evaluation (the rest up to the final line: the last evaluation point, which nothing overlaps,
-and writing the outputs). CPU per phase is the CPU used between the lines that bound it (training
-and evaluation share the span after compile and are given together).
+training (epochs x steps x seeds / the last progress line's steps/s, which is of training alone
+(the device calls; run/host_run.Pace) as a moving average over the last 3 evaluation intervals:
+so this assumes the run's late rate throughout; quickstart.txt recorded before issue #50 read a
+wall-clock rate, evaluations included);
+evaluations (the rest up to the final line: the evaluation points and checkpoints, which run
+beside training on the same cores, and writing the outputs). CPU per phase is the CPU used
+between the lines that bound it (training and evaluation share the span after compile and are
+given together).
 """
 import argparse
 import os
@@ -96,15 +105,23 @@ def tree_cpu(root: int) -> float:
   return total / TICK
 
 
-def run_stamped(command, cwd, env, log):
-  """Runs `command` with bash; returns ([(wall s, cpu s, line)], exit code, rusage cpu s)."""
+def command_parts(command: str) -> list:
+  """[(what, part)] of README command 1, split at `&&`: "install" for a pip install, else "run"."""
+  parts = [p.strip() for p in command.split("&&")]
+  return [("install" if "pip install" in p else "run", p) for p in parts]
+
+
+def run_stamped(command, cwd, env, log, start=(0.0, 0.0)):
+  """Runs `command` with bash; returns ([(wall s, cpu s, line)], exit code, rusage cpu s), the
+  stamps counted from `start` (wall s, cpu s: the parts run before it)."""
   before = resource.getrusage(resource.RUSAGE_CHILDREN)
   t0 = time.monotonic()
   proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, bufsize=1)
   lines = []
   for line in proc.stdout:
-    stamp = (time.monotonic() - t0, tree_cpu(proc.pid), line.rstrip("\n"))
+    stamp = (start[0] + time.monotonic() - t0, start[1] + tree_cpu(proc.pid),
+             line.rstrip("\n"))
     lines.append(stamp)
     log.write(f"[{stamp[0]:7.1f} s wall {stamp[1]:7.1f} s cpu] {stamp[2]}\n")
     log.flush()
@@ -112,8 +129,25 @@ def run_stamped(command, cwd, env, log):
   wall = time.monotonic() - t0
   after = resource.getrusage(resource.RUSAGE_CHILDREN)
   cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-  lines.append((wall, cpu, "(exit)"))
+  lines.append((start[0] + wall, start[1] + cpu, "(exit)"))
   return lines, code, cpu
+
+
+def run_parts(command, cwd, env, log):
+  """The command's parts (command_parts) one after the other, as `&&` runs them (a failed part
+  ends it). -> (stamped lines of all, one clock, the last "(exit)" the command's; exit code;
+  [(what, wall s, cpu s)] per part run)."""
+  lines, code, spans, at = [], 0, [], (0.0, 0.0)
+  for what, part in command_parts(command):
+    log.write(f"# {what}: {part}\n")
+    got, code, cpu = run_stamped(part, cwd, env, log, start=at)
+    spans.append((what, got[-1][0] - at[0], cpu))
+    at = (got[-1][0], at[1] + cpu)
+    lines += got[:-1] + [(at[0], at[1], f"({what} done)")]
+    if code:
+      break
+  lines[-1] = (at[0], at[1], "(exit)")
+  return lines, code, spans
 
 
 def first(lines, pattern, after=0):
@@ -132,7 +166,8 @@ def phases(lines, steps_per_epoch=None) -> list:
     return None if i is None else lines[i]
 
   end = lines[-1]
-  marks = [("install", at(r"^Successfully installed")),
+  # The install's end: its own process's exit where it ran apart (run_parts), else pip's last line.
+  marks = [("install", at(r"^\(install done\)$") or at(r"^Successfully installed")),
            ("start-up (imports, flags)", at(r"is missing: building it")),
            ("dataset (build, write, load)", at(r"^\S+: \d+ transitions, obs dim")),
            ("dynamics", at(r"^Dynamics trained in")),
@@ -157,9 +192,8 @@ def phases(lines, steps_per_epoch=None) -> list:
     out[i:i + 1] = [
         span,
         ("  of it: training", train, None, f"{epochs} epochs x {steps_per_epoch} steps x {seeds} "
-         f"seeds / the last progress line's {rate:.0f} steps/s (the evaluation points before the "
-         "last overlap it)"),
-        ("  of it: last evaluation point", span[1] - train, None, "the rest of the span")]
+         f"seeds / the last progress line's {rate:.0f} steps/s (of training alone)"),
+        ("  of it: evaluations, checkpoints", span[1] - train, None, "the rest of the span")]
   out.append(("total (the command)", end[0], end[1], "cpu: getrusage of the children"))
   return out
 
@@ -234,6 +268,9 @@ def main():
   p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "quickstart.txt"))
   p.add_argument("--label", default="", help="a line added to the record's header (e.g. "
                  "'loaded machine')")
+  p.add_argument("--caches", choices=["fresh", "machine"], default="fresh",
+                 help="fresh: new empty pip, ~/.cache and matplotlib caches, as on a new machine "
+                      "(pip downloads every package); machine: this machine's")
   p.add_argument("--keep", action="store_true", help="keep the temporary folder")
   args = p.parse_args()
 
@@ -255,10 +292,13 @@ def main():
     env.update(PATH=os.path.join(venv, "bin") + os.pathsep + env.get("PATH", ""),
                VIRTUAL_ENV=venv, MINARI_DATASETS_PATH=os.path.join(tmp, "minari"),
                JAX_COMPILATION_CACHE_DIR=os.path.join(tmp, "jax_cache"))
+    if args.caches == "fresh":
+      env.update(PIP_CACHE_DIR=os.path.join(tmp, "pip_cache"),
+                 XDG_CACHE_HOME=os.path.join(tmp, "xdg_cache"),
+                 MPLCONFIGDIR=os.path.join(tmp, "matplotlib"))
     print(f"running in {clone}: {command}", flush=True)
     with open(log_path, "w") as log:
-      lines, code, cpu = run_stamped(command, clone, env, log)
-    lines[-1] = (lines[-1][0], cpu, lines[-1][2])
+      lines, code, spans = run_parts(command, clone, env, log)
     run = read_run(clone, lines)
     zero = zero_torque_score(os.path.join(venv, "bin", "python3"), clone, env)
   finally:
@@ -274,8 +314,13 @@ def main():
           f"{time.strftime('%Y-%m-%d %H:%M %Z')}; repository at {head} (git clone of HEAD)",
           *header,
           f"load average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}",
-          f"python: {args.python} venv ({venv_s:.1f} s to create, not counted)",
-          f"command (README.md's command 1): {command}", f"exit code: {code}", "",
+          f"python: {args.python} venv ({venv_s:.1f} s to create, not counted); caches: "
+          + ("fresh (pip downloads every package; ~/.cache and matplotlib's empty)"
+             if args.caches == "fresh" else "this machine's pip, ~/.cache and matplotlib caches"),
+          "compile cache: fresh (JAX_COMPILATION_CACHE_DIR in the temporary folder)",
+          f"command (README.md's command 1): {command}", f"exit code: {code}",
+          "timed apart (separate processes): " + "; ".join(
+              f"{what} {wall:.1f} s wall, {cpu_s:.1f} s cpu" for what, wall, cpu_s in spans), "",
           "| phase | wall s | cpu s (user + sys) | note |", "|---|---|---|---|"]
   for name, wall, cpu_s, note in rows:
     text.append(f"| {name} | {'n/a' if wall is None else f'{wall:.1f}'} | "

@@ -5,10 +5,13 @@ whatever goes wrong that the user can fix ends in ONE `error:` line on stderr, n
 
   exit 0  done (`main` returned None or 0), or --help / --helpshort / --helpfull / --helpxml
   exit 2  the command line cannot be read: an unknown flag (absl's suggestion kept: `did you mean
-          --x?`), a value a flag cannot take (`--algo=mombox`, `--seeds=x`), a stray word, a list
-          flag given empty (`--betas=`), a missing required flag (`UsageError`)
-  exit 1  the library refused or failed in a way the user can fix (`errors.UserError` and its
-          kinds; its parameters named as this program's flags)
+          --x?`), a value a flag cannot take, whether its type refuses it or the library's check
+          (`--algo=mombox`, `--seeds=x`, `--seeds=0`, `--env=nonsense`: `as_user_error`'s
+          ValueErrors, `errors.InvalidValue`), a stray word, a list flag given empty (`--betas=`),
+          a missing required flag or two that exclude each other (`UsageError`)
+  exit 1  the library refused or failed in a way the user can fix, given the files and machine
+          it found (`errors.UserError` and its other kinds; its parameters named as this
+          program's flags)
   128+N   signal N stopped the run at a safe point (`errors.Interrupted`: 130 SIGINT, 143
           SIGTERM): the line says where, and the command that resumes
   other   what `main` returns: experiments.run's 3 (a seed diverged), a sweep's worst cell, ...
@@ -28,7 +31,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from absl import flags, logging
 
-from mombo_jax.errors import Interrupted, UserError
+from mombo_jax.errors import Interrupted, InvalidValue, UserError
 
 FLAGS = flags.FLAGS
 
@@ -96,15 +99,16 @@ def execute(main: Callable[[list], Optional[int]], define_flags: Callable[[], No
     return 128 + signal.SIGINT
   except UserError as e:
     return _refuse(in_flags(e, flag_names),
-                   EXIT_USAGE if isinstance(e, UsageError) else EXIT_REFUSED)
+                   EXIT_USAGE if isinstance(e, (UsageError, InvalidValue)) else EXIT_REFUSED)
 
 
 @contextlib.contextmanager
 def as_user_error(*kinds, flag_names: Optional[Mapping[str, str]] = None):
-  """`with as_user_error(ValueError): ...`: the library call's exceptions of those kinds are the
-  user's (e.g. config.make_config's ValueError naming a field): one `error:` line, exit 1. A
-  message that starts with a field (`num_seeds must be ...`) names the flag typed instead
-  (`--seeds must be ...`; flag_names: {field: flag} where they differ)."""
+  """`with as_user_error(ValueError): ...` around a library call that reads the command line's
+  values (config.make_config, names.parse_name): its exceptions of those kinds are a value a flag
+  cannot take (`--seeds=0`, `--env=nonsense`): one `error:` line, exit 2 (UsageError). A message
+  that starts with a field (`num_seeds must be ...`) names the flag typed instead (`--seeds must
+  be ...`; flag_names: {field: flag} where they differ)."""
   try:
     yield
   except UserError:
@@ -115,7 +119,7 @@ def as_user_error(*kinds, flag_names: Optional[Mapping[str, str]] = None):
     flag = (flag_names or {}).get(found.group(1), found.group(1)) if found else None
     if flag is not None and flag in FLAGS:
       message = f"--{flag}" + message[found.end():]
-    raise UserError(message) from None
+    raise UsageError(message) from None
 
 
 def in_flags(error: UserError, flag_names: Optional[Mapping[str, str]] = None,

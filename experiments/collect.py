@@ -110,8 +110,8 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   from mombo_jax.data import names
   if not FLAGS.env:
-    raise _cli.UsageError("--env is required, e.g. --env=hopper-random. Valid names: "
-                          f"{', '.join(names.valid_names())}")
+    raise _cli.UsageError(f"--env is required, e.g. --env=hopper-random. {names.valid_names_text()}"
+                          ".")
   from mombo_jax import signals
   # SIGINT / SIGTERM (and SIGUSR1: a launch that builds data through this process passes its
   # stop on) stop within seconds: the SAC run checkpoints where it is (the same command then

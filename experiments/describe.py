@@ -14,6 +14,7 @@ Cards are always regenerated this way from the data, never edited by hand.
 from absl import flags, logging
 
 from experiments import _cli
+from mombo_jax.errors import UserError
 
 FLAGS = flags.FLAGS
 
@@ -31,8 +32,13 @@ def main(argv):
   from mombo_jax.collection import cards
   if not FLAGS.dataset:
     raise _cli.UsageError("--dataset is required, e.g. --dataset=hopper-medium-replay.")
-  with _cli.as_user_error(ValueError):     # an unknown name: the message lists the valid ones
+  from mombo_jax.data import names
+  with _cli.as_user_error(ValueError):     # an unknown name (exit 2): the valid ones listed
+    names.resolve(FLAGS.dataset)
+  try:
     path = cards.write_card(FLAGS.dataset, FLAGS.out)
+  except ValueError as e:                  # what the dataset holds: exit 1
+    raise UserError(str(e)) from None
   with open(path) as f:
     print(f.read())
   print(f"wrote {path}")

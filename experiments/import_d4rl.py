@@ -25,7 +25,7 @@ parses the flags.
 from absl import flags, logging
 
 from experiments import _cli
-from mombo_jax.collection.d4rl import TIMEOUT_MODES, import_file
+from mombo_jax.collection.d4rl import TIMEOUT_MODES, ImportOptions, import_file
 
 FLAGS = flags.FLAGS
 
@@ -59,9 +59,10 @@ def main(argv):
   if not FLAGS.file or not FLAGS.env:
     raise _cli.UsageError("--file and --env are required, e.g. "
                           "--file=hopper_medium_replay-v2.hdf5 --env=hopper-medium-replay.")
-  dataset_id = import_file(FLAGS.file, FLAGS.env, FLAGS.dataset_id, FLAGS.overwrite,
-                           FLAGS.drop_nonfinite, timeouts=FLAGS.timeouts,
-                           check_physics=FLAGS.check_physics, check_quality=FLAGS.check_quality)
+  options = ImportOptions(overwrite=FLAGS.overwrite, drop_nonfinite=FLAGS.drop_nonfinite,
+                          timeouts=FLAGS.timeouts, check_physics=FLAGS.check_physics,
+                          check_quality=FLAGS.check_quality)
+  dataset_id = import_file(FLAGS.file, FLAGS.env, FLAGS.dataset_id, options)
   print(f"Train on it with: python -m experiments.run --env={FLAGS.env} --dataset={dataset_id}")
   print(dataset_id)
 

@@ -50,12 +50,12 @@ def main(argv):
   from mombo_jax.dynamics import pretrain
   stop = signals.StopFlag()
   stop.install()
-  pretrain.train_dynamics(
+  job = pretrain.DynamicsJob(
       env=FLAGS.env, dataset=FLAGS.dataset, seeds=FLAGS.seeds, seed=FLAGS.seed,
-      max_epochs=FLAGS.max_epochs, preset=FLAGS.preset, workdir=FLAGS.workdir,
-      overwrite=FLAGS.overwrite, log_fn=lambda s: print(s, flush=True),
-      should_stop=stop, algo=FLAGS.algo, reference=FLAGS.reference,
-      matmul_precision=FLAGS.matmul_precision)
+      max_epochs=FLAGS.max_epochs, preset=FLAGS.preset, algo=FLAGS.algo,
+      reference=FLAGS.reference, matmul_precision=FLAGS.matmul_precision)
+  pretrain.train_dynamics(job, workdir=FLAGS.workdir, overwrite=FLAGS.overwrite,
+                          log_fn=lambda s: print(s, flush=True), should_stop=stop)
 
 
 if __name__ == "__main__":

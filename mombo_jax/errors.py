@@ -23,6 +23,13 @@ class InvalidArgument(UserError, ValueError):
   ValueError too, so that callers catching ValueError catch it as before."""
 
 
+class InvalidValue(InvalidArgument):
+  """A value no call could take, whatever is on disk: out of its range (`seeds` of 0), not one of
+  the names it may be (a logger, a dataset). A command line's own mistake: its program exits 2
+  (experiments/_cli.py), where an InvalidArgument that depends on the world (a port in use, a
+  run's seeds) exits 1."""
+
+
 class DatasetNotFoundError(UserError, FileNotFoundError):
   """A dataset is neither local nor downloadable. `command` (or None) builds it locally.
 

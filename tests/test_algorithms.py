@@ -122,6 +122,30 @@ def test_a_registered_toy_algorithm_is_configured_from_its_record(hopper_random_
   assert algorithms.module_of("toy_bonus") == __name__      # what its runs record
 
 
+def test_an_algorithm_without_variants_has_no_target(tmp_path):
+  """config.json said `target: elite_spread` (the --target flag's default) for an algorithm
+  without variants; it says null, the Config's target is None whatever it was given, and a
+  config.json written before still matches its run."""
+  from mombo_jax.records.workdir import Workdir, config_from_record, config_record
+  for algo in ("toy_bonus", "mopo", "mobile"):
+    config = config_lib.make_config("hopper-random", algo, preset="tiny", target="elite_spread")
+    assert config.target is None and config.replace(target="lcb").target is None
+    record = config_record(config, "hopper-random")
+    assert record["target"] is None
+    wd = Workdir(str(tmp_path / algo))
+    os.makedirs(wd.path)
+    with open(wd.file("config.json"), "w") as f:           # as the version before wrote it
+      json.dump(dict(record, target="elite_spread"), f)
+    assert wd.check_config(config, "hopper-random")[0]["target"] is None   # not refused
+    assert config_from_record(dict(record, target="elite_spread"))[0] == config
+  mombo = config_lib.make_config("hopper-random", "mombo", preset="tiny", target="lcb")
+  assert mombo.target == "lcb" and config_record(mombo, "hopper-random")["target"] == "lcb"
+  # A plain algorithm's config made MOMBO's again takes MOMBO's default target.
+  mopo = config_lib.make_config("hopper-random", "mopo", preset="tiny")
+  assert mopo.replace(algo="mombo", reference=None).target == config_lib.Config.target
+  assert config_lib.Config.target == "elite_spread"
+
+
 def test_online_sac_is_plain_sac_with_its_own_env():
   from mombo_jax.collection import online_sac
   settings = online_sac.online_config("hopper", (16, 16), 32)

@@ -82,6 +82,7 @@ CASES = ([(p, ["--nosuchflag"]) for p in PROGRAMS]
             ("run", ["--allow_epochs_change", "false"]),
             ("train_dynamics", ["--env=hopper-random", "--seeds=0"]), ("run", ["--epochs=-1"]),
             ("run", ["--seeds=0"]), ("run", ["--algo=tests.test_cli:nope"]),
+            ("run", ["--env=nonsense"]), ("run", ["--env=hoper-medium"]),
             ("collect", ["--stp=1"]), ("collect", ["--env=hopper-random", "--steps=-5"])]
          + [(p, []) for p in REQUIRED]
          + [(p, list(a)) for p, a in REQUIRED.items() if a] + [
@@ -155,27 +156,40 @@ def test_sweep_words_empty_lists_and_the_boolean_trap(outcomes):
 
 
 def test_a_library_user_error_is_one_line_in_the_programs_flags(outcomes):
-  # The library speaks Python (pretrain.train_dynamics(seeds=0)); the program names its flag.
+  # The library speaks Python (pretrain.DynamicsJob(seeds=0)); the program names its flag.
   from mombo_jax.dynamics import pretrain
   with pytest.raises(UserError) as e:
-    pretrain.train_dynamics(env="hopper-random", seeds=0)
+    pretrain.train_dynamics(pretrain.DynamicsJob(env="hopper-random", seeds=0))
   assert str(e.value) == "`seeds` must be >= 1, got 0." and "--" not in str(e.value)
+  # A value no call could take is the command line's mistake: exit 2 (docs/training.md).
   result = outcomes[("train_dynamics", ("--env=hopper-random", "--seeds=0"))]
-  assert result["code"] == 1 and _one_line(result) == "error: --seeds must be >= 1, got 0."
+  assert result["code"] == 2 and _one_line(result) == "error: --seeds must be >= 1, got 0."
   # config.make_config's ValueError naming the field (experiments.run: _cli.as_user_error).
   result = outcomes[("run", ("--epochs=-1",))]
-  assert result["code"] == 1 and "epochs must be a positive integer" in _one_line(result)
+  assert result["code"] == 2 and "epochs must be a positive integer" in _one_line(result)
   # A config field whose flag has another name: the flag typed (num_seeds: --seeds).
   result = outcomes[("run", ("--seeds=0",))]
-  assert result["code"] == 1
+  assert result["code"] == 2
   assert _one_line(result) == "error: --seeds must be a positive integer, got 0."
   # --algo=MODULE:NAME: the module imported; a name it does not register is a usage error.
   result = outcomes[("run", ("--algo=tests.test_cli:nope",))]
   assert result["code"] == 2 and "registers no algorithm 'nope'" in _one_line(result)
-  # A parameter whose flag has another name (num_seeds: --seeds).
+  # A parameter whose flag has another name (num_seeds: --seeds); a plain UserError: exit 1.
   result = outcomes[("toy:_raise_user_error", ())]
   assert result["code"] == 1
   assert _one_line(result) == ("error: --seeds=0 must be >= 1; or pass --seeds a multiple of 2.")
+
+
+def test_an_unknown_dataset_name_lists_the_valid_ones_readably(outcomes):
+  """The 39 valid names as their two patterns (they read as one 1,100-character line), and the
+  closest name to a typo."""
+  line = _one_line(outcomes[("run", ("--env=nonsense",))])
+  assert outcomes[("run", ("--env=nonsense",))]["code"] == 2 and len(line) < 450, line
+  assert "<env> one of halfcheetah|hopper|walker2d" in line and "Did you mean" not in line
+  assert "random|medium|medium-replay|medium-expert|expert" in line
+  assert "<env>-random-<medium|expert>-<1|5|10|50>pct" in line
+  line = _one_line(outcomes[("run", ("--env=hoper-medium",))])
+  assert "Did you mean hopper-medium?" in line
 
 
 def test_a_stop_prints_the_resume_command_and_exits_128_plus_the_signal(outcomes):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from mombo_jax import errors
-from mombo_jax.collection import online_sac, options, recipes, recording, saved_actors
+from mombo_jax.collection import online_sac, options, recipes, recording, sac_run, saved_actors
 from mombo_jax.core import actor_policy
 from mombo_jax.data import minari_io, provenance, scores, transitions as transitions_lib
 from mombo_jax.env import envs
@@ -134,7 +134,7 @@ def test_cli(root, tmp_path):
     return subprocess.run([sys.executable, "-m", "experiments.collect", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=HANG_S)
   bad = run("--env=hopper-foo")
-  assert bad.returncode == 1 and "Valid names" in bad.stderr and "Traceback" not in bad.stderr
+  assert bad.returncode == 2 and "Valid names" in bad.stderr and "Traceback" not in bad.stderr
   good = run("--env=walker2d-random", "--steps=60", "--max_episode_steps=20")
   assert good.returncode == 0, good.stderr
   assert "steps/s" in good.stdout and "mombo/walker2d/random-v0" in good.stdout
@@ -344,10 +344,12 @@ def _tiny_sac(**kwargs):
   """TINY's SAC run (300 steps, warm-up 100, one chunk of 201 gradient steps at step 300: the
   shapes the tests above compiled already) with an evaluation every 50 steps, medium return 0.5."""
   config = online_sac.online_config("hopper", TINY.hidden, TINY.batch_size)
-  return online_sac.train_sac(lambda: envs.make_env("hopper-random", max_episode_steps=40),
-                              config, TINY.sac_steps, start_steps=TINY.start_steps, eval_every=50,
-                              eval_episodes=2, seed=1, medium_return=0.5,
-                              train_every=TINY.train_every, **kwargs)
+  schedule = sac_run.SacSchedule(TINY.sac_steps, TINY.start_steps, eval_every=50,
+                                    eval_episodes=2, seed=1, train_every=TINY.train_every,
+                                    checkpoint_every=kwargs.pop("checkpoint_every", 50_000))
+  medium = sac_run.MediumPoint(0.5, kwargs.pop("medium_consecutive", 2))
+  return sac_run.train_sac(lambda: envs.make_env("hopper-random", max_episode_steps=40),
+                              config, schedule, medium, **kwargs)
 
 
 def test_medium_point_needs_consecutive_evaluations(monkeypatch):

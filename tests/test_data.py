@@ -143,6 +143,24 @@ def test_names():
   assert minari_io.env_name("walker2d-medium") == "walker2d"
 
 
+def test_the_valid_names_in_words_spell_exactly_the_valid_names():
+  """valid_names_text's two patterns, expanded, give valid_names() (nothing missing or extra)."""
+  import itertools
+  import re
+  text = names.valid_names_text()
+  choices = dict(re.findall(r"<(\w+)> one of ([\w|-]+)", text))
+  pattern = re.search(r"the mixed (\S+)", text).group(1)
+  spelled = {f"{e}-{q}" for e, q in itertools.product(choices["env"].split("|"),
+                                                      choices["quality"].split("|"))}
+  parts = re.findall(r"<([^>]+)>", pattern)       # env, partners, percents
+  for env, partner, p in itertools.product(choices["env"].split("|"), *(x.split("|")
+                                                                        for x in parts[1:])):
+    spelled.add(f"{env}-random-{partner}-{p}pct")
+  assert spelled == set(names.valid_names()) and len(text) < 400
+  assert names.valid_names_text("walker2d-medium-replai").startswith(
+      "Did you mean walker2d-medium-replay? Valid names:")
+
+
 def test_the_dataset_names_are_datas_and_the_settings_read_them():
   """One way from a dataset's name: data/names.py owns the names and loads no settings module
   (.importlinter puts data below settings); the reference tables have one row per D4RL task."""
@@ -196,6 +214,16 @@ def test_missing_dataset_names_the_collect_command(root, monkeypatch):
   with pytest.raises(errors.DatasetNotFoundError, match="cannot be reached"):
     transitions_lib.load_transitions("mujoco/hopper/medium-v0", download=True)
   assert downloads == []
+
+
+def test_a_missing_minari_root_is_refused_and_not_created(tmp_path, monkeypatch):
+  """MINARI_DATASETS_PATH=/no/such/path: refused, naming the folder, which stays absent (Minari's
+  listing of the local datasets would create it)."""
+  root = tmp_path / "no" / "such" / "path"
+  monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
+  with pytest.raises(errors.DatasetNotFoundError, match=f"none \\({root} does not exist\\)"):
+    transitions_lib.load_transitions("hopper-random")
+  assert not (tmp_path / "no").exists()
 
 
 def test_reachability_check_is_bounded(monkeypatch):

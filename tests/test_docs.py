@@ -430,10 +430,22 @@ def test_readme_names_every_extra_and_requirements_pin_them():
             for k, v in cfg["options.extras_require"].items()}
   with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
     readme = f.read()
-  with open(os.path.join(ROOT, "requirements.txt"), encoding="utf-8") as f:
-    pinned = {re.split(r"[\[=<>]", line)[0].strip().lower() for line in f
-              if line.strip() and not line.startswith("#")}
+  def pins(name):         # {package: pin} of a requirements file, its `-r` files included
+    out = {}
+    with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+      for line in (line.split("#")[0].strip() for line in f):
+        if line.startswith("-r "):
+          out.update(pins(line[3:].strip()))
+        elif line:
+          out[re.split(r"[\[=<>]", line)[0].strip().lower()] = line
+    return out
+  pinned, core = pins("requirements.txt"), pins("requirements-core.txt")
   assert extras and not [k for k in extras if f"`[{k}]`" not in readme]
   unpinned = [r for reqs in extras.values() for r in reqs
               if re.split(r"[\[=<>]", r)[0].strip().lower() not in pinned]
   assert not unpinned, f"requirements.txt does not pin {unpinned}, which README says it holds"
+  # README command 1 installs requirements-core.txt: every install_requires of setup.cfg, pinned.
+  needed = [re.split(r"[\[=<>]", r)[0].strip().lower()
+            for r in cfg["options"]["install_requires"].splitlines() if r.strip()]
+  assert needed and not [r for r in needed if r not in core], (needed, sorted(core))
+  assert all(pinned[k] == v for k, v in core.items())

@@ -341,8 +341,8 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
   monkeypatch.setattr(transitions_lib, "load_transitions",
                       lambda name, **_: asked.append(name) or fake)
   lines = []
-  path = pretrain.train_dynamics(env="hopper-medium", seeds=2, seed=3, max_epochs=2,
-                                 preset="tiny", workdir=str(tmp_path), log_fn=lines.append)
+  job = pretrain.DynamicsJob(env="hopper-medium", seeds=2, seed=3, max_epochs=2, preset="tiny")
+  path = pretrain.train_dynamics(job, workdir=str(tmp_path), log_fn=lines.append)
   run_config = config_lib.make_config("hopper-medium", "mombo", "tiny", seed=3, num_seeds=2)
   assert asked == ["hopper-medium"]
   assert path == reuse.dynamics_path(str(tmp_path), run_config)    # where the run looks
@@ -356,10 +356,11 @@ def test_train_dynamics_cli(tmp_path, monkeypatch):
   assert reuse.reuse_mismatch(meta, expected) == {}
   assert not os.path.exists(path + ".partial")
   with pytest.raises(UserError, match="already exists"):
-    pretrain.train_dynamics(env="hopper-medium", seeds=2, seed=3, preset="tiny",
+    pretrain.train_dynamics(pretrain.DynamicsJob(env="hopper-medium", seeds=2, seed=3,
+                                                 preset="tiny"),
                             workdir=str(tmp_path), log_fn=lines.append)
   with pytest.raises(UserError, match="Valid names"):
-    pretrain.train_dynamics(env="hopper-mediocre", workdir=str(tmp_path))
+    pretrain.train_dynamics(pretrain.DynamicsJob(env="hopper-mediocre"), workdir=str(tmp_path))
 
 
 def test_interrupted_training_resumes_to_the_same_ensemble(fitted, tmp_path):

@@ -37,11 +37,12 @@ def datasets(minari_root, tmp_path_factory):
   from mombo_jax.collection import d4rl
   path = _write_d4rl(tmp_path_factory.mktemp("d4rl") / "walker2d_medium-v2.hdf5",
                      _simulate("walker2d", rows=120))
-  d4rl.import_file(path, "walker2d-medium", IMPORTED, overwrite=True, log_fn=lambda *_: None)
+  d4rl.import_file(path, "walker2d-medium", IMPORTED, d4rl.ImportOptions(overwrite=True),
+                   log_fn=lambda *_: None)
   episodes = recording.rollout(lambda: envs.make_env("walker2d", max_episode_steps=20),
                                lambda obs: np.zeros((len(obs), 6), np.float32), 20, seed=0)
-  dataset_writer.write_dataset(SELF_BUILT, episodes, "tiny", "zeros", env_name="walker2d",
-                          overwrite=True)
+  dataset_writer.write_dataset(SELF_BUILT, episodes, dataset_writer.DatasetMetadata(
+      "tiny", "zeros", env_name="walker2d"), overwrite=True)
   return IMPORTED, SELF_BUILT
 
 

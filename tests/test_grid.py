@@ -34,8 +34,9 @@ def datasets(hopper_random_2000):
       break
     keep.append(ep)
     n += len(ep["rewards"])
-  dataset_writer.write_dataset(SHORT, keep, "test: the first episodes of hopper-random",
-                          "uniform random", env_name="hopper", overwrite=True)
+  dataset_writer.write_dataset(SHORT, keep, dataset_writer.DatasetMetadata(
+      "test: the first episodes of hopper-random", "uniform random", env_name="hopper"),
+      overwrite=True)
   return hopper_random_2000, SHORT
 
 

@@ -102,9 +102,9 @@ def test_round_trip_equals_the_loaders(minari_root, tmp_path, next_obs, timeouts
   arrays = _arrays(next_obs)
   path = _write(tmp_path / "hopper_medium_replay-v2.hdf5", arrays)
   dataset_id = f"test-d4rl/hopper/medium-replay-{int(next_obs)}{timeouts}-v2"
-  kwargs = {} if timeouts == "drop" else {"timeouts": timeouts}   # drop is the default
-  written = d4rl.import_file(path, "hopper-medium-replay", dataset_id, log_fn=lambda *_: None,
-                             **kwargs)
+  options = d4rl.ImportOptions() if timeouts == "drop" else d4rl.ImportOptions(timeouts=timeouts)
+  written = d4rl.import_file(path, "hopper-medium-replay", dataset_id, options,
+                             log_fn=lambda *_: None)
   assert written == dataset_id
   got = transitions_lib.load_transitions(dataset_id)
   want = _paper_loader(arrays) if timeouts == "drop" else _keep_rows(arrays)
@@ -150,14 +150,14 @@ def test_refusals(minari_root, tmp_path):
   path = _write(tmp_path / "c.hdf5", arrays)
   with pytest.raises(errors.UserError, match="2 row.*NaN/inf.*first at row 4.*drop_nonfinite=True"):
     d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2", **quiet)
-  d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2", drop_nonfinite=True,
-                          **quiet)
+  d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2",
+                   d4rl.ImportOptions(drop_nonfinite=True), **quiet)
   got = transitions_lib.load_transitions("test-d4rl/hopper/nan-v2")
   # less the 2 NaN/inf rows, the timed-out rows 6 and 9 and the last row (--timeouts=drop)
   assert len(got.rewards) == 12 - 2 - 3 and np.all(np.isfinite(got.observations))
   with pytest.raises(errors.UserError, match="already exists.*overwrite=True"):
-    d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2", drop_nonfinite=True,
-                            **quiet)
+    d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/nan-v2",
+                     d4rl.ImportOptions(drop_nonfinite=True), **quiet)
   with pytest.raises(errors.UserError, match="Unknown dataset name"):
     d4rl.import_file(path, "hopper-mediocre", **quiet)
 
@@ -264,7 +264,7 @@ def test_physics_names_the_env_a_file_replays_as(minari_root, tmp_path, simulate
     assert result.status == "match" and result.obs_error < 1e-3 and result.reward_error < 1e-3
   # Without the check the wrong env imports, and the provenance says it was not checked.
   d4rl.import_file(cheetah, "walker2d-medium", "test-d4rl/walker2d/unchecked-v2",
-                   log_fn=lines.append, check_physics=False)
+                   d4rl.ImportOptions(check_physics=False), log_fn=lines.append)
   assert provenance.provenance("test-d4rl/walker2d/unchecked-v2")["physics_check"] == \
       "not checked (--nocheck_physics)"
 
@@ -379,7 +379,8 @@ def test_the_cards_rebuild_command_reproduces_a_drop_nonfinite_import(minari_roo
   arrays["observations"][8, 3] = np.inf
   path = _write(tmp_path / "with nan.hdf5", arrays)          # a path the command must quote
   dataset_id = "test-d4rl/hopper/rebuild-v2"
-  d4rl.import_file(path, "hopper-medium", dataset_id, drop_nonfinite=True, log_fn=lambda *_: None)
+  d4rl.import_file(path, "hopper-medium", dataset_id, d4rl.ImportOptions(drop_nonfinite=True),
+                   log_fn=lambda *_: None)
   before = provenance.fingerprint(transitions_lib.load_transitions(dataset_id, cache=False))
   prov = provenance.provenance(dataset_id)
   assert prov["drop_nonfinite"] is True and prov["nonfinite_rows_dropped"] == 2
@@ -417,8 +418,8 @@ def test_a_file_far_from_its_names_statistics_gets_a_warning(minari_root, tmp_pa
   assert not any(line.startswith("warning:") for line in lines), lines
   assert any(line.startswith("Quality check: mean episode return") for line in lines), lines
   lines = []
-  d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/q-quiet-v2", log_fn=lines.append,
-                   check_quality=False)
+  d4rl.import_file(path, "hopper-medium", "test-d4rl/hopper/q-quiet-v2",
+                   d4rl.ImportOptions(check_quality=False), log_fn=lines.append)
   assert not any(line.startswith("warning:") for line in lines), lines
   prov = provenance.provenance("test-d4rl/hopper/q-quiet-v2")
   assert prov["quality_check"] == "not checked (--nocheck_quality)"

@@ -14,5 +14,5 @@ def test_package_and_entry_points_import_outside_the_repo(tmp_path):
                        text=True, timeout=HANG_S)
   assert out.returncode == 0, (
       "mombo_jax is not importable outside the repository: install it with "
-      f"`python3 -m pip install -r requirements.txt -e .`\n{out.stderr}")
+      f"`python3 -m pip install -r requirements-core.txt -e .`\n{out.stderr}")
   assert out.stdout.strip().endswith(os.path.join("mombo_jax", "__init__.py"))

@@ -10,7 +10,7 @@ from benchmarks import quickstart
 from mombo_jax.settings import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMAND = ("python3 -m pip install -r requirements.txt -e . && python3 -m experiments.run "
+COMMAND = ("python3 -m pip install -r requirements-core.txt -e . && python3 -m experiments.run "
            "--env=hopper-random --preset=quick --seeds=2")
 
 # The lines that bound the phases, as pip and experiments.run print them (stamps made up).
@@ -50,11 +50,31 @@ def test_its_phases_tile_the_run_and_split_off_the_training():
   assert rows["total (the command)"] == (298.5, 292.2) and sum(tiles) == pytest.approx(298.5)
   # 20 epochs x 1000 steps x 2 seeds at 250 steps/s: 160 s of the 162 s after compiling.
   assert rows["  of it: training"][0] == pytest.approx(160.0)
-  assert rows["  of it: last evaluation point"][0] == pytest.approx(2.0)
+  assert rows["  of it: evaluations, checkpoints"][0] == pytest.approx(2.0)
   # A line that is missing (e.g. a reworded log) is named, not silently measured as zero.
   broken = [line for line in LOG if not line[2].startswith("Dynamics trained")]
   dyn = next(r for r in quickstart.phases(broken, 1000) if r[0] == "dynamics")
   assert dyn[1] is None and "not in the log" in dyn[3]
+
+
+def test_the_install_and_the_run_are_timed_apart(tmp_path):
+  """README command 1's parts (split at `&&`) run as separate processes, each timed, their lines
+  on one clock; a failed part ends the command, as `&&` would."""
+  assert [w for w, _ in quickstart.command_parts(COMMAND)] == ["install", "run"]
+  log = open(tmp_path / "log", "w")
+  lines, code, spans = quickstart.run_parts(
+      "echo pip install x; sleep 0.2 && echo one; echo two", str(tmp_path), dict(os.environ), log)
+  assert code == 0 and [w for w, _, _ in spans] == ["install", "run"]
+  texts = [text for _, _, text in lines]
+  assert texts == ["pip install x", "(install done)", "one", "two", "(exit)"], texts
+  walls = [wall for wall, _, _ in lines]
+  assert walls == sorted(walls) and spans[0][1] >= 0.2
+  assert walls[-1] == pytest.approx(spans[0][1] + spans[1][1])
+  install = next(r for r in quickstart.phases(lines) if r[0] == "install")
+  assert install[1] == pytest.approx(spans[0][1])
+  lines, code, spans = quickstart.run_parts("echo pip install; exit 3 && echo never",
+                                            str(tmp_path), dict(os.environ), log)
+  assert code == 3 and len(spans) == 1 and "never" not in [t for _, _, t in lines]
 
 
 def test_the_record_was_made_with_the_quick_preset_as_it_is():

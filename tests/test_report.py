@@ -488,3 +488,33 @@ def test_cli_refuses_stray_words_and_an_unwritable_out_in_one_line(tmp_path, arg
   assert got.returncode == code and len(lines) == 1, got.stderr
   assert lines[0].startswith(match.replace("FILE", str(blocker))), lines[0]
   assert not (runs / "report.md").exists()
+
+
+def test_curves_keep_coinciding_lines_visible_and_mark_a_smoke_run():
+  """A tiny sweep gave MOMBO and MOPO the same 3.1 at every point: curves_<env>.png drew one line
+  over the other and marked nothing. Each algorithm now has its own marker (the later ones hollow
+  and smaller, on top), and a pool below the paper's setup is marked BELOW_MARK in the legend and
+  named in a note, as in report.md."""
+  import matplotlib.pyplot as plt
+
+  from mombo_jax.report import curves
+  scores = np.array([[3.1, 3.1], [3.1, 3.1]])          # [evaluations, seeds], both algorithms
+  pools = {("hopper", "hopper-random", algo): results.Pool(
+      env="hopper", dataset="hopper-random", algo=algo, runs=["r"], seeds=[0, 1],
+      final=scores[-1], aulc=scores.mean(0), steps=np.array([20, 40]), scores=scores,
+      shortfalls=["40 gradient steps (paper: 3,000,000)", "batch size 32 (paper: 256)"]
+      if algo == "MOPO" else []) for algo in ("MOMBO (elite_spread)", "MOPO")}
+  fig = curves.curves_figure(pools, "hopper")
+  try:
+    lines = fig.axes[0].get_lines()
+    assert len({line.get_marker() for line in lines}) == 2
+    assert [line.get_markerfacecolor() == "none" for line in lines].count(True) == 1
+    assert lines[0].get_markersize() > lines[1].get_markersize()
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert sorted(t.split(":")[0] for t in legend) == [
+        "MOMBO (elite_spread)", f"MOPO {tables.BELOW_MARK}"], legend
+    note = "\n".join(t.get_text() for t in fig.texts)
+    assert "below the paper's setup" in note
+    assert "MOPO on hopper-random: 40 gradient steps (paper: 3,000,000) and 1 more" in note
+  finally:
+    plt.close(fig)

@@ -110,7 +110,10 @@ def test_the_learning_curve_shows_seeds_band_points_and_the_datasets_level():
         "seed 0", "seed 1", "mean of 2 seeds", "± std over the 2 seeds",
         "dataset's own episodes (mean 1.2)"}, labels
     lines = {line.get_label(): line for line in ax.get_lines()}
-    assert all(lines[f"seed {s}"].get_marker() == "o" for s in (0, 1))
+    # Each seed its own hollow marker, over the mean: seeds at one score stay visible.
+    assert [lines[f"seed {s}"].get_marker() for s in (0, 1)] == ["o", "s"]
+    assert all(lines[f"seed {s}"].get_markerfacecolor() == "none" for s in (0, 1))
+    assert lines["seed 1"].get_zorder() > lines["mean of 2 seeds"].get_zorder()
     np.testing.assert_allclose(lines["mean of 2 seeds"].get_ydata(), scores.mean(1))
     np.testing.assert_allclose(lines["dataset's own episodes (mean 1.2)"].get_ydata(), 1.16)
     band = next(c for c in ax.collections if c.get_label() == "± std over the 2 seeds")

@@ -185,8 +185,9 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
   assert "Algorithm: MOMBO, target elite_spread (the released code's)" in out, out
   assert out.index("Compiled the epoch in") < out.index("epoch 1/3")
   assert out.count(" steps/s ") == 3
-  # The speed is a moving average over the recent epochs, and says so.
-  assert out.count("moving average over up to the last 3 epochs") == 3, out
+  # The speed is of training alone, a moving average over the recent epochs, and says so.
+  assert out.count("training alone: evaluations and checkpoints apart; moving average over up "
+                   "to the last 3 epochs") == 3, out
   assert re.search(r"Seeds sharded over 1 \w+ device\(s\), 1 per device", out), out
   # The dataset's opening line says which physics its policies are evaluated in.
   assert re.search(r"hopper-random: \d+ transitions, obs dim 11, action dim 3; evaluated in "
@@ -203,11 +204,25 @@ def test_the_progress_speed_is_a_moving_average_of_the_recent_intervals():
   last RATE_POINTS intervals), not the launch-long mean, which a fast start would inflate."""
   from mombo_jax.run import host_run
   pace = host_run.Pace(0, 0.0)
-  assert pace.rate(10, 1.0, 100) == pytest.approx(1000.0)          # 10 epochs in 1 s
-  for k in range(1, host_run.RATE_POINTS + 1):                    # then 10 epochs per 10 s
-    rate = pace.rate(10 + 10 * k, 1.0 + 10.0 * k, 100)
+  pace.trained(1.0)
+  assert pace.rate(10, 1.0, 100) == pytest.approx((1000.0, 1000.0))   # 10 epochs in 1 s
+  for k in range(1, host_run.RATE_POINTS + 1):                        # then 10 epochs per 10 s
+    pace.trained(10.0)
+    rate, _ = pace.rate(10 + 10 * k, 1.0 + 10.0 * k, 100)
   assert rate == pytest.approx(100.0)
   assert 40 * 100 / 31.0 > 1.2 * rate            # the launch-long mean would read 129
+
+
+def test_the_progress_speed_is_of_training_and_the_eta_of_the_launch():
+  """A tiny run read 64 steps/s after 1,493: its second interval held the first evaluation. The
+  line's steps/s counts the device calls' time alone; the ETA's pace counts everything."""
+  from mombo_jax.run import host_run
+  pace = host_run.Pace(0, 0.0)
+  pace.trained(0.5)
+  assert pace.rate(1, 0.5, 1000) == pytest.approx((2000.0, 2000.0))
+  pace.trained(0.5)                                 # 0.5 s of training after a 10 s evaluation
+  training, wall = pace.rate(2, 11.0, 1000)
+  assert training == pytest.approx(2000.0) and wall == pytest.approx(2000 / 11.0)
 
 
 def test_compilation_cache_flag(tmp_path, capsys):
@@ -574,7 +589,7 @@ def test_tensorboard_logger_follows_metrics_csv_across_a_resume(dataset, dyn_dir
 def test_cli_refuses_an_unknown_logger_before_any_work(tmp_path):
   out = _run_cli(["--log=csv,tensorbord", "--env=hopper-random", f"--workdir={tmp_path / 'w'}"],
                  {"MINARI_DATASETS_PATH": str(tmp_path / "empty")})
-  assert out.returncode == 1 and "Traceback" not in out.stderr
+  assert out.returncode == 2 and "Traceback" not in out.stderr     # a value --log cannot take
   lines = [l for l in out.stderr.strip().splitlines() if l.strip()]
   assert len(lines) == 1 and "unknown logger(s) tensorbord; valid: csv, tensorboard, wandb" in \
       lines[0], out.stderr

@@ -287,10 +287,12 @@ def pendulum_config():
 def run_pendulum(seed=0):
   import gymnasium as gym
 
-  from mombo_jax.collection import online_sac
-  result = online_sac.train_sac(lambda: gym.make("Pendulum-v1"), pendulum_config(), PENDULUM_STEPS,
-                             start_steps=500, eval_every=PENDULUM_EVAL_EVERY, eval_episodes=3,
-                             seed=seed, log_every=PENDULUM_STEPS, log_fn=lambda *_: None)
+  from mombo_jax.collection import sac_run
+  schedule = sac_run.SacSchedule(PENDULUM_STEPS, start_steps=500,
+                                    eval_every=PENDULUM_EVAL_EVERY, eval_episodes=3, seed=seed,
+                                    log_every=PENDULUM_STEPS)
+  result = sac_run.train_sac(lambda: gym.make("Pendulum-v1"), pendulum_config(), schedule,
+                                log_fn=lambda *_: None)
   return [r for _, r in result.evals]
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mombo_jax import errors, signals
-from mombo_jax.collection import dataset_writer, online_sac, recipes
+from mombo_jax.collection import dataset_writer, online_sac, recipes, sac_run
 from mombo_jax.data import minari_io
 from mombo_jax.dynamics import dynamics_training
 from mombo_jax.env import envs
@@ -111,7 +111,9 @@ def _synthetic_hopper(n_episodes, length=1000):
               actions=rng.uniform(-1, 1, (length, 3)).astype(np.float32),
               rewards=rng.normal(size=length), terminations=np.zeros(length, bool),
               truncations=np.arange(length) == length - 1) for _ in range(n_episodes)]
-  dataset_writer.write_dataset("hopper-random", eps, "synthetic", "synthetic", overwrite=True)
+  dataset_writer.write_dataset("hopper-random", eps,
+                               dataset_writer.DatasetMetadata("synthetic", "synthetic"),
+                               overwrite=True)
 
 
 @pytest.mark.slow
@@ -162,11 +164,12 @@ class _Poll:
 
 def _tiny_sac(workdir=None, should_stop=None):
   config = online_sac.online_config("hopper", (16, 16), 32)
-  return online_sac.train_sac(
-      lambda: envs.make_env("hopper-random", max_episode_steps=40), config, 300, start_steps=100,
-      eval_every=150, eval_episodes=2, seed=3, medium_return=-1e9, medium_consecutive=1,
-      workdir=workdir, checkpoint_every=10**6, log_every=10**6, log_fn=lambda *_: None,
-      train_every=100, should_stop=should_stop)
+  schedule = sac_run.SacSchedule(300, start_steps=100, eval_every=150, eval_episodes=2, seed=3,
+                                    train_every=100, checkpoint_every=10**6, log_every=10**6)
+  return sac_run.train_sac(
+      lambda: envs.make_env("hopper-random", max_episode_steps=40), config, schedule,
+      sac_run.MediumPoint(-1e9, consecutive=1), workdir=workdir, log_fn=lambda *_: None,
+      should_stop=should_stop)
 
 
 def test_sac_stopped_between_steps_amid_gradient_steps_or_an_evaluation_resumes_bit_for_bit(

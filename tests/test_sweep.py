@@ -350,7 +350,7 @@ def test_cli_runs_a_tiny_sweep_and_skips_it_when_run_again(minari_root, hopper_r
   assert other.returncode == 1 and "steps_per_epoch: 5 -> 6" in other.stderr
   bad = subprocess.run(cmd[:3] + ["--envs=hopper-foo", f"--out={out}"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=HANG_S)
-  assert bad.returncode == 1 and bad.stderr.strip().startswith("error:")
+  assert bad.returncode == 2 and bad.stderr.strip().startswith("error:")   # a bad --envs value
   assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 

@@ -120,3 +120,16 @@ def test_an_older_runs_rollout_penalty_is_read_under_its_name_of_today(tmp_path)
   wd.write_rows(rows + [dict(rows[0], epoch=2, step=20)])
   assert (tmp_path / "metrics.csv").read_text().splitlines()[0] == \
       "epoch,step,seed,normalized_score,rollout/penalty"
+
+
+def test_a_run_below_the_papers_budget_is_marked_on_its_learning_curve():
+  """A smoke run's learning_curve.png says so under its title, as report.md marks its cells;
+  a run at the paper's budget has no note."""
+  tiny = workdir_lib.config_record(config_lib.make_config("hopper-random", "mopo", "tiny"),
+                                   "hopper-random")
+  assert workdir_lib.budget_note(tiny) == ("§ below the paper's budget: 40 gradient steps per "
+                                           "seed (paper: 3,000,000)")
+  paper = workdir_lib.config_record(config_lib.make_config("hopper-random", "mombo"),
+                                    "hopper-random")
+  assert workdir_lib.budget_note(paper) is None
+  assert workdir_lib.budget_note({"env": "hopper-random"}) is None      # too old to tell

@@ -35,6 +35,7 @@ the physics check; the quality check, d4rl_stats; and the command that rebuilds 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import shutil
@@ -210,29 +211,89 @@ def default_id(name: str) -> str:
   return f"d4rl/{env}/{quality}-v2"
 
 
-def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_nonfinite=False,
-                log_fn=print, *, timeouts: str = "drop", check_physics: bool = True,
-                check_quality: bool = True) -> str:
+@dataclasses.dataclass(frozen=True)
+class ImportOptions:
+  """How import_file treats a file (experiments.import_d4rl's flags): overwrite an existing
+  dataset; drop_nonfinite: drop rows holding NaN/inf (refused otherwise); timeouts: "drop" (the
+  paper's loader's rows) or "keep" (to_episodes); check_physics: replay the stored states in
+  the named env (replay_check) and refuse a mismatch; check_quality: compare the episodes' mean
+  return with what D4RL publishes (d4rl_stats.quality_check), a one-line warning when far."""
+  overwrite: bool = False
+  drop_nonfinite: bool = False
+  timeouts: str = "drop"
+  check_physics: bool = True
+  check_quality: bool = True
+
+  def flags(self) -> List[str]:
+    """The experiments.import_d4rl flags of the options that change what is written."""
+    return ([f"--timeouts={self.timeouts}"] + (["--drop_nonfinite"] if self.drop_nonfinite else [])
+            + ([] if self.check_physics else ["--nocheck_physics"])
+            + ([] if self.check_quality else ["--nocheck_quality"]))
+
+
+def import_file(path: str, name: str, dataset_id: Optional[str] = None,
+                options: ImportOptions = ImportOptions(), log_fn=print) -> str:
   """Reads D4RL's file at `path` for the short name `name` and writes it as the Minari dataset
   `dataset_id` (default_id(name) when None); returns the id. UserError for a bad name, id or
   `timeouts`, a missing or unreadable file, an existing dataset (without overwrite), a file not in
-  D4RL's layout, rows holding NaN/inf (without drop_nonfinite, which drops them), or (with
-  `check_physics`) a file whose stored states do not replay as `name`'s env (replay_check; the
-  line names the env they do replay as, if any). timeouts: "drop" (the paper's loader's rows) or
-  "keep" (to_episodes). check_quality: compare the episodes' mean return with what D4RL publishes
-  for `name` (d4rl_stats.quality_check) and log a one-line warning when they are far apart.
-  log_fn: progress lines. A failed write leaves no dataset behind.
+  D4RL's layout, rows holding NaN/inf (without drop_nonfinite), or (with check_physics) a file
+  whose stored states do not replay as `name`'s env (the line names the env they do replay as, if
+  any): ImportOptions. log_fn: progress lines. A failed write leaves no dataset behind.
 
   The provenance records every option that shaped the data (the id, the timeout mode, the
   non-finite rows dropped, the checks) and the command that rebuilds the same dataset."""
-  # The checks run in the order the docstring lists them, each refusing before anything is
-  # written.
+  env, dataset_id, arrays, bad = _read_checked(path, name, dataset_id, options, log_fn)
+  physics_note = (_physics(arrays, path, name, env, ~bad, log_fn) if options.check_physics
+                  else "not checked (--nocheck_physics)")
+  episodes = to_episodes(arrays, keep=~bad, timeouts=options.timeouts)
+  if not episodes:
+    raise UserError(f"{path} holds no complete transition.")
+  steps = sum(len(ep["rewards"]) for ep in episodes)
+  log_fn(f"{path}: {len(arrays['rewards'])} rows -> {steps} transitions in {len(episodes)} "
+         f"episodes ({'the file' if 'next_observations' in arrays else 'the next row'}'s next "
+         f"observations, --timeouts={options.timeouts}).")
+  quality_note = (_quality(episodes, path, name, log_fn) if options.check_quality
+                  else "not checked (--nocheck_quality)")
+  # Every option that changed what is written, so that the command rebuilds this very dataset.
+  flags = [f"--file={os.path.abspath(path)}", f"--env={name}"]
+  flags += [f"--dataset_id={dataset_id}"] if dataset_id != default_id(name) else []
+  flags += options.flags() + ["--overwrite"]
+  provenance = {"recipe": "d4rl-import", "steps": int(steps), "recipe_steps": None,
+                "command": "python -m experiments.import_d4rl " + shlex.join(flags),
+                "source_file": os.path.abspath(path), "timeouts": options.timeouts,
+                "drop_nonfinite": bool(options.drop_nonfinite),
+                "nonfinite_rows_dropped": int(bad.sum()),
+                "physics_check": physics_note, "quality_check": quality_note}
+  file_meta = {k.split("/", 1)[1]: _jsonable(v) for k, v in arrays.items()
+               if k.startswith("metadata/")}
+  metadata = dataset_writer.DatasetMetadata(
+      f"D4RL's {name}-v2 file ({os.path.basename(path)}), imported with "
+      f"experiments/import_d4rl.py (--timeouts={options.timeouts}).", "D4RL",
+      provenance=provenance, ref_scores=D4RL_REF_SCORES[env], env_name=env,
+      extra={"d4rl_metadata": file_meta} if file_meta else None,
+      eval_env=envs.d4rl_env_spec(env))
+  try:
+    return dataset_writer.write_dataset(dataset_id, episodes, metadata, options.overwrite)
+  except UserError:
+    raise                      # refused before writing anything (e.g. created meanwhile)
+  except BaseException:
+    # write_dataset removes a dataset it failed to write, not one whose card failed afterwards.
+    shutil.rmtree(os.path.join(minari_io.datasets_root(), names.resolve(dataset_id)),
+                  ignore_errors=True)
+    raise
+
+
+def _read_checked(path: str, name: str, dataset_id: Optional[str], options: ImportOptions,
+                  log_fn):
+  """The refusals of import_file before the physics, in the order its docstring lists them, each
+  before anything is written. -> (env, dataset_id, the file's arrays, bool [N]: rows holding
+  NaN/inf, to drop)."""
   try:
     env, _ = names.parse_name(name)
   except ValueError as e:
     raise UserError(str(e)) from None
-  if timeouts not in TIMEOUT_MODES:
-    raise UserError(f"timeouts={timeouts}: expected one of {', '.join(TIMEOUT_MODES)}.",
+  if options.timeouts not in TIMEOUT_MODES:
+    raise UserError(f"timeouts={options.timeouts}: expected one of {', '.join(TIMEOUT_MODES)}.",
                     params=("timeouts",))
   dataset_id = dataset_id or default_id(name)
   try:
@@ -242,61 +303,22 @@ def import_file(path: str, name: str, dataset_id=None, overwrite=False, drop_non
   if not os.path.isfile(path):
     raise UserError(f"path={path} does not exist. D4RL's files are at {url(name)} "
                     "(download it once on a machine with network access).", params=("path",))
-  if minari_io.exists_locally(dataset_id) and not overwrite:
+  if minari_io.exists_locally(dataset_id) and not options.overwrite:
     raise UserError(f"Dataset {dataset_id} already exists; pass overwrite=True to replace it.",
                     params=("overwrite",))
   try:
     arrays = read_hdf5(path)
-    n = check(arrays, env)
+    check(arrays, env)
   except D4RLFormatError as e:
     raise UserError(str(e)) from None
   bad = nonfinite_rows(arrays)
-  if bad.any() and not drop_nonfinite:
+  if bad.any() and not options.drop_nonfinite:
     raise UserError(f"{path} has {int(bad.sum())} row(s) holding NaN/inf (first at row "
                     f"{int(np.argmax(bad))}); pass drop_nonfinite=True to drop them.",
                     params=("drop_nonfinite",))
   if bad.any():
     log_fn(f"Dropping {int(bad.sum())} row(s) holding NaN/inf (--drop_nonfinite).")
-  physics_note = _physics(arrays, path, name, env, ~bad, log_fn) if check_physics \
-      else "not checked (--nocheck_physics)"
-  episodes = to_episodes(arrays, keep=~bad, timeouts=timeouts)
-  if not episodes:
-    raise UserError(f"{path} holds no complete transition.")
-  steps = sum(len(ep["rewards"]) for ep in episodes)
-  has_next = "next_observations" in arrays
-  log_fn(f"{path}: {n} rows -> {steps} transitions in {len(episodes)} episodes "
-         f"({'the file' if has_next else 'the next row'}'s next observations, "
-         f"--timeouts={timeouts}).")
-  file_meta = {k.split("/", 1)[1]: _jsonable(v) for k, v in arrays.items()
-               if k.startswith("metadata/")}
-  quality_note = _quality(episodes, path, name, log_fn) if check_quality \
-      else "not checked (--nocheck_quality)"
-  # Every option that changed what is written, so that the command rebuilds this very dataset.
-  options = [f"--file={os.path.abspath(path)}", f"--env={name}"]
-  options += [f"--dataset_id={dataset_id}"] if dataset_id != default_id(name) else []
-  options += [f"--timeouts={timeouts}"] + (["--drop_nonfinite"] if drop_nonfinite else [])
-  options += ([] if check_physics else ["--nocheck_physics"])
-  options += ([] if check_quality else ["--nocheck_quality"]) + ["--overwrite"]
-  provenance = {"recipe": "d4rl-import", "steps": int(steps), "recipe_steps": None,
-                "command": "python -m experiments.import_d4rl " + shlex.join(options),
-                "source_file": os.path.abspath(path), "timeouts": timeouts,
-                "drop_nonfinite": bool(drop_nonfinite),
-                "nonfinite_rows_dropped": int(bad.sum()),
-                "physics_check": physics_note, "quality_check": quality_note}
-  try:
-    return dataset_writer.write_dataset(
-        dataset_id, episodes, f"D4RL's {name}-v2 file ({os.path.basename(path)}), imported with "
-        f"experiments/import_d4rl.py (--timeouts={timeouts}).", "D4RL", overwrite=overwrite,
-        provenance=provenance, ref_scores=D4RL_REF_SCORES[env], env_name=env,
-        extra_metadata={"d4rl_metadata": file_meta} if file_meta else None,
-        eval_env=envs.d4rl_env_spec(env))
-  except UserError:
-    raise                      # refused before writing anything (e.g. created meanwhile)
-  except BaseException:
-    # write_dataset removes a dataset it failed to write, not one whose card failed afterwards.
-    shutil.rmtree(os.path.join(minari_io.datasets_root(), names.resolve(dataset_id)),
-                  ignore_errors=True)
-    raise
+  return env, dataset_id, arrays, bad
 
 
 def _physics(arrays, path, name, env, keep, log_fn) -> str:

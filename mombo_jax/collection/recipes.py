@@ -37,8 +37,8 @@ from typing import Dict, List, Optional, Sequence
 
 import mombo_jax
 from mombo_jax.collection import saved_actors
-from mombo_jax.collection.dataset_writer import write_dataset
-from mombo_jax.collection.online_sac import SEED_OFFSETS, _print, online_config, train_sac
+from mombo_jax.collection.dataset_writer import DatasetMetadata, write_dataset
+from mombo_jax.collection.online_sac import SEED_OFFSETS, _print, online_config
 from mombo_jax.collection.options import RECORD_FLAGS, SAC_FLAGS, Options, collect_command
 from mombo_jax.collection.recording import (
   mix_episodes,
@@ -49,6 +49,7 @@ from mombo_jax.collection.recording import (
   summary,
 )
 from mombo_jax.collection.sac_checkpoints import SacResult, restore_sac
+from mombo_jax.collection.sac_run import MediumPoint, SacSchedule, train_sac
 from mombo_jax.data import minari_io, names
 from mombo_jax.data.minari_io import read_episodes
 from mombo_jax.data.names import parse_name
@@ -85,10 +86,10 @@ def build_random(name: str, steps: int = 1_000_000, seed: int = 0, log_fn=_print
   elapsed = time.time() - t0
   log_fn(f"{name}: {summary(episodes)}; {steps / max(elapsed, 1e-9):.0f} steps/s")
   written = sum(len(ep["rewards"]) for ep in episodes)
-  dataset_id = write_dataset(name, episodes, f"{steps} steps of a uniform random policy on "
-                             f"{envs.GYM_IDS[env]} (D4RL recipe).", "uniform-random",
-                             max_episode_steps, overwrite,
-                             provenance=provenance_for(name, "random", written))
+  dataset_id = write_dataset(name, episodes, DatasetMetadata(
+      f"{steps} steps of a uniform random policy on {envs.GYM_IDS[env]} (D4RL recipe).",
+      "uniform-random", max_episode_steps, provenance=provenance_for(name, "random", written)),
+      overwrite)
   log_fn(f"wrote {dataset_id} ({time.time() - t0:.1f} s in all)")
   return dataset_id
 
@@ -123,8 +124,8 @@ class Builder:
     if command:
       provenance["command"] = command
     provenance.update(extra_provenance or {})
-    dataset_id = write_dataset(name, episodes, description, algorithm, self.opts.max_episode_steps,
-                               overwrite, provenance=provenance)
+    dataset_id = write_dataset(name, episodes, DatasetMetadata(
+        description, algorithm, self.opts.max_episode_steps, provenance=provenance), overwrite)
     self.log(f"wrote {dataset_id}: {summary(episodes)}")
     return dataset_id
 
@@ -290,13 +291,13 @@ class Builder:
     self.log(f"SAC run on {envs.GYM_IDS[env]}: {o.sac_steps} steps, hidden {list(o.hidden)}, "
              f"medium point at eval return >= {medium_return:.1f} "
              f"({o.medium_fraction:.3g} x D4RL expert {expert_return}); checkpoints in {workdir}")
+    schedule = SacSchedule(o.sac_steps, o.start_steps, o.eval_every, o.eval_episodes,
+                           o.seed + SEED_OFFSETS["sac"], o.train_every, o.checkpoint_every,
+                           o.log_every)
+    medium = MediumPoint(medium_return, o.medium_consecutive, stop_at=until_medium)
     result = train_sac(lambda: envs.make_env(env, max_episode_steps=o.max_episode_steps), config,
-                       o.sac_steps, start_steps=o.start_steps, eval_every=o.eval_every,
-                       eval_episodes=o.eval_episodes, seed=o.seed + SEED_OFFSETS["sac"],
-                       medium_return=medium_return, workdir=workdir,
-                       checkpoint_every=o.checkpoint_every, log_every=o.log_every, log_fn=self.log,
-                       train_every=o.train_every, stop_at_medium=until_medium,
-                       medium_consecutive=o.medium_consecutive, should_stop=self.should_stop)
+                       schedule, medium, workdir=workdir, log_fn=self.log,
+                       should_stop=self.should_stop)
     self._sac[env] = result
     self._save_actors(env, result)
     return result

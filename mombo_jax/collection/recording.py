@@ -14,7 +14,7 @@ import numpy as np
 
 from mombo_jax.core import actor_policy
 from mombo_jax.env.envs import finish_episode, new_episode, record_step, step
-from mombo_jax.errors import Interrupted, InvalidArgument
+from mombo_jax.errors import Interrupted, InvalidValue
 
 
 def rollout(make_env: Callable, policy: Callable, num_steps: int, seed: int,
@@ -29,7 +29,7 @@ def rollout(make_env: Callable, policy: Callable, num_steps: int, seed: int,
   kept (a recording is seeded: recording again gives the same episodes).
   """
   if num_steps < 1:
-    raise InvalidArgument(f"`num_steps` must be >= 1, got {num_steps}.", params=("num_steps",))
+    raise InvalidValue(f"`num_steps` must be >= 1, got {num_steps}.", params=("num_steps",))
   num_envs = max(1, min(num_envs, num_steps))
   envs = [make_env() for _ in range(num_envs)]
   seeds = np.random.SeedSequence(seed).generate_state(num_envs * 2)

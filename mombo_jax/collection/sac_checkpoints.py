@@ -1,6 +1,6 @@
 """What a collector's online SAC run (mombo_jax.collection.online_sac) keeps in its checkpoints: the
 replay layout, the settings a checkpoint must match to be resumed, the Orbax checkpoints themselves
-(SacCheckpoints), the run's result (SacResult, what online_sac.train_sac returns too) and
+(SacCheckpoints), the run's result (SacResult, what sac_run.train_sac returns too) and
 reading them back without training (restore_sac, for exporting actors).
 """
 from __future__ import annotations
@@ -49,11 +49,11 @@ def run_settings(env, seed: int, start_steps: int) -> dict:
 
 def restore_sac(make_env: Callable, config, total_steps: int, *, start_steps: int, seed: int,
                 workdir: str):
-  """The SAC run checkpointed in workdir (SacResult), as train_sac (same arguments)
-  would resume it, without training or evaluating anything: for exporting its actors (`collect
-  --actors_only`). None when workdir holds no checkpoint. final_actor is the actor of the
-  checkpoint's step (steps_done); a checkpoint a stop took amid a step's gradient steps counts
-  that step as not done (its actor is half-way through them).
+  """The SAC run checkpointed in workdir (SacResult), as train_sac (a SacSchedule of these
+  total_steps, start_steps and seed) would resume it, without training or evaluating anything:
+  for exporting its actors (`collect --actors_only`). None when workdir holds no checkpoint.
+  final_actor is the actor of the checkpoint's step (steps_done); a checkpoint a stop took amid a
+  step's gradient steps counts that step as not done (its actor is half-way through them).
   Not beside a process still writing checkpoints there: opening the Orbax manager removes
   unfinished temporary checkpoint folders."""
   if not os.path.isdir(workdir):

@@ -112,6 +112,10 @@ def _not_found(dataset_id: str, reason: str) -> DatasetNotFoundError:
   if command:
     kind = "Build it" if names.short_name(dataset_id) else "Build the D4RL-recipe equivalent"
     lines.append(f"{kind} locally with:\n  {command}")
+  if not os.path.isdir(datasets_root()):
+    # Minari's listing would create the folder: a refused launch leaves nothing behind.
+    lines.append(f"Local datasets: none ({datasets_root()} does not exist).")
+    return DatasetNotFoundError("\n".join(lines), dataset_id, command)
   try:
     local = sorted(minari.list_local_datasets())
   except Exception:  # a misconfigured root must not hide the real error

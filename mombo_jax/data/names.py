@@ -1,14 +1,16 @@
 """Dataset names, owned here (settings/config.py reads them, never the other way). The project's
 datasets: the D4RL tasks `<env>-<quality>` (D4RL_TASKS, e.g. `walker2d-medium-replay`)
 and its mixed datasets `<env>-random-<partner>-<p>pct` (e.g. `hopper-random-expert-5pct`), all
-listed by valid_names() and split by parse_name(). A short name maps to the local Minari id that
-`experiments/collect.py` writes: `mombo/<env>/<quality>-v0` (`minari_id`). Any Minari dataset id
-(`mujoco/hopper/medium-v0`, `test/hopper/tiny-v0`) is used as it is (`resolve`). `env_of` tells
-the environment of either from the name and the env ids its metadata records
-(`minari_io.env_name` reads them): this module does no I/O.
+listed by valid_names() (as two patterns in words: valid_names_text()) and split by
+parse_name(). A short name maps to the local Minari id that `experiments/collect.py` writes:
+`mombo/<env>/<quality>-v0` (`minari_id`). Any Minari dataset id (`mujoco/hopper/medium-v0`,
+`test/hopper/tiny-v0`) is used as it is (`resolve`). `env_of` tells the environment of either
+from the name and the env ids its metadata records (`minari_io.env_name` reads them): this
+module does no I/O.
 """
 from __future__ import annotations
 
+import difflib
 from typing import Optional, Sequence
 
 ENVS = ("halfcheetah", "hopper", "walker2d")
@@ -33,13 +35,24 @@ def valid_names() -> list:
   return names
 
 
+def valid_names_text(name: Optional[str] = None) -> str:
+  """The valid names as their two patterns, each part's choices listed once (the 39 names in a
+  row read as one 1,100-character line), and the closest valid name to `name` when there is one."""
+  close = difflib.get_close_matches(name, valid_names(), n=1) if isinstance(name, str) else []
+  return ((f"Did you mean {close[0]}? " if close else "")
+          + f"Valid names: <env>-<quality> with <env> one of {'|'.join(ENVS)} and <quality> one "
+          f"of {'|'.join(D4RL_QUALITIES)} (e.g. hopper-medium-replay), or the mixed "
+          f"<env>-random-<{'|'.join(MIXED_PARTNERS)}>-<{'|'.join(map(str, MIXED_PERCENTS))}>pct "
+          "(e.g. hopper-random-expert-5pct)")
+
+
 def parse_name(name: str) -> tuple:
   """'walker2d-medium-replay' -> ('walker2d', 'medium-replay'). Raises ValueError with the valid
   names."""
   env, _, quality = name.partition("-")
   if env not in ENVS or name not in valid_names():
-    raise ValueError(f"Unknown dataset name {name!r}. Valid names: {', '.join(valid_names())} "
-                     "(or pass a Minari dataset id with --dataset).")
+    raise ValueError(f"Unknown dataset name {name!r}. {valid_names_text(name)}; or pass a Minari "
+                     "dataset id with --dataset.")
   return env, quality
 
 
@@ -68,9 +81,8 @@ def is_dataset_id(name: str) -> bool:
 def resolve(name: str) -> str:
   """Minari dataset id for a short name or an id. Unknown short names raise ValueError at once."""
   if not isinstance(name, str) or not name:
-    raise ValueError(f"Dataset name must be a non-empty string, got {name!r}. Valid names: "
-                     f"{', '.join(valid_names())} "
-                     "(or a Minari id such as mujoco/hopper/medium-v0).")
+    raise ValueError(f"Dataset name must be a non-empty string, got {name!r}. "
+                     f"{valid_names_text()}; or a Minari id such as mujoco/hopper/medium-v0.")
   if is_dataset_id(name):
     # minari only for a dataset id: the report imports data/ without it
     from minari.dataset.minari_dataset import parse_dataset_id

@@ -1,8 +1,8 @@
 """Training of the dynamics ensemble: a seed's state and its start (bootstrap samples, input
-normaliser, parameters), the compiled epoch, the loop over epochs and its resumable stops
-(checkpoint_dir / should_stop -> DynamicsTrainingStopped). Its loss: core/dynamics.loss_fn; its
-data and train / holdout split: training_data.py; what the holdout decides (snapshots, early
-stopping, elites): validation.py.
+normaliser, parameters), the compiled epoch, the loop over epochs (_Training) and its resumable
+stops (Resumable: checkpoint_dir / should_stop -> DynamicsTrainingStopped). Its loss:
+core/dynamics.loss_fn; its data and train / holdout split: training_data.py; what the holdout
+decides (snapshots, early stopping, elites): validation.py.
 
 Training follows the MBPO/OfflineRL-Kit recipe: holdout split, per-member bootstrap, per-member
 snapshots on > 1 % holdout improvement, patience-based early stopping, elites = best holdout MSE.
@@ -102,11 +102,24 @@ def _plan(config, st: _SeedTrain):
   return order.reshape(members, n_batches, bs).swapaxes(0, 1)
 
 
-def _steps(config, st: _SeedTrain, params, opt_state, inputs, targets, order, start, stop):
-  """Minibatches start .. stop-1 of the epoch `order` (_plan) from (params, opt_state); returns
-  the new (params, opt_state). start / stop are traced int32 scalars: one compilation serves every
-  chunk of an epoch, and a chunk's minibatches compute exactly what they compute in any other
-  split of the epoch (the same loop body, the carry passed on unchanged)."""
+class _Data(struct.PyTreeNode):
+  """The training arrays (make_arrays): every seed's, shared by them."""
+  inputs: jax.Array         # [N, D]: observations and actions
+  targets: jax.Array        # [N, O + 1]: reward and next-observation delta
+
+
+class _Carry(struct.PyTreeNode):
+  """What an epoch's minibatches carry from one to the next (one seed: a leading seed axis when
+  vmapped): the ensemble's parameters and their optimiser state."""
+  params: dict
+  opt_state: optax.OptState
+
+
+def _steps(config, st: _SeedTrain, carry: _Carry, data: _Data, order, start, stop) -> _Carry:
+  """Minibatches start .. stop-1 of the epoch `order` (_plan) from `carry`; returns the carry
+  after them. start / stop are traced int32 scalars: one compilation serves every chunk of an
+  epoch, and a chunk's minibatches compute exactly what they compute in any other split of the
+  epoch (the same loop body, the carry passed on unchanged)."""
   members, n_train = st.boot.shape
   bs = config.dynamics_training.dyn_batch_size
   tx = optax.adam(config.dynamics_training.dyn_lr)
@@ -116,20 +129,20 @@ def _steps(config, st: _SeedTrain, params, opt_state, inputs, targets, order, st
     params, opt_state = carry
     idx = order[i]                                                    # [M, bs]
     w = jnp.broadcast_to((i * bs + jnp.arange(bs) < n_train).astype(jnp.float32), (members, bs))
-    x = (inputs[idx] - st.input_mean) / st.input_std
-    _, grads = grad_fn(params, x, targets[idx], w)
+    x = (data.inputs[idx] - st.input_mean) / st.input_std
+    _, grads = grad_fn(params, x, data.targets[idx], w)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
-  return jax.lax.fori_loop(start, stop, minibatch, (params, opt_state))
+  params, opt_state = jax.lax.fori_loop(start, stop, minibatch, (carry.params, carry.opt_state))
+  return _Carry(params=params, opt_state=opt_state)
 
 
 class _Fns(NamedTuple):
   """The jitted pieces of training (one seed, or vmapped over a leading seed axis)."""
   init: Callable       # (keys, inputs, targets) -> _SeedTrain
   plan: Callable       # (st) -> order [(S,) n_batches, M, bs]
-  steps: Callable      # (st, params, opt_state, inputs, targets, order, start, stop)
-                       #   -> (params, opt_state)
+  steps: Callable      # (st, carry, data, order, start, stop) -> carry: _steps
   end: Callable        # (st, params, opt_state, inputs, targets, max_epochs) -> (st, mse):
                        #   validation.validate_epoch
   finish: Callable     # (st) -> DynamicsState: validation.pick_elites
@@ -149,20 +162,26 @@ def _compiled_as(config, layout) -> _Fns:
   fns = [xla_options.at_precision(functools.partial(f, config), config.matmul_precision)
          for f in (_init_seed, _plan, _steps, validation.validate_epoch, validation.pick_elites)]
   if layout is not None:
-    axes = [(0, None, None), (0,), (0, 0, 0, None, None, 0, None, None),
+    axes = [(0, None, None), (0,), (0, 0, None, 0, None, None),
             (0, 0, 0, None, None, None), (0,)]
     fns = [cell_layout.map_cells(f, a, layout) for f, a in zip(fns, axes)]
   return _Fns(*map(jax.jit, fns), config=config)
 
 
+def _end(fns: _Fns, st, carry: _Carry, data: _Data, max_epochs):
+  """validation.validate_epoch after the epoch's minibatches: (st, mse)."""
+  return fns.end(st, carry.params, carry.opt_state, data.inputs, data.targets, max_epochs)
+
+
 def run_epoch(fns: _Fns, st, inputs, targets, max_epochs):
-  """One whole epoch in three device calls (plan, all minibatches, end); what _fit's chunks of
-  the same epoch compute. Returns (st, mse)."""
+  """One whole epoch in three device calls (plan, all minibatches, end); what _Training's chunks
+  of the same epoch compute. Returns (st, mse)."""
   n_train = st.boot.shape[-1]
   n_batches = _num_batches(n_train, fns.config)
-  order = fns.plan(st)
-  params, opt_state = fns.steps(st, st.params, st.opt_state, inputs, targets, order, 0, n_batches)
-  return fns.end(st, params, opt_state, inputs, targets, max_epochs)
+  data = _Data(inputs=inputs, targets=targets)
+  carry = fns.steps(st, _Carry(params=st.params, opt_state=st.opt_state), data, fns.plan(st), 0,
+                    n_batches)
+  return _end(fns, st, carry, data, max_epochs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,101 +216,128 @@ class DynamicsTrainingStopped(Exception):
     self.mid_epoch = mid_epoch
 
 
-def _resume(ckpt, st, reuse_key):
-  """The checkpointed training state (template st) if there is one; refuses another reuse key."""
-  if ckpt is None or ckpt.latest_step() is None:
-    return st, False
-  restored, meta = ckpt.restore(st)
-  differs = reuse.reuse_mismatch(meta, reuse_key or {})
-  if differs:
-    raise checkpoint.CheckpointError(
-        f"The unfinished dynamics training in {ckpt.directory} belongs to another setup "
-        f"({reuse.format_mismatch(differs)}); delete that folder to train from scratch, "
-        "or pass another --dynamics_dir.")
-  return restored, True
+@dataclasses.dataclass(frozen=True)
+class Resumable:
+  """Where a training saves itself and when it stops: checkpoint_dir (None: nowhere), should_stop
+  (polled; needs checkpoint_dir), reuse_key (reuse.reuse_key: a checkpoint of another is
+  refused)."""
+  checkpoint_dir: Optional[str] = None
+  should_stop: Optional[Callable[[], bool]] = None
+  reuse_key: Optional[dict] = None
 
 
-def _train_epoch(fns, st, inputs, targets, max_epochs, chunks, should_stop, log_fn):
-  """One epoch in device calls of chunks.next() minibatches (signals.Chunks), should_stop polled
-  before each; a long epoch (no line for minutes otherwise) is told once its pace is known.
-  Returns (st, mse) after the epoch, or None when should_stop fired (st, the state before the
-  epoch, is untouched: nothing of the epoch is kept)."""
-  order = fns.plan(st)
-  params, opt_state, done = st.params, st.opt_state, 0
-  while done < chunks.total:
-    if should_stop is not None and should_stop():
-      return None
-    n = chunks.next(chunks.total - done)
-    params, opt_state = chunks.run(
-        lambda a, b: fns.steps(st, params, opt_state, inputs, targets, order, a, b), done, n)
-    done += n
-    pace = chunks.first_pace()
-    if pace is not None and pace * chunks.total >= 10.0:
-      log_fn(f"dynamics: {chunks.total} minibatches an epoch, about {pace * chunks.total:.0f} s "
-             f"an epoch at this pace (a stop request waits about {signals.POLL_SECONDS:g} s)")
-  return fns.end(st, params, opt_state, inputs, targets, max_epochs)
+class _Training:
+  """One call of train_ensemble / train_seeds: the compiled pieces, the training state and its
+  checkpoints, the epoch loop (train) and its log lines. log_fn: one line per epoch; history:
+  as train_ensemble's."""
 
+  def __init__(self, keys, transitions, config, batched: bool, resume: Resumable, log_fn,
+               history: Optional[list]):
+    inputs, targets = make_arrays(transitions)
+    self.n_train, n_hold = split_sizes(inputs.shape[0], config)
+    if n_hold < 1 or self.n_train < 1:
+      raise ValueError(f"{inputs.shape[0]} transitions are too few to split off a holdout set "
+                       f"(holdout ratio {config.dynamics_training.dyn_holdout_ratio}); pass more "
+                       "data.")
+    self.config, self.resume, self.log_fn, self.history = config, resume, log_fn, history
+    self.data = _Data(inputs=inputs, targets=targets)
+    self.fns = _compiled(_dyn_config(config), batched)
+    self.st = self.fns.init(keys, inputs, targets)
+    self.ckpt = None if resume.checkpoint_dir is None else checkpoint.RunCheckpointer(
+        resume.checkpoint_dir, keep=2, kind="dynamics training")
+    resumed = self._restore()
+    self.last_save = time.time()
+    self.saved = self._epoch() if resumed else None        # epoch of the last save
+    cap = config.dynamics_training.dyn_max_epochs
+    self.max_epochs = jnp.asarray(np.iinfo(np.int32).max if cap is None else cap, jnp.int32)
+    self.num_seeds = keys.shape[0] if batched else 1
+    self.n_batches = _num_batches(self.n_train, config)
+    self.chunks = signals.Chunks(self.n_batches)
 
-def _fit(keys, transitions, config, log_fn, batched: bool, history, checkpoint_dir=None,
-         should_stop=None, reuse_key=None) -> DynamicsState:
-  inputs, targets = make_arrays(transitions)
-  n_train, n_hold = split_sizes(inputs.shape[0], config)
-  if n_hold < 1 or n_train < 1:
-    raise ValueError(f"{inputs.shape[0]} transitions are too few to split off a holdout set "
-                     f"(holdout ratio {config.dynamics_training.dyn_holdout_ratio}); pass more "
-                     "data.")
-  fns = _compiled(_dyn_config(config), batched)
-  st = fns.init(keys, inputs, targets)
-  ckpt = None
-  if checkpoint_dir is not None:
-    ckpt = checkpoint.RunCheckpointer(checkpoint_dir, keep=2, kind="dynamics training")
-  st, resumed = _resume(ckpt, st, reuse_key)
-  if resumed:
-    log_fn(f"dynamics: resumed unfinished training from {checkpoint_dir} at epoch "
-           f"{int(np.max(jax.device_get(st.epoch)))}")
-  last_save = time.time()
-  saved = int(np.max(jax.device_get(st.epoch))) if resumed else None   # epoch of the last save
-  max_epochs = jnp.asarray(np.iinfo(np.int32).max if config.dynamics_training.dyn_max_epochs is None
-                           else config.dynamics_training.dyn_max_epochs, jnp.int32)
-  num_seeds = keys.shape[0] if batched else 1
-  chunks = signals.Chunks(_num_batches(n_train, config))
-  t0 = time.time()
+  def _epoch(self) -> int:
+    return int(np.max(jax.device_get(self.st.epoch)))
 
-  def save(ep):
-    nonlocal last_save, saved
-    if ckpt is not None and saved != ep:
-      ckpt.save(ep, st, {reuse.REUSE_KEY_FIELD: reuse_key or {}})
-      last_save, saved = time.time(), ep
+  def _restore(self) -> bool:
+    """The checkpointed training state, if there is one; refuses another reuse key."""
+    if self.ckpt is None or self.ckpt.latest_step() is None:
+      return False
+    self.st, meta = self.ckpt.restore(self.st)
+    differs = reuse.reuse_mismatch(meta, self.resume.reuse_key or {})
+    if differs:
+      raise checkpoint.CheckpointError(
+          f"The unfinished dynamics training in {self.ckpt.directory} belongs to another setup "
+          f"({reuse.format_mismatch(differs)}); delete that folder to train from scratch, "
+          "or pass another --dynamics_dir.")
+    self.log_fn(f"dynamics: resumed unfinished training from {self.resume.checkpoint_dir} at "
+                f"epoch {self._epoch()}")
+    return True
 
-  while True:
-    done = _train_epoch(fns, st, inputs, targets, max_epochs, chunks, should_stop, log_fn)
-    if done is None:               # stopped mid-epoch: the state before it is what resumes
-      ep = int(np.max(jax.device_get(st.epoch)))
-      save(ep)
-      raise DynamicsTrainingStopped(ep, checkpoint_dir, mid_epoch=True)
-    st, mse = done
+  def announce(self, pace: float):
+    """A long epoch (no line for minutes otherwise) is told, once its pace is known."""
+    if pace * self.n_batches >= 10.0:
+      self.log_fn(f"dynamics: {self.n_batches} minibatches an epoch, about "
+                  f"{pace * self.n_batches:.0f} s an epoch at this pace (a stop request waits "
+                  f"about {signals.POLL_SECONDS:g} s)")
+
+  def save(self, ep: int):
+    if self.ckpt is not None and self.saved != ep:
+      self.ckpt.save(ep, self.st, {reuse.REUSE_KEY_FIELD: self.resume.reuse_key or {}})
+      self.last_save, self.saved = time.time(), ep
+
+  def epoch(self):
+    """One epoch in device calls of chunks.next() minibatches (signals.Chunks), should_stop
+    polled before each. Returns (st, mse) after the epoch, or None when should_stop fired
+    (self.st, the state before the epoch, is untouched: nothing of the epoch is kept)."""
+    st, chunks, should_stop = self.st, self.chunks, self.resume.should_stop
+    order = self.fns.plan(st)
+    carry, done = _Carry(params=st.params, opt_state=st.opt_state), 0
+    while done < chunks.total:
+      if should_stop is not None and should_stop():
+        return None
+      n = chunks.next(chunks.total - done)
+      carry = chunks.run(lambda a, b: self.fns.steps(st, carry, self.data, order, a, b), done, n)
+      done += n
+      pace = chunks.first_pace()
+      if pace is not None:
+        self.announce(pace)
+    return _end(self.fns, st, carry, self.data, self.max_epochs)
+
+  def report(self, mse, t0: float) -> bool:
+    """The epoch's line (and history row); whether any seed still trains."""
+    st, num_seeds, cfg = self.st, self.num_seeds, self.config.dynamics_training
     mse, best, active, since, ep = jax.device_get((mse, st.best, st.active, st.since, st.epoch))
     mse, best = (np.reshape(a, (num_seeds, -1)) for a in (mse, best))
     active, since, ep = (np.reshape(a, (num_seeds,)) for a in (active, since, ep))
-    if history is not None:
-      history.append(dict(epoch=ep, holdout_mse=mse, best=best, active=active))
-    left = int(np.max(np.where(active, config.dynamics_training.dyn_patience - since, 0)))
-    if config.dynamics_training.dyn_max_epochs is not None:
-      left = min(left, config.dynamics_training.dyn_max_epochs - int(ep.max()))
+    if self.history is not None:
+      self.history.append(dict(epoch=ep, holdout_mse=mse, best=best, active=active))
+    left = int(np.max(np.where(active, cfg.dyn_patience - since, 0)))
+    if cfg.dyn_max_epochs is not None:
+      left = min(left, cfg.dyn_max_epochs - int(ep.max()))
     per_seed = " | ".join(
         f"seed {s}{'' if active[s] else ' (stopped)'}: " + " ".join(f"{v:.4g}" for v in mse[s])
         for s in range(num_seeds))
-    log_fn(f"dynamics epoch {int(ep.max())}: holdout mse {per_seed}; "
-           f"{time.time() - t0:.1f} s elapsed; {int(active.sum())}/{num_seeds} seed(s) training, "
-           f"at most {left} epoch(s) left unless a member improves")
-    if not active.any():
-      break
-    stop = should_stop is not None and should_stop()
-    if stop or time.time() - last_save >= config.dyn_checkpoint_every_s:
-      save(int(ep.max()))
-    if stop:
-      raise DynamicsTrainingStopped(int(ep.max()), checkpoint_dir)
-  return fns.finish(st)
+    self.log_fn(f"dynamics epoch {int(ep.max())}: holdout mse {per_seed}; "
+                f"{time.time() - t0:.1f} s elapsed; {int(active.sum())}/{num_seeds} seed(s) "
+                f"training, at most {left} epoch(s) left unless a member improves")
+    return bool(active.any())
+
+  def train(self) -> DynamicsState:
+    t0, should_stop = time.time(), self.resume.should_stop
+    while True:
+      done = self.epoch()
+      if done is None:               # stopped mid-epoch: the state before it is what resumes
+        ep = self._epoch()
+        self.save(ep)
+        raise DynamicsTrainingStopped(ep, self.resume.checkpoint_dir, mid_epoch=True)
+      self.st, mse = done
+      if not self.report(mse, t0):
+        break
+      stop = should_stop is not None and should_stop()
+      if stop or time.time() - self.last_save >= self.config.dyn_checkpoint_every_s:
+        self.save(self._epoch())
+      if stop:
+        raise DynamicsTrainingStopped(self._epoch(), self.resume.checkpoint_dir)
+    return self.fns.finish(self.st)
 
 
 def train_ensemble(key, transitions, config, log_fn: Callable = print,
@@ -303,7 +349,7 @@ def train_ensemble(key, transitions, config, log_fn: Callable = print,
   should_stop, reuse_key as in train_seeds.
   """
   chex.assert_shape(key, (2,))
-  return _fit(key, transitions, config, log_fn, False, history, **resume)
+  return _Training(key, transitions, config, False, Resumable(**resume), log_fn, history).train()
 
 
 def train_seeds(keys, transitions, config, log_fn: Callable = print,
@@ -331,5 +377,5 @@ def train_seeds(keys, transitions, config, log_fn: Callable = print,
   chex.assert_rank(keys, 2)
   if should_stop is not None and checkpoint_dir is None:
     raise ValueError("should_stop needs a checkpoint_dir to save the interrupted training in.")
-  return _fit(keys, transitions, config, log_fn, True, history, checkpoint_dir, should_stop,
-              reuse_key)
+  resume = Resumable(checkpoint_dir, should_stop, reuse_key)
+  return _Training(keys, transitions, config, True, resume, log_fn, history).train()

@@ -1,14 +1,17 @@
 """The dynamics ensembles trained ahead of the runs that reuse them: experiments.train_dynamics'
-work (train_dynamics: the dataset loaded, its seeds' ensembles trained in one program and saved
-where experiments.run looks for them, default_dynamics_root unless told otherwise).
+work (train_dynamics of a DynamicsJob: the dataset loaded, its seeds' ensembles trained in one
+program and saved where experiments.run looks for them, default_dynamics_root unless told
+otherwise).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+from typing import Optional
 
 from mombo_jax.data import minari_io, names, transitions as transitions_lib
 from mombo_jax.dynamics import dynamics_store, reuse
-from mombo_jax.errors import UserError
+from mombo_jax.errors import InvalidValue, UserError
 from mombo_jax.records.workdir import DYNAMICS
 from mombo_jax.settings import config as config_lib
 
@@ -36,34 +39,58 @@ def dynamics_task(env, dataset):
   return env, dataset, note
 
 
-def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, preset="paper",
-                   workdir=None, overwrite=False, log_fn=print, should_stop=None, algo="mombo",
-                   reference=None, matmul_precision="float32"):
-  """experiments.train_dynamics: loads the dataset, trains `seeds` ensembles in one vmapped run
-  (dynamics_store.get_dynamics: the key scheme and the saved layout experiments.run reuses) and
-  saves them; returns the saved path. The dynamics settings are `algo`'s for `env` under
-  `preset` from the source `reference` (config.make_config; None: the algorithm's default; the
-  references differ, e.g. in walker2d-medium's epoch cap), so the ensembles are reused by runs of
-  the algorithms whose settings agree; matmul_precision: Config.matmul_precision (a run reuses the
-  ensembles of its own). UserError for what the user can fix."""
+@dataclasses.dataclass(frozen=True)
+class DynamicsJob:
+  """Which ensembles experiments.train_dynamics trains: on `dataset` (a name or Minari id;
+  default: env's), `seeds` seeds from `seed`, with `algo`'s dynamics settings for `env` (a short
+  name; default: the dataset's) under `preset` from the source `reference` (config.make_config;
+  None: the algorithm's default; the references differ, e.g. in walker2d-medium's epoch cap),
+  max_epochs (None: the settings' cap) and matmul_precision (Config.matmul_precision: a run reuses
+  the ensembles of its own). Refuses seeds or max_epochs below 1 (InvalidValue)."""
+  env: Optional[str] = None
+  dataset: Optional[str] = None
+  seeds: int = 4
+  seed: int = 0
+  max_epochs: Optional[int] = None
+  preset: str = "paper"
+  algo: str = "mombo"
+  reference: Optional[str] = None
+  matmul_precision: str = "float32"
+
+  def __post_init__(self):
+    if self.seeds < 1:
+      raise InvalidValue(f"`seeds` must be >= 1, got {self.seeds}.", params=("seeds",))
+    if self.max_epochs is not None and self.max_epochs < 1:
+      raise InvalidValue(f"`max_epochs` must be >= 1, got {self.max_epochs}.",
+                         params=("max_epochs",))
+
+
+def _job_config(job: DynamicsJob, log_fn):
+  """(config, env, dataset) of the job (its note logged); UserError naming a bad name."""
   try:
-    env, dataset, note = dynamics_task(env, dataset)
+    env, dataset, note = dynamics_task(job.env, job.dataset)
   except ValueError as e:                  # unknown names: the message lists the valid ones
     raise UserError(str(e)) from None
   if note:
     log_fn(note)
-  if seeds < 1:
-    raise UserError(f"`seeds` must be >= 1, got {seeds}.", params=("seeds",))
-  overrides = dict(seed=seed, num_seeds=seeds, reference=reference,
-                   matmul_precision=matmul_precision)
-  if max_epochs is not None:
-    if max_epochs < 1:
-      raise UserError(f"`max_epochs` must be >= 1, got {max_epochs}.", params=("max_epochs",))
-    overrides["dyn_max_epochs"] = max_epochs
+  overrides = dict(seed=job.seed, num_seeds=job.seeds, reference=job.reference,
+                   matmul_precision=job.matmul_precision)
+  if job.max_epochs is not None:
+    overrides["dyn_max_epochs"] = job.max_epochs
   try:
-    config = config_lib.make_config(env, algo, preset, **overrides)
+    return config_lib.make_config(env, job.algo, job.preset, **overrides), env, dataset
   except ValueError as e:
     raise UserError(str(e)) from None
+
+
+def train_dynamics(job: DynamicsJob, workdir: Optional[str] = None, overwrite: bool = False,
+                   log_fn=print, should_stop=None) -> str:
+  """experiments.train_dynamics: loads the job's dataset, trains its seeds' ensembles in one
+  program (dynamics_store.get_dynamics: the key scheme and the saved layout experiments.run
+  reuses) and saves them under `workdir` (default_dynamics_root); returns the saved path. The
+  ensembles are reused by runs of the algorithms whose dynamics settings agree. UserError for
+  what the user can fix."""
+  config, env, dataset = _job_config(job, log_fn)
   workdir = workdir or default_dynamics_root(dataset)
   dynamics_store.check_legacy_dynamics(workdir, config)
   path = reuse.dynamics_path(workdir, config)
@@ -80,9 +107,10 @@ def train_dynamics(env=None, dataset=None, seeds=4, seed=0, max_epochs=None, pre
     dynamics_store.get_dynamics(config, transitions, dataset, workdir, should_stop=should_stop,
                                 overwrite=overwrite, console=dynamics_store.Console(log_fn))
   log_fn(f"Saved to {path} (dynamics settings: {reuse.describe_settings(config)}; "
-         f"reused by runs with the same, e.g. python -m experiments.run --env={env} --algo={algo} "
-         f"--reference={config.reference} --preset={preset} --seed={seed} --seeds={seeds} "
-         + ("" if matmul_precision == config_lib.Config.matmul_precision
-            else f"--matmul_precision={matmul_precision} ")
+         f"reused by runs with the same, e.g. python -m experiments.run --env={env} "
+         f"--algo={job.algo} --reference={config.reference} --preset={job.preset} "
+         f"--seed={job.seed} --seeds={job.seeds} "
+         + ("" if job.matmul_precision == config_lib.Config.matmul_precision
+            else f"--matmul_precision={job.matmul_precision} ")
          + f"--dynamics_dir={workdir}).")
   return path

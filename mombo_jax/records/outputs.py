@@ -105,12 +105,16 @@ def summarise(rows: Sequence[dict], seeds: Sequence[int], diverged: Sequence[dic
               diverged=list(diverged), **({} if q is None else q.summary(seeds)))
 
 
+_SEED_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
+
+
 def plot_curve(rows: Sequence[dict], seeds: Sequence[int], path: str, title: str,
-               diverged: Sequence[int] = (), dataset_score: Optional[float] = None):
+               diverged: Sequence[int] = (), dataset_score: Optional[float] = None,
+               note: Optional[str] = None):
   """learning_curve.png at `path`: curve_figure's figure."""
   # matplotlib only when a figure is drawn: the records are read without it
   import matplotlib.pyplot as plt
-  fig = curve_figure(rows, seeds, title, diverged, dataset_score)
+  fig = curve_figure(rows, seeds, title, diverged, dataset_score, note)
   try:
     save_figure(fig, path, dpi=100)
   finally:
@@ -118,12 +122,13 @@ def plot_curve(rows: Sequence[dict], seeds: Sequence[int], path: str, title: str
 
 
 def curve_figure(rows: Sequence[dict], seeds: Sequence[int], title: str,
-                 diverged: Sequence[int] = (), dataset_score: Optional[float] = None):
+                 diverged: Sequence[int] = (), dataset_score: Optional[float] = None,
+                 note: Optional[str] = None):
   """The learning curve's matplotlib figure: every seed thin with its evaluation points marked
   (diverged ones dashed: their frozen policy's scores), the mean over every seed thick
   (summary.json's) with a band of +- the std over the seeds (ddof 0, as summary.json's; said in the
   legend), and the dataset's own episodes' mean normalised return as a labelled line (dataset_score,
-  where given)."""
+  where given); `note` (a run below the paper's budget: workdir.budget_note) under the title."""
   # matplotlib only when a figure is drawn: the records are read without it
   import matplotlib
   matplotlib.use("Agg")
@@ -132,8 +137,10 @@ def curve_figure(rows: Sequence[dict], seeds: Sequence[int], title: str,
   bad = {int(s) for s in diverged}
   fig, ax = plt.subplots(figsize=(6, 4))
   for i, s in enumerate(seeds):
-    ax.plot(steps, table[:, i], lw=0.8, alpha=0.6, marker="o", ms=3,
-            ls="--" if int(s) in bad else "-",
+    # Each seed its own hollow marker, drawn over the mean: seeds at the same score (or at the
+    # mean) stay visible.
+    ax.plot(steps, table[:, i], lw=0.8, alpha=0.8, marker=_SEED_MARKERS[i % len(_SEED_MARKERS)],
+            ms=5, mfc="none", zorder=3, ls="--" if int(s) in bad else "-",
             label=f"seed {s}" + (" (diverged, frozen)" if int(s) in bad else ""))
   if len(seeds):
     mean, std = table.mean(1), table.std(1)
@@ -144,8 +151,9 @@ def curve_figure(rows: Sequence[dict], seeds: Sequence[int], title: str,
   if dataset_score is not None and np.isfinite(dataset_score):
     ax.axhline(dataset_score, color="C3", lw=1, ls=":",
                label=f"dataset's own episodes (mean {dataset_score:.1f})")
-  ax.set(xlabel="gradient steps per seed", ylabel="D4RL-normalised score (0 random, 100 expert)",
-         title=title)
+  ax.set(xlabel="gradient steps per seed", ylabel="D4RL-normalised score (0 random, 100 expert)")
+  ax.set_title(title if note is None else f"{title}\n{note}",
+               fontsize=None if note is None else 10)
   ax.legend(fontsize=7)
   fig.tight_layout()
   return fig

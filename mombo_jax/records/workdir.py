@@ -79,9 +79,10 @@ def config_from_record(record: dict):
   """(Config, dataset) of a config.json record; fields the Config no longer has are ignored, and
   a record written before runs recorded their settings' source gets the source it was built from
   (config.upgrade_record: the settings' source, the matmul precision), never today's default."""
-  record = config_lib.upgrade_record(record)
-  # An algorithm registered by the user's own module: imported again, or one line naming it.
+  # An algorithm registered by the user's own module: imported again, or one line naming it (first:
+  # upgrade_record reads whether it has variants).
   algorithms.ensure(str(record.get("algo")), record.get("algo_module"))
+  record = config_lib.upgrade_record(record)
   fields = set(config_lib.Config.setting_names())
   # JSON turned the config's tuples into lists; the frozen Config must stay hashable.
   values = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in fields}
@@ -257,7 +258,26 @@ class Workdir:
     atomic.write_json(self.file(SUMMARY), summary)
 
   def plot(self, rows, seeds, title: str, diverged=(), dataset_score=None):
-    outputs.plot_curve(rows, seeds, self.file(CURVE), title, diverged, dataset_score)
+    """learning_curve.png (outputs.plot_curve), a run below the paper's budget marked
+    (budget_note of its config.json)."""
+    note = budget_note(self.read_record()) if os.path.exists(self.file(CONFIG)) else None
+    outputs.plot_curve(rows, seeds, self.file(CURVE), title, diverged, dataset_score, note=note)
+
+
+def budget_note(record: dict) -> Optional[str]:
+  """The learning curve's note for a run below the paper's budget (a smoke or short run: the
+  quick and tiny presets, a short --epochs): its gradient steps per seed beside the paper
+  preset's for its task, marked as report.md marks such runs (its tables' footnotes list what
+  else falls short); None for a run at the paper's budget, or one whose budget cannot be told."""
+  try:
+    paper = config_lib.make_config(record["env"], record["algo"], "paper",
+                                   reference=record.get("reference"))
+    steps = int(record["epochs"]) * int(record["steps_per_epoch"])
+  except (KeyError, TypeError, ValueError):
+    return None
+  full = paper.epochs * paper.steps_per_epoch
+  return (None if steps >= full else f"§ below the paper's budget: {steps:,} gradient steps per "
+          f"seed (paper: {full:,})")
 
 
 def _now() -> str:

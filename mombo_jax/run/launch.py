@@ -219,12 +219,13 @@ class Launch:
     program, config, end = self.program, self.program.config, self.end
     self._begin()
     epoch, pace = program.start, None
-    pace_line = Pace(epoch, time.time())   # the progress line's moving-average steps/s
+    pace_line = Pace(epoch, time.time())   # the progress line's steps/s (training) and ETA
     while epoch < end:
       self.stop_if_requested(epoch)
       n = chunk_length(epoch, end, config.evaluation.eval_every, pace)
       t0 = time.time()
       metrics = self.step(epoch, n)
+      pace_line.trained(time.time() - t0)
       pace = (time.time() - t0) / n
       epoch += n
       if self.pending is not None and not self.pending.running():
@@ -235,8 +236,8 @@ class Launch:
       self.flush(epoch)          # the previous point's rows first: metrics.csv in epoch order
       last = {k: np.asarray(v[n - 1]) for k, v in metrics.items() if not k.startswith("diverged")}
       cell_steps = config.steps_per_epoch * program.num_cells
-      rate = pace_line.rate(epoch, time.time(), cell_steps)
-      eta = (config.epochs - epoch) * cell_steps / max(rate, 1e-9)
+      rate, wall_rate = pace_line.rate(epoch, time.time(), cell_steps)
+      eta = (config.epochs - epoch) * cell_steps / max(wall_rate, 1e-9)
       self.evaluate(epoch, last, rate, eta)
       self.stop_if_requested(epoch)
     self.flush(epoch)

@@ -45,7 +45,7 @@ import time
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from mombo_jax.core import algorithms
-from mombo_jax.errors import UserError
+from mombo_jax.errors import InvalidValue, UserError
 from mombo_jax.records.workdir import TENSORBOARD as TB_DIR, WANDB as WANDB_DIR
 from mombo_jax.storage import atomic
 
@@ -62,17 +62,17 @@ _HEALTH = ("diverged", "overestimated", "q_bound")
 
 def parse(spec) -> Tuple[str, ...]:
   """The loggers named by `spec` ("csv,tensorboard" or a list of names), "csv" first and always
-  on. UserError when empty, for an unknown name (listing the valid ones), or when a logger's
-  package is not installed (naming the extra that installs it)."""
+  on. InvalidValue when empty, for an unknown name (listing the valid ones); UserError when a
+  logger's package is not installed (naming the extra that installs it)."""
   words = spec.split(",") if isinstance(spec, str) else list(spec or ())
   words = [w.strip() for w in words if w.strip()]
   if not words:
-    raise UserError(f"`log_to` is empty: name one or more of {', '.join(KINDS)} (csv is always "
-                    "on).", params=("log_to",))
+    raise InvalidValue(f"`log_to` is empty: name one or more of {', '.join(KINDS)} (csv is always "
+                       "on).", params=("log_to",))
   unknown = [w for w in words if w not in KINDS]
   if unknown:
-    raise UserError(f"`log_to`: unknown logger(s) {', '.join(unknown)}; valid: "
-                    f"{', '.join(KINDS)}.", params=("log_to",))
+    raise InvalidValue(f"`log_to`: unknown logger(s) {', '.join(unknown)}; valid: "
+                       f"{', '.join(KINDS)}.", params=("log_to",))
   for w in words:
     if w in _MODULES and importlib.util.find_spec(_MODULES[w]) is None:
       raise UserError(_missing(w), params=("log_to",))

@@ -1,6 +1,6 @@
 """Everything a launch of experiments.run can check before any data or model work: the flags'
 ranges, the seeds against the devices, the dataset against --env, and that the folders can be
-written. Errors are errors.UserError naming the flag."""
+written. Errors are errors.UserError naming the flag (InvalidValue: a value no launch takes)."""
 import os
 import tempfile
 
@@ -8,7 +8,7 @@ import jax
 
 from mombo_jax.core import placement
 from mombo_jax.data import names, provenance
-from mombo_jax.errors import UserError
+from mombo_jax.errors import InvalidValue, UserError
 from mombo_jax.settings import environment
 
 
@@ -70,12 +70,13 @@ def validate(config, dataset, workdir, dynamics_dir=None, keep=3, stop_after=Non
   environment.predict_rows()
   environment.critic_matmul()
   if keep is None or keep < 1:
-    raise UserError(f"`keep` must be >= 1, got {keep}.", params=("keep",))
+    raise InvalidValue(f"`keep` must be >= 1, got {keep}.", params=("keep",))
   if stop_after is not None and stop_after < 1:
-    raise UserError(f"`stop_after` must be >= 1 (or None), got {stop_after}.",
-                    params=("stop_after",))
+    raise InvalidValue(f"`stop_after` must be >= 1 (or None), got {stop_after}.",
+                       params=("stop_after",))
   if build_steps is not None and build_steps < 1:
-    raise UserError(f"`build_steps` must be >= 1, got {build_steps}.", params=("build_steps",))
+    raise InvalidValue(f"`build_steps` must be >= 1, got {build_steps}.",
+                       params=("build_steps",))
   check_seeds_fit_devices(config.num_seeds if num_cells is None else num_cells)
   check_dataset_env(dataset, config)
   _check_dir(workdir, "workdir")

@@ -15,7 +15,7 @@ from typing import Optional
 from mombo_jax.core import train as train_lib
 from mombo_jax.core.epoch_settings import epoch_settings
 from mombo_jax.data import names
-from mombo_jax.errors import UserError
+from mombo_jax.errors import InvalidValue, UserError
 from mombo_jax.records.workdir import grid_dynamics_dir, run_dir
 from mombo_jax.settings import config as config_lib
 
@@ -53,14 +53,14 @@ def plan_runs(env, algo, preset, overrides, datasets=None, betas=None, root="run
   dataset's own paper beta or overrides["beta"]). A short dataset name brings its own paper
   settings (config.make_config); a Minari id trains with env's. Workdirs: run_dir under root.
   With betas, a dataset's runs share their dynamics (workdir.grid_dynamics_dir; without, each
-  workdir keeps its own, as a plain run does). Raises UserError for a bad name or value."""
+  workdir keeps its own, as a plain run does). Raises InvalidValue for a bad name or value."""
   if (datasets is not None and not list(datasets)) or (betas is not None and not list(betas)):
-    raise UserError("`datasets` / `betas` given empty; pass at least one value, or None.",
-                    params=("datasets", "betas"))
+    raise InvalidValue("`datasets` / `betas` given empty; pass at least one value, or None.",
+                       params=("datasets", "betas"))
   datasets = list(datasets or [env])
   if len(set(datasets)) != len(datasets) or (betas and len(set(betas)) != len(betas)):
-    raise UserError("`datasets` and `betas` must not repeat a value.",
-                    params=("datasets", "betas"))
+    raise InvalidValue("`datasets` and `betas` must not repeat a value.",
+                       params=("datasets", "betas"))
   specs = []
   for dataset in datasets:
     task = dataset if dataset in names.valid_names() else env
@@ -69,7 +69,7 @@ def plan_runs(env, algo, preset, overrides, datasets=None, betas=None, root="run
       try:
         config = config_lib.make_config(task, algo, preset, **values)
       except ValueError as e:
-        raise UserError(f"{dataset}: {e}") from None
+        raise InvalidValue(f"{dataset}: {e}") from None
       workdir = run_dir(root, dataset, algo, config.target, config.seed, config.num_seeds,
                         None if not betas else beta, config.reference)
       dyn = grid_dynamics_dir(root, dataset, dynamics_dir) if betas else None

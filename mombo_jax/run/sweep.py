@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 from mombo_jax.core import algorithms
 from mombo_jax.dynamics.reuse import dynamics_path
-from mombo_jax.errors import UserError
+from mombo_jax.errors import InvalidValue, UserError
 from mombo_jax.records import workdir as workdir_lib
 from mombo_jax.records.workdir import HARMLESS, Workdir
 from mombo_jax.run.console import EXIT_DIVERGED
@@ -98,13 +98,13 @@ class SweepEntry:
 
 def check_passthrough(extra: Sequence[str]) -> Dict[str, Any]:
   """{flag: value} of the words after `--`, each a --flag of PASSTHROUGH_FLAGS with a value of its
-  type; UserError (one line, naming the word and what to do) for anything else: a word, a setup
+  type; InvalidValue (one line, naming the word and what to do) for anything else: a word, a setup
   flag (the sweep's own), a flag the sweep sets or cannot pass on, an unknown or mistyped one."""
   values = {}
   for word in extra:
     if not word.startswith("--") or word == "--":
-      raise UserError(f"unexpected argument {word!r}: everything after `--` must be an "
-                      "experiments.run --flag (e.g. -- --keep_checkpoints=2).")
+      raise InvalidValue(f"unexpected argument {word!r}: everything after `--` must be an "
+                         "experiments.run --flag (e.g. -- --keep_checkpoints=2).")
     name, has_value, value = word[2:].partition("=")
     kind = PASSTHROUGH_FLAGS.get(name)
     if kind is None and name.startswith("no") and PASSTHROUGH_FLAGS.get(name[2:]) == "bool" \
@@ -112,30 +112,30 @@ def check_passthrough(extra: Sequence[str]) -> Dict[str, Any]:
       values[name[2:]] = False
       continue
     if name in BUDGET_FLAGS:
-      raise UserError(f"{word}: pass --{name} to the sweep itself, before `--`: it sets every "
-                      "entry's setup, which the sweep checks and compares with finished entries.")
+      raise InvalidValue(f"{word}: pass --{name} to the sweep itself, before `--`: it sets every "
+                         "entry's setup, which the sweep checks and compares with finished entries.")
     if name in _OWNED:
-      raise UserError(f"{word}: the sweep sets --{name} for every entry ({_OWNED[name]}).")
+      raise InvalidValue(f"{word}: the sweep sets --{name} for every entry ({_OWNED[name]}).")
     if name in _NOT_PASSED:
-      raise UserError(f"{word}: a sweep does not pass --{name} on (each entry runs to its end in "
-                      "one process); run that entry with experiments.run instead.")
+      raise InvalidValue(f"{word}: a sweep does not pass --{name} on (each entry runs to its end in "
+                         "one process); run that entry with experiments.run instead.")
     if kind is None:
       passed = ", ".join("--" + n for n in sorted(PASSTHROUGH_FLAGS))
       setup = ", ".join("--" + n for n in sorted(BUDGET_FLAGS))
-      raise UserError(f"{word}: not a flag a sweep passes on to experiments.run; after `--` go "
-                      f"only {passed} (the setup's flags go before `--`: {setup}).")
+      raise InvalidValue(f"{word}: not a flag a sweep passes on to experiments.run; after `--` go "
+                         f"only {passed} (the setup's flags go before `--`: {setup}).")
     if kind == "bool":
       if has_value and value.lower() not in _BOOL_WORDS:
-        raise UserError(f"{word}: --{name} takes true or false.")
+        raise InvalidValue(f"{word}: --{name} takes true or false.")
       values[name] = _BOOL_WORDS[value.lower()] if has_value else True
       continue
     if not has_value:
-      raise UserError(f"{word}: give --{name} its value after '=' (--{name}=VALUE).")
+      raise InvalidValue(f"{word}: give --{name} its value after '=' (--{name}=VALUE).")
     if kind == "integer":
       try:
         values[name] = int(value)
       except ValueError:
-        raise UserError(f"{word}: --{name} takes an integer.") from None
+        raise InvalidValue(f"{word}: --{name} takes an integer.") from None
     else:
       values[name] = value
   return values
@@ -154,18 +154,18 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
   so is a --reference other than the algorithm's default source (<algo>[-<target>]-<reference>;
   an algorithm without that source is refused)."""
   if not envs:
-    raise UserError("`envs` is required, e.g. envs=hopper-random,hopper-medium-replay.",
-                    params=("envs",))
+    raise InvalidValue("`envs` is required, e.g. envs=hopper-random,hopper-medium-replay.",
+                       params=("envs",))
   if not out:
-    raise UserError("`out` is required: the folder the sweep's runs go into.", params=("out",))
+    raise InvalidValue("`out` is required: the folder the sweep's runs go into.", params=("out",))
   if seeds < 1:
-    raise UserError(f"`seeds` must be >= 1, got {seeds}.", params=("seeds",))
+    raise InvalidValue(f"`seeds` must be >= 1, got {seeds}.", params=("seeds",))
   if len(set(envs)) != len(envs) or len(set(algos)) != len(algos):
-    raise UserError("`envs` and `algos` must not repeat a name.", params=("envs", "algos"))
+    raise InvalidValue("`envs` and `algos` must not repeat a name.", params=("envs", "algos"))
   budget = {k: v for k, v in budget.items() if v is not None}
   unknown = sorted(set(budget) - set(BUDGET_FLAGS))
   if unknown:
-    raise UserError(f"Unknown budget flag(s) {unknown}; known: {sorted(BUDGET_FLAGS)}.")
+    raise InvalidValue(f"Unknown budget flag(s) {unknown}; known: {sorted(BUDGET_FLAGS)}.")
   passed = check_passthrough(extra)
   overrides = {("dyn_max_epochs" if k == "dynamics_max_epochs" else k): v
                for k, v in budget.items() if k != "preset"}
@@ -177,12 +177,12 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
       try:   # MODULE:NAME imported (the entry's launch gets the same); a name: make_config's check
         algo = algorithms.from_spec(spec) if ":" in spec else spec
       except ValueError as e:
-        raise UserError(f"`algos` {spec}: {e}", params=("algos",)) from None
+        raise InvalidValue(f"`algos` {spec}: {e}", params=("algos",)) from None
       try:
         config = config_lib.make_config(env, algo, budget.get("preset", "paper"), seed=seed,
                                         num_seeds=seeds, **overrides)
       except (ValueError, TypeError) as e:
-        raise UserError(f"{env} / {algo}: {e}") from None
+        raise InvalidValue(f"{env} / {algo}: {e}") from None
       target = budget.get("target", config_lib.Config.target)
       workdir = workdir_lib.run_dir(out, env, algo, target, seed, seeds, budget.get("beta"),
                                     config.reference)

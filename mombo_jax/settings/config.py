@@ -45,7 +45,9 @@ class Config:
   # paper's written eq. (1); mixture: both uncertainties by the law of total variance (targets.py).
   # The per-task betas are elite_spread's: lcb penalises less at them (hopper-medium-replay: 2.7x
   # less, matched beta ~0.45 vs 0.15; benchmarks/learning/README.md), so lcb needs its own --beta.
-  target: str = "elite_spread"
+  # None for an algorithm without variants (MOBILE, MOPO, most of your own): the Config sets it so
+  # whatever it is given, and config.json records null (plain_target).
+  target: Optional[str] = "elite_spread"
   # Whose settings the per-task values follow (mombo_jax/settings/references.py): mombo authors;
   # mobile offlinerl_kit (the paper's MOBILE column) or authors; mopo offlinerl_kit. make_config
   # fills the algorithm's default; None: a Config built by hand from no reference table.
@@ -81,6 +83,7 @@ class Config:
   dynamics_training: groups.DynamicsTrainingConfig = groups.DynamicsTrainingConfig()
 
   def __post_init__(self):
+    object.__setattr__(self, "target", plain_target(self.algo, self.target))
     _validate(self)
 
   @classmethod
@@ -143,20 +146,29 @@ _FINITE_FLOATS = ("log_alpha_init", "log_std_min", "log_std_max", "dyn_max_logva
                   "dyn_min_logvar_init")
 
 
+def _is_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _validate(config: "Config"):
   """Every setting checked once, here, so a bad flag is refused before any data or model work.
-  Each message names the setting (= the flag where one exists) and what it must be."""
+  Each message names the setting (= the flag where one exists) and what it must be. By kind: the
+  names (what runs), the numbers by range, the numbers against each other, the networks' shapes."""
   c = types.SimpleNamespace(**config.settings())      # by flat name, whatever the group
+  algorithm = _check_names(c)
+  _check_ranges(c)
+  _check_relations(c)
+  _check_shapes(c, algorithm)
 
-  def is_int(v):
-    return isinstance(v, int) and not isinstance(v, bool)
 
-  def is_num(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
+def _check_names(c) -> algorithms.Algorithm:
+  """What runs: the algorithm (and its variant), its settings' source, the dataset, the
+  precision. -> the algorithm's record."""
   algorithm = algorithms.get(c.algo, c.target)      # ValueError naming the registered ones
-  if not algorithms.variants(c.algo) and c.target not in TARGETS:
-    raise ValueError(f"Unknown target {c.target!r}; choose one of {', '.join(TARGETS)}.")
   if c.reference is not None:
     _reference(c.algo, c.reference)
   parse_name(c.env)
@@ -164,61 +176,70 @@ def _validate(config: "Config"):
     raise ValueError(f"matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)} (float32: "
                      f"full float32, the references'; tensorfloat32: TF32 inputs on a GPU), got "
                      f"{c.matmul_precision!r}.")
+  return algorithm
+
+
+def _check_ranges(c):
+  """Each number on its own: the tables above, then the optional ones."""
   for name in _POSITIVE_INTS:
     v = getattr(c, name)
-    if not is_int(v) or v < 1:
+    if not _is_int(v) or v < 1:
       raise ValueError(f"{name} must be a positive integer, got {v!r}.")
-  if not is_int(c.seed) or c.seed < 0:
+  if not _is_int(c.seed) or c.seed < 0:
     raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}.")
-  for name in _POSITIVE_FLOATS:
+  for names, test, what in ((_POSITIVE_FLOATS, lambda v: v > 0, "a finite number > 0"),
+                            (_NONNEG_FLOATS, lambda v: v >= 0, "a finite number >= 0"),
+                            (_FINITE_FLOATS, lambda v: True, "a finite number")):
+    for name in names:
+      v = getattr(c, name)
+      if not _is_num(v) or not test(v):
+        raise ValueError(f"{name} must be {what}, got {v!r}.")
+  for name in ("alpha_max", "target_entropy", "clip_target_min", "rollout_obs_limit"):
     v = getattr(c, name)
-    if not is_num(v) or v <= 0:
-      raise ValueError(f"{name} must be a finite number > 0, got {v!r}.")
-  for name in _NONNEG_FLOATS:
-    v = getattr(c, name)
-    if not is_num(v) or v < 0:
-      raise ValueError(f"{name} must be a finite number >= 0, got {v!r}.")
-  for name in _FINITE_FLOATS:
-    v = getattr(c, name)
-    if not is_num(v):
-      raise ValueError(f"{name} must be a finite number, got {v!r}.")
+    if v is not None and not _is_num(v):
+      raise ValueError(f"{name} must be a finite number or None, got {v!r}.")
+  if c.rollout_obs_limit is not None and c.rollout_obs_limit <= 0:
+    raise ValueError(f"rollout_obs_limit must be > 0 or None, got {c.rollout_obs_limit}.")
+  if c.alpha_max is not None and c.alpha_max <= 0:
+    raise ValueError(f"alpha_max must be > 0 or None, got {c.alpha_max}.")
+  if c.schedule_epochs is not None and (not _is_int(c.schedule_epochs)
+                                        or c.schedule_epochs < 1):
+    raise ValueError(f"schedule_epochs must be a positive integer or None, got "
+                     f"{c.schedule_epochs!r}.")
+  if c.dyn_max_epochs is not None and (not _is_int(c.dyn_max_epochs) or c.dyn_max_epochs < 1):
+    raise ValueError(f"dyn_max_epochs must be a positive integer or None, "
+                     f"got {c.dyn_max_epochs!r}.")
+
+
+def _check_relations(c):
+  """Numbers in their intervals and against each other."""
   if not c.gamma <= 1.0:
     raise ValueError(f"gamma must lie in (0, 1], got {c.gamma}.")
   if not c.tau <= 1.0:
     raise ValueError(f"tau must lie in [0, 1], got {c.tau}.")
-  if not (is_num(c.real_ratio) and 0.0 <= c.real_ratio <= 1.0):
+  if not (_is_num(c.real_ratio) and 0.0 <= c.real_ratio <= 1.0):
     raise ValueError(f"real_ratio must lie in [0, 1], got {c.real_ratio!r}.")
-  if not (is_num(c.dyn_holdout_ratio) and 0.0 < c.dyn_holdout_ratio < 1.0):
+  if not (_is_num(c.dyn_holdout_ratio) and 0.0 < c.dyn_holdout_ratio < 1.0):
     raise ValueError(f"dyn_holdout_ratio must lie in (0, 1), got {c.dyn_holdout_ratio!r}.")
   if c.log_std_min >= c.log_std_max:
     raise ValueError(f"log_std_min ({c.log_std_min}) must be < log_std_max ({c.log_std_max}).")
   if c.dyn_min_logvar_init >= c.dyn_max_logvar_init:
     raise ValueError(f"dyn_min_logvar_init ({c.dyn_min_logvar_init}) must be < "
                      f"dyn_max_logvar_init ({c.dyn_max_logvar_init}).")
-  for name in ("alpha_max", "target_entropy", "clip_target_min", "rollout_obs_limit"):
-    v = getattr(c, name)
-    if v is not None and not is_num(v):
-      raise ValueError(f"{name} must be a finite number or None, got {v!r}.")
-  if c.rollout_obs_limit is not None and c.rollout_obs_limit <= 0:
-    raise ValueError(f"rollout_obs_limit must be > 0 or None, got {c.rollout_obs_limit}.")
-  if c.alpha_max is not None and c.alpha_max <= 0:
-    raise ValueError(f"alpha_max must be > 0 or None, got {c.alpha_max}.")
-  if c.schedule_epochs is not None:
-    if not is_int(c.schedule_epochs) or c.schedule_epochs < 1:
-      raise ValueError(f"schedule_epochs must be a positive integer or None, got "
-                       f"{c.schedule_epochs!r}.")
-    if c.actor_cosine_schedule and c.epochs > c.schedule_epochs:
-      raise ValueError(f"epochs ({c.epochs}) > schedule_epochs ({c.schedule_epochs}): the actor's "
-                       "learning rate would be 0 after epoch schedule_epochs. Pass "
-                       f"--schedule_epochs >= {c.epochs} (or 0 to span --epochs).")
-  if c.dyn_max_epochs is not None and (not is_int(c.dyn_max_epochs) or c.dyn_max_epochs < 1):
-    raise ValueError(f"dyn_max_epochs must be a positive integer or None, "
-                     f"got {c.dyn_max_epochs!r}.")
+  if (c.schedule_epochs is not None and c.actor_cosine_schedule
+          and c.epochs > c.schedule_epochs):
+    raise ValueError(f"epochs ({c.epochs}) > schedule_epochs ({c.schedule_epochs}): the actor's "
+                     "learning rate would be 0 after epoch schedule_epochs. Pass "
+                     f"--schedule_epochs >= {c.epochs} (or 0 to span --epochs).")
+
+
+def _check_shapes(c, algorithm: algorithms.Algorithm):
+  """The networks: hidden layers, the dynamics' weight decays per layer, members and elites."""
   for name in ("actor_hidden", "critic_hidden", "dyn_hidden"):
     v = getattr(c, name)
-    if not v or not all(is_int(h) and h > 0 for h in v):
+    if not v or not all(_is_int(h) and h > 0 for h in v):
       raise ValueError(f"{name} must be a non-empty tuple of positive integers, got {v!r}.")
-  if not all(is_num(w) and w >= 0 for w in c.dyn_weight_decay):
+  if not all(_is_num(w) and w >= 0 for w in c.dyn_weight_decay):
     raise ValueError(f"dyn_weight_decay entries must be finite numbers >= 0, "
                      f"got {c.dyn_weight_decay!r}.")
   if c.dyn_elites > c.dyn_members:
@@ -276,11 +297,29 @@ PRESETS = {
 }
 
 
+def plain_target(algo: str, target: Optional[str]) -> Optional[str]:
+  """`target` where `algo` has variants (MOMBO's targets; None there: the default, Config.target
+  where it is one of them, else the first registered) or is not registered (its record then
+  refuses it); None for a registered algorithm without variants, whose runs have no target."""
+  if algo not in algorithms.names():
+    return target
+  have = algorithms.variants(algo)
+  if not have:
+    return None
+  if target is None:
+    return Config.target if Config.target in have else have[0]
+  return target
+
+
 def upgrade_record(record: dict) -> dict:
   """A config.json record read as the version that wrote it meant it: its settings' source
-  (references.upgrade_record) and, written before runs recorded their matmul precision,
-  MATMUL_PRECISION_BEFORE_RECORDED (float32: see there why)."""
+  (references.upgrade_record); for an algorithm without variants no target (those written before
+  plain_target recorded the flag's default, elite_spread); written before runs recorded their
+  matmul precision, MATMUL_PRECISION_BEFORE_RECORDED (float32: see there why). An algorithm of
+  the user's own is registered first (algorithms.ensure), or its target stays as written."""
   record = references.upgrade_record(record)
+  if record.get("target") is not None and plain_target(str(record.get("algo")), "x") is None:
+    record = dict(record, target=None)
   if "matmul_precision" in record:
     return record
   return dict(record, matmul_precision=MATMUL_PRECISION_BEFORE_RECORDED)

@@ -1,15 +1,18 @@
 """A checkpoint folder's files, seen without Orbax: what a stopped writer left there (`leftovers`,
 `remove_leftovers`: unfinished saves, half-deleted steps), whether a save fits before Orbax starts
-writing (`room_problem`), the OS's words for a failed save (`os_cause`) and
-what to delete of an unreadable step (`delete_advice`). checkpoint.py builds on
-them; the run's records remove leftovers through them without importing Orbax.
+writing (`room_problem`), the OS's words for a failed save (`os_cause`),
+what to delete of an unreadable step (`delete_advice`), and the noise an aborted read leaves
+(`quiet_aborted_reads`). checkpoint_step.py builds on them; the run's records remove leftovers
+through them without importing Orbax.
 """
 from __future__ import annotations
 
 import errno
 import glob
+import logging
 import os
 import shutil
+import sys
 from typing import Any, List, Optional, Tuple
 
 import jax
@@ -103,3 +106,54 @@ def delete_advice(kind: str, step_dir: str) -> str:
   if kind == "dynamics":
     return f"Delete {os.path.dirname(step_dir)} and the dynamics ensembles are trained again."
   return f"Delete {step_dir} (only that folder) and run again."
+
+
+class _QuietAbortedReads:
+  """Drops the noise of reads tensorstore aborted, and nothing else.
+
+  When one chunk of a step cannot be read (a truncated file), Orbax's event loop ends with that
+  error while tensorstore's other reads of the step are still running; each then delivers its
+  result to the closed loop from its own thread, and Python prints the RuntimeError "Event loop is
+  closed" as an unraisable exception (a traceback each: 63 for a quick run's step), and asyncio
+  logs the futures and tasks nobody retrieved. The read's own error is raised as a
+  CorruptCheckpointError all the same; these are its echoes. Installed at each read: a sys
+  unraisable hook (the previous one handles everything else) and a filter on asyncio's logger
+  (only futures whose error names a step folder this process has read)."""
+
+  def __init__(self):
+    self.dirs, self.previous = set(), None
+    logging.getLogger("asyncio").addFilter(self.filter)
+
+  def install(self):
+    """Wraps the process's unraisable hook, unless it is this one already (pytest, say, puts its
+    own back after each test)."""
+    if sys.unraisablehook != self.unraisable:
+      self.previous, sys.unraisablehook = sys.unraisablehook, self.unraisable
+
+  def unraisable(self, unraisable):
+    exc, tb = unraisable.exc_value, unraisable.exc_traceback
+    frames = []
+    while tb is not None:
+      frames.append(tb.tb_frame.f_code.co_name)
+      tb = tb.tb_next
+    if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+            and "call_soon_threadsafe" in frames):
+      self.previous(unraisable)
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    text = record.getMessage()
+    return not (text.split("\n")[0].endswith("exception was never retrieved")
+                and any(d in text for d in self.dirs))
+
+
+_QUIET: Optional[_QuietAbortedReads] = None
+
+
+def quiet_aborted_reads(step_dir: str):
+  """Before Orbax reads the step folder `step_dir`: should the read be aborted, its echoes are
+  dropped (_QuietAbortedReads)."""
+  global _QUIET
+  if _QUIET is None:
+    _QUIET = _QuietAbortedReads()
+  _QUIET.install()
+  _QUIET.dirs.add(os.path.abspath(step_dir))

@@ -112,13 +112,14 @@ def check_passthrough(extra: Sequence[str]) -> Dict[str, Any]:
       values[name[2:]] = False
       continue
     if name in BUDGET_FLAGS:
-      raise InvalidValue(f"{word}: pass --{name} to the sweep itself, before `--`: it sets every "
-                         "entry's setup, which the sweep checks and compares with finished entries.")
+      raise InvalidValue(f"{word}: pass --{name} to the sweep itself, before `--`: it sets "
+                         "every entry's setup, which the sweep checks and compares with finished "
+                         "entries.")
     if name in _OWNED:
       raise InvalidValue(f"{word}: the sweep sets --{name} for every entry ({_OWNED[name]}).")
     if name in _NOT_PASSED:
-      raise InvalidValue(f"{word}: a sweep does not pass --{name} on (each entry runs to its end in "
-                         "one process); run that entry with experiments.run instead.")
+      raise InvalidValue(f"{word}: a sweep does not pass --{name} on (each entry runs to its end "
+                         "in one process); run that entry with experiments.run instead.")
     if kind is None:
       passed = ", ".join("--" + n for n in sorted(PASSTHROUGH_FLAGS))
       setup = ", ".join("--" + n for n in sorted(BUDGET_FLAGS))

@@ -85,7 +85,7 @@ def train_sac(make_env: Callable, config, schedule: SacSchedule,
   bit for bit as the run would have gone on; older checkpoints, and other envs, cut the
   interrupted episode (marked ended) and reseed the RNGs instead.
   """
-  return _SacRun(make_env, config, schedule, medium, workdir, log_fn, should_stop).train()
+  return _SacRun(make_env, config, schedule, medium, workdir, log_fn, should_stop).run()
 
 
 class _SacRun:
@@ -297,7 +297,7 @@ class _SacRun:
       self.obs, _ = self.env.reset(seed=int(self.rng.integers(2**31)))
     self.step += 1
 
-  def train(self) -> SacResult:
+  def run(self) -> SacResult:
     """The loop, from where the run stands; its result."""
     # A checkpoint taken inside a step's work (a stop) finishes that step's work first.
     if self.phase == "train":

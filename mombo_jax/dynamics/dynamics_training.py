@@ -228,7 +228,7 @@ class Resumable:
 
 class _Training:
   """One call of train_ensemble / train_seeds: the compiled pieces, the training state and its
-  checkpoints, the epoch loop (train) and its log lines. log_fn: one line per epoch; history:
+  checkpoints, the epoch loop (run) and its log lines. log_fn: one line per epoch; history:
   as train_ensemble's."""
 
   def __init__(self, keys, transitions, config, batched: bool, resume: Resumable, log_fn,
@@ -321,7 +321,7 @@ class _Training:
                 f"training, at most {left} epoch(s) left unless a member improves")
     return bool(active.any())
 
-  def train(self) -> DynamicsState:
+  def run(self) -> DynamicsState:
     t0, should_stop = time.time(), self.resume.should_stop
     while True:
       done = self.epoch()
@@ -349,7 +349,7 @@ def train_ensemble(key, transitions, config, log_fn: Callable = print,
   should_stop, reuse_key as in train_seeds.
   """
   chex.assert_shape(key, (2,))
-  return _Training(key, transitions, config, False, Resumable(**resume), log_fn, history).train()
+  return _Training(key, transitions, config, False, Resumable(**resume), log_fn, history).run()
 
 
 def train_seeds(keys, transitions, config, log_fn: Callable = print,
@@ -378,4 +378,4 @@ def train_seeds(keys, transitions, config, log_fn: Callable = print,
   if should_stop is not None and checkpoint_dir is None:
     raise ValueError("should_stop needs a checkpoint_dir to save the interrupted training in.")
   resume = Resumable(checkpoint_dir, should_stop, reuse_key)
-  return _Training(keys, transitions, config, True, resume, log_fn, history).train()
+  return _Training(keys, transitions, config, True, resume, log_fn, history).run()

@@ -262,8 +262,8 @@ def _temperature_step(log_alpha: TrainState, logp, config: Config, action_dim: i
   stepped = log_alpha.apply_gradients(grads=grads)
   if auto_alpha is None:
     return stepped, loss
-  return (jax.tree.map(lambda new, old: jnp.where(auto_alpha, new, old), stepped, log_alpha),
-          jnp.where(auto_alpha, loss, 0.0))
+  loss = jnp.where(auto_alpha, loss, 0.0)
+  return jax.tree.map(lambda new, old: jnp.where(auto_alpha, new, old), stepped, log_alpha), loss
 
 
 def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,

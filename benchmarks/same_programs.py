@@ -3,13 +3,14 @@ checkouts of the code, is the same text for every algorithm, plain and over cell
 
   python3 benchmarks/same_programs.py --base=/path/to/older/checkout --new=.
 
-Each checkout traces (PYTHONPATH=<checkout>, in a process of its own; no compilation, about a
-minute of CPU each: 8 min wall on issue #50's shared 2-core machine) train.make_epoch on a tiny hopper-shaped problem for MOMBO lcb /
-elite_spread / mixture, MOBILE, MOPO and a registered record whose reward penalty is its own
-function, each as the plain program (one dataset, the config's settings) and as the program over
-two cells that carry their own rollout length, real ratio and auto_alpha (train.Cell). The same
-jaxpr lowers to the same XLA program, so a run gives the same bits; a refactor that only renames
-or regroups code shows here in seconds, where benchmarks/same_runs.py trains runs for minutes.
+Each checkout traces (PYTHONPATH=<checkout>, in a process of its own; no compilation: about a
+minute of CPU each, 8 min wall on issue #50's shared 2-core machine) train.make_epoch on a tiny
+hopper-shaped problem for MOMBO lcb / elite_spread / mixture, MOBILE, MOPO and a registered
+record whose reward penalty is its own function, each as the plain program (one dataset, the
+config's settings) and as the program over two cells that carry their own rollout length, real
+ratio and auto_alpha (train.Cell), traced from the EpochSettings make_cells_chunk traces it from.
+The same jaxpr lowers to the same XLA program, so a run gives the same bits; a refactor that only
+renames or regroups code shows here in minutes of CPU, where benchmarks/same_runs.py trains runs.
 Prints one line per program and exits 1 on any difference.
 """
 import argparse
@@ -21,6 +22,7 @@ _TRACE = r"""
 import hashlib
 import jax, jax.numpy as jnp, numpy as np
 from mombo_jax.core import algorithms, buffer, dynamics, targets, train
+from mombo_jax.core.epoch_settings import epoch_settings
 from mombo_jax.settings import config as config_lib
 
 def half(agent, batch, key, *, dyn, config, term_fn=None):
@@ -48,8 +50,11 @@ for algo, target in [("mombo", "lcb"), ("mombo", "elite_spread"), ("mombo", "mix
   dyn = dynamics.init_state(jax.random.PRNGKey(0), S, A, cfg)
   state = train.init(jax.random.PRNGKey(1), cfg, real, dyn)
   plain = jax.make_jaxpr(train.make_epoch(cfg))(state, real, jax.random.PRNGKey(2))
+  # The cells' program as make_cells_chunk builds it: the settings they carry are None in its
+  # EpochSettings.
   stacked, cells = train.single_dataset(real, cfg, 2)
-  over_cells = jax.vmap(train.make_epoch(cfg, ("rollout_length", "real_ratio", "auto_alpha")),
+  per_cell = ("rollout_length", "real_ratio", "auto_alpha")
+  over_cells = jax.vmap(train.make_epoch(epoch_settings(cfg, per_cell), per_cell),
                         in_axes=(0, None, 0, 0))
   cells_jaxpr = jax.make_jaxpr(over_cells)(jax.tree.map(lambda x: jnp.stack([x, x]), state),
                                            stacked, jax.random.split(jax.random.PRNGKey(2), 2),

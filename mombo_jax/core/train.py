@@ -195,18 +195,23 @@ class _CellValues:
 
 def _cell_values(config, per_cell, real, cell) -> _CellValues:
   """The _CellValues of a cell (Cell, or None for one dataset at config's settings)."""
-  static_rows = buffer.real_rows(config.agent.batch_size, config.rollout.real_ratio)
   if cell is None:
     chex.assert_rank(real.obs, 2)
-    return _CellValues(None, real.obs.shape[0], None, None, static_rows, None)
+    return _CellValues(None, real.obs.shape[0], None, None, _static_rows(config), None)
   chex.assert_rank(real.obs, 3)
   chex.assert_rank([cell.rollout_length, cell.real_rows, cell.auto_alpha], 0)
-  # Python values where the cells agree: the static program of a plain run.
+  # Python values where the cells agree: the static program of a plain run. (Where they differ,
+  # the program's settings hold None: epoch_settings.)
   own = lambda f, value, static: value if f in per_cell else static  # noqa: E731
   return _CellValues(cell.dataset_index, cell.size, cell.beta,
                      own("rollout_length", cell.rollout_length, None),
-                     own("real_ratio", cell.real_rows, static_rows),
+                     cell.real_rows if "real_ratio" in per_cell else _static_rows(config),
                      own("auto_alpha", cell.auto_alpha, None))
+
+
+def _static_rows(config) -> int:
+  """The real rows per batch of config's real_ratio (the cells agree in it)."""
+  return buffer.real_rows(config.agent.batch_size, config.rollout.real_ratio)
 
 
 def _epoch(config, term_fn, state: CellState, real: buffer.Batch, key, cell: _CellValues):

@@ -280,7 +280,7 @@ class Program:
 
   @property
   def num_cells(self):
-    return int(self.cells.dataset.shape[0])
+    return int(self.cells.dataset_index.shape[0])
 
 
 def seeds_program(name, num_cells, rollout, steps, real_rows, rng) -> Program:

@@ -40,7 +40,7 @@ TINY = dict(epochs=1, steps_per_epoch=3, rollout_batch_size=16, eval_every=1, ev
 def test_registry_gives_records_and_refuses_unknown_names():
   assert config_lib.make_config("hopper-random", "mombo", target="lcb").algorithm is \
       algorithms.MOMBO_LCB
-  assert algorithms.get("mopo").penalize_reward
+  assert algorithms.get("mopo").penalise_reward
   assert algorithms.get("mombo", "mixture").min_elites == 2
   with pytest.raises(ValueError, match="Unknown algo 'nope'; choose one of mombo, mobile, mopo"):
     algorithms.get("nope")
@@ -55,8 +55,8 @@ def test_registry_gives_records_and_refuses_unknown_names():
 
 def test_one_way_to_a_records_functions():
   """targets.get_target / get_penalty / bind give every built-in record's functions themselves
-  (its stand-ins resolved, by name), so the core compares functions (rollout.py: MOPO's penalty
-  comes out of its one model step); stand-ins compare by name; a reward penalty needs a penalty."""
+  (its stand-ins resolved, by name); stand-ins compare by name; a reward penalty needs a
+  penalty."""
   builtins = [algorithms.MOMBO_LCB, algorithms.MOMBO_ELITE_SPREAD, algorithms.MOMBO_MIXTURE,
               algorithms.MOBILE, algorithms.MOPO]
   for record in builtins:
@@ -74,7 +74,23 @@ def test_one_way_to_a_records_functions():
   assert targets.get_target(toy) is bonus_target
   with pytest.raises(ValueError, match="toy_bonus has no uncertainty penalty"):
     targets.get_penalty(toy)
-  with pytest.raises(ValueError, match="penalize_reward needs a penalty"):
+  with pytest.raises(ValueError, match="penalise_reward needs a penalty"):
+    algorithms.Algorithm("toy_no_penalty", bonus_target, penalise_reward=True)
+
+
+def test_the_old_spelling_penalize_reward_still_works_with_a_warning():
+  """penalise_reward is the one spelling; a record written with the old keyword (or code reading
+  the old attribute) still works, warned, and equals the record of the new spelling."""
+  with pytest.warns(DeprecationWarning, match="spelled penalise_reward"):
+    old = algorithms.Algorithm("toy_old", bonus_target, targets.penalty_mopo,
+                               penalize_reward=True)
+  new = algorithms.Algorithm("toy_old", bonus_target, targets.penalty_mopo, penalise_reward=True)
+  assert old == new and hash(old) == hash(new) and old.penalise_reward
+  with pytest.warns(DeprecationWarning, match="spelled penalise_reward"):
+    assert algorithms.MOPO.penalize_reward is True
+  assert not dataclasses.replace(old, penalise_reward=False).penalise_reward
+  with pytest.raises(ValueError, match="penalise_reward needs a penalty"), \
+      pytest.warns(DeprecationWarning):
     algorithms.Algorithm("toy_no_penalty", bonus_target, penalize_reward=True)
 
 

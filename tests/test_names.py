@@ -30,3 +30,20 @@ def test_no_function_is_called_train():
   found = [f"{module}:{node.lineno}" for module, tree in _trees() for node in ast.walk(tree)
            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "train"]
   assert found == []
+
+
+def _identifiers(tree):
+  for node in ast.walk(tree):
+    for field in ("id", "attr", "arg", "name"):
+      value = getattr(node, field, None)
+      if isinstance(value, str):
+        yield node.lineno if hasattr(node, "lineno") else 0, value
+
+
+def test_one_spelling_of_penalise():
+  """penalise (as normalise, optimiser): no identifier of the package spells it with a z, but the
+  old keyword penalize_reward that core/algorithms.py still takes (with a DeprecationWarning)."""
+  found = [f"{module}:{line} {name}" for module, tree in _trees()
+           for line, name in _identifiers(tree) if "penaliz" in name.lower()
+           and not (module == "core/algorithms.py" and name.lstrip("_") == "penalize_reward")]
+  assert found == []

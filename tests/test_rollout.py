@@ -127,11 +127,11 @@ def _half(agent, batch, key, *, dyn, config, term_fn=None):
 
 
 def test_a_registered_reward_penalty_is_the_records_own(setup):
-  """A record with penalize_reward subtracts beta x ITS penalty in the rollouts, row by row (not
-  MOPO's built-in mopo_penalty); the metric (`penalty`) reports its mean."""
+  """A record with penalise_reward subtracts beta x ITS penalty in the rollouts, row by row (not
+  MOPO's); the metric (`penalty`) reports its mean."""
   from mombo_jax.core import algorithms, targets
   algorithms.register(algorithms.Algorithm("toy_reward_penalty", targets.mopo, _half,
-                                           penalize_reward=True, references="mopo"))
+                                           penalise_reward=True, references="mopo"))
   plain_cfg, dyn, start = setup
   cfg = _config(algo="toy_reward_penalty", beta=2.0)
   buf, metrics = _run(cfg, dyn, start, jax.random.PRNGKey(2))
@@ -144,6 +144,35 @@ def test_a_registered_reward_penalty_is_the_records_own(setup):
   np.testing.assert_allclose(
       float(metrics["penalty"]),
       np.mean(0.5 + np.abs(np.asarray(buf.data.action[:count, 0]))), rtol=1e-5)
+
+
+def _max_reward_std(ensemble):
+  """A registered record's own EnsemblePenalty: max over all members of the reward's std [B]."""
+  return jnp.sqrt(ensemble.reward_var).max(0)
+
+
+def test_a_records_ensemble_penalty_comes_from_the_one_model_step(setup):
+  """A penalty of every member's Gaussians is an ordinary value (targets.EnsemblePenalty, as
+  MOPO's): a record holding its own gets it from the rollout's one model step (one ensemble
+  forward per step) and loses beta x it from each row's reward."""
+  from mombo_jax.core import algorithms, targets
+  algorithms.register(algorithms.Algorithm(
+      "toy_ensemble_penalty", targets.mopo, targets.EnsemblePenalty(_max_reward_std),
+      penalise_reward=True, references="mopo"))
+  plain_cfg, dyn, start = setup
+  cfg = _config(algo="toy_ensemble_penalty", beta=2.0)
+  jaxpr = jax.make_jaxpr(lambda k, d, s, b: rollout.run(k, _policy, d, s, b, cfg, _term))(
+      jax.random.PRNGKey(0), dyn, start, buffer.init_ring(N * K, S, A))
+  assert _ensemble_forwards(jaxpr.jaxpr, (S + A, cfg.dynamics.dyn_hidden[0])) == 1
+  buf, metrics = _run(cfg, dyn, start, jax.random.PRNGKey(2))
+  plain, _ = _run(plain_cfg, dyn, start, jax.random.PRNGKey(2))
+  count = int(buf.count)
+  assert count == int(plain.count) > 0
+  _, _, _, r_var = _predict(dyn, buf.data.obs, buf.data.action, plain_cfg)
+  u = np.sqrt(np.asarray(r_var)[:, :count]).max(0)
+  np.testing.assert_allclose(np.asarray(buf.data.reward[:count]),
+                             np.asarray(plain.data.reward[:count]) - 2.0 * u, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(float(metrics["penalty"]), u.mean(), rtol=1e-5)
 
 
 def _ensemble_forwards(jaxpr, first_kernel_tail):
@@ -194,20 +223,21 @@ def test_only_the_elites_run_except_for_mopo(setup):
 
 
 def test_elite_only_step_matches_the_all_member_step(setup):
-  """dynamics.step without the penalty runs the elites' networks only (E of M: XLA's flop count
-  drops accordingly) and draws the same elite and noise per row as the full step."""
+  """dynamics.step runs the elites' networks only (E of M: XLA's flop count drops accordingly)
+  unless asked for every member's Gaussians (every_member, for a penalty of the whole ensemble),
+  and draws the same elite and noise per row either way."""
   cfg, dyn, start = setup
   action = jax.random.uniform(jax.random.PRNGKey(4), (N, A), minval=-1.0, maxval=1.0)
   step = jax.jit(dynamics.step, static_argnums=(4, 5))
   args = (dyn, start, action, jax.random.PRNGKey(5), cfg)
   flops = []
-  for penalty in (True, False):
-    cost = step.lower(*args, penalty).compile().cost_analysis()
+  for every_member in (True, False):
+    cost = step.lower(*args, every_member).compile().cost_analysis()
     flops.append((cost[0] if isinstance(cost, list) else cost)["flops"])
   assert cfg.dynamics.dyn_members == 3 and cfg.dynamics.dyn_elites == 2
   assert flops[1] < flops[0] * 2.5 / 3, flops         # 2 of 3 networks, plus the shared work
   full, elites = step(*args, True), step(*args, False)
-  assert elites.mopo_penalty is None and full.mopo_penalty.shape == (N,)
+  assert elites.ensemble is None and full.ensemble.next_obs_var.shape == (3, N, S)
   np.testing.assert_array_equal(elites.elite, full.elite)
   assert set(np.unique(np.asarray(full.elite))) == {0, 2}
   for name in ("next_obs", "reward", "next_obs_mean", "next_obs_var", "reward_mean",

@@ -176,6 +176,36 @@ def test_update_one_step(agent, cfg):
   assert float(metrics["alpha_loss"]) == 0.0  # log_alpha starts at 0
 
 
+def test_update_steps_the_pure_losses(agent, cfg):
+  """sac.update is the three pure losses (critic_loss, actor_loss, alpha_loss), each stepped by its
+  own optimiser in the references' order: its metrics are the losses' values, its parameters
+  their gradient steps."""
+  batch, key = _batch(7), jax.random.key(8)
+  new, metrics = update(agent, batch, key, cfg)
+  k_target, k_actor = jax.random.split(key)
+
+  @jax.jit
+  def by_hand(agent, batch):
+    y, _ = target_fn(cfg)(agent, batch, k_target)
+    (q_loss, _), grads = jax.value_and_grad(sac.critic_loss, has_aux=True)(
+        agent.critic.params, agent, batch, y)
+    critic = agent.critic.apply_gradients(grads=grads)
+    (pi_loss, logp), grads = jax.value_and_grad(sac.actor_loss, has_aux=True)(
+        agent.actor.params, agent, critic.params, batch, k_actor, sac.alpha(agent, cfg), cfg)
+    actor = agent.actor.apply_gradients(grads=grads)
+    a_loss, grads = jax.value_and_grad(sac.alpha_loss)(agent.log_alpha.params, logp,
+                                                       sac.target_entropy(cfg, ACT_DIM))
+    log_alpha = agent.log_alpha.apply_gradients(grads=grads)
+    return (q_loss, pi_loss, a_loss), (critic.params, actor.params, log_alpha.params)
+
+  losses, params = by_hand(agent, batch)
+  for name, value in zip(("critic_loss", "actor_loss", "alpha_loss"), losses):
+    np.testing.assert_allclose(metrics[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+  for want, got in zip(_leaves(params), _leaves((new.critic.params, new.actor.params,
+                                                new.log_alpha.params))):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_plain_critic_fixed_alpha_and_mombo_variance(agent, cfg):
   """Fixed alpha is not learned. With zero state variance MOMBO's actor step equals the plain
   critic's bit for bit; with variance it differs (the MM mean of a ReLU net is not the net at the

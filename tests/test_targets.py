@@ -369,7 +369,8 @@ def test_penalty_is_what_the_target_subtracts(cfg, agent, batch, dyn, algo, mode
 
 def test_mopo_penalty_is_the_rollout_penalty(cfg, batch, dyn):
   """MOPO's U: max over ALL members (not only elites) of ||(sigma_s', sigma_r)||_2, the value
-  dynamics.step hands rollout.run to subtract (times lambda) from the model reward."""
+  rollout.run subtracts (times lambda) from the model reward: the same function of the Gaussians
+  its model step predicted for every member (an EnsemblePenalty)."""
   mopo_cfg = config_lib.make_config("hopper-random", "mopo", preset="tiny")
   u = np.asarray(targets.get_penalty(mopo_cfg)(None, batch, jax.random.PRNGKey(0), dyn=dyn,
                                               config=mopo_cfg, term_fn=None))
@@ -378,5 +379,8 @@ def test_mopo_penalty_is_the_rollout_penalty(cfg, batch, dyn):
   norms = np.sqrt(np.concatenate([s_var, r_var[..., None]], -1).astype(np.float64).sum(-1))
   assert norms.shape[0] == mopo_cfg.dynamics.dyn_members
   np.testing.assert_allclose(u, norms.max(0), rtol=1e-5)
-  step = dynamics.step(dyn, batch.obs, batch.action, jax.random.PRNGKey(1), mopo_cfg)
-  np.testing.assert_allclose(u, np.asarray(step.mopo_penalty), rtol=1e-6)
+  step = dynamics.step(dyn, batch.obs, batch.action, jax.random.PRNGKey(1), mopo_cfg,
+                       every_member=True)
+  assert isinstance(targets.penalty_mopo, targets.EnsemblePenalty)
+  np.testing.assert_allclose(u, np.asarray(targets.penalty_mopo.of_ensemble(step.ensemble)),
+                             rtol=1e-6)

@@ -171,7 +171,7 @@ def test_u_is_what_the_runs_target_subtracts(tiny_run):
   def run(nets, obs, action, key):                # one compilation (eager MM costs more)
     row, u = quantifier_quality.model_draw(nets, obs, action, key)
     k_step, k_u = jax.random.split(key)
-    step = dynamics.step(nets.dyn, obs, action, k_step, nets.config, penalty=False)
+    step = dynamics.step(nets.dyn, obs, action, k_step, nets.config)
     out = {}
     for mode in modes:
       cfg = nets.config.replace(target=mode, clip_target_min=None)

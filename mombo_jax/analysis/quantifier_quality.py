@@ -201,7 +201,7 @@ def model_draw(nets: SeedNets, obs, action, key, eq1: bool = False):
   config = nets.config
   term_fn = termination.termination_fn(config.env_name)
   k_step, k_u = jax.random.split(key)
-  out = dynamics.step(nets.dyn, obs, action, k_step, config, penalty=False)
+  out = dynamics.step(nets.dyn, obs, action, k_step, config)
   row = buffer.Batch(obs=obs, action=action, reward=out.reward, next_obs=out.next_obs,
                      done=model_done(config, term_fn, obs, action, out.next_obs),
                      obs_var=jnp.zeros_like(obs), next_obs_mean=out.next_obs_mean,
@@ -222,7 +222,7 @@ def penalty(nets: SeedNets, rows, key, scaled: bool = False):
   elite that drew the row (for Table 2: the draw's random elite, the Gaussian a rollout row stores,
   with that draw's d^); elite_spread std_e T_e (ddof=1); mixture sqrt(mean_e MM var_e + var_e T_e);
   MOBILE std over elites of the mean over N next-state samples of min_j Q'; MOPO max over all
-  members of ||sigma||_2 (dynamics.step's mopo_penalty).
+  members of ||sigma||_2 (targets.max_std_norm).
   """
   config = nets.config
   u = targets.get_penalty(config)(nets.agent(), rows, key, dyn=nets.dyn, config=config,

@@ -8,10 +8,11 @@ training core (train, sac, rollout, targets) reads its fields, never an algorith
                   config, term_fn, beta=None, real_rows=None, auto_alpha=None) -> (y [B], aux)
   penalty         its uncertainty U(s, a) [B], unscaled (targets' penalty_<algo> signature), or
                   None for an algorithm without one (plain SAC)
-  penalize_reward rollouts subtract beta x its penalty from the model reward instead of the
-                  target penalising: MOPO's (targets.penalty_mopo) is dynamics.step's
-                  mopo_penalty, computed by the rollout's one model step; another record's is
-                  called on the step's rows
+  penalise_reward rollouts subtract beta x its penalty from the model reward instead of the
+                  target penalising (MOPO): a penalty of every member's Gaussians
+                  (targets.EnsemblePenalty, MOPO's targets.penalty_mopo) comes from the rollout's
+                  own model step, any other is called on the step's rows. (Spelled
+                  penalize_reward before; that keyword still works, with a DeprecationWarning.)
   moment_matching the critics see the state's variance: the actor is trained on their moment-
                   matched mean at the batch's obs_var (adinlab/MOMBO policies/mombo.py), and the
                   quantifier study reports eq. (1)'s U beside the run's own (MOMBO)
@@ -35,8 +36,10 @@ algo_module), and their readers import it again (`ensure`); `from_spec` reads th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import sys
+import warnings
 from typing import Callable, Dict, Optional, Tuple
 
 from mombo_jax.errors import UserError
@@ -49,7 +52,7 @@ class _Target:
   importing it (tests/test_records.py). Compared and hashed by name (two stand-ins of one name
   are equal), never with the function itself: the core takes a record's functions only through
   targets.get_target / get_penalty / bind, which resolve stand-ins (`function`), and compares
-  those (rollout.py: is the penalty MOPO's?)."""
+  those."""
   name: str
 
   @property
@@ -69,7 +72,7 @@ class Algorithm:
   bellman_target: Callable
   penalty: Optional[Callable] = None
   variant: str = ""
-  penalize_reward: bool = False
+  penalise_reward: bool = False
   moment_matching: bool = False
   references: Optional[str] = None
   min_elites: int = 1
@@ -82,8 +85,8 @@ class Algorithm:
     if not callable(self.bellman_target):
       raise ValueError(f"Algorithm {self.name!r}: bellman_target must be a function, got "
                        f"{self.bellman_target!r}.")
-    if self.penalize_reward and self.penalty is None:
-      raise ValueError(f"Algorithm {self.name!r}: penalize_reward needs a penalty to subtract "
+    if self.penalise_reward and self.penalty is None:
+      raise ValueError(f"Algorithm {self.name!r}: penalise_reward needs a penalty to subtract "
                        "(targets.penalty_mopo for MOPO's, or your own).")
 
   @property
@@ -91,6 +94,33 @@ class Algorithm:
     """'mombo-elite_spread', 'mobile': label(name, variant)."""
     return label(self.name, self.variant)
 
+
+_RENAMED = ("Algorithm's penalize_reward is spelled penalise_reward now (one spelling, as the "
+            "package's other words: normalise, optimiser); the old name will go in a later "
+            "release.")
+
+
+def _penalize_reward(record: Algorithm) -> bool:
+  """The old spelling, read: record.penalise_reward, with a DeprecationWarning."""
+  warnings.warn(_RENAMED, DeprecationWarning, stacklevel=2)
+  return record.penalise_reward
+
+
+def _taking_old_spelling(init):
+  """Algorithm's generated __init__, also taking the old keyword penalize_reward (a
+  DeprecationWarning). Not a field (an InitVar would be read back by dataclasses.replace and
+  override a new penalise_reward), so equality, hash and replace know only penalise_reward."""
+  @functools.wraps(init)
+  def __init__(self, *args, penalize_reward=None, **kwargs):
+    if penalize_reward is not None:
+      warnings.warn(_RENAMED, DeprecationWarning, stacklevel=2)
+      kwargs["penalise_reward"] = penalize_reward
+    init(self, *args, **kwargs)
+  return __init__
+
+
+Algorithm.__init__ = _taking_old_spelling(Algorithm.__init__)
+Algorithm.penalize_reward = property(_penalize_reward)
 
 _REGISTRY: Dict[str, Dict[str, Algorithm]] = {}
 # name -> the module whose import registers it (the caller of register): what a run records
@@ -252,7 +282,7 @@ MOBILE = register(Algorithm("mobile", _Target("mobile"), _Target("penalty_mobile
                             references="mobile", min_elites=2))
 # MOPO (OfflineRL-Kit offlinerlkit/policy/model_based/mopo.py): the reward is penalised in the
 # rollouts, the target is plain SAC's; beta is its lambda.
-MOPO = register(Algorithm("mopo", _Target("mopo"), _Target("penalty_mopo"), penalize_reward=True,
+MOPO = register(Algorithm("mopo", _Target("mopo"), _Target("penalty_mopo"), penalise_reward=True,
                           references="mopo", coefficient="lambda"))
 # Plain SAC, no penalty: online SAC's (mombo_jax.collection.online_sac builds datasets with it). Not
 # registered: it is no offline algorithm, so make_config refuses algo="sac".

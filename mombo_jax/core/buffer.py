@@ -108,11 +108,12 @@ def sample(buf: RingBuffer, key: jax.Array, n: int) -> Batch:
   return jax.tree.map(lambda d: d[idx], buf.data)
 
 
-def take(real: Batch, idx, dataset=None) -> Batch:
-  """Rows idx [K] of `real` ([N, ...]), or of real[dataset] when `real` is stacked [D, N, ...]."""
-  if dataset is None:
+def take(real: Batch, idx, dataset_index=None) -> Batch:
+  """Rows idx [K] of `real` ([N, ...]), or of real[dataset_index] when `real` is stacked
+  [D, N, ...]."""
+  if dataset_index is None:
     return jax.tree.map(lambda d: d[idx], real)
-  return jax.tree.map(lambda d: jnp.asarray(d)[dataset, idx], real)
+  return jax.tree.map(lambda d: jnp.asarray(d)[dataset_index, idx], real)
 
 
 def stack(datasets) -> tuple:
@@ -139,14 +140,14 @@ def real_rows(batch_size: int, real_ratio: float) -> int:
 
 
 def sample_mixed(real: Batch, buf: RingBuffer, key: jax.Array, batch_size: int, n_real,
-                 dataset=None, size=None) -> Batch:
+                 dataset_index=None, size=None) -> Batch:
   """n_real real rows, then batch_size - n_real synthetic ones -> Batch [batch_size].
 
   real: Batch [N_real, ...] (e.g. from_transitions), or datasets stacked [D, N_max, ...] (stack)
-  with `dataset` (int scalar, may be traced) picking one of them. size: int scalar (may be traced),
-  the real rows drawn from are [0, size); default all N. n_real: int scalar in [0, batch_size]
-  (may be traced: cells of one program may mix differently; real_rows gives it from a ratio).
-  batch_size is static. If the ring is still empty, every row is real.
+  with `dataset_index` (int scalar, may be traced) picking one of them. size: int scalar (may be
+  traced), the real rows drawn from are [0, size); default all N. n_real: int scalar in
+  [0, batch_size] (may be traced: cells of one program may mix differently; real_rows gives it
+  from a ratio). batch_size is static. If the ring is still empty, every row is real.
 
   Draws: batch_size real indices from one half of the key and batch_size ring indices from the
   other; row i < n_real is real draw i, row i >= n_real ring draw i - n_real. Under JAX's
@@ -157,7 +158,7 @@ def sample_mixed(real: Batch, buf: RingBuffer, key: jax.Array, batch_size: int, 
   k_real, k_syn = jax.random.split(key)
   n_data = real.reward.shape[-1] if size is None else size
   idx = jax.random.randint(k_real, (batch_size,), 0, n_data)
-  reals = take(real, idx, dataset)
+  reals = take(real, idx, dataset_index)
   if isinstance(n_real, (int, np.integer)):
     # A Python count (every cell of the program mixes alike): the ring draws are [batch - n_real].
     n_real = int(n_real)

@@ -13,7 +13,7 @@ functions in termination.py.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import chex
 import flax.linen as nn
@@ -125,14 +125,23 @@ class DynamicsState(struct.PyTreeNode):
   elites: jax.Array
 
 
+class Gaussians(NamedTuple):
+  """Members' predicted Gaussians at B rows (dynamics.predict's tuple, named):
+  next_obs_mean, next_obs_var [K, B, S], reward_mean, reward_var [K, B]; K the members that ran."""
+  next_obs_mean: jax.Array
+  next_obs_var: jax.Array
+  reward_mean: jax.Array
+  reward_var: jax.Array
+
+
 class StepResult(struct.PyTreeNode):
   """One model step of B rows (attribute or dict-style access: r.next_obs == r["next_obs"]).
 
   next_obs [B, S], reward [B]: samples from the chosen elite's Gaussian;
   next_obs_mean, next_obs_var [B, S], reward_mean, reward_var [B]: that elite's Gaussian;
   elite int32 [B]: the member index used per row;
-  mopo_penalty [B]: max over all members of the L2 norm of the std over (next-state, reward) dims
-  (None when step ran with penalty=False).
+  ensemble: every member's Gaussians [M, B, ...] when step ran with every_member=True (what a
+  penalty of the whole ensemble reads: targets.EnsemblePenalty, MOPO's), else None.
   """
   next_obs: jax.Array
   reward: jax.Array
@@ -141,7 +150,7 @@ class StepResult(struct.PyTreeNode):
   reward_mean: jax.Array
   reward_var: jax.Array
   elite: jax.Array
-  mopo_penalty: Optional[jax.Array]
+  ensemble: Optional[Gaussians]
 
   def __getitem__(self, name):
     return getattr(self, name)
@@ -228,36 +237,33 @@ def _predict(dyn: DynamicsState, obs, action, config, members):
   return obs + mean[..., :obs_dim], var[..., :obs_dim], mean[..., obs_dim], var[..., obs_dim]
 
 
-def step(dyn: DynamicsState, obs, action, key, config, penalty: bool = True) -> StepResult:
+def step(dyn: DynamicsState, obs, action, key, config, every_member: bool = False) -> StepResult:
   """One model transition per row with a uniformly random elite per row. See StepResult.
 
-  penalty: compute mopo_penalty, which needs every member's network; False runs the elites' only
-  (E of M networks) and leaves mopo_penalty None. Either way the same key picks the same elite
-  and noise per row.
+  every_member: run every member's network and return their Gaussians (StepResult.ensemble), for
+  a penalty of the whole ensemble (the rollout asks when its algorithm's penalty is one); False
+  runs the elites' only (E of M networks). Either way the same key picks the same elite and noise
+  per row, so the rows are the same.
   """
   batch, obs_dim = obs.shape
   k_elite, k_noise = jax.random.split(key)
   slot = jax.random.randint(k_elite, (batch,), 0, dyn.elites.shape[0])    # index into elites
   elite = dyn.elites[slot]
   rows = jnp.arange(batch)
-  if penalty:
-    s_mean, s_var, r_mean, r_var = predict(dyn, obs, action, config)
-    pick = lambda a: a[elite, rows]  # noqa: E731
+  if every_member:
+    ensemble = Gaussians(*predict(dyn, obs, action, config))
+    predicted, pick = ensemble, lambda a: a[elite, rows]  # noqa: E731
   else:
-    s_mean, s_var, r_mean, r_var = predict(dyn, obs, action, config, members=dyn.elites)
+    ensemble = None
+    predicted = predict(dyn, obs, action, config, members=dyn.elites)
     pick = lambda a: a[slot, rows]  # noqa: E731
-  mean_s, var_s, mean_r, var_r = pick(s_mean), pick(s_var), pick(r_mean), pick(r_var)
+  mean_s, var_s, mean_r, var_r = map(pick, predicted)
   noise = jax.random.normal(k_noise, (batch, obs_dim + 1), obs.dtype)
   next_obs = mean_s + jnp.sqrt(var_s) * noise[:, :obs_dim]
   reward = mean_r + jnp.sqrt(var_r) * noise[:, obs_dim]
-  mopo = None
-  if penalty:
-    all_var = jnp.concatenate([s_var, r_var[..., None]], axis=-1)          # [M, B, S + 1]
-    mopo = jnp.max(jnp.linalg.norm(jnp.sqrt(all_var), axis=-1), axis=0)
   return StepResult(next_obs=next_obs, reward=reward, next_obs_mean=mean_s, next_obs_var=var_s,
                     reward_mean=mean_r, reward_var=var_r, elite=elite.astype(jnp.int32),
-                    mopo_penalty=mopo)
-
+                    ensemble=ensemble)
 
 
 def init_state(key, obs_dim: int, action_dim: int, config) -> DynamicsState:

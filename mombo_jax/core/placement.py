@@ -87,9 +87,10 @@ def resize_rings(state, rows: int):
   return state.replace(buffer=state.buffer.replace(data=jax.tree.map(one, state.buffer.data)))
 
 
-def take_cells(state, cells: slice, rows: int):
-  """state [C] (train.CellState) -> state [cells] with its ring buffers cut or zero-padded to `rows`
-  slots: what a plain run of those cells checkpoints (resize_rings of the slice).
+def take_cells(state, cell_slice: slice, rows: int):
+  """state [C] (train.CellState) -> state [cell_slice] (a run's cells) with its ring buffers cut or
+  zero-padded to `rows` slots: what a plain run of those cells checkpoints (resize_rings of the
+  slice).
 
   Moves no data it need not: a leaf sharded over its cell axis (a launch's state, on the devices
   of every process) becomes an array over the devices that hold the cells asked for, each keeping
@@ -100,9 +101,9 @@ def take_cells(state, cells: slice, rows: int):
   holds no part of), is the slice one jitted call over all the leaf's devices: the cells spread
   over them (copies where they do not divide). Every process calls this together. Numpy and
   single-device leaves: plain slicing."""
-  a, b, step = cells.indices(len(jax.tree.leaves(state)[0]))
+  a, b, step = cell_slice.indices(len(jax.tree.leaves(state)[0]))
   if step != 1 or b <= a:
-    raise ValueError(f"take_cells needs a non-empty slice of consecutive cells, got {cells}.")
+    raise ValueError(f"take_cells needs a non-empty slice of consecutive cells, got {cell_slice}.")
   take = lambda rows: lambda x: _take_cells(x, a, b, rows)  # noqa: E731
   rest = jax.tree.map(take(None), state.replace(buffer=state.buffer.replace(data=())))
   return rest.replace(buffer=rest.buffer.replace(data=jax.tree.map(take(rows),

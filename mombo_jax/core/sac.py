@@ -202,14 +202,79 @@ def _critic_values(agent: AgentState, critic_params, obs, action, obs_var, confi
   return agent.critic.apply_fn(critic_params, obs, action)
 
 
+# The losses: pure functions of the parameters they train (first argument) and what they read,
+# as brax's training/agents/sac/losses.py; `update` takes the gradient steps. Equations: Haarnoja
+# et al. 2018, "Soft Actor-Critic Algorithms and Applications" (arXiv:1812.05905).
+
+def critic_loss(critic_params, agent: AgentState, batch: Batch, y: jax.Array):
+  """J_Q (eq. 5): sum over the E critics of mean_b (Q_j(s_b, a_b) - y_b)^2. Returns (loss,
+  Q [E, B]).
+
+  y [B]: the Bellman target, a constant (stop-gradient). Each critic's own mean squared error, as
+  OfflineRL-Kit's model_free/sac.py (critic1_loss, critic2_loss, one optimiser each); the sum keeps
+  every critic's gradient its own (model_based/mobile.py and adinlab/MOMBO policies/mombo.py take
+  the mean over critics too: the same Adam steps but for its eps). No 1/2 (the references have
+  none). Q at zero input variance: the batch's obs_var reaches the actor only.
+  """
+  q = agent.critic.apply_fn(critic_params, batch.obs, batch.action)  # [E, B], zero input variance
+  return jnp.sum(jnp.mean((q - y[None]) ** 2, axis=1)), q
+
+
+def actor_loss(actor_params, agent: AgentState, critic_params, batch: Batch, key: jax.Array,
+               temperature: jax.Array, config: Config):
+  """J_pi (eq. 7, reparameterised): mean_b [alpha log pi(a_b|s_b) - min_j Q_j(s_b, a_b)],
+  a_b = tanh(mu + sigma eps) ~ pi(.|s_b). Returns (loss, log pi(a|s) [B]).
+
+  critic_params: the critics after this step's critic update (the references' order); the min
+  over critics as every reference (OfflineRL-Kit sac.py `torch.min(q1a, q2a)`); Q the critics'
+  moment-matched mean at the batch's obs_var for an algorithm with moment_matching (adinlab/MOMBO
+  policies/mombo.py: `critic(obss, a, obs_variances)[0]`). temperature: alpha (f32 scalar).
+  """
+  mean, log_std = agent.actor.apply_fn(actor_params, batch.obs)
+  action, logp = sample_tanh_gaussian(mean, log_std, key)
+  q_pi = _critic_values(agent, critic_params, batch.obs, action, batch.obs_var, config).min(0)
+  return jnp.mean(temperature * logp - q_pi), logp
+
+
+def alpha_loss(log_alpha_params, logp: jax.Array, target_entropy_value: float):
+  """J(alpha) (eq. 18) in log alpha: -mean_b log_alpha (log pi(a_b|s_b) + H-bar), logp [B] a
+  constant (the actor step's, stop-gradient) and H-bar the target entropy. The references' form
+  (OfflineRL-Kit sac.py `-(self._log_alpha * log_probs).mean()`): the paper's J(alpha) has alpha
+  where this has log alpha, whose gradient has the same sign."""
+  entropy_gap = jax.lax.stop_gradient(logp) + target_entropy_value
+  return -jnp.mean(log_alpha_params["log_alpha"] * entropy_gap)
+
+
+def _gradient_step(state: TrainState, loss_fn, *args):
+  """One optimiser step of `state` on loss_fn(state.params, *args) -> (loss, aux): returns
+  (state stepped, loss, aux)."""
+  (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, *args)
+  return state.apply_gradients(grads=grads), loss, aux
+
+
+def _temperature_step(log_alpha: TrainState, logp, config: Config, action_dim: int, auto_alpha):
+  """(log_alpha stepped on alpha_loss, the loss); unchanged and 0 where alpha is fixed. auto_alpha
+  traced (per cell): the step is computed always and kept only where the cell learns alpha."""
+  if not (config.agent.auto_alpha or auto_alpha is not None):
+    return log_alpha, jnp.zeros((), jnp.float32)
+  loss, grads = jax.value_and_grad(alpha_loss)(log_alpha.params, logp,
+                                               target_entropy(config, action_dim))
+  stepped = log_alpha.apply_gradients(grads=grads)
+  if auto_alpha is None:
+    return stepped, loss
+  loss = jnp.where(auto_alpha, loss, 0.0)
+  return jax.tree.map(lambda new, old: jnp.where(auto_alpha, new, old), stepped, log_alpha), loss
+
+
 def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,
            config: Config, auto_alpha=None) -> Tuple[AgentState, Dict[str, jax.Array]]:
   """One gradient step of critics, actor and temperature, then the Polyak target update.
 
-  Order as in the reference code (OfflineRL-Kit): critics on y, actor on the updated critics with
-  the pre-step alpha, alpha on the actor's log-probabilities, target params with tau.
-  Returns (agent, metrics): f32 scalars critic_loss, actor_loss, alpha_loss, alpha, q_mean,
-  target_mean, entropy, plus target_fn's aux (non-scalars averaged).
+  Order as in the reference code (OfflineRL-Kit): critics on y (critic_loss), actor on the updated
+  critics with the pre-step alpha (actor_loss), alpha on the actor's log-probabilities
+  (alpha_loss), target params with tau. Returns (agent, metrics): f32 scalars critic_loss,
+  actor_loss, alpha_loss, alpha, q_mean, target_mean, entropy, plus target_fn's aux (non-scalars
+  averaged).
   auto_alpha: bool scalar, may be traced (default config.agent.auto_alpha): whether this agent
   learns its temperature; where not, log_alpha keeps its parameters and optimiser state and
   alpha_loss is 0. target_fn must see the same flag (train.make_epoch binds it).
@@ -222,45 +287,15 @@ def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,
     y, aux = target_fn(agent, batch, k_target)
     y = jax.lax.stop_gradient(y).astype(jnp.float32)
     chex.assert_shape(y, batch.reward.shape)
-
-    def critic_loss_fn(params):
-      q = agent.critic.apply_fn(params, batch.obs, batch.action)  # [E, B], zero input variance
-      return jnp.sum(jnp.mean((q - y[None]) ** 2, axis=1)), q
-
-    (critic_loss, q), critic_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
-        agent.critic.params)
-    critic = agent.critic.apply_gradients(grads=critic_grads)
+    critic, q_loss, q = _gradient_step(agent.critic, critic_loss, agent, batch, y)
 
   temperature = alpha(agent, config, auto_alpha)
 
   with jax.named_scope("actor_update"):
-    def actor_loss_fn(params):
-      mean, log_std = agent.actor.apply_fn(params, batch.obs)
-      action, logp = sample_tanh_gaussian(mean, log_std, k_actor)
-      q_pi = _critic_values(agent, critic.params, batch.obs, action, batch.obs_var, config).min(0)
-      return jnp.mean(temperature * logp - q_pi), logp
-
-    (actor_loss, logp), actor_grads = jax.value_and_grad(actor_loss_fn, has_aux=True)(
-        agent.actor.params)
-    actor = agent.actor.apply_gradients(grads=actor_grads)
-
-    log_alpha = agent.log_alpha
-    alpha_loss = jnp.zeros((), jnp.float32)
-    if config.agent.auto_alpha or auto_alpha is not None:
-      entropy_gap = jax.lax.stop_gradient(logp) + target_entropy(config, batch.action.shape[-1])
-
-      def alpha_loss_fn(params):
-        return -jnp.mean(params["log_alpha"] * entropy_gap)
-
-      loss, alpha_grads = jax.value_and_grad(alpha_loss_fn)(log_alpha.params)
-      stepped = log_alpha.apply_gradients(grads=alpha_grads)
-      if auto_alpha is None:
-        alpha_loss, log_alpha = loss, stepped
-      else:
-        # Per cell (vmapped): the step is computed always and kept only where alpha is learned.
-        alpha_loss = jnp.where(auto_alpha, loss, 0.0)
-        log_alpha = jax.tree.map(lambda new, old: jnp.where(auto_alpha, new, old), stepped,
-                                 log_alpha)
+    actor, pi_loss, logp = _gradient_step(agent.actor, actor_loss, agent, critic.params, batch,
+                                          k_actor, temperature, config)
+    log_alpha, temperature_loss = _temperature_step(agent.log_alpha, logp, config,
+                                                    batch.action.shape[-1], auto_alpha)
 
   with jax.named_scope("critic_update"):
     target_params = optax.incremental_update(critic.params, agent.target_critic_params,
@@ -269,7 +304,7 @@ def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,
   new_agent = agent.replace(actor=actor, critic=critic, target_critic_params=target_params,
                             log_alpha=log_alpha)
   metrics = {
-      "critic_loss": critic_loss, "actor_loss": actor_loss, "alpha_loss": alpha_loss,
+      "critic_loss": q_loss, "actor_loss": pi_loss, "alpha_loss": temperature_loss,
       "alpha": temperature, "q_mean": q.mean(), "target_mean": y.mean(), "entropy": -logp.mean(),
   }
   for name, value in aux.items():

@@ -30,12 +30,15 @@ targets' own signature,
 and called with the key a target got, it returns exactly the per-row U that target subtracts
 (before beta, and before MOBILE / elite_spread / mixture give real rows the plain target): the
 targets call the same code (`lcb_moments`, `elite_spread_moments`, `mixture_moments`,
-`penalty_mobile`). MOPO's U is dynamics.step's mopo_penalty, which rollout.py subtracts from the
-model reward; `penalty_mopo` reads it from the same function. `get_penalty(config)` picks the one
+`penalty_mobile`). MOPO's U (`penalty_mopo`, an EnsemblePenalty: a function of every member's
+Gaussians) is what rollout.py subtracts from the model reward, computed from the rollout step's
+own prediction. `get_penalty(config)` picks the one
 of a config's algorithm; mombo_jax.analysis.quantifier_quality (the paper's Table 2, docs/spec.md
 section 9) uses nothing else.
 """
+import dataclasses
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -235,7 +238,8 @@ def penalty_mobile(agent, batch, key, *, dyn, config, term_fn=None):
 def mobile(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None,
            auto_alpha=None):
   """MOBILE: penalty = std over elites (ddof=1) of the mean over N next-state samples of min_j Q';
-  zero for real rows; y = r - beta penalty + g(1-d) min_j Q'(s', a'), s' from the buffer."""
+  zero for real rows; y = r - beta penalty + g(1-d) min_j Q'(s', a'), s' from the buffer
+  (OfflineRL-Kit offlinerlkit/policy/model_based/mobile.py: compute_lcb and learn's target_q)."""
   _, _, k_next = jax.random.split(key, 3)
   penalty = penalty_mobile(agent, batch, key, dyn=dyn, config=config, term_fn=term_fn)
   penalty = jnp.where(_real_rows(batch.reward.shape[0], config, real_rows), 0.0, penalty)
@@ -245,7 +249,8 @@ def mobile(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None
 
 
 def mopo(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None, auto_alpha=None):
-  """MOPO: the reward was penalised at rollout time (with beta); plain SAC soft target."""
+  """MOPO: the reward was penalised at rollout time (with beta: penalty_mopo); plain SAC soft
+  target (OfflineRL-Kit offlinerlkit/policy/model_based/mopo.py: its learn is SAC's)."""
   del dyn, term_fn, beta, real_rows
   return sac.soft_target(agent, batch, key, config, auto_alpha)
 
@@ -256,13 +261,33 @@ def plain(agent, batch, key, *, dyn, config, term_fn, beta=None, real_rows=None,
   return sac.soft_target(agent, batch, key, config, auto_alpha)
 
 
-def penalty_mopo(agent, batch, key, *, dyn, config, term_fn=None):
-  """U [B] of MOPO, unscaled: max over ALL members of ||(sigma_s', sigma_r)||_2 at (batch.obs,
-  batch.action), dynamics.step's mopo_penalty, which rollout.py subtracts (times lambda = beta) from
-  the model reward of every row it writes. Deterministic in (obs, action): the key only feeds
-  dynamics.step's elite / noise draws, which this value does not depend on."""
-  del agent, term_fn
-  return dynamics.step(dyn, batch.obs, batch.action, key, config, penalty=True).mopo_penalty
+def max_std_norm(ensemble: dynamics.Gaussians):
+  """MOPO's U [B] from every member's Gaussians [M, B, ...]: max over the M members of the L2 norm
+  of the std over (next-state, reward) dims (OfflineRL-Kit offlinerlkit/dynamics/
+  ensemble_dynamics.py, step: uncertainty_mode "aleatoric", amax over members of norm(std))."""
+  all_var = jnp.concatenate([ensemble.next_obs_var, ensemble.reward_var[..., None]], axis=-1)
+  return jnp.max(jnp.linalg.norm(jnp.sqrt(all_var), axis=-1), axis=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnsemblePenalty:
+  """A penalty that is a function of every ensemble member's Gaussians at (s, a) alone (no agent,
+  no key): U = of_ensemble(dynamics.Gaussians [M, B, ...]) [B]. Called like any penalty (the
+  signature above) it predicts them itself; a rollout hands it the Gaussians its own model step
+  predicted (dynamics.step(every_member=True)), so MOPO's rollout runs ONE ensemble forward per
+  model step. Hashable: it sits in an Algorithm, a static argument of the compiled epoch."""
+  of_ensemble: Callable
+
+  def __call__(self, agent, batch, key, *, dyn, config, term_fn=None):
+    del agent, key, term_fn
+    return self.of_ensemble(dynamics.Gaussians(*dynamics.predict(dyn, batch.obs, batch.action,
+                                                                 config)))
+
+
+# U [B] of MOPO, unscaled: max over ALL members of ||(sigma_s', sigma_r)||_2 at (batch.obs,
+# batch.action) (max_std_norm), which rollout.py subtracts (times lambda = beta) from the model
+# reward of every row it writes. Deterministic in (obs, action).
+penalty_mopo = EnsemblePenalty(max_std_norm)
 
 
 def _function(fn):

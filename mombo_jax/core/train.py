@@ -14,6 +14,7 @@ diverged seed's step metrics may be NaN: consumers mask them with metrics["diver
 """
 import dataclasses
 import functools
+from typing import Any
 
 import chex
 import flax.struct as struct
@@ -64,7 +65,7 @@ class Cell(struct.PyTreeNode):
   """What may differ between the cells (seeds x datasets x betas x their datasets' paper settings)
   of one compiled program; vmapped with the state (leading cell axis). Every other setting is the
   program config's, shared by all cells."""
-  dataset: jax.Array        # int32 scalar: which of the stacked datasets (buffer.stack) it
+  dataset_index: jax.Array  # int32 scalar: which of the stacked datasets (buffer.stack) it
                             # trains on
   size: jax.Array           # int32 scalar: that dataset's real transitions (rows past it: padding)
   beta: jax.Array           # f32 scalar: MOMBO / MOBILE beta, MOPO lambda
@@ -75,17 +76,17 @@ class Cell(struct.PyTreeNode):
   auto_alpha: jax.Array     # bool scalar: learns its temperature (else config.agent.alpha)
 
 
-def make_cells(dataset, size, configs) -> Cell:
-  """Cell with arrays [C]: dataset and size per cell (sequences, or numbers broadcast), the other
-  fields from each cell's own config (`configs`: one per cell, or one Config for all): its beta,
-  rollout_length, real_rows = int(batch_size * real_ratio) and auto_alpha."""
-  n = max(np.size(dataset), np.size(size), 1 if dataclasses.is_dataclass(configs)
+def make_cells(dataset_index, size, configs) -> Cell:
+  """Cell with arrays [C]: dataset_index and size per cell (sequences, or numbers broadcast), the
+  other fields from each cell's own config (`configs`: one per cell, or one Config for all): its
+  beta, rollout_length, real_rows = int(batch_size * real_ratio) and auto_alpha."""
+  n = max(np.size(dataset_index), np.size(size), 1 if dataclasses.is_dataclass(configs)
           else len(configs))
   if dataclasses.is_dataclass(configs):
     configs = [configs] * n
   as_ = lambda x, t: np.broadcast_to(np.asarray(x, t), (n,)).copy()  # noqa: E731
   per = lambda f: as_([f(c) for c in configs], None)                  # noqa: E731
-  return Cell(dataset=as_(dataset, np.int32), size=as_(size, np.int32),
+  return Cell(dataset_index=as_(dataset_index, np.int32), size=as_(size, np.int32),
               beta=per(lambda c: c.beta).astype(np.float32),
               rollout_length=per(lambda c: c.rollout.rollout_length).astype(np.int32),
               real_rows=per(lambda c: buffer.real_rows(c.agent.batch_size,
@@ -168,59 +169,83 @@ def make_epoch(config, per_cell=(), choices: rewrites.Rewrites = None):
 
   def epoch(state: CellState, real: buffer.Batch, key, cell: Cell = None):
     with rewrites.tracing(choices):
-      return _epoch(state, real, key, cell)
-
-  def _epoch(state, real, key, cell):
-    if cell is None:
-      chex.assert_rank(real.obs, 2)
-      dataset, size, beta, k, auto_alpha = None, real.obs.shape[0], None, None, None
-      n_real = buffer.real_rows(config.agent.batch_size, config.rollout.real_ratio)
-    else:
-      chex.assert_rank(real.obs, 3)
-      chex.assert_rank([cell.rollout_length, cell.real_rows, cell.auto_alpha], 0)
-      dataset, size, beta = cell.dataset, cell.size, cell.beta
-      # Python values where the cells agree: the static program of a plain run.
-      own = lambda f, value, static: value if f in per_cell else static  # noqa: E731
-      k = own("rollout_length", cell.rollout_length, None)
-      n_real = (cell.real_rows if "real_ratio" in per_cell
-                else buffer.real_rows(config.agent.batch_size, config.rollout.real_ratio))
-      auto_alpha = own("auto_alpha", cell.auto_alpha, None)
-    k_start, k_roll, k_steps = jax.random.split(key, 3)
-    agent, dyn = state.agent, state.dynamics
-    start = jax.random.randint(k_start, (config.rollout.rollout_batch_size,), 0, size)
-    policy_fn = functools.partial(_policy, agent, config)
-    with jax.named_scope("rollout"):
-      ring, roll_metrics = rollout.run(k_roll, policy_fn, dyn,
-                                       buffer.take(real, start, dataset).obs, state.buffer,
-                                       config, term_fn, beta=beta, length=k,
-                                       capacity=None if k is None else capacity(config, k))
-    target_fn = targets.bind(config, dyn, term_fn, beta=beta, real_rows=n_real,
-                             auto_alpha=auto_alpha)
-
-    def step(agent, key):
-      k_batch, k_update = jax.random.split(key)
-      batch = buffer.sample_mixed(real, ring, k_batch, config.agent.batch_size, n_real, dataset,
-                                  size)
-      return sac.update(agent, batch, k_update, target_fn, config, auto_alpha)
-
-    agent, step_metrics = jax.lax.scan(step, agent,
-                                       jax.random.split(k_steps, config.steps_per_epoch))
-    failed = health_checks(agent, step_metrics, config)
-    newly = functools.reduce(jnp.logical_or, failed.values())
-    diverged = state.diverged | newly
-    # Selection per seed: the frozen seed keeps its input agent; its ring buffer may take the new
-    # rows (it is never trained on again) so no second copy of the large buffer is kept.
-    agent = jax.tree.map(lambda new, old: jnp.where(diverged, old, new), agent, state.agent)
-    metrics = dict(step_metrics)
-    metrics.update({f"rollout/{k}": v for k, v in roll_metrics.items()})
-    metrics["diverged"] = diverged
-    metrics.update({f"diverged/{k}": v & ~state.diverged for k, v in failed.items()})
-    return state.replace(agent=agent, buffer=ring, epoch=state.epoch + 1,
-                         diverged=diverged), metrics
+      return _epoch(config, term_fn, state, real, key, _cell_values(config, per_cell, real, cell))
 
   # Every dot of the epoch (rollout, critic and actor updates, their gradients) at the run's
   # precision, whoever traces it (xla_options.at_precision): float32 by default, the references'.
   return xla_options.at_precision(epoch, config.matmul_precision)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CellValues:
+  """The per-cell values one epoch reads: the Cell's (traced) where the program's cells differ in
+  them, else static (the config's Python value, or None: the reader's default is the config's)."""
+  dataset_index: Any        # None: real is one dataset [N, ...]
+  size: Any                 # the real rows drawn from
+  beta: Any                 # None: config.beta
+  rollout_length: Any       # None: the program's K
+  real_rows: Any            # real rows per batch
+  auto_alpha: Any           # None: config.agent.auto_alpha
+
+  def rollout_settings(self, config) -> rollout.CellRollout:
+    """The cell's own rollout settings (its ring slots: the capacity of its own k)."""
+    k = self.rollout_length
+    return rollout.CellRollout(self.beta, k, None if k is None else capacity(config, k))
+
+
+def _cell_values(config, per_cell, real, cell) -> _CellValues:
+  """The _CellValues of a cell (Cell, or None for one dataset at config's settings)."""
+  if cell is None:
+    chex.assert_rank(real.obs, 2)
+    return _CellValues(None, real.obs.shape[0], None, None, _static_rows(config), None)
+  chex.assert_rank(real.obs, 3)
+  chex.assert_rank([cell.rollout_length, cell.real_rows, cell.auto_alpha], 0)
+  # Python values where the cells agree: the static program of a plain run. (Where they differ,
+  # the program's settings hold None: epoch_settings.)
+  own = lambda f, value, static: value if f in per_cell else static  # noqa: E731
+  return _CellValues(cell.dataset_index, cell.size, cell.beta,
+                     own("rollout_length", cell.rollout_length, None),
+                     cell.real_rows if "real_ratio" in per_cell else _static_rows(config),
+                     own("auto_alpha", cell.auto_alpha, None))
+
+
+def _static_rows(config) -> int:
+  """The real rows per batch of config's real_ratio (the cells agree in it)."""
+  return buffer.real_rows(config.agent.batch_size, config.rollout.real_ratio)
+
+
+def _epoch(config, term_fn, state: CellState, real: buffer.Batch, key, cell: _CellValues):
+  """One epoch of one cell (make_epoch's): the rollout, the gradient steps, the divergence check."""
+  k_start, k_roll, k_steps = jax.random.split(key, 3)
+  agent, dyn = state.agent, state.dynamics
+  start = jax.random.randint(k_start, (config.rollout.rollout_batch_size,), 0, cell.size)
+  policy_fn = functools.partial(_policy, agent, config)
+  with jax.named_scope("rollout"):
+    ring, roll_metrics = rollout.run(k_roll, policy_fn, dyn,
+                                     buffer.take(real, start, cell.dataset_index).obs,
+                                     state.buffer, config, term_fn, cell.rollout_settings(config))
+  target_fn = targets.bind(config, dyn, term_fn, beta=cell.beta, real_rows=cell.real_rows,
+                           auto_alpha=cell.auto_alpha)
+
+  def step(agent, key):
+    k_batch, k_update = jax.random.split(key)
+    batch = buffer.sample_mixed(real, ring, k_batch, config.agent.batch_size, cell.real_rows,
+                                cell.dataset_index, cell.size)
+    return sac.update(agent, batch, k_update, target_fn, config, cell.auto_alpha)
+
+  agent, step_metrics = jax.lax.scan(step, agent,
+                                     jax.random.split(k_steps, config.steps_per_epoch))
+  failed = health_checks(agent, step_metrics, config)
+  diverged = state.diverged | functools.reduce(jnp.logical_or, failed.values())
+  # Selection per seed: the frozen seed keeps its input agent; its ring buffer may take the new
+  # rows (it is never trained on again) so no second copy of the large buffer is kept.
+  agent = jax.tree.map(lambda new, old: jnp.where(diverged, old, new), agent, state.agent)
+  metrics = dict(step_metrics)
+  metrics.update({f"rollout/{k}": v for k, v in roll_metrics.items()})
+  metrics["diverged"] = diverged
+  metrics.update({f"diverged/{k}": v & ~state.diverged for k, v in failed.items()})
+  return state.replace(agent=agent, buffer=ring, epoch=state.epoch + 1,
+                       diverged=diverged), metrics
 
 
 DIVERGENCE_CHECKS = ("critic_loss", "actor_loss", "alpha_loss", "params")

@@ -313,7 +313,8 @@ def test_policy_states_are_recorded_in_the_runs_dataset_env(tiny_run, monkeypatc
 
   monkeypatch.setattr(quantifier_quality, "real_transitions", fake)
   with pytest.raises(Stop):
-    uncertainty_runs.evaluate_runs([workdir], states="policy", log=lambda *_: None)
+    uncertainty_runs.evaluate_runs([workdir], uncertainty_runs.TupleSource(states="policy"),
+                                   log=lambda *_: None)
   assert seen == [trained.load_run(workdir).dataset] == ["hopper-random"]
 
 
@@ -500,8 +501,10 @@ def test_experiment_end_to_end(tiny_run, tmp_path, states):
   draws = 20
   # 8 tuples either way (<= 8 policy tuples pad to 8), so both modes share one compilation.
   lines = []
-  rows = uncertainty_runs.evaluate_runs([workdir], states=states, episodes=2, max_episode_steps=30,
-                                   num_states=8, draws=draws, num_policy=50, log=lines.append)
+  rows = uncertainty_runs.evaluate_runs(
+      [workdir], uncertainty_runs.TupleSource(states=states, episodes=2, max_episode_steps=30,
+                                              num_states=8),
+      uncertainty_runs.Scoring(draws=draws, num_policy=50), log=lines.append)
   # One line per run: what its partial restore read of the checkpoint, and the peak memory.
   assert lines[0].startswith(f"{workdir}: read ") and "MiB of the checkpoint's" in lines[0]
   assert "ring buffers and optimiser states skipped); peak memory" in lines[0], lines

@@ -51,8 +51,8 @@ def main(argv):
   from mombo_jax.analysis import mm_vs_mc  # jax: imported once the flags are known to be good
   trained, transitions = mm_vs_mc.load_seed(FLAGS.run, FLAGS.seed_index, FLAGS.elite_rank)
   out = FLAGS.out or FLAGS.run
-  result = mm_vs_mc.run_experiment(trained, transitions, out, ns, FLAGS.num_states, FLAGS.repeats,
-                                   FLAGS.seed_index, FLAGS.elite_rank, FLAGS.seed)
+  result = mm_vs_mc.run_experiment(trained, transitions, out, ns, mm_vs_mc.Protocol(
+      FLAGS.num_states, FLAGS.repeats, FLAGS.seed_index, FLAGS.elite_rank, FLAGS.seed))
   for line in mm_vs_mc.summary_lines(result, out):
     print(line)
 

@@ -58,8 +58,9 @@ def main(argv):
   out = FLAGS.out or FLAGS.run
   result = pevi_bounds.run_experiment(
       trained, transitions, out, FLAGS.num_states, FLAGS.seed_index, FLAGS.seed,
-      num_samples=FLAGS.num_samples, delta=FLAGS.delta, horizon=FLAGS.horizon, norm=FLAGS.norm,
-      check_states=FLAGS.check_states, check_samples=FLAGS.check_samples)
+      pevi_bounds.Theorems(num_samples=FLAGS.num_samples, delta=FLAGS.delta,
+                           horizon=FLAGS.horizon, norm=FLAGS.norm),
+      pevi_bounds.MonteCarloCheck(states=FLAGS.check_states, samples=FLAGS.check_samples))
   for line in pevi_bounds.summary_lines(result, out):
     print(line)
 

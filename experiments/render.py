@@ -47,9 +47,9 @@ def main(argv):
   render.choose_backend()            # before MuJoCo is imported: it reads MUJOCO_GL then
   policy = policy_lib.load_policy(FLAGS.run or FLAGS.policy, FLAGS.seed, step=FLAGS.step,
                                   allow_diverged=FLAGS.allow_diverged)
-  render.render(policy, FLAGS.out, episodes=FLAGS.episodes, env_seed=FLAGS.env_seed,
-                width=FLAGS.width, height=FLAGS.height, max_steps=FLAGS.max_steps,
-                overlay=FLAGS.overlay)
+  render.render(policy, FLAGS.out, render.Video(
+      episodes=FLAGS.episodes, env_seed=FLAGS.env_seed, width=FLAGS.width, height=FLAGS.height,
+      max_steps=FLAGS.max_steps, overlay=FLAGS.overlay))
   print(f"wrote {FLAGS.out}")
 
 

@@ -120,8 +120,11 @@ def main(argv):
       raise _cli.UsageError(f"--{name} must be >= 1, got {getattr(FLAGS, name)}.")
   run_dirs = uncertainty_runs.find_run_dirs(FLAGS.runs)
   rows = uncertainty_runs.evaluate_runs(
-      run_dirs, FLAGS.states, FLAGS.episodes, FLAGS.every, FLAGS.num_states, FLAGS.draws,
-      FLAGS.num_policy, FLAGS.seed, FLAGS.max_episode_steps, FLAGS.chunk)
+      run_dirs, uncertainty_runs.TupleSource(
+          states=FLAGS.states, episodes=FLAGS.episodes, every=FLAGS.every,
+          max_episode_steps=FLAGS.max_episode_steps, num_states=FLAGS.num_states),
+      uncertainty_runs.Scoring(draws=FLAGS.draws, num_policy=FLAGS.num_policy, chunk=FLAGS.chunk),
+      FLAGS.seed)
   csv_path, md_path = uncertainty_runs.write_outputs(rows, FLAGS.out or FLAGS.runs[0], FLAGS.states)
   print(f"wrote {csv_path} and {os.path.basename(md_path)}")
 

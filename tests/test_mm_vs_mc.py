@@ -126,7 +126,7 @@ def test_the_figure_and_console_name_the_target_and_define_spread(tiny_run, tmp_
   figures = []
   monkeypatch.setattr(plt, "close", figures.append)
   result = mm_vs_mc.run_experiment(run, trained.load_data(run), str(tmp_path), [2, 10],
-                                   num_states=2, repeats=4)
+                                   mm_vs_mc.Protocol(num_states=2, repeats=4))
   title = f"MOMBO ({run.config.target}) on hopper-random, seed 0, epoch 2"
   assert run.config.target and result["title"] == title
   (fig,) = figures

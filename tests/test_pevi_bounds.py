@@ -23,8 +23,10 @@ def test_bounds_on_a_run_are_the_critics(tiny_run):
   nets = trained.nets[0]
   obs = np.asarray(transitions.observations[:6], np.float32)
   key = jax.random.PRNGKey(0)
-  result = pevi_bounds.evaluate(nets, obs, key, r_max=2.0, num_samples=10, delta=0.1, horizon=50,
-                                check_states=2, check_samples=4000)
+  result = pevi_bounds.evaluate(nets, obs, key, r_max=2.0,
+                                theorems=pevi_bounds.Theorems(num_samples=10, delta=0.1,
+                                                              horizon=50),
+                                check=pevi_bounds.MonteCarloCheck(states=2, samples=4000))
   # The layers read from the checkpoint are the critic: same moment-matched moments.
   x, x_var, next_action = pevi_bounds.critic_inputs(nets, obs, key)
   s = obs.shape[1]

@@ -172,8 +172,8 @@ def renderer():
 def test_render_a_gif(policy, renderer, tmp_path):
   from PIL import Image, ImageSequence
   out = str(tmp_path / "ep.gif")
-  results = render.render(policy, out, episodes=2, env_seed=5, width=64, height=48, max_steps=3,
-                          log=lambda *a: None)
+  video = render.Video(episodes=2, env_seed=5, width=64, height=48, max_steps=3)
+  results = render.render(policy, out, video, log=lambda *a: None)
   assert [r["env_seed"] for r in results] == [5, 6]
   assert all(r["length"] == 3 and r["ended"] == "max_steps" for r in results)
   assert all(np.isfinite(r["return"]) and np.isfinite(r["normalized_score"]) for r in results)
@@ -215,7 +215,8 @@ def test_render_an_mp4(policy, renderer, tmp_path, monkeypatch):
   monkeypatch.setattr(render._Mp4, "add", lambda self, frame: (drawn.append(np.array(frame)),
                                                               add(self, frame)))
   out = tmp_path / "ep.mp4"
-  render.render(policy, str(out), width=33, height=24, max_steps=2, log=lambda *a: None)
+  render.render(policy, str(out), render.Video(width=33, height=24, max_steps=2),
+                log=lambda *a: None)
   frames, size = _decode(render._ffmpeg(), out)
   assert len(drawn) == 2 + 31 and drawn[0].shape == (24, 33, 3)
   assert size == (34, 24) and frames.shape == (len(drawn), 24, 34, 3)

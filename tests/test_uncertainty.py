@@ -98,7 +98,8 @@ def test_definition_against_a_closed_form():
     return nxt, r, jnp.zeros(o.shape[:1]), f32(u)
 
   gaps = jax.jit(lambda key: quantifier_quality.bellman_gaps(
-      policy_fn, q_fn, draw_fn, f32(obs), f32(action), f32(reward), f32(next_obs), f32(done), key,
+      policy_fn, q_fn, draw_fn, quantifier_quality.Tuples(
+          f32(obs), f32(action), f32(reward), f32(next_obs), f32(done)), key,
       gamma=g, num_draws=M, num_policy=P))(jax.random.PRNGKey(0))
   assert gaps["sample"].shape == gaps["u"].shape == (M, B) and gaps["exact"].shape == (B,)
 
@@ -222,9 +223,9 @@ def test_the_alternative_readings_on_a_hand_computed_case():
     return quantifier_quality.Draw(jnp.asarray(mu), jnp.asarray(mu_r), jnp.asarray(done_hat),
                                    jnp.asarray(u), jnp.asarray(u_eq1))
 
-  gaps = quantifier_quality.bellman_gaps(policy_fn, q_fn, draw_fn, obs, action, reward, next_obs,
-                                         done, jax.random.PRNGKey(0), gamma=g, num_draws=M,
-                                         num_policy=5)
+  tuples = quantifier_quality.Tuples(obs, action, reward, next_obs, done)
+  gaps = quantifier_quality.bellman_gaps(policy_fn, q_fn, draw_fn, tuples, jax.random.PRNGKey(0),
+                                         gamma=g, num_draws=M, num_policy=5)
   q_hat = (1 - done_hat) * (mu @ w + mu @ K)
   np.testing.assert_allclose(gaps["sample_real_reward"], np.broadcast_to(reward + g * q_hat,
                                                                          (M, B)), rtol=1e-6)
@@ -243,8 +244,8 @@ def test_the_alternative_readings_on_a_hand_computed_case():
   assert got["penalty_eq1_mean"] == pytest.approx(beta * u_eq1.mean())
   # A 4-tuple draw (no u_eq1) scores the real-reward reading only.
   plain = quantifier_quality.bellman_gaps(
-      policy_fn, q_fn, lambda o, a, k: draw_fn(o, a, k)[:4], obs, action, reward, next_obs, done,
-      jax.random.PRNGKey(0), gamma=g, num_draws=M, num_policy=5)
+      policy_fn, q_fn, lambda o, a, k: draw_fn(o, a, k)[:4], tuples, jax.random.PRNGKey(0),
+      gamma=g, num_draws=M, num_policy=5)
   assert "u_eq1" not in plain and "sample_real_reward" in plain
   assert not any(k.endswith("_eq1") for k in quantifier_quality.reading_scores(
       {k: np.asarray(v) for k, v in plain.items()}, beta))
@@ -313,7 +314,8 @@ def test_policy_states_are_recorded_in_the_runs_dataset_env(tiny_run, monkeypatc
 
   monkeypatch.setattr(quantifier_quality, "real_transitions", fake)
   with pytest.raises(Stop):
-    uncertainty_runs.evaluate_runs([workdir], states="policy", log=lambda *_: None)
+    uncertainty_runs.evaluate_runs([workdir], uncertainty_runs.TupleSource(states="policy"),
+                                   log=lambda *_: None)
   assert seen == [trained.load_run(workdir).dataset] == ["hopper-random"]
 
 
@@ -500,8 +502,10 @@ def test_experiment_end_to_end(tiny_run, tmp_path, states):
   draws = 20
   # 8 tuples either way (<= 8 policy tuples pad to 8), so both modes share one compilation.
   lines = []
-  rows = uncertainty_runs.evaluate_runs([workdir], states=states, episodes=2, max_episode_steps=30,
-                                   num_states=8, draws=draws, num_policy=50, log=lines.append)
+  rows = uncertainty_runs.evaluate_runs(
+      [workdir], uncertainty_runs.TupleSource(states=states, episodes=2, max_episode_steps=30,
+                                              num_states=8),
+      uncertainty_runs.Scoring(draws=draws, num_policy=50), log=lines.append)
   # One line per run: what its partial restore read of the checkpoint, and the peak memory.
   assert lines[0].startswith(f"{workdir}: read ") and "MiB of the checkpoint's" in lines[0]
   assert "ring buffers and optimiser states skipped); peak memory" in lines[0], lines

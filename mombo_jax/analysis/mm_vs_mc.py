@@ -7,6 +7,7 @@ Shapes: B = states, S = obs dim, A = action dim, E = critics, N = Monte Carlo sa
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Callable, Sequence
@@ -201,14 +202,28 @@ def load_seed(run_dir: str, seed_index: int = 0, elite_rank: int = 0, log=print)
   return trained, transitions
 
 
-def run_experiment(trained, transitions, out: str, ns: Sequence[int], num_states: int = 4,
-                   repeats: int = 50, seed_index: int = 0, elite_rank: int = 0,
-                   seed: int = 0) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+  """Where and how often run_experiment estimates: at num_states distinct dataset states (drawn
+  with `seed`), with seed seed_index's networks and its elite of rank elite_rank (0 = best
+  holdout loss), each Monte Carlo estimate repeated `repeats` times."""
+  num_states: int = 4
+  repeats: int = 50
+  seed_index: int = 0
+  elite_rank: int = 0
+  seed: int = 0
+
+
+def run_experiment(trained, transitions, out: str, ns: Sequence[int],
+                   protocol: Protocol = Protocol()) -> dict:
   """mm_vs_mc on `num_states` distinct dataset states (observations [num_states, S], drawn with
-  `seed`) of seed `seed_index` of a loaded run; writes mm_vs_mc.csv (summary rows),
-  mm_vs_mc_estimates.csv (every estimate) and mm_vs_mc.png into `out`. Returns mm_vs_mc's dict,
-  plus "title" (the run: its algorithm label with MOMBO's target, dataset, seed, epoch) and
-  "repeats"."""
+  `seed`) of seed `seed_index` of a loaded run (the fields of `protocol`); writes mm_vs_mc.csv
+  (summary rows), mm_vs_mc_estimates.csv (every estimate) and mm_vs_mc.png into `out`. Returns
+  mm_vs_mc's dict, plus "title" (the run: its algorithm label with MOMBO's target, dataset, seed,
+  epoch) and "repeats"."""
+  num_states, repeats, seed_index, elite_rank, seed = (
+      protocol.num_states, protocol.repeats, protocol.seed_index, protocol.elite_rank,
+      protocol.seed)
   rng = np.random.default_rng(seed)
   idx = rng.choice(len(transitions.observations), num_states, replace=False)
   obs = np.asarray(transitions.observations[idx], np.float32)

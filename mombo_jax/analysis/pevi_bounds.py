@@ -25,6 +25,7 @@ Shapes: B = states, S = obs dim, A = action dim, E = critics, L = layers.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -59,34 +60,52 @@ def critic_inputs(nets: SeedNets, obs, key):
   return x, jnp.concatenate([var, jnp.zeros_like(next_action)], axis=-1), next_action
 
 
-def evaluate(nets: SeedNets, obs, key, r_max: float, num_samples: int = NUM_SAMPLES,
-             delta: float = DELTA, horizon: int = HORIZON, norm: str = "operator",
-             check_states: int = 4, check_samples: int = 10_000) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Theorems:
+  """The theorems' free quantities (each a flag of experiments.pevi_bounds): Theorem 2's N
+  (num_samples) and delta, the horizon H of both, and the layers' L1 norm of both ("operator":
+  max row sum of |kernel|, or "entrywise"; bounds.layer_norm)."""
+  num_samples: int = NUM_SAMPLES
+  delta: float = DELTA
+  horizon: int = HORIZON
+  norm: str = "operator"
+
+
+@dataclasses.dataclass(frozen=True)
+class MonteCarloCheck:
+  """The yardstick: Monte Carlo's W1 at the first `states` states, from `samples` samples each
+  (states=0: none)."""
+  states: int = 4
+  samples: int = 10_000
+
+
+def evaluate(nets: SeedNets, obs, key, r_max: float, theorems: Theorems = Theorems(),
+             check: MonteCarloCheck = MonteCarloCheck()) -> dict:
   """Both theorems at states obs [B, S] of one seed's networks. Per state b, the critic is j*(b)
   (the smaller MM mean), and both bounds use its layers. Returns dict(mm_w1 [B] (Lemma 3),
   mm_bound [B] (Theorem 3: 2 H mm_w1), sampling_bound [B] (Theorem 2), norms [E, L], member [B],
-  gamma, and, for the first
-  check_states states, empirical_w1 [<=B]: the 1-D W1 between check_samples Monte Carlo values of
-  Q_j*(s', a') and the moment-matched Gaussian, and its sampling margin)."""
+  gamma, and, for the first check.states states, empirical_w1 [<=B]: the 1-D W1 between
+  check.samples Monte Carlo values of Q_j*(s', a') and the moment-matched Gaussian, and its
+  sampling margin)."""
   gamma = float(nets.config.agent.gamma)
   x, x_var, _ = critic_inputs(nets, jnp.asarray(obs, jnp.float32), key)
   num_critics = nets.target_critic["params"]["members"]["MMDense_0"]["kernel"].shape[0]
-  per_member = [bounds.moment_matching_bound(member_layers(nets, e), x, x_var, norm)
+  per_member = [bounds.moment_matching_bound(member_layers(nets, e), x, x_var, theorems.norm)
                 for e in range(num_critics)]
   means = jnp.stack([r.mean[..., 0] for r in per_member])                 # [E, B]
   member = np.asarray(jnp.argmin(means, axis=0))
   rows = np.arange(x.shape[0])
   w1 = np.asarray(jnp.stack([r.w1 for r in per_member]))[member, rows]
   norms = np.asarray(jnp.stack([r.norms for r in per_member]))             # [E, L]
-  sampling = np.asarray(bounds.sampling_pevi_bound(norms, num_samples, delta, r_max, gamma,
-                                                    horizon))
-  out = dict(mm_w1=w1, mm_bound=np.asarray(bounds.mm_pevi_bound(w1, horizon)),
+  sampling = np.asarray(bounds.sampling_pevi_bound(norms, theorems.num_samples, theorems.delta,
+                                                    r_max, gamma, theorems.horizon))
+  out = dict(mm_w1=w1, mm_bound=np.asarray(bounds.mm_pevi_bound(w1, theorems.horizon)),
              sampling_bound=sampling[member], norms=norms, member=member, gamma=gamma,
              mm_mean=np.asarray(means)[member, rows],
              mm_var=np.asarray(jnp.stack([r.var[..., 0] for r in per_member]))[member, rows])
-  k = min(int(check_states), x.shape[0])
+  k = min(int(check.states), x.shape[0])
   if k:
-    eps = jax.random.normal(jax.random.fold_in(key, 1), (int(check_samples), k, x.shape[-1]))
+    eps = jax.random.normal(jax.random.fold_in(key, 1), (int(check.samples), k, x.shape[-1]))
     samples = x[:k] + jnp.sqrt(x_var[:k]) * eps                            # [N, k, S+A]
     q = np.asarray(jax.jit(lambda p, z: _apply_layers(p, z))(
         [member_layers(nets, int(e)) for e in member[:k]], samples))        # [N, k]
@@ -109,19 +128,20 @@ def _apply_layers(per_state_layers, samples):
 
 
 def run_experiment(trained, transitions, out: str, num_states: int = 1000, seed_index: int = 0,
-                   seed: int = 0, **kwargs) -> dict:
+                   seed: int = 0, theorems: Theorems = Theorems(),
+                   check: MonteCarloCheck = MonteCarloCheck()) -> dict:
   """evaluate() at num_states dataset states (drawn with `seed`; all if fewer) of seed
   `seed_index`, R_max = max |reward| of the dataset; writes pevi_bounds.csv (one row per state)
-  into `out`. Returns evaluate's dict plus title, r_max, num_states and the settings used."""
+  into `out`. Returns evaluate's dict plus title, r_max, num_states and the theorems' settings
+  (num_samples, delta, horizon, norm)."""
   rng = np.random.default_rng(seed)
   n = len(transitions.observations)
   idx = rng.choice(n, min(int(num_states), n), replace=False)
   obs = np.asarray(transitions.observations[idx], np.float32)
   r_max = float(np.max(np.abs(transitions.rewards)))
-  result = evaluate(trained.nets[seed_index], obs, jax.random.PRNGKey(seed), r_max, **kwargs)
-  settings = dict(num_samples=NUM_SAMPLES, delta=DELTA, horizon=HORIZON, norm="operator")
-  settings.update({k: v for k, v in kwargs.items() if k in settings})
-  result.update(settings, r_max=r_max, num_states=len(idx), title=(
+  result = evaluate(trained.nets[seed_index], obs, jax.random.PRNGKey(seed), r_max, theorems,
+                    check)
+  result.update(dataclasses.asdict(theorems), r_max=r_max, num_states=len(idx), title=(
       f"{labels.algo_label(trained.config.settings())} on {trained.dataset}, seed "
       f"{trained.seeds[seed_index]}, epoch {trained.epoch}"))
   os.makedirs(out, exist_ok=True)

@@ -110,17 +110,27 @@ def sample_bellman(policy_fn: Callable, q_fn: Callable, draw_fn: Callable, obs, 
   return out
 
 
-def bellman_gaps(policy_fn: Callable, q_fn: Callable, draw_fn: Callable, obs, action, reward,
-                 next_obs, done, key, *, gamma: float, num_draws: int = 100,
-                 num_policy: int = 1000) -> dict:
-  """The core of the experiment on tuples (obs [B, S], action [B, A], reward [B], next_obs [B, S],
-  done [B]) of the real environment, from plain callables (closed-form pieces in tests; a trained
-  run's networks in `uncertainty_quality`): see exact_bellman, sample_bellman.
+class Tuples(NamedTuple):
+  """Tuples (s, a, r, s'_real, d) of the real environment: obs [B, S], action [B, A], reward [B],
+  next_obs [B, S], done [B]."""
+  obs: Any
+  action: Any
+  reward: Any
+  next_obs: Any
+  done: Any
+
+
+def bellman_gaps(policy_fn: Callable, q_fn: Callable, draw_fn: Callable, tuples: Tuples, key, *,
+                 gamma: float, num_draws: int = 100, num_policy: int = 1000) -> dict:
+  """The core of the experiment on `tuples` of the real environment, from plain callables
+  (closed-form pieces in tests; a trained run's networks in `uncertainty_quality`): see
+  exact_bellman, sample_bellman.
 
   Returns {"exact": B Q [B], "sample": B^ Q [M, B], "u": U [M, B] (unscaled), "sample_real_reward":
   B^ Q with the real reward [M, B], and "u_eq1": [M, B] where draw_fn gives it}, M = num_draws
   independent draws (sequential: memory of one draw).
   """
+  obs, action, reward, next_obs, done = tuples
   chex.assert_rank([obs, action, next_obs, reward, done], [2, 2, 2, 1, 1])
   chex.assert_equal_shape_prefix([obs, action, next_obs, reward, done], 1)
   k_exact, k_draws = jax.random.split(key)
@@ -255,10 +265,10 @@ def seed_functions(nets: SeedNets):
 
 
 @functools.partial(jax.jit, static_argnames=("num_draws", "num_policy"))
-def _seed_gaps(nets, obs, action, reward, next_obs, done, key, num_draws, num_policy):
+def _seed_gaps(nets, tuples, key, num_draws, num_policy):
   # The networks are an argument, never closed over: XLA would fold the weights in as constants.
   policy_fn, q_fn, draw_fn = seed_functions(nets)
-  return bellman_gaps(policy_fn, q_fn, draw_fn, obs, action, reward, next_obs, done, key,
+  return bellman_gaps(policy_fn, q_fn, draw_fn, tuples, key,
                       gamma=nets.config.agent.gamma, num_draws=num_draws, num_policy=num_policy)
 
 
@@ -279,8 +289,7 @@ def uncertainty_quality(nets: SeedNets, batch: dict, key, num_draws: int = 100,
   Tuples go through in jitted chunks of `chunk` rows (the last one padded with copies of its first
   row, dropped after): memory is num_policy x chunk critic rows for B Q, and few compilations.
   """
-  arrays = {k: np.asarray(batch[k], np.float32) for k in ("obs", "action", "reward", "next_obs",
-                                                           "done")}
+  arrays = {k: np.asarray(batch[k], np.float32) for k in Tuples._fields}
   n = arrays["reward"].shape[0]
   if n == 0:
     raise InvalidArgument("No tuples to evaluate the uncertainty quantifier on.")
@@ -289,8 +298,7 @@ def uncertainty_quality(nets: SeedNets, batch: dict, key, num_draws: int = 100,
   for i, lo in enumerate(range(0, n, size)):
     take = np.arange(lo, lo + size)
     take = np.where(take < n, take, lo)
-    res = _seed_gaps(nets, *(jnp.asarray(arrays[k][take]) for k in
-                             ("obs", "action", "reward", "next_obs", "done")),
+    res = _seed_gaps(nets, Tuples(*(jnp.asarray(arrays[k][take]) for k in Tuples._fields)),
                      jax.random.fold_in(key, i), num_draws, num_policy)
     keep = min(size, n - lo)
     parts.append(jax.tree.map(lambda x, keep=keep: np.asarray(x)[..., :keep], res))

@@ -1,6 +1,6 @@
 """Episode videos of a trained policy (policy.Policy), rendered headless by MuJoCo.
 
-    render.render(policy, "hopper.gif", episodes=1, env_seed=0, width=320, height=240)
+    render.render(policy, "hopper.gif", render.Video(episodes=1, width=320, height=240))
 
 The policy acts deterministically (tanh(mean), evaluation's action) in the gymnasium env made with
 render_mode="rgb_array"; episode i is reset with env_seed + i and runs to termination, the time
@@ -21,6 +21,7 @@ naming the Debian packages (libegl1, libosmesa6) and the MUJOCO_GL setting.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import shutil
@@ -235,13 +236,24 @@ def make_render_env(env_name, width: int, height: int):
   raise UserError(f"MuJoCo's renderer failed (MUJOCO_GL={backend}: {problem}); {INSTALL_HINT}.")
 
 
-def render(policy, out: str, episodes: int = 1, env_seed: int = 0, width: int = 480,
-           height: int = 480, max_steps: Optional[int] = None, overlay: bool = True,
-           log: Callable = print) -> List[dict]:
-  """Renders `episodes` episodes of the policy's deterministic action into the video `out` (.gif
-  or .mp4); episode i is reset with env_seed + i and runs to termination or the time limit, or
-  max_steps steps. Returns per episode {episode, env_seed, return, normalized_score, length,
+@dataclasses.dataclass(frozen=True)
+class Video:
+  """What render draws: `episodes` episodes, one after the other (episode i reset with
+  env_seed + i, each run to termination, the time limit or max_steps steps; None: no cut), in
+  frames [height, width, 3], with the overlay text (overlay=False: none)."""
+  episodes: int = 1
+  env_seed: int = 0
+  width: int = 480
+  height: int = 480
+  max_steps: Optional[int] = None
+  overlay: bool = True
+
+
+def render(policy, out: str, video: Video = Video(), log: Callable = print) -> List[dict]:
+  """Renders the episodes `video` names of the policy's deterministic action into the video file
+  `out` (.gif or .mp4). Returns per episode {episode, env_seed, return, normalized_score, length,
   ended} (ended: terminated / truncated / max_steps). See the module docstring."""
+  episodes, width, height, max_steps = video.episodes, video.width, video.height, video.max_steps
   if episodes < 1:
     raise UserError(f"episodes must be >= 1, got {episodes}.")
   if width < 8 or height < 8:
@@ -263,13 +275,13 @@ def render(policy, out: str, episodes: int = 1, env_seed: int = 0, width: int = 
   results = []
   try:
     for i in range(episodes):
-      seed = int(env_seed) + i
+      seed = int(video.env_seed) + i
       obs, _ = env.reset(seed=seed)
       total, t, ended = 0.0, 0, "max_steps"
 
       def frame():
         image = env.render()
-        if overlay:
+        if video.overlay:
           score = float(scores.normalized_score(policy.dataset, total))
           image = _overlay(image, f"{label}\nep {i}  t={t}  return {total:.1f}  score {score:.1f}")
         return image

@@ -8,7 +8,9 @@ seed), and writing uncertainty[_<states>].csv / .md (`write_outputs`, `table_mar
 over seeds beside the paper's own Table 2 numbers). The per-tuple Bellman backups, penalties and
 scores are mombo_jax.analysis.quantifier_quality's.
 """
+import dataclasses
 import os
+from typing import Optional
 
 import numpy as np
 
@@ -57,23 +59,47 @@ def _reading_value(res: dict, column: str) -> float:
   return float(res.get(key, float("nan")))
 
 
-def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1000, draws=100,
-                  num_policy=1000, seed=0, max_episode_steps=None, chunk=256, log=print):
+@dataclasses.dataclass(frozen=True)
+class TupleSource:
+  """Which tuples each seed is scored on: states "policy" (the paper's: `episodes` episodes of
+  the seed's policy in the real env, every `every`-th transition and the last, the time limit
+  max_episode_steps or the env's) or "dataset" (num_states transitions of the run's dataset)."""
+  states: str = "policy"
+  episodes: int = 10
+  every: int = 10
+  max_episode_steps: Optional[int] = None
+  num_states: int = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class Scoring:
+  """How each tuple is scored: `draws` model draws (one B^ Q and one U each), num_policy policy
+  samples in the exact B Q, `chunk` tuples per jitted call (memory: num_policy x chunk critic
+  rows)."""
+  draws: int = 100
+  num_policy: int = 1000
+  chunk: int = 256
+
+
+def evaluate_runs(run_dirs, source: TupleSource = TupleSource(), scoring: Scoring = Scoring(),
+                  seed: int = 0, log=print):
   """One row per (run, seed), as a dict of scalars: run, env, dataset, algo, target, states, seed,
   epoch, beta, transitions (tuples scored), draws, num_policy, accuracy, tightness,
   accuracy_unscaled, tightness_unscaled, penalty_mean, penalty_unscaled_mean, bellman_error_mean,
   below (what the run has less of than the paper's setup, paper_setup.shortfalls; "" for none),
   then the READING_COLUMNS (each seed's mean over its tuples and draws; experiments.uncertainty
-  defines them; the eq1 ones NaN for a run that is not MOMBO's). The arguments
-  are experiments.uncertainty's flags of the same names; ValueError / FileNotFoundError (a dataset
-  not found) for what the user can fix, among them a run whose dataset was rebuilt or replaced
-  since it trained (trained.check_data). log: a line per run (what reading its checkpoint read and
-  the peak memory, TrainedRun.memory_line) and a progress line per seed."""
+  defines them; the eq1 ones NaN for a run that is not MOMBO's). The fields of source and
+  scoring, and seed, are experiments.uncertainty's flags of the same names; ValueError /
+  FileNotFoundError (a dataset not found) for what the user can fix, among them a run whose
+  dataset was rebuilt or replaced since it trained (trained.check_data). log: a line per run
+  (what reading its checkpoint read and the peak memory, TrainedRun.memory_line) and a progress
+  line per seed."""
 
   # JAX and the trained nets only here (see the note at the top)
   import jax
 
   from mombo_jax.analysis import quantifier_quality, trained as trained_lib
+  states = source.states
   if states not in STATES:
     raise InvalidArgument(f"states={states}: choose one of {', '.join(STATES)}.",
                           params=("states",))
@@ -93,27 +119,30 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
     below = "; ".join(paper_setup.shortfalls(Workdir(path).read_record()))
     if states == "dataset" and trained.dataset not in datasets:
       datasets[trained.dataset] = quantifier_quality.dataset_states(
-          loaded[trained.dataset], num_states, seed)
+          loaded[trained.dataset], source.num_states, seed)
     for i, nets in enumerate(trained.nets):
       # The real env of the run's dataset (envs.eval_env_spec): its evaluation's physics.
       batch = (datasets[trained.dataset] if states == "dataset" else
-               quantifier_quality.real_transitions(nets, trained.dataset, episodes, seed + i,
-                                                   every, max_episode_steps))
+               quantifier_quality.real_transitions(nets, trained.dataset, source.episodes,
+                                                   seed + i, source.every,
+                                                   source.max_episode_steps))
       res = quantifier_quality.uncertainty_quality(nets, batch, jax.random.PRNGKey(seed + i),
-                                                   draws, num_policy, chunk)
+                                                   scoring.draws, scoring.num_policy,
+                                                   scoring.chunk)
       rows.append(dict(
           run=path, env=config.env_name, dataset=trained.dataset,
           algo=labels.algo_label(config.settings()),
           target=algorithms.variant_of(config.algo, config.target), states=states,
           seed=trained.seeds[i], epoch=trained.epoch, beta=float(config.beta),
-          transitions=int(len(res["exact"])), draws=int(draws), num_policy=int(num_policy),
+          transitions=int(len(res["exact"])), draws=int(scoring.draws),
+          num_policy=int(scoring.num_policy),
           **{k: res[f"{k}_mean"] for k in ("accuracy", "tightness", "accuracy_unscaled",
                                            "tightness_unscaled")},
           penalty_mean=res["penalty_mean"], penalty_unscaled_mean=res["penalty_unscaled_mean"],
           bellman_error_mean=res["bellman_error_mean"], below=below,
           **{k: _reading_value(res, k) for k in READING_COLUMNS}))
       log(f"{path} seed {trained.seeds[i]} ({states} states): {len(res['exact'])} tuples x "
-          f"{draws} draws, accuracy {res['accuracy_mean']:.2f} (unscaled "
+          f"{scoring.draws} draws, accuracy {res['accuracy_mean']:.2f} (unscaled "
           f"{res['accuracy_unscaled_mean']:.2f}), tightness {res['tightness_mean']:.3g} "
           f"(unscaled {res['tightness_unscaled_mean']:.3g})")
   return rows

@@ -167,87 +167,99 @@ class FullRules:
     return g.cov * _outer(c, c)
 
   def apply(self, eqn, ins):
-    name, p = eqn.primitive.name, eqn.params
-    shape = eqn.outvars[0].aval.shape
+    """One primitive with a random input: ([FGauss], exact), by arithmetic (_arithmetic), a
+    matmul (_dot), a concatenation or a change of layout (_layout)."""
+    name = eqn.primitive.name
     rand = [isinstance(x, FGauss) for x in ins]
     mean = lambda: bind(eqn, [self.mean_of(x) for x in ins])[0]  # noqa: E731
+    if name in ("add", "sub", "add_any", "neg", "mul", "div"):
+      return self._arithmetic(eqn, ins, rand, mean)
+    if any(rand[1:]) and name not in ("concatenate", "dot_general"):
+      raise Unsupported("a random value used as an index, mask or second operand")
+    if name == "dot_general":
+      return [self._dot(eqn, ins, mean())], True
+    if name == "concatenate":
+      return [self._concatenate(eqn, ins, mean())], True
+    return [self._layout(eqn, ins[0] if rand[0] else None, mean)], True
+
+  def _arithmetic(self, eqn, ins, rand, mean):
+    """x + y, -x, x * y, x / c (independent operands, see the module docstring)."""
+    name, shape = eqn.primitive.name, eqn.outvars[0].aval.shape
     if name in ("add", "sub", "add_any"):
       m = mean()
       gs = [self.broadcast(x, shape) for x in ins if isinstance(x, FGauss)]
       return [FGauss(m, sum(g.cov for g in gs[1:]) + gs[0].cov, gs[0].scalar)], True
     if name == "neg":
       return [self.neg(ins[0])], True
-    if name in ("mul", "div"):
-      m = mean()
-      if rand[1] and (name == "div" or rand[0]):
-        if name == "div":
-          raise Unsupported("division by a random value")
-        a, b = self.broadcast(ins[0], shape), self.broadcast(ins[1], shape)
-        if a.scalar:
-          return [FGauss(m, a.cov * b.cov + a.cov * (b.mean**2)[..., None, None]
-                         + b.cov * (a.mean**2)[..., None, None], True)], False
-        ma, mb = _outer(a.mean, a.mean), _outer(b.mean, b.mean)
-        return [FGauss(m, (a.cov + ma) * (b.cov + mb) - ma * mb)], False
-      g, c = (ins[0], ins[1]) if rand[0] else (ins[1], ins[0])
-      g = self.broadcast(g, shape)
-      c = jnp.broadcast_to(1.0 / c if name == "div" else c, shape)
-      scaled = (ins[0] if rand[0] else ins[1], ins[1] if rand[0] else ins[0]) \
-          if name == "mul" and np.ndim(ins[1] if rand[0] else ins[0]) == 0 else None
-      return [FGauss(m, self._scale(g, c), g.scalar, scaled=scaled)], True
-    if any(rand[1:]) and name not in ("concatenate", "dot_general"):
-      raise Unsupported("a random value used as an index, mask or second operand")
-    g = ins[0] if rand[0] else None
-    if name == "dot_general":
-      return [self._dot(eqn, ins, mean())], True
-    if name == "concatenate":
-      return [self._concatenate(eqn, ins, mean())], True
+    m = mean()
+    if rand[1] and (name == "div" or rand[0]):
+      if name == "div":
+        raise Unsupported("division by a random value")
+      a, b = self.broadcast(ins[0], shape), self.broadcast(ins[1], shape)
+      if a.scalar:
+        return [FGauss(m, a.cov * b.cov + a.cov * (b.mean**2)[..., None, None]
+                       + b.cov * (a.mean**2)[..., None, None], True)], False
+      ma, mb = _outer(a.mean, a.mean), _outer(b.mean, b.mean)
+      return [FGauss(m, (a.cov + ma) * (b.cov + mb) - ma * mb)], False
+    g, c = (ins[0], ins[1]) if rand[0] else (ins[1], ins[0])
+    g = self.broadcast(g, shape)
+    c = jnp.broadcast_to(1.0 / c if name == "div" else c, shape)
+    scaled = (ins[0] if rand[0] else ins[1], ins[1] if rand[0] else ins[0]) \
+        if name == "mul" and np.ndim(ins[1] if rand[0] else ins[0]) == 0 else None
+    return [FGauss(m, self._scale(g, c), g.scalar, scaled=scaled)], True
+
+  def _layout(self, eqn, g, mean):
+    """A cast, sum, reshape, squeeze, broadcast, transpose or slice of g (exact): an FGauss when
+    the features stay on the last axis (or are summed away into a scalar), else Unsupported."""
+    name, p = eqn.primitive.name, eqn.params
+    shape = eqn.outvars[0].aval.shape
     n = g.mean.ndim if g is not None else 0
     if name in ("convert_element_type", "copy", "copy_p", "reduce_precision"):
       if not jnp.issubdtype(eqn.outvars[0].aval.dtype, jnp.floating):
         raise Unsupported("a cast of a random value to a non-float dtype")
-      return [FGauss(mean(), g.cov.astype(eqn.outvars[0].aval.dtype), g.scalar)], True
+      return FGauss(mean(), g.cov.astype(eqn.outvars[0].aval.dtype), g.scalar)
     if name == "reduce_sum":
       axes = tuple(p["axes"])
       if g.scalar or n - 1 not in axes:
-        return [FGauss(mean(), jnp.sum(g.cov, axes), g.scalar)], True
+        return FGauss(mean(), jnp.sum(g.cov, axes), g.scalar)
       cov = jnp.sum(jnp.sum(g.cov, (-2, -1)), tuple(a for a in axes if a != n - 1))
-      return [FGauss(mean(), cov[..., None, None], True)], True
+      return FGauss(mean(), cov[..., None, None], True)
     if name == "reshape" and p.get("dimensions") is None:
       new = tuple(p["new_sizes"])
       if not g.scalar and new and new[-1] == g.mean.shape[-1]:
-        return [FGauss(mean(), g.cov.reshape(new[:-1] + new[-1:] * 2))], True
+        return FGauss(mean(), g.cov.reshape(new[:-1] + new[-1:] * 2))
       if g.scalar and new and new[-1] == 1:
-        return [FGauss(mean(), g.cov.reshape(new[:-1] + (1, 1)))], True
+        return FGauss(mean(), g.cov.reshape(new[:-1] + (1, 1)))
       if not g.scalar and g.mean.shape[-1] == 1 and new == g.mean.shape[:-1]:
-        return [FGauss(mean(), g.cov, True)], True
+        return FGauss(mean(), g.cov, True)
     if name == "squeeze":
       dims = tuple(d % n for d in p["dimensions"])
       lead = tuple(d for d in dims if d != n - 1 or g.scalar)
-      return [FGauss(mean(), lax.squeeze(g.cov, lead), g.scalar or n - 1 in dims)], True
+      return FGauss(mean(), lax.squeeze(g.cov, lead), g.scalar or n - 1 in dims)
     if name == "broadcast_in_dim":
       dims, out_n = tuple(p["broadcast_dimensions"]), len(shape)
       if g.scalar and out_n - 1 not in dims:
         cov = lax.broadcast_in_dim(g.cov, shape + shape[-1:], dims + (out_n - 1, out_n))
-        return [FGauss(mean(), cov)], True
+        return FGauss(mean(), cov)
       if g.scalar:
         cov = lax.broadcast_in_dim(g.cov, shape + (1, 1), dims + (out_n, out_n + 1))
-        return [FGauss(mean(), cov, True)], True
+        return FGauss(mean(), cov, True)
       if dims[-1] == out_n - 1:
         cov = lax.broadcast_in_dim(g.cov, shape + shape[-1:], dims[:-1] + (out_n - 1, out_n))
-        return [FGauss(mean(), cov)], True
+        return FGauss(mean(), cov)
     if name == "transpose":
       perm = tuple(p["permutation"])
       if g.scalar:
-        return [FGauss(mean(), jnp.transpose(g.cov, perm + (n, n + 1)), True)], True
+        return FGauss(mean(), jnp.transpose(g.cov, perm + (n, n + 1)), True)
       if perm[-1] == n - 1:
-        return [FGauss(mean(), jnp.transpose(g.cov, perm[:-1] + (n - 1, n)))], True
+        return FGauss(mean(), jnp.transpose(g.cov, perm[:-1] + (n - 1, n)))
     if name == "slice" and p.get("strides") is None:
       start, limit = tuple(p["start_indices"]), tuple(p["limit_indices"])
       if g.scalar:
         cov = lax.slice(g.cov, start + (0, 0), limit + (1, 1))
       else:
         cov = lax.slice(g.cov, start + start[-1:], limit + limit[-1:])
-      return [FGauss(mean(), cov, g.scalar)], True
+      return FGauss(mean(), cov, g.scalar)
     raise Unsupported("" if name not in ("reshape", "broadcast_in_dim", "transpose", "squeeze",
                                          "slice", "select_n") else
                       "covariance='full' needs the features on the last axis, kept there")

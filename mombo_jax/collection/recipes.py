@@ -49,10 +49,9 @@ from mombo_jax.collection.recording import (
   summary,
 )
 from mombo_jax.collection.sac_checkpoints import SacResult, restore_sac
-from mombo_jax.data import minari_io, names
+from mombo_jax.data import minari_io, names, provenance as prov_lib
 from mombo_jax.data.minari_io import read_episodes
 from mombo_jax.data.names import parse_name
-from mombo_jax.data import provenance as prov_lib
 from mombo_jax.data.provenance import RECIPE_STEPS
 from mombo_jax.data.scores import D4RL_REF_SCORES
 from mombo_jax.env import envs

@@ -96,8 +96,8 @@ def shortfalls(config: dict) -> List[str]:
   """What a run (its config.json) has less of than the paper's setup of its task, one phrase
   each: fewer gradient steps than the paper preset's, less of a SCALE field (a smaller preset),
   fewer transitions than its dataset's recipe, a reduced recipe its data records (config.json's
-  data_reduced: an expert partner from a shorter SAC run). Empty: nothing known falls short (a run whose
-  config or data record is too old to tell is not marked)."""
+  data_reduced: an expert partner from a shorter SAC run). Empty: nothing known falls short (a
+  run whose config or data record is too old to tell is not marked)."""
   out = []
   paper = paper_config(config)
   steps = gradient_steps(config)

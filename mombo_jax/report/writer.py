@@ -372,9 +372,10 @@ def write_report(dirs: Sequence[str], out: Optional[str] = None, log=print) -> d
 
   Warnings (skipped folders, short runs, runs of protocol/1 or without a protocol field) go to
   `log`. Returns {"runs", "groups", "table" (the D4RL-style table; None when every run is on a
-  mixed dataset), "mixed_table" (None without mixed datasets), "files"}. Raises UserError when no run is found
-  (naming the folders searched), when a run follows another protocol (check_protocols), when one
-  (setup, seed) is in two folders (results.check_duplicates), when a seed has no finite score
+  mixed dataset), "mixed_table" (None without mixed datasets), "files"}. Raises UserError when
+  no run is found (naming the folders searched), when a run follows another protocol
+  (check_protocols), when one (setup, seed) is in two folders (results.check_duplicates), when a
+  seed has no finite score
   (results.read_run), and atomic.WriteError when `out` cannot be written (nothing half-written
   is left: each file goes through a rename); every refusal comes before anything is written.
   """

@@ -1,7 +1,7 @@
 """FLOPs and op counts of one training epoch per phase (rollout, dynamics, critic update, actor
 update), computed on the CPU without running the epoch (issue 43: what the GPU's time could go to).
 
-  python3 -m benchmarks.bench_phase_counts [--algos=mombo,mobile,mopo] [--work=paper|peers]
+  python3 -m benchmarks.bench_phase_counts [--algos=mombo,mobile,mopo] [--work=paper|peers|mixed]
 
 One cell's epoch = one rollout (rollout_batch x rollout_length model steps, written to the ring) +
 steps_per_epoch gradient steps, as train.make_epoch runs it, counted in two pieces: the rollout
@@ -27,6 +27,8 @@ are a CPU proxy of the GPU's kernels; the FLOPs are the backend's work either wa
 --work=paper: the paper's epoch (make_config's defaults for hopper-medium-replay: 2 critics 2x256,
 actor 2x256, 7 x 4x200 dynamics, 5 elites, rollout 50,000 x 5, 1000 steps, batch 256);
 --work=peers: benchmarks/peers' (10 critics, actor and critics 3x256: peers/work.py Work).
+--work=mixed: the paper's mixed datasets' epoch (config._MIXED: actor 5x1024, critics 3x256,
+rollout 50,000 x 5, the rest as paper), the FLOPs benchmarks/device/sizing.py's mixed table needs.
 Runs with an older tree too (cd <old checkout>; PYTHONPATH=$PWD python3 <this file>): its totals
 then compare with this tree's (an older tree has no named scopes but the rollout's, which this
 script sets: its step's phases read 0, all in `other`).
@@ -57,6 +59,8 @@ OBS, ACT = 11, 3
 def make_config(algo, work):
   if work == "paper":
     return config_lib.make_config("hopper-medium-replay", algo)
+  if work == "mixed":   # the paper's mixed-dataset settings (config._MIXED), one for all of them
+    return config_lib.make_config("hopper-random-medium-50pct", algo)
   return config_lib.make_config(
       "hopper-medium", algo, num_critics=10, actor_hidden=(256,) * 3, critic_hidden=(256,) * 3,
       batch_size=256, steps_per_epoch=1000, rollout_batch_size=50_000, rollout_length=5,
@@ -253,7 +257,7 @@ def count(algo, work):
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--algos", default="mombo,mobile,mopo")
-  p.add_argument("--work", default="paper", choices=("paper", "peers"))
+  p.add_argument("--work", default="paper", choices=("paper", "peers", "mixed"))
   args = p.parse_args()
   common.print_header("bench_phase_counts")
   print(f"tree: {os.path.dirname(os.path.dirname(os.path.abspath(mombo_jax.__file__)))}; "

@@ -491,6 +491,20 @@ def test_from_actors_builds_the_same_datasets_twice(tmp_path):
     card = cards.card_text("hopper-expert")
   assert f"`{actors / 'expert.msgpack'}` (sha256 `{sha['expert']}`, SAC step 2)" in card
   assert "--from_actors=" in card
+  # An expert actor from a SAC run shorter than D4RL's 1M steps: a reduced expert dataset, and a
+  # reduced mix of which it is the partner, whatever their sizes; their cards say so.
+  short = "expert actor from a SAC run of 2 steps (D4RL's recipe: 1,000,000)"
+  assert prov["hopper-expert"]["reduced"] == [short] and "reduced" not in prov["hopper-medium"]
+  assert f"- REDUCED recipe: {short}" in card
+  with minari_root_at(tmp_path / "a"):
+    recipes.Builder(dataclasses.replace(opts, from_actors=None), log_fn=lambda *_: None).build(
+        "hopper-random-expert-50pct")
+    assert provenance.reduced_notes("hopper-random-expert-50pct") == [f"hopper-expert: {short}"]
+    mix = provenance.provenance("hopper-random-expert-50pct")
+    assert mix["ingredients"]["expert"]["actors"]["expert"]["sac_step"] == 2
+    assert f"- REDUCED recipe: hopper-expert: {short}" in cards.card_text(
+        "hopper-random-expert-50pct")
+    assert provenance.reduced_notes("hopper-random") == []
 
 
 def test_from_actors_and_actors_only_refusals(tmp_path):

@@ -74,7 +74,7 @@ def test_prepare_check_names_the_plans_the_2026_11_27_record_lacks():
   lacking = dict(prepare.lacking_plans(folder))
   assert list(lacking) == ["speed", "learning"]
   assert set(lacking["speed"]) == {"c", "v"} and "c_profile.md missing" in lacking["speed"]["c"]
-  assert set(lacking["learning"]) == {"d", "e"} and "by hand" in lacking["learning"]["e"]
+  assert set(lacking["learning"]) == {"d", "e", "m"} and "by hand" in lacking["learning"]["e"]
   assert prepare.newest_record() == folder or os.path.basename(prepare.newest_record()) > \
       os.path.basename(folder)
 
@@ -156,7 +156,7 @@ def test_the_learning_plan_s_smoke_and_part_e_on_its_work(smoke_kit, tmp_path):
   assert done.returncode == 0, done.stdout + done.stderr
   rec = files_ok(out)
   assert {p: r["status"] for p, r in rec["parts"].items()} == {"d": "ok"}   # a: the speed smoke's
-  assert rec["skipped"] == {"a": "not asked for (--parts)", "e": "not asked for (--parts)"}
+  assert rec["skipped"] == {p: "not asked for (--parts)" for p in "aem"}
   assert rec["rates"]["d_epochs"] == rec["rates"]["d_epochs_asked"] == 2
   learning = (out / "d_learning.md").read_text()
   assert re.search(r"^\| MOPO \| 2 \(2: 2 evaluations\) \|.*"
@@ -165,9 +165,14 @@ def test_the_learning_plan_s_smoke_and_part_e_on_its_work(smoke_kit, tmp_path):
   assert "normalised score at epoch 2," in learning
   assert (out / "d_curves.png").stat().st_size > 0
   again = run_module("benchmarks.device.record", f"--out={out}", "--smoke", "--plan=learning",
-                     "--parts=e", f"--kit={smoke_kit}", f"--work={work}", timeout=HANG_S)
+                     "--parts=em", f"--kit={smoke_kit}", f"--work={work}", timeout=HANG_S)
   assert again.returncode == 0, again.stdout + again.stderr
   rec = files_ok(out)
   assert rec["parts"]["e"]["status"] == "ok", rec
   assert "Accuracy" in (out / "e_uncertainty.md").read_text()
+  # Part m: the mixed settings' epochs side by side on d's dynamics, a rate and no score.
+  assert rec["parts"]["m"]["status"] == "ok", rec
+  mixed = (out / "m_mixed.md").read_text()
+  assert "dynamics of part d" in mixed and "side by side: " in mixed, mixed
+  assert rec["rates"]["m_epochs"] == 2 and rec["rates"]["m_epoch_s_side_by_side"] > 0
   print(f"learning smoke: {rec['wall_s']} s (part e)")

@@ -19,6 +19,8 @@ starts (benchmarks/device/sizing.py: the plans, the rates they are sized from, w
   d  learning: MOMBO (elite_spread), MOBILE, MOPO, 4 seeds, the same epochs  -> d_learning.md,
      on the kit's dataset, the paper's numbers beside them                     d_curves.png
   e  Table 2 (experiments.uncertainty) on d's runs                          -> e_uncertainty.md
+  m  the mixed cell: the three at the paper's mixed settings (actor 5x1024), -> m_mixed.md
+     4 seeds each, a few epochs: the rate that sizes the paper's mixed table
   and record.json: the plan, each part's status, cap and wall time, the skipped parts and why,
   and the rates measured (the next record's sizing starts from them).
 
@@ -51,10 +53,10 @@ from benchmarks.device import kit as kit_lib, sizing
 
 FILES = {"a": ("a_facts.txt",), "b": ("b_gpu_tests.txt",), "c": ("c_speed.md", "c_profile.md"),
          "v": ("v_variants.md",), "d": ("d_learning.md", "d_curves.png"),
-         "e": ("e_uncertainty.md",)}
+         "e": ("e_uncertainty.md",), "m": ("m_mixed.md",)}
 RECORD = "record.json"
 MODULES = {"a": "facts", "b": "gpu_tests", "c": "speed", "v": "variants", "d": "learning",
-           "e": "table2"}
+           "e": "table2", "m": "mixed_cell"}
 MAX_FILES = 8
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 # Each plan keeps within 7 files (the device returns 8: one to spare).
@@ -174,7 +176,7 @@ def main(argv=None) -> int:
                       help="With --smoke: part c compiles one program, not two (no gradient-step "
                       "table) and part v times one variant; the test suite's smoke, for time.")
   parser.add_argument("--plan", choices=sorted(sizing.PLANS), default="speed",
-                      help="Which plan: speed (a, b, c, v) or learning (a, d, e); "
+                      help="Which plan: speed (a, b, c, v) or learning (a, d, e, m); "
                       "`prepare --check` names the one the newest committed record lacks.")
   parser.add_argument("--parts", default=None,
                       help="A subset of the plan's parts, e.g. de (the others are named as "

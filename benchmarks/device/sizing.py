@@ -42,13 +42,30 @@ ALGOS = ("mombo", "mobile", "mopo")     # MOMBO is `elite_spread`, the paper's
 CELLS = (16, 1, 48, 4)           # part c's cell counts, in the order they are measured
 PROFILE_CELLS = (1, 16, 48)      # part c traces MOMBO's epoch at these (c_profile.md)
 SEEDS = 4                        # part d: seeds per algorithm (one program each)
-MIN_EPOCHS, MAX_EPOCHS = 100, 3000      # part d: the aim, and the paper's schedule
+# part d: the aim (100 before part m took 75 s of the learning plan), and the paper's schedule
+MIN_EPOCHS, MAX_EPOCHS = 60, 3000
 EVAL_EVERY = 10                  # part d: every algorithm evaluated alike (MOBILE's and MOPO's)
 DYN_MAX_EPOCHS = 30              # part d's shared dynamics (learning.py says why)
 SETUP_S = 25.0                   # installing the wheels, starting Python
 # The paper's D4RL table (the speed goals): 12 datasets x 4 seeds x 3000 epochs per algorithm.
 TABLE_CELLS, TABLE_EPOCHS = 48, 3000
 GOALS = {"ratio_16_1": 2.0, "mombo_16_s": 0.55, "table_hours": 4.0}
+# The paper's mixed table (appendix results_mixed): 3 envs x 2 partners x 4 shares = 24 datasets x
+# 4 seeds = 96 cells per algorithm, 2000 epochs, at the mixed settings (mombo_jax/settings/
+# config.py _MIXED: actor 5x1024, critics 3x256; D4RL's are 2x256 both; rollout length 5, as
+# hopper-medium-replay's, whose epochs EPOCH_S measured). No device has timed a mixed epoch yet, so
+# it is projected from EPOCH_S between two bounds, both said as estimates:
+# - low: the paper's own ratio, 11 s against 8 s per 1000 gradient steps (mixed against D4RL, RTX
+#   4090, PyTorch; its appendix "Experiment compute resources"): an epoch whose cost is not its
+#   matmuls;
+# - high: mixed_macs_ratio(), the matmul multiply-adds per sample of a gradient step at the two
+#   sizes (~14.5x): an epoch made of its matmuls, run at the D4RL epoch's utilisation (the wider
+#   layers use an H100 better, so the truth is below it).
+MIXED_CELLS, MIXED_EPOCHS = 96, 2000
+PAPER_MIXED_RATIO = 11.0 / 8.0
+PAPER_MIXED_GPU_HOURS = 600      # the paper: all MOMBO repetitions on the mixed data, its devices
+D4RL_NETS = ((256, 256), (256, 256))               # (actor_hidden, critic_hidden)
+MIXED_NETS = ((1024,) * 5, (256, 256, 256))
 
 
 def epoch_s(algo: str, cells: int, measured: Optional[Dict] = None) -> float:
@@ -73,6 +90,30 @@ def table_hours(epochs: Dict[str, float], cells: int) -> float:
   TABLE_CELLS cells per algorithm in TABLE_CELLS / cells programs, TABLE_EPOCHS epochs each, one
   after another (evaluation overlapped: runner.loop)."""
   return sum(s * TABLE_CELLS / cells for s in epochs.values()) * TABLE_EPOCHS / 3600
+
+
+def step_macs(actor_hidden, critic_hidden, obs: int = 17, act: int = 6) -> int:
+  """Matmul multiply-adds per sample of one SAC gradient step: the actor 4 times (its action at s'
+  for the target, then forward and backward of its loss, ~3x), each of the two critics 7 times
+  (target forward, forward and backward of their loss, and of the actor's loss through them).
+  obs / act: walker2d's and halfcheetah's dims (hopper's 11 / 3 give within 4 %)."""
+  def mlp(sizes):
+    return sum(a * b for a, b in zip(sizes, sizes[1:]))
+  actor = mlp((obs, *actor_hidden, 2 * act))
+  critic = mlp((obs + act, *critic_hidden, 1))
+  return 4 * actor + 2 * 7 * critic
+
+
+def mixed_macs_ratio() -> float:
+  """step_macs at the mixed sizes over D4RL's (the high bound's ratio)."""
+  return step_macs(*MIXED_NETS) / step_macs(*D4RL_NETS)
+
+
+def mixed_table_hours(ratio: float, cells: int = 16) -> float:
+  """The paper's mixed table in device-hours, each algorithm's 16-cell D4RL epoch (EPOCH_S) times
+  `ratio`: MIXED_CELLS cells per algorithm in MIXED_CELLS / cells programs, MIXED_EPOCHS epochs."""
+  return sum(epoch_s(a, cells) * ratio * MIXED_CELLS / cells
+             for a in ALGOS) * MIXED_EPOCHS / 3600
 
 
 @dataclasses.dataclass
@@ -105,21 +146,26 @@ def sizes(smoke: bool) -> Sizes:
 
 # --- the plans: each fits one call; its parts' caps are fixed before the first part starts -------
 
-PARTS = ("a", "b", "c", "v", "d", "e")
-PLANS = {"speed": ("a", "b", "c", "v"), "learning": ("a", "d", "e")}
+PARTS = ("a", "b", "c", "v", "d", "e", "m")
+PLANS = {"speed": ("a", "b", "c", "v"), "learning": ("a", "d", "e", "m")}
+MIXED_CELL_EPOCHS = 5            # part m: epochs of each algorithm at the mixed settings
 # Seconds of each part in a plan of budget B (setup excluded): a and b at their measured walls
 # with room, v its variants (variants.py: compiled side by side, timed in turn), e Table 2 at the
 # paper's settings, c and d what is left (c: its rows as far as they fit; d: its epochs).
 FIXED = {"a": 15.0,                      # A_S and Python's start, pip freeze on a busy host
          "b": round(B_S * 1.25),          # 96 s
          "v": 130.0,                      # 10 variants, 2 waves of WAVE (variants.py)
-         "e": E_S + 5}
+         "e": E_S + 5,
+         # m: start-up and data (~15 s), compiling the three side by side (~20 s each, D4RL's
+         # COMPILE_S), MIXED_CELL_EPOCHS epochs at the unmeasured mixed rate (~1.5-16 s at 16
+         # cells, so ~1-5 s at 4: sizing's bounds), the one evaluation.
+         "m": 75.0}
 # The least worth starting a part with (the plan drops the last parts that cannot have it).
-FLOOR = {"a": 10.0, "b": 30.0, "c": 60.0, "v": 60.0, "d": 120.0, "e": 30.0}
-SMOKE_FLOOR = {"a": 5.0, "b": 25.0, "c": 20.0, "v": 20.0, "d": 40.0, "e": 15.0}
+FLOOR = {"a": 10.0, "b": 30.0, "c": 60.0, "v": 60.0, "d": 120.0, "e": 30.0, "m": 45.0}
+SMOKE_FLOOR = {"a": 5.0, "b": 25.0, "c": 20.0, "v": 20.0, "d": 40.0, "e": 15.0, "m": 20.0}
 # Smoke: seconds on the 2-core CPU (limits, not what the smoke takes: a 4 s, b 8-16 s, c 40-70 s,
 # d 44-65 s, e 7-16 s at load 5-7, benchmarks/device/README.md).
-SMOKE = {"a": 30.0, "b": 60.0, "c": 150.0, "v": 150.0, "d": 240.0, "e": 90.0}
+SMOKE = {"a": 30.0, "b": 60.0, "c": 150.0, "v": 150.0, "d": 240.0, "e": 90.0, "m": 150.0}
 
 
 @dataclasses.dataclass
@@ -214,6 +260,13 @@ def plan_lines(budget_s: float = 480.0) -> str:
                "from the 16-cell epochs (" + ", ".join(f"{a} {s:.3f} s" for a, s in at16.items())
                + f"), three 16-cell programs per algorithm: {table_hours(at16, 16):.2f} H100-hours"
                f" (goal: <= {GOALS['table_hours']:g} from measured 48-cell epochs)")
+  lo, hi = PAPER_MIXED_RATIO, mixed_macs_ratio()
+  lines.append(f"the paper's mixed table ({MIXED_CELLS // 4} datasets x 4 seeds x {MIXED_EPOCHS} "
+               "epochs, three algorithms, actor 5x1024, critics 3x256), six 16-cell programs per "
+               f"algorithm, NOT MEASURED: the 16-cell D4RL epochs x {lo:.3f} (the paper's 11 s / "
+               f"8 s per 1000 steps) to x {hi:.1f} (matmul multiply-adds per step): "
+               f"{mixed_table_hours(lo):.1f} to {mixed_table_hours(hi):.0f} H100-hours (the "
+               f"paper: ~{PAPER_MIXED_GPU_HOURS} GPU-hours for its MOMBO runs alone)")
   return "\n".join(lines)
 
 

@@ -117,6 +117,14 @@ def _provenance_lines(prov: dict) -> list:
       if isinstance(actor, dict):
         lines.append(f"- recorded from the {quality} actor `{actor.get('path')}` (sha256 "
                      f"`{actor.get('sha256')}`, SAC step {actor.get('sac_step')})")
+  for name, part in (prov.get("ingredients") or {}).items():
+    if isinstance(part, dict):
+      lines.append(f"- ingredient {name}: {part.get('steps')} transitions, rebuilt by "
+                   f"`{part.get('command')}`" + "".join(
+                       f"; its {q} actor `{a.get('path')}` (SAC step {a.get('sac_step')})"
+                       for q, a in (part.get("actors") or {}).items() if isinstance(a, dict)))
+  for note in prov.get("reduced") or []:
+    lines.append(f"- REDUCED recipe: {note}")
   point = prov.get("medium_point")
   if isinstance(point, dict):
     evals = ", ".join(f"{r:.1f} at step {s}" for s, r in point.get("qualifying_evals") or [])

@@ -50,7 +50,7 @@ from mombo_jax.collection.recording import (
 )
 from mombo_jax.collection.sac_checkpoints import SacResult, restore_sac
 from mombo_jax.collection.sac_run import MediumPoint, SacSchedule, train_sac
-from mombo_jax.data import minari_io, names
+from mombo_jax.data import minari_io, names, provenance as prov_lib
 from mombo_jax.data.minari_io import read_episodes
 from mombo_jax.data.names import parse_name
 from mombo_jax.data.provenance import RECIPE_STEPS
@@ -124,6 +124,12 @@ class Builder:
     if command:
       provenance["command"] = command
     provenance.update(extra_provenance or {})
+    # A reduced recipe beside the size (an expert actor from a shorter SAC run) is said in the
+    # provenance, so the card and every run trained on the data say it too.
+    reduced = list(provenance.get("reduced") or []) + prov_lib.expert_notes(
+        provenance.get("actors"))
+    if reduced:
+      provenance["reduced"] = list(dict.fromkeys(reduced))
     dataset_id = write_dataset(name, episodes, DatasetMetadata(
         description, algorithm, self.opts.max_episode_steps, provenance=provenance), overwrite)
     self.log(f"wrote {dataset_id}: {summary(episodes)}")
@@ -394,6 +400,19 @@ class Builder:
                f"{wanted:.0f} that {percent}% of {env}-random asks for; all of them are used")
     episodes = mix_episodes(random_eps, partner_eps, percent / 100.0,
                             o.seed + SEED_OFFSETS["mix"])
+    # The ingredients' provenance (the partner's actor, a reduced recipe) carries over.
+    ingredients = {q: prov_lib.provenance(f"{env}-{q}") or {} for q in ("random", partner)}
+    extra = {"ingredients": {q: {k: p[k] for k in ("steps", "recipe_steps", "actors", "command")
+                                 if k in p} for q, p in ingredients.items()}}
+    # (A smaller random ingredient makes a smaller mix, which its size says; a smaller partner
+    # matters only where it has fewer transitions than the share asks.)
+    reduced = [f"{env}-{q}: {note}" for q, p in ingredients.items()
+               for note in p.get("reduced") or []]
+    if available < wanted:
+      reduced.append(f"{env}-{partner} has {available:,} transitions where {percent}% asks "
+                     f"{wanted:,.0f}: all of them are used")
+    if reduced:
+      extra["reduced"] = reduced
     return self._write(name, episodes, f"{env}-random with {percent}% of its transitions replaced "
                        f"by whole episodes of {env}-{partner} (Hong et al. 2023).", "mixture",
-                       overwrite)
+                       overwrite, extra_provenance=extra)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import numpy as np
 
@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 # the SAC run's buffer).
 RECIPE_STEPS = {"random": 1_000_000, "medium": 1_000_000, "expert": 1_000_000,
                 "medium-expert": 2_000_000, "medium-replay": None, "mixed": 1_000_000}
+# D4RL's SAC run behind its expert datasets: 1M steps (the collector's default --sac_steps). An
+# expert actor from a shorter run makes a reduced expert dataset, and a reduced mixed dataset of
+# every mix it is the partner of, whatever their sizes (`reduced_notes`).
+RECIPE_SAC_STEPS = 1_000_000
 
 
 def provenance(name: str) -> Optional[dict]:
@@ -49,6 +53,25 @@ def smaller_than_recipe(name: str) -> Optional[str]:
           f"recipe ({prov.get('recipe')}) has {int(prov['recipe_steps'])}. Rebuild it at full "
           f"size with `{prov.get('command')}`, or pass --allow_small_dataset to train on it "
           "anyway.")
+
+
+def expert_notes(actors: Optional[dict]) -> List[str]:
+  """The phrases saying that an expert actor among `actors` (provenance's {"actors": {quality:
+  {"sac_step", ...}}}) comes from a SAC run shorter than RECIPE_SAC_STEPS; [] when none does."""
+  expert = (actors or {}).get("expert")
+  step = expert.get("sac_step") if isinstance(expert, dict) else None
+  if step is None or int(step) >= RECIPE_SAC_STEPS:
+    return []
+  return [f"expert actor from a SAC run of {int(step):,} steps (D4RL's recipe: "
+          f"{RECIPE_SAC_STEPS:,})"]
+
+
+def reduced_notes(name: str) -> List[str]:
+  """What a local dataset's provenance says it has less of than its recipe beside its size (which
+  smaller_than_recipe tells): the "reduced" phrases the collector recorded (an expert actor from a
+  shorter SAC run, inherited by the mixed datasets it is the partner of); [] when none."""
+  notes = (provenance(name) or {}).get("reduced")
+  return [str(n) for n in notes] if isinstance(notes, list) else []
 
 
 def dataset_env(name: str) -> Optional[str]:

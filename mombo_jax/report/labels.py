@@ -35,8 +35,9 @@ NOT_SETUP = ("seed", "num_seeds", "eval_every", "eval_episodes", "eval_changes",
              "dyn_checkpoint_every_s", "env", "dataset", "algo", "target", "algo_module")
 
 # Fields told apart within one dataset only: the data's identity differs between datasets by
-# nature.
-PER_DATASET = ("data",)
+# nature, and so does what a dataset's recipe lacks (data_reduced: a mixed dataset's partner from
+# a shorter SAC run; paper_setup.shortfalls names it in the cell's footnote).
+PER_DATASET = ("data", "data_reduced")
 
 
 def algo_label(config: dict) -> str:

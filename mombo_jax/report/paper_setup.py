@@ -95,8 +95,9 @@ def transitions(config: dict) -> Optional[int]:
 def shortfalls(config: dict) -> List[str]:
   """What a run (its config.json) has less of than the paper's setup of its task, one phrase
   each: fewer gradient steps than the paper preset's, less of a SCALE field (a smaller preset),
-  fewer transitions than its dataset's recipe. Empty: nothing known falls short (a run whose
-  config or data record is too old to tell is not marked)."""
+  fewer transitions than its dataset's recipe, a reduced recipe its data records (config.json's
+  data_reduced: an expert partner from a shorter SAC run). Empty: nothing known falls short (a
+  run whose config or data record is too old to tell is not marked)."""
   out = []
   paper = paper_config(config)
   steps = gradient_steps(config)
@@ -112,6 +113,8 @@ def shortfalls(config: dict) -> List[str]:
   n, full = transitions(config), recipe_size(str(config.get("dataset") or config.get("env")))
   if n is not None and full is not None and n < full:
     out.append(f"dataset of {n:,} transitions (its recipe: {full:,})")
+  # A reduced recipe beside the size (config.json's data_reduced: provenance.reduced_notes).
+  out += [f"dataset: {note}" for note in config.get("data_reduced") or []]
   return out
 
 

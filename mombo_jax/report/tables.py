@@ -22,7 +22,7 @@ cannot see (two runs at 2.9 ± 1.9 whose means differ by 2e-4 both rank 1.5).
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -175,8 +175,15 @@ def _columns(algos: Sequence[str], metric: str, paper: bool) -> Tuple[List[str],
   return columns, bases
 
 
+def _d4rl_row_order(env: str, dataset: str) -> tuple:
+  return (ENV_ORDER.index(env) if env in ENV_ORDER else 99, env, dataset)
+
+
 def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
-                paper: bool = False, below_ranked: Optional[bool] = None) -> Table:
+                paper: bool = False, below_ranked: Optional[bool] = None,
+                group_of: Callable[[str], str] = dataset_type,
+                group_order: Sequence[str] = TYPE_ORDER,
+                row_order: Callable[[str, str], tuple] = _d4rl_row_order) -> Table:
   """Rows = tasks (grouped by dataset type), columns = algorithms, one block per metric
   (default: final score, mean of the last LAST_K evaluations and AULC). groups: {(env, dataset,
   algo): anything with .stat(metric) -> (mean, std) or (None, None), and optionally .ci(metric)
@@ -184,14 +191,16 @@ def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
   paper reports (mombo_jax.report.paper_results). below_ranked: whether a cell below the paper's
   setup (BELOW_MARK) competes for bold, underline and the summary rows' bold (default: only in a
   table without the paper's columns); False for a table that stands beside the paper's numbers in
-  blocks that lack its column (experiments.uncertainty's alternative readings)."""
+  blocks that lack its column (experiments.uncertainty's alternative readings). group_of,
+  group_order, row_order: a row's group (its summary row; default its dataset type), the groups'
+  order and the order within a group (default the paper's environment order; the mixed table's:
+  mombo_jax.report.mixed)."""
   if below_ranked is None:
     below_ranked = not paper
-  tasks = {(dataset_type(d), e, d) for (e, d, _) in groups}
-  types = ordered({t for t, _, _ in tasks}, TYPE_ORDER)
+  tasks = {(group_of(d), e, d) for (e, d, _) in groups}
+  types = ordered({t for t, _, _ in tasks}, group_order)
   rows = [row for t in types for row in sorted(
-      (x for x in tasks if x[0] == t),
-      key=lambda x: (ENV_ORDER.index(x[1]) if x[1] in ENV_ORDER else 99, x[1], x[2]))]
+      (x for x in tasks if x[0] == t), key=lambda x: row_order(x[1], x[2]))]
   algos = sorted({a for (_, _, a) in groups}, key=label_key)
   blocks = []
   for what, name in metrics:

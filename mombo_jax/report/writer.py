@@ -3,8 +3,9 @@ groups them (mombo_jax.report.results: every seed of all runs of one environment
 and setup pooled, a diverged seed at its frozen policy; one seed in two folders refused; runs of
 different setups are separate columns named by what differs over the whole table), builds
 the tables (mombo_jax.report.tables: the paper's layout and table rule, the paper's
-published numbers beside ours) and writes them as report.md, report.tex and report.csv, with the
-learning curves as curves_<env>.png.
+published numbers beside ours; the mixed datasets in a table of their own in the layout of the
+paper's appendix table results_mixed, mombo_jax.report.mixed) and writes them as report.md,
+report.tex and report.csv, with the learning curves as curves_<env>.png.
 
 Each cell gives the mean over seeds, the std over seeds and a 95% percentile-bootstrap interval of
 the mean over seeds; the paper's columns give its own mean and std, with footnotes saying what
@@ -35,7 +36,7 @@ from mombo_jax.errors import UserError
 from mombo_jax.records import outputs
 from mombo_jax.records.run_search import find_runs
 from mombo_jax.records.workdir import RUN_FILES
-from mombo_jax.report import aggregates, paper_results
+from mombo_jax.report import aggregates, mixed, paper_results
 from mombo_jax.report.curves import plot_curves
 from mombo_jax.report.labels import label_key
 from mombo_jax.report.paper_setup import paper_dataset
@@ -66,6 +67,7 @@ from mombo_jax.report.tables import (
 from mombo_jax.storage import atomic
 
 MISSING = "–"
+MIXED_TITLE = "Mixed datasets (the paper's appendix table results_mixed)"
 
 
 # -------------------------------------------------------------------------------- rendering
@@ -105,12 +107,16 @@ def paper_footnotes(table: Table) -> List[str]:
 
 def render_markdown(table: Table, title: str = "Results", what: str = "over seeds",
                     groups: Optional[Dict[tuple, Pool]] = None,
-                    preamble: Sequence[str] = ()) -> str:
+                    preamble: Sequence[str] = (), lead=None, lead_header: Sequence[str] = (
+                        "Dataset type", "Environment"), heading: str = "#") -> str:
   """report.md: one table per block; bold **x**, underline <u>x</u>; the paper's columns plain.
   groups: adds a *Runs* table (seeds, beta, evaluations, folders of every cell). preamble:
-  paragraphs under the title (the protocol's link)."""
+  paragraphs under the title (the protocol's link). lead(row) -> the row's labels under
+  lead_header (default: its group, i.e. dataset type, and environment; the mixed table's:
+  mombo_jax.report.mixed.lead_cells). heading: the title's level (its tables one below)."""
+  lead = lead or (lambda row: [row[0], row[1]])
   ci = any(b.has_ci() for b in table.blocks)
-  lines = [f"# {title}", ""] + [x for p in preamble for x in (p, "")] + [
+  lines = [f"{heading} {title}", ""] + [x for p in preamble for x in (p, "")] + [
            f"Mean ± std {what}"
            + (f" [{CI_LEVEL:.0%} percentile-bootstrap interval of the mean over seeds, "
               f"{N_BOOTSTRAP:,} resamples; with one seed, the value itself]" if ci else "")
@@ -128,10 +134,12 @@ def render_markdown(table: Table, title: str = "Results", what: str = "over seed
   for b in table.blocks:
     columns = table.columns_of(b)
     paper = b.paper_mask()
-    lines += [f"## {b.name}", "",
-              "| Dataset type | Environment | " + " | ".join(columns) + " |",
-              "|---|---|" + "---:|" * len(columns)]
-    for i, (dtype, env, _) in enumerate(table.rows):
+    lines += [f"{heading}# {b.name}", "",
+              "| " + " | ".join(list(lead_header) + columns) + " |",
+              "|---" * len(lead_header) + "|" + "---:|" * len(columns)]
+    pad = len(lead_header) - 1
+    for i, row in enumerate(table.rows):
+      dtype = row[0]
       cells = []
       for j in range(len(columns)):
         if np.isnan(b.mean[i, j]):
@@ -145,15 +153,15 @@ def render_markdown(table: Table, title: str = "Results", what: str = "over seed
           text += " †"
         text += "".join(f" {mark}" for mark, _ in b.marks.get((i, j), []))
         cells.append(text)
-      lines.append(f"| {dtype} | {env} | " + " | ".join(cells) + " |")
+      lines.append("| " + " | ".join(list(lead(row)) + cells) + " |")
       last_of_type = i + 1 == len(table.rows) or table.rows[i + 1][0] != dtype
       if last_of_type and sum(r[0] == dtype for r in table.rows) > 1:
         lines.append(_md_summary_row(f"*Average on {dtype}*", *b.type_avg[dtype], True,
-                                     b.digits, b.unranked_mask()))
+                                     b.digits, b.unranked_mask(), pad))
     lines.append(_md_summary_row("**Average score**", b.avg, b.complete, True, b.digits,
-                                 b.unranked_mask()))
+                                 b.unranked_mask(), pad))
     lines.append(_md_summary_row("**Average rank**", np.where(paper, np.nan, b.avg_rank),
-                                 b.complete, False, 1, b.unranked_mask()))
+                                 b.complete, False, 1, b.unranked_mask(), pad))
     lines.append("")
     if not b.complete.all():
       lines += ["\\* averaged over the tasks the column has (not all of them).", ""]
@@ -173,7 +181,7 @@ def mark_footnotes(b: Block) -> List[str]:
   return [f"{mark} {text}." for _, cell in sorted(b.marks.items()) for mark, text in cell]
 
 
-def _md_summary_row(label, values, complete, highest, digits=1, paper=None) -> str:
+def _md_summary_row(label, values, complete, highest, digits=1, paper=None, pad=1) -> str:
   best = summary_best(values, highest, complete, exclude=paper, digits=digits)
   cells = []
   for j, v in enumerate(values):
@@ -181,7 +189,7 @@ def _md_summary_row(label, values, complete, highest, digits=1, paper=None) -> s
     if not complete[j] and text != MISSING:
       text += "\\*"
     cells.append(f"**{text}**" if best[j] else text)
-  return f"| {label} | | " + " | ".join(cells) + " |"
+  return f"| {label} | " + "| " * pad + " | ".join(cells) + " |"
 
 
 def _md_runs(groups: Dict[tuple, Pool]) -> List[str]:
@@ -230,14 +238,16 @@ def _tex_escape(s: str) -> str:
       .replace("<", r"\textless{}").replace(">", r"\textgreater{}")
 
 
-def render_latex(table: Table) -> str:
+def render_latex(table: Table, lead=None,
+                 lead_header: Sequence[str] = ("Dataset Type", "Environment")) -> str:
   """report.tex: one tabular per block in the paper's style (booktabs, multirow; \\sd and
   lightgray rows as in the paper's preamble, defined here if missing), each algorithm's column
-  followed by the paper's, and the footnotes on the paper's columns."""
+  followed by the paper's, and the footnotes on the paper's columns. lead, lead_header: as
+  render_markdown's (the first label spans its group's rows)."""
   out = [r"% Generated by experiments.report; needs \usepackage{booktabs,multirow,colortbl}.",
          r"\providecommand{\sd}[1]{{\scriptsize #1}}"]
   for b in table.blocks:
-    out += _tex_block(table, b)
+    out += _tex_block(table, b, lead or (lambda row: [row[0], row[1]]), lead_header)
     marks = mark_footnotes(b)
     if marks:
       out += [r"{\footnotesize"] + [_md_to_tex(n) + r" \par" for n in marks] + ["}"]
@@ -263,24 +273,27 @@ def _md_to_tex(line: str) -> str:
   return "".join(out)
 
 
-def _tex_block(table: Table, b: Block) -> List[str]:
+def _tex_block(table: Table, b: Block, lead, lead_header: Sequence[str]) -> List[str]:
   columns = table.columns_of(b)
   paper = b.paper_mask()
-  k = len(columns)
+  k, n = len(columns), len(lead_header)
   algo_cells = " & ".join(rf"\texttt{{{_tex_escape(a)}}}" for a in columns)
-  out = [f"% {b.name}", r"\begin{tabular}{@{}cc" + "c" * k + "@{}}", r"\toprule",
-         r"  \multirow{2}{*}{Dataset Type} & \multirow{2}{*}{Environment} &",
+  out = [f"% {b.name}", r"\begin{tabular}{@{}" + "c" * (n + k) + "@{}}", r"\toprule",
+         "  " + "".join(rf"\multirow{{2}}{{*}}{{{_tex_escape(h)}}} & " for h in lead_header),
          rf"  \multicolumn{{{k}}}{{c}}{{\textsc{{{_tex_escape(b.name)}}} ($\uparrow$)}}",
-         rf"  \\ \cmidrule(lr){{3-{2 + k}}}", "  & & " + algo_cells, r"  \\ \midrule"]
+         rf"  \\ \cmidrule(lr){{{n + 1}-{n + k}}}", "  " + "& " * n + algo_cells,
+         r"  \\ \midrule"]
   types = []
   for t, _, _ in table.rows:
     if t not in types:
       types.append(t)
   for t in types:
     idx = [i for i, r in enumerate(table.rows) if r[0] == t]
-    for n, i in enumerate(idx):
-      first = rf"\multirow{{{len(idx)}}}{{*}}{{\texttt{{{_tex_escape(t)}}}}}" if n == 0 else ""
-      cells = [first, rf"\texttt{{{_tex_escape(table.rows[i][1])}}}"]
+    for m, i in enumerate(idx):
+      labels = lead(table.rows[i])
+      first = (rf"\multirow{{{len(idx)}}}{{*}}{{\texttt{{{_tex_escape(labels[0])}}}}}"
+               if m == 0 else "")
+      cells = [first] + [rf"\texttt{{{_tex_escape(x)}}}" for x in labels[1:]]
       for j in range(k):
         if np.isnan(b.mean[i, j]):
           cells.append("--")
@@ -300,32 +313,35 @@ def _tex_block(table: Table, b: Block) -> List[str]:
       out.append("  " + " & ".join(cells) + r" \\")
     if len(idx) > 1:
       out.append(_tex_summary(rf"Average on \texttt{{{_tex_escape(t)}}}",
-                              *b.type_avg[t], True, b.unranked_mask(), b.digits))
+                              *b.type_avg[t], True, b.unranked_mask(), b.digits, n))
     out.append(r"  \midrule")
-  out.append(_tex_summary("Average Score", b.avg, b.complete, True, b.unranked_mask(), b.digits))
+  out.append(_tex_summary("Average Score", b.avg, b.complete, True, b.unranked_mask(), b.digits,
+                          n))
   out.append(_tex_summary("Average Ranking", np.where(paper, np.nan, b.avg_rank), b.complete,
-                          False, b.unranked_mask()))
+                          False, b.unranked_mask(), 1, n))
   out += [r"\bottomrule", r"\end{tabular}"]
   return out
 
 
-def _tex_summary(label, values, complete, highest, paper, digits=1) -> str:
+def _tex_summary(label, values, complete, highest, paper, digits=1, n=2) -> str:
   best = summary_best(values, highest, complete, exclude=paper, digits=digits)
   cells = []
   for j, v in enumerate(values):
     text = _fmt(v, digits) + ("" if complete[j] else "^*")
     cells.append("--" if np.isnan(v) else (rf"$\bf {text}$" if best[j] else f"${text}$"))
-  return (r"  \rowcolor{lightgray!50} \multicolumn{2}{r}{" + label + "} & " + " & ".join(cells)
+  return (rf"  \rowcolor{{lightgray!50}} \multicolumn{{{n}}}{{r}}{{" + label + "} & "
+          + " & ".join(cells)
           + r" \\")
 
 
-def render_csv(table: Table, path: str):
+def render_csv(table: Optional[Table], path: str, more: Sequence[Table] = ()):
   """report.csv: one row per (dataset, column, metric) cell that has a number, ours and the
   paper's: mean, std, ci_low / ci_high (ours), source ('ours' or the paper's table); ours also
   seeds (every seed: the mean's), diverged (how many of them), mean_healthy / std_healthy (over
-  the seeds that did not diverge) and below_paper_setup (what falls short, '' when nothing)."""
+  the seeds that did not diverge) and below_paper_setup (what falls short, '' when nothing).
+  more: further tables (the mixed datasets'), their rows after table's (None: none)."""
   rows = []
-  for b in table.blocks:
+  for table, b in [(t, b) for t in [table, *more] if t is not None for b in t.blocks]:
     columns = table.columns_of(b)
     paper = b.paper_mask()
     for i, (_, env, dataset) in enumerate(table.rows):
@@ -355,9 +371,11 @@ def write_report(dirs: Sequence[str], out: Optional[str] = None, log=print) -> d
   (default dirs[0]), with the paper's numbers beside ours.
 
   Warnings (skipped folders, short runs, runs of protocol/1 or without a protocol field) go to
-  `log`. Returns {"runs", "groups", "table", "files"}. Raises UserError when no run is found
-  (naming the folders searched), when a run follows another protocol (check_protocols), when one
-  (setup, seed) is in two folders (results.check_duplicates), when a seed has no finite score
+  `log`. Returns {"runs", "groups", "table" (the D4RL-style table; None when every run is on a
+  mixed dataset), "mixed_table" (None without mixed datasets), "files"}. Raises UserError when
+  no run is found (naming the folders searched), when a run follows another protocol
+  (check_protocols), when one (setup, seed) is in two folders (results.check_duplicates), when a
+  seed has no finite score
   (results.read_run), and atomic.WriteError when `out` cannot be written (nothing half-written
   is left: each file goes through a rename); every refusal comes before anything is written.
   """
@@ -390,20 +408,31 @@ def write_report(dirs: Sequence[str], out: Optional[str] = None, log=print) -> d
   groups, more = group_runs(runs)
   for w in more:
     log(w)
-  table = build_table(groups, paper=True)
+  # The mixed datasets get the paper's appendix table (mombo_jax.report.mixed), the rest Table 1's.
+  main, mixed_groups = mixed.split(groups)
+  table = build_table(main, paper=True) if main or not mixed_groups else None
+  mixed_table = mixed.build_mixed_table(mixed_groups) if mixed_groups else None
   files = [os.path.join(out, name) for name in ("report.md", "report.tex", "report.csv")]
   # Across-task aggregates (rliable, an optional extra): a section of its own after the tables.
   across, figures = aggregates.report_section(groups, out, log=log, order=label_key)
-  atomic.write_text(files[0], render_markdown(
-      table, title=f"Results of {len(runs)} run(s)",
-      what="over every seed (population std, ddof = 0; diverged seeds count at their frozen "
-           "policy)", groups=groups,
-      preamble=[protocol_line(out, runs)]) + across)
+  what = ("over every seed (population std, ddof = 0; diverged seeds count at their frozen "
+          "policy)")
+  title, preamble = f"Results of {len(runs)} run(s)", [protocol_line(out, runs)]
+  text = (render_markdown(table, title=title, what=what, preamble=preamble) if table
+          else "\n".join([f"# {title}", ""] + [x for p in preamble for x in (p, "")]))
+  tex = render_latex(table) if table else ""
+  if mixed_table:
+    text += "\n" + render_markdown(
+        mixed_table, title=MIXED_TITLE, what=what, preamble=[mixed.what_ran(mixed_groups)],
+        lead=mixed.lead_cells, lead_header=mixed.LEAD_HEADER, heading="##")
+    tex += f"% {MIXED_TITLE}\n" + render_latex(mixed_table, mixed.lead_cells, mixed.LEAD_HEADER)
+  text += "\n" + "\n".join(_md_runs(groups))
+  atomic.write_text(files[0], text + across)
   atomic.write_text(files[1], f"% Protocol: {outputs.PROTOCOL} ({outputs.PROTOCOL_DOC}).\n"
-                     + render_latex(table))
-  render_csv(table, files[2])
+                     + tex)
+  render_csv(table, files[2], [mixed_table] if mixed_table else [])
   for env in ordered({k[0] for k in groups}, ENV_ORDER):
     files.append(os.path.join(out, f"curves_{env}.png"))
     plot_curves(groups, env, files[-1])
   files += figures
-  return dict(runs=runs, groups=groups, table=table, files=files)
+  return dict(runs=runs, groups=groups, table=table, mixed_table=mixed_table, files=files)

@@ -104,8 +104,9 @@ def load(algo: str, path: str) -> Tuple[types.SimpleNamespace, List[str]]:
   """(their modules, [one line per stub]) imported from the checked `path`.
 
   Stubs: gym, an empty module with the three names their imported files touch at import time
-  (gym.spaces.Space and gym.Env in annotations, gym.envs.mujoco.mujoco_env imported by
-  offlinerlkit/dynamics/mujoco_oracle_dynamics.py); none of it runs in an update. d4rl is imported
+  (gym.spaces.Space, gym.Env and gym.envs.mujoco.mujoco_env.MujocoEnv in annotations, the last
+  in offlinerlkit/dynamics/mujoco_oracle_dynamics.py); torch.utils.tensorboard where tensorboard is
+  missing (OfflineRL-Kit's logger imports it); none of it runs in an update. d4rl is imported
   only by their train scripts, which the harness does not import.
   """
   notes = []
@@ -116,11 +117,22 @@ def load(algo: str, path: str) -> Tuple[types.SimpleNamespace, List[str]]:
     gym.envs = types.ModuleType("gym.envs")
     gym.envs.mujoco = types.ModuleType("gym.envs.mujoco")
     gym.envs.mujoco.mujoco_env = types.ModuleType("gym.envs.mujoco.mujoco_env")
+    gym.envs.mujoco.mujoco_env.MujocoEnv = object
     for name, module in (("gym", gym), ("gym.envs", gym.envs), ("gym.envs.mujoco", gym.envs.mujoco),
                          ("gym.envs.mujoco.mujoco_env", gym.envs.mujoco.mujoco_env)):
       sys.modules[name] = module
     notes.append("gym: an empty module (gym.spaces.Space, gym.Env: annotations; "
-                 "gym.envs.mujoco.mujoco_env: imported by a dynamics file the update never runs)")
+                 "gym.envs.mujoco.mujoco_env.MujocoEnv: an annotation in a dynamics file the update never runs)")
+  if PINNED[algo] is KIT and "torch.utils.tensorboard" not in sys.modules:
+    try:
+      import tensorboard  # noqa: F401,E402  (optional: only their Logger would use it)
+    except ImportError:
+      board = types.ModuleType("torch.utils.tensorboard")
+      board.SummaryWriter = object
+      sys.modules["torch.utils.tensorboard"] = board
+      notes.append("torch.utils.tensorboard: a module with SummaryWriter = object (tensorboard is "
+                   "not installed; offlinerlkit/utils/logger.py imports it for their Logger, "
+                   "which no update uses)")
   sys.path.insert(0, os.path.abspath(path))
   # Their code needs torch (benchmarks/fidelity/requirements.txt), not a product requirement:
   # imported here, when a comparison runs, so that check() works without it.

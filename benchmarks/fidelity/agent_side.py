@@ -17,8 +17,9 @@ import numpy as np
 
 from benchmarks.fidelity import ours, rows, stubs, theirs_kit, theirs_mombo
 
-LR_NOTE = ("actor lr: their trainers anneal it once per epoch (adinlab/MOMBO utils/policy_trainer.py:"
-           "86; OfflineRL-Kit mb_policy_trainer.py:94), ours per gradient step (sac.py "
+LR_NOTE = ("actor lr: their trainers anneal it once per epoch (adinlab/MOMBO "
+           "utils/policy_trainer.py:86; OfflineRL-Kit mb_policy_trainer.py:94), ours per gradient "
+           "step (sac.py "
            "actor_lr_schedule); the harness gives their actor our step's lr (<= 2.7e-7 apart in "
            "epoch 0)")
 # MOMBO and MOBILE: one loss mean and one Adam over both critics.
@@ -39,8 +40,8 @@ MM_RELU = ("adinlab/MOMBO models/nets.py:112-113 (MMDetLayer.relu_moments): the 
 
 def pooled_note(kind: str) -> str:
   return (f"{POOLED[kind]}: one mean over both critics' squared errors and one Adam over both "
-          "critics; ours sums the per-critic means (sac.py update; as OfflineRL-Kit's SAC/MOPO with "
-          "an Adam per critic), so its critic loss and gradients are 2x theirs (compared here "
+          "critics; ours sums the per-critic means (sac.py update; as OfflineRL-Kit's SAC/MOPO "
+          "with an Adam per critic), so its critic loss and gradients are 2x theirs (compared here "
           "halved) and Adam's eps (1e-8) weighs 2x more in theirs: each critic step differs by "
           "~2e-8/sqrt(v) of itself, and all that depends on the critics with it; the eps-matched "
           "float64 run (their eps / 2) shows what else differs")
@@ -74,19 +75,30 @@ def compare(kind: str, mods, dtype: str, checkpoints: Sequence[int], seed: int =
   section = f"agent {kind} {dtype}" + (" eps-matched" if match_eps and pooled else "")
   named = causes(kind, match_eps) or None
   steps = max(checkpoints)
-  batches = ours.batches(setup, steps, seed)
-  key = jax.random.PRNGKey(seed + 1)
+  batches = jax.tree.map(np.asarray, ours.batches(setup, steps, seed))
+  keys = jax.random.split(jax.random.PRNGKey(seed + 1), steps)
+  lrs = ours.actor_lrs(setup, steps)
   out = []
   for t in range(steps):
-    key, k = jax.random.split(key)
     batch = ours.step_batch(batches, t)
-    noise = ours.draws(setup, k)
+    noise = ours.draws(setup, keys[t])
     agent, mine = ours.step(setup, agent, batch, noise)
-    got = theirs.learn(batch, side.queue(setup, noise), ours.actor_lr(setup, t))
+    got = theirs.learn(batch, side.queue(setup, noise), float(lrs[t]))
     if t + 1 in checkpoints:
+      _same_dtype(agent, dtype)
       out += _rows(section, t + 1, setup, agent, mine, got, theirs.state(), dtype,
                    critics if pooled else 1, named)
   return out
+
+
+def _same_dtype(agent, dtype):
+  """Every float leaf of our agent in dtype: the harness process runs x64, and a float32 run that
+  promoted somewhere would no longer be the product's float32 step."""
+  leaves = [x for x in jax.tree.leaves(agent) if hasattr(x, "dtype")
+            and np.issubdtype(x.dtype, np.floating)]
+  wrong = {str(x.dtype) for x in leaves if x.dtype != np.dtype(dtype)}
+  if wrong:
+    raise AssertionError(f"our {dtype} agent holds {sorted(wrong)} leaves after a step")
 
 
 def _rows(section, k, setup, agent, mine, got, state, dtype, pool, named):

@@ -114,6 +114,16 @@ def step_batch(batches_: buffer.Batch, t: int) -> buffer.Batch:
 # ---------------------------------------------------------------------------------------- draws
 
 def draws(setup: Setup, key) -> Dict[str, jax.Array]:
+  """_draws (below), jitted once per setup."""
+  return _drawer(setup)(key)
+
+
+@functools.lru_cache(maxsize=None)
+def _drawer(setup: Setup):
+  return jax.jit(functools.partial(_draws, setup))
+
+
+def _draws(setup: Setup, key) -> Dict[str, jax.Array]:
   """The standard-normal draws sac.update(agent, batch, key, targets.bind(...)) makes, by name,
   reproducing its key splits (sac.update: k_target, k_actor; then the target's own):
     actor [B, A]: the actor loss's a ~ pi(s) (k_actor);
@@ -251,10 +261,13 @@ def step(setup: Setup, agent, batch, noise):
   return stepper(setup)(agent, batch, noise)
 
 
-def actor_lr(setup: Setup, count: int) -> float:
-  """The actor learning rate our update `count` (0-based) applies (sac.actor_lr_schedule)."""
+def actor_lrs(setup: Setup, steps: int) -> np.ndarray:
+  """[steps]: the actor learning rate our update number t (0-based) applies
+  (sac.actor_lr_schedule, in the setup's dtype)."""
   schedule = sac.actor_lr_schedule(setup.config, setup.config.schedule_steps)
-  return float(schedule(count)) if callable(schedule) else float(schedule)
+  if not callable(schedule):
+    return np.full(steps, schedule)
+  return np.asarray(jax.vmap(schedule)(jnp.arange(steps)), np.float64)
 
 
 # ----------------------------------------------------------------- names shared with the reference

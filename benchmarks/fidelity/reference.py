@@ -122,7 +122,8 @@ def load(algo: str, path: str) -> Tuple[types.SimpleNamespace, List[str]]:
                          ("gym.envs.mujoco.mujoco_env", gym.envs.mujoco.mujoco_env)):
       sys.modules[name] = module
     notes.append("gym: an empty module (gym.spaces.Space, gym.Env: annotations; "
-                 "gym.envs.mujoco.mujoco_env.MujocoEnv: an annotation in a dynamics file the update never runs)")
+                 "gym.envs.mujoco.mujoco_env.MujocoEnv: an annotation in a dynamics file the "
+                 "update never runs)")
   if PINNED[algo] is KIT and "torch.utils.tensorboard" not in sys.modules:
     try:
       import tensorboard  # noqa: F401,E402  (optional: only their Logger would use it)

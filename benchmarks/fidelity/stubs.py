@@ -15,9 +15,9 @@ import torch.distributions.normal as torch_normal
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
-DRAWS_NOTE = ("their random draws (torch.distributions.normal._standard_normal, which Normal.rsample "
-              "calls, and torch.randn_like) answered, call by call and shape-checked, with the "
-              "draws our keys made (ours.draws)")
+DRAWS_NOTE = ("their random draws (torch.distributions.normal._standard_normal, which "
+              "Normal.rsample calls, and torch.randn_like) answered, call by call and "
+              "shape-checked, with the draws our keys made (ours.draws)")
 
 
 @contextlib.contextmanager
@@ -113,7 +113,7 @@ def copy_into(named: Dict[str, torch.nn.Parameter], arrays: Dict[str, np.ndarray
     for name, p in named.items():
       if tuple(p.shape) != arrays[name].shape:
         raise AssertionError(f"{name}: theirs {tuple(p.shape)}, ours {arrays[name].shape}")
-      p.copy_(torch.as_tensor(np.asarray(arrays[name]), dtype=p.dtype))
+      p.copy_(torch.as_tensor(np.array(arrays[name]), dtype=p.dtype))   # a writable copy
 
 
 def arrays(named: Dict[str, torch.nn.Parameter]) -> Dict[str, np.ndarray]:

@@ -1,4 +1,5 @@
-"""adinlab/MOMBO's MOMBOPolicy (policies/mombo.py) built as its train.py builds it, with our weights.
+"""adinlab/MOMBO's MOMBOPolicy (policies/mombo.py) built as its train.py builds it, with our
+weights.
 
 elite_spread: their learn() as released. lcb: the release has no code for the paper's eq. (1), so
 their learn() runs with get_q_target_for_fake replaced by `lcb_fake`, the equation written here in

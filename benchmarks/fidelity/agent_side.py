@@ -10,6 +10,7 @@ steps: within epoch 0 the two rates differ by at most 2.7e-7 of the rate, NAMED,
 """
 from __future__ import annotations
 
+import sys
 from typing import Dict, List, Sequence
 
 import jax
@@ -86,6 +87,7 @@ def compare(kind: str, mods, dtype: str, checkpoints: Sequence[int], seed: int =
     got = theirs.learn(batch, side.queue(setup, noise), float(lrs[t]))
     if t + 1 in checkpoints:
       _same_dtype(agent, dtype)
+      print(f"{section}: step {t + 1} of {steps}", file=sys.stderr, flush=True)
       out += _rows(section, t + 1, setup, agent, mine, got, theirs.state(), dtype,
                    critics if pooled else 1, named)
   return out

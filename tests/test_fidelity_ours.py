@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from benchmarks.fidelity import ours, reference
+from benchmarks.fidelity import ours, reference, rows
 from mombo_jax.core import sac, targets
 
 # Tiny networks; 40 rows so that the batch has 2 real rows (real_ratio 0.05).
@@ -85,3 +85,18 @@ def test_a_wrong_folder_is_refused_in_one_line(tmp_path):
     reference.check("mombo", str(tmp_path))
   message = str(e.value)
   assert "\n" not in message and "079def7" in message and "git clone" in message
+
+
+def test_rows_verdicts_and_float64_settling_float32():
+  """A float64 difference of definition FAILs unless named; a float32 row above float32's rounding
+  takes its float64 twin's verdict (float64 decides what is a definition)."""
+  f64 = rows.row("agent x float64", "q", 100, [1.0, 2.0], [1.0, 2.0 + 1e-6], "float64")
+  assert f64["verdict"] == "FAIL" and f64["max_rel"] == pytest.approx(5e-7, rel=1e-3)
+  assert rows.row("agent x float64", "q", 100, [1.0], [1.0 + 1e-6], "float64",
+                  "theirs.py:1 differs")["verdict"] == "named"
+  twin = rows.row("agent x float64", "p", 100, [1.0], [1.0 + 1e-15], "float64")
+  f32 = rows.row("agent x float32", "p", 100, [1.0], [1.01], "float32")
+  alone = rows.row("agent y float32", "p", 100, [1.0], [1.01], "float32")
+  settled = rows.settle_float32([twin, f32, alone])
+  assert [r["verdict"] for r in settled] == ["rounding", "rounding", "FAIL"]
+  assert "float32 rounding" in settled[1]["note"]

@@ -99,6 +99,7 @@ def run(args) -> int:
   for dtype in sorted(dtypes, key=["float32", "float64"].index):
     if dtype == "float64":
       notes.append(stubs.float64_casts(_float64_modules(args.algo)))
+      notes.append(stubs.float64_default())
     for kind in KINDS[args.algo]:
       for match_eps in ([False, True] if dtype == "float64" and kind in agent_side.POOLED
                         else [False]):

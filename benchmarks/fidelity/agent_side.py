@@ -30,15 +30,6 @@ POOLED = {"mombo": "adinlab/MOMBO policies/mombo.py:202 and train.py:74",
                     "run_example/run_mobile.py's critics_optim"}
 
 
-MM_RELU = ("adinlab/MOMBO models/nets.py:112-113 (MMDetLayer.relu_moments): the ReLU's moments as "
-           "mu cdf + sig pdf and E[relu^2] - mean^2, which cancel (for mu >> sig the variance "
-           "loses ~(mu/sig)^2 ulps, for mu << -sig the mean too: 3e-5 relative at mu=-0.2, "
-           "var=1e-3 in float64); ours (mombo_jax/core/moments.py mm_relu) computes Lemma 1 "
-           "without cancellation, within 1e-15 relative in float64 (bench_moments.py). The "
-           "moment-matched critic's outputs (targets, penalty, MOMBO's actor loss) differ by their "
-           "error, and all that follows them")
-
-
 def pooled_note(kind: str) -> str:
   return (f"{POOLED[kind]}: one mean over both critics' squared errors and one Adam over both "
           "critics; ours sums the per-critic means (sac.py update; as OfflineRL-Kit's SAC/MOPO "
@@ -49,11 +40,8 @@ def pooled_note(kind: str) -> str:
 
 
 def causes(kind: str, match_eps: bool) -> str:
-  """The named differences behind kind's rows ('' for none), joined."""
-  out = [] if match_eps or kind not in POOLED else [pooled_note(kind)]
-  if kind.startswith("mombo"):
-    out.append(MM_RELU)
-  return " AND ".join(out)
+  """The named difference behind kind's rows ('' for none)."""
+  return "" if match_eps or kind not in POOLED else pooled_note(kind)
 
 
 def _side(kind):

@@ -70,6 +70,14 @@ def float64_casts(modules) -> str:
           "inputs to float32; nothing else changes)")
 
 
+def float64_default() -> str:
+  """torch's default dtype float64 (for the float64 run); returns the output's line."""
+  torch.set_default_dtype(torch.float64)
+  return ("float64 run: torch's default dtype float64 (adinlab/MOMBO policies/mombo.py:173 "
+          "`(1 - terminals * 1.0)` makes a bool tensor a default-dtype one, float32 otherwise, "
+          "which rounded gamma to float32's 0.99 + 9.5e-9 on the model rows' targets)")
+
+
 def record_grads(optim, named: Dict[str, torch.nn.Parameter], into: dict):
   """Wrap optim.step so that it first copies the gradients of `named` into `into` (name ->
   array), as that step sees them."""

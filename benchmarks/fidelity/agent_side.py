@@ -20,9 +20,8 @@ from benchmarks.fidelity import ours, rows, stubs, theirs_kit, theirs_mombo
 
 LR_NOTE = ("actor lr: their trainers anneal it once per epoch (adinlab/MOMBO "
            "utils/policy_trainer.py:86; OfflineRL-Kit mb_policy_trainer.py:94), ours per gradient "
-           "step (sac.py "
-           "actor_lr_schedule); the harness gives their actor our step's lr (<= 2.7e-7 apart in "
-           "epoch 0)")
+           "step (sac.py actor_lr_schedule); the harness gives their actor our step's lr (<= "
+           "2.7e-7 apart in epoch 0)")
 # MOMBO and MOBILE: one loss mean and one Adam over both critics.
 POOLED = {"mombo": "adinlab/MOMBO policies/mombo.py:202 and train.py:74",
           "mombo-lcb": "adinlab/MOMBO policies/mombo.py:202 and train.py:74",

@@ -244,6 +244,10 @@ def check(program, args):
   else:
     module = program
   path = os.path.join(ROOT, *module.split(".")) + ".py"
+  package_main = os.path.join(ROOT, *module.split("."), "__main__.py")
+  if not os.path.isfile(path) and os.path.isfile(package_main):
+    # A package run with -m (benchmarks.fidelity): its __main__ module is the program.
+    module, path = module + ".__main__", package_main
   if not os.path.isfile(path):
     return f"no module {module} ({os.path.relpath(path, ROOT)} does not exist)"
   if module.startswith("experiments."):

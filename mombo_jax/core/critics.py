@@ -211,7 +211,12 @@ class TanhGaussianActor(nn.Module):
 
 def sample_tanh_gaussian(mean, log_std, key):
   """Reparameterised a = tanh(mean + std * eps) and log pi(a|s) [...] with the tanh correction."""
-  eps = jax.random.normal(key, mean.shape, mean.dtype)
+  return tanh_gaussian(mean, log_std, jax.random.normal(key, mean.shape, mean.dtype))
+
+
+def tanh_gaussian(mean, log_std, eps):
+  """sample_tanh_gaussian with its standard-normal draw eps [..., A] given (the fidelity harness,
+  benchmarks/fidelity/ours.py, hands the reference's sampler the same eps)."""
   pre = mean + jnp.exp(log_std) * eps
   action = jnp.tanh(pre)
   log_prob = jnp.sum(-0.5 * eps**2 - log_std - 0.5 * jnp.log(2 * jnp.pi), axis=-1)

@@ -191,7 +191,8 @@ def soft_target(agent: AgentState, batch: Batch, key: jax.Array, config: Config,
   if config.agent.clip_target_min is not None:
     y = jnp.maximum(y, config.agent.clip_target_min)
   chex.assert_shape(y, batch.reward.shape)
-  return y.astype(jnp.float32), {"next_q_mean": q_next.mean()}
+  # The reward's dtype (float32 in every run; float64 in the fidelity harness's x64 process).
+  return y.astype(batch.reward.dtype), {"next_q_mean": q_next.mean()}
 
 
 def _critic_values(agent: AgentState, critic_params, obs, action, obs_var, config: Config):
@@ -285,7 +286,7 @@ def update(agent: AgentState, batch: Batch, key: jax.Array, target_fn: TargetFn,
   # metadata only, the same program.
   with jax.named_scope("critic_update"):
     y, aux = target_fn(agent, batch, k_target)
-    y = jax.lax.stop_gradient(y).astype(jnp.float32)
+    y = jax.lax.stop_gradient(y).astype(batch.reward.dtype)
     chex.assert_shape(y, batch.reward.shape)
     critic, q_loss, q = _gradient_step(agent.critic, critic_loss, agent, batch, y)
 

@@ -9,5 +9,7 @@ code: our draws for theirs, the float64 casts, the recorders), theirs_base.py (w
 references' sides share: their dynamics model with our weights, the batch, one recorded learn()),
 theirs_mombo.py (adinlab/MOMBO's MOMBOPolicy), theirs_kit.py (OfflineRL-Kit's MOBILEPolicy and
 MOPOPolicy), agent_side.py (the agent comparison over K steps), dynamics_side.py (the dynamics
-and rollout comparisons, where present).
+and rollout comparisons), dyn_ours.py (its side of ours, no torch: the data, the draws our keys
+make for the ensemble's epoch and the rollout), dyn_theirs.py (its side of theirs: their
+ensemble, scaler, termination functions and rollout fed our draws).
 """

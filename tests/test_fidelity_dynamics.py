@@ -68,7 +68,8 @@ def test_rollout_draws_and_replay_are_rollout_runs(trained):
   rows, written = dyn_ours.rollout_replay(key, policy, dyn, start, cfg, cfg.beta)
   capacity = BRANCHES * cfg.rollout.rollout_length
   buf, _ = rollout.run(key, policy, dyn, start, buffer.init_ring(capacity, dyn_ours.S, dyn_ours.A),
-                       cfg, termination.termination_fn(cfg.env_name), cfg.beta)
+                       cfg, termination.termination_fn(cfg.env_name),
+                       rollout.CellRollout(beta=cfg.beta))
   count = int(buf.count)
   assert count == written.sum() and 0 < count < capacity      # some branches ended
   for ours, name in (("obs", "obs"), ("action", "action"), ("next_obs", "next_obs"),

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mombo_jax.core import dynamics, termination
+from mombo_jax.core import dynamics, targets, termination
 from mombo_jax.data.transitions import Transitions
 from mombo_jax.dynamics import dynamics_training, training_data
 from mombo_jax.settings.config import make_config
@@ -163,7 +163,9 @@ def train_epochs(cfg, key, inputs, targets, epochs: int, dtype: str,
       w = jnp.broadcast_to((b * bs + jnp.arange(bs) < n_train).astype(inputs.dtype), idx.shape)
       x = (inputs[idx] - st.input_mean) / st.input_std
       losses.append({k: float(v) for k, v in terms(params, x, targets[idx], w).items()})
-      params, opt_state = fns.steps(st, params, opt_state, inputs, targets, order, b, b + 1)
+      carry = fns.steps(st, dynamics_training._Carry(params=params, opt_state=opt_state),
+                        dynamics_training._Data(inputs=inputs, targets=targets), order, b, b + 1)
+      params, opt_state = carry.params, carry.opt_state
       k = sum(map(len, tr.losses)) + b + 1
       if kept_step(k, order.shape[0]):
         tr.params[k] = jax.device_get(params)
@@ -232,8 +234,11 @@ def rollout_replay(key, policy, dyn, start_obs, cfg, beta):
   obs, action, next_obs, reward, done, obs_var, next_obs_var, penalty (MOPO's, else absent);
   written bool [K, R])."""
   term_fn = termination.termination_fn(cfg.env_name)
-  penalise = cfg.algorithm.penalize_reward
-  step = jax.jit(functools.partial(dynamics.step, config=cfg, penalty=penalise))
+  penalise = cfg.algorithm.penalise_reward
+  # MOPO's penalty is of the whole ensemble (targets.EnsemblePenalty): the step returns every
+  # member's Gaussians, as rollout.run asks for them.
+  penalty_fn = targets.get_penalty(cfg) if penalise else None
+  step = jax.jit(functools.partial(dynamics.step, config=cfg, every_member=penalise))
   obs, obs_var = start_obs, jnp.zeros_like(start_obs)
   alive = np.ones(start_obs.shape[0], bool)
   rows, written = [], []
@@ -241,14 +246,15 @@ def rollout_replay(key, policy, dyn, start_obs, cfg, beta):
     k_pi, k_model = jax.random.split(step_key)
     action = policy(obs, k_pi)
     out = step(dyn, obs, action, k_model)
-    reward = out.reward - beta * out.mopo_penalty if penalise else out.reward
+    penalty = penalty_fn.of_ensemble(out.ensemble) if penalise else None
+    reward = out.reward - beta * penalty if penalise else out.reward
     done = np.asarray(termination.model_done(term_fn, obs, action, out.next_obs,
                                              cfg.rollout.rollout_obs_limit))
     finite = np.all(np.isfinite(np.asarray(out.next_obs)), -1) & np.isfinite(np.asarray(reward))
     row = dict(obs=obs, action=action, next_obs=out.next_obs, reward=reward, done=done,
                obs_var=obs_var, next_obs_var=out.next_obs_var)
     if penalise:
-      row["penalty"] = out.mopo_penalty
+      row["penalty"] = penalty
     rows.append({k: np.asarray(v) for k, v in row.items()})
     written.append(alive & finite)
     alive = written[-1] & ~done

@@ -215,7 +215,7 @@ def _prediction_rows(algo, mods, dyn, cfg, ours, data, dtype):
 def _their_rollout_dynamics(mods, cfg, dyn_state, algo, dtype):
   """Their EnsembleDynamics holding our trained ensemble: weights, scaler, elites; MOPO's
   penalty_coef = beta (OfflineRL-Kit run_mopo.py; run_mobile.py and MOMBO's train.py pass none)."""
-  coef = cfg.beta if cfg.algorithm.penalize_reward else 0.0
+  coef = cfg.beta if cfg.algorithm.penalise_reward else 0.0
   dyn = dyn_theirs.build(mods, cfg, jax.device_get(dyn_state.params), dtype, penalty_coef=coef)
   dyn.scaler.mu = np.asarray(dyn_state.input_mean)[None]
   dyn.scaler.std = np.asarray(dyn_state.input_std)[None]
@@ -233,7 +233,8 @@ def _rollout_rows(algo, mods, cfg, dyn_state, data, dtype, seed):
   mine, written = dyn_ours.rollout_replay(key, policy, dyn_state, jnp.asarray(start), cfg, cfg.beta)
   buf, _ = rollout.run(key, policy, dyn_state, jnp.asarray(start),
                        buffer.init_ring(R_BRANCHES * k, dyn_ours.S, dyn_ours.A), cfg,
-                       termination.termination_fn(cfg.env_name), cfg.beta)
+                       termination.termination_fn(cfg.env_name),
+                       rollout.CellRollout(beta=cfg.beta))
   elite, noise = dyn_ours.rollout_draws(key, R_BRANCHES, cfg, dyn_state.elites, dtype)
   dyn = _their_rollout_dynamics(mods, cfg, dyn_state, algo, dtype)
   trans, their_rows, infos, stored = dyn_theirs.rollout(

@@ -122,7 +122,9 @@ def test_every_dot_of_the_dynamics_training_carries_the_runs_precision(precision
   with jax.default_matmul_precision("bfloat16"):
     st = jax.eval_shape(fns.init, key, inputs, targets)
     order = jax.eval_shape(fns.plan, st)
-    texts = [fns.steps.lower(st, st.params, st.opt_state, inputs, targets, order, 0, 1),
+    carry = dynamics_training._Carry(params=st.params, opt_state=st.opt_state)
+    data = dynamics_training._Data(inputs=inputs, targets=targets)
+    texts = [fns.steps.lower(st, carry, data, order, 0, 1),
              fns.end.lower(st, st.params, st.opt_state, inputs, targets, jnp.int32(1))]
     found, count = _dots("\n".join(t.as_text() for t in texts))
   assert count >= 6 and len(found) == count            # the training step and the holdout loss

@@ -71,7 +71,7 @@ def plan_runs(env, algo, preset, overrides, datasets=None, betas=None, root="run
       except ValueError as e:
         raise UserError(f"{dataset}: {e}") from None
       workdir = run_dir(root, dataset, algo, config.target, config.seed, config.num_seeds,
-                        None if not betas else beta, config.reference)
+                        None if not betas else beta, config.reference, config.agent.moments)
       dyn = grid_dynamics_dir(root, dataset, dynamics_dir) if betas else None
       specs.append(RunSpec(config, dataset, workdir, dyn))
   return specs

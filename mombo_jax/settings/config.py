@@ -11,7 +11,7 @@ import math
 import types
 from typing import Optional, Tuple
 
-from mombo_jax.core import algorithms
+from mombo_jax.core import algorithms, moment_modes
 from mombo_jax.data.names import parse_name
 from mombo_jax.settings import groups, references
 
@@ -29,6 +29,9 @@ MATMUL_PRECISIONS = ("float32", "tensorfloat32")
 # GPU it was TF32, which no record could tell, and resuming such a run at float32 moves it to the
 # references' precision rather than on at one it never chose.
 MATMUL_PRECISION_BEFORE_RECORDED = "float32"
+# What a config.json written before runs recorded their moment mode (no "moments" key) reads as:
+# the diagonal mode, the only one MOMBO's targets had then.
+MOMENTS_BEFORE_RECORDED = moment_modes.DEFAULT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +167,11 @@ def _validate(config: "Config"):
     raise ValueError(f"matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)} (float32: "
                      f"full float32, the references'; tensorfloat32: TF32 inputs on a GPU), got "
                      f"{c.matmul_precision!r}.")
+  moment_modes.parse(c.moments)                     # ValueError naming the choices
+  if c.moments != moment_modes.DEFAULT and not algorithm.moment_matching:
+    raise ValueError(f"moments={c.moments!r} sets how MOMBO's targets moment-match the critic; "
+                     f"{algorithm.label} does not moment-match: leave moments at "
+                     f"{moment_modes.DEFAULT!r}.")
   for name in _POSITIVE_INTS:
     v = getattr(c, name)
     if not is_int(v) or v < 1:
@@ -278,12 +286,15 @@ PRESETS = {
 
 def upgrade_record(record: dict) -> dict:
   """A config.json record read as the version that wrote it meant it: its settings' source
-  (references.upgrade_record) and, written before runs recorded their matmul precision,
-  MATMUL_PRECISION_BEFORE_RECORDED (float32: see there why)."""
+  (references.upgrade_record); written before runs recorded their matmul precision,
+  MATMUL_PRECISION_BEFORE_RECORDED (float32: see there why); before they recorded their moment
+  mode, MOMENTS_BEFORE_RECORDED (diagonal)."""
   record = references.upgrade_record(record)
-  if "matmul_precision" in record:
-    return record
-  return dict(record, matmul_precision=MATMUL_PRECISION_BEFORE_RECORDED)
+  if "matmul_precision" not in record:
+    record = dict(record, matmul_precision=MATMUL_PRECISION_BEFORE_RECORDED)
+  if "moments" not in record:
+    record = dict(record, moments=MOMENTS_BEFORE_RECORDED)
+  return record
 
 
 def _reference(algo: str, reference: Optional[str]) -> Optional[str]:

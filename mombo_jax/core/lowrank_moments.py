@@ -66,14 +66,16 @@ def _dot(x, kernel):
 
 
 def lowrank_input(x, var, kernel, bias, rank: Optional[int] = None,
-                  product: Optional[Callable] = None):
+                  product: Optional[Callable] = None, basis: str = "dims"):
   """The first layer x @ kernel + bias of x ~ N(x, diag(var)) on its first K inputs (the others
   exact): (m [..., F], L [..., r, F], d [..., F]), r = min(K, rank) (rank None: K).
 
   x [..., I], var [..., K] (K <= I), kernel [I, F], bias [F]. product(x, kernel): the mean's
   matmul (default x @ kernel; the critic passes its own, critics.matmul, so that the mean is the
-  plain layer's bit for bit). rank < K keeps per row the rank dimensions of largest
-  var_j ||kernel[j]||^2 and puts the rest into d (module docstring)."""
+  plain layer's bit for bit). rank < K, basis "dims": keep per row the rank input dimensions of
+  largest var_j ||kernel[j]||^2 and put the rest into d (module docstring); basis "pca": keep per
+  row the rank leading principal directions of the layer's covariance (eigenvectors of the K x K
+  Gram sd_j sd_k kernel[j] . kernel[k]), the best rank-r approximation of it, the rest into d."""
   product = product or _dot
   num_var = var.shape[-1]
   chex.assert_equal_shape_prefix([x, var], x.ndim - 1)
@@ -86,12 +88,19 @@ def lowrank_input(x, var, kernel, bias, rank: Optional[int] = None,
   if rank is None or rank >= num_var:
     loadings = sd[..., :, None] * rows                      # [..., K, F]
     return m, loadings, jnp.zeros_like(m)
-  energy = sd * sd * jnp.sum(rows * rows, axis=-1)          # [..., K]
-  _, keep = jax.lax.top_k(energy, rank)                     # [..., r]
-  loadings = jnp.take_along_axis(sd, keep, axis=-1)[..., None] * rows[keep]   # [..., r, F]
-  dropped = jnp.maximum(var, 0.0) * (1.0 - jnp.sum(jax.nn.one_hot(keep, num_var, dtype=var.dtype),
-                                                   axis=-2))
-  return m, loadings, dropped @ (rows * rows)
+  total = jnp.maximum(var, 0.0) @ (rows * rows)             # each unit's exact variance
+  if basis == "pca":
+    gram = sd[..., :, None] * (rows @ rows.T) * sd[..., None, :]          # [..., K, K]
+    _, vectors = jnp.linalg.eigh(gram)                                     # ascending
+    top = vectors[..., :, num_var - rank:] * sd[..., :, None]             # [..., K, r]
+    loadings = jnp.swapaxes(top, -1, -2) @ rows                            # [..., r, F]
+  elif basis == "dims":
+    energy = sd * sd * jnp.sum(rows * rows, axis=-1)        # [..., K]
+    _, keep = jax.lax.top_k(energy, rank)                   # [..., r]
+    loadings = jnp.take_along_axis(sd, keep, axis=-1)[..., None] * rows[keep]   # [..., r, F]
+  else:
+    raise ValueError(f"lowrank_input: basis must be 'dims' or 'pca', got {basis!r}.")
+  return m, loadings, jnp.maximum(total - total_var(loadings, jnp.zeros_like(total)), 0.0)
 
 
 def lr_linear(m, loadings, d, kernel, bias, product: Optional[Callable] = None):
@@ -122,11 +131,11 @@ def lr_relu(m, loadings, d):
 
 
 def mlp_moments(layers: Sequence[Tuple[jax.Array, jax.Array]], x, var, rank: Optional[int] = None,
-                product: Optional[Callable] = None):
+                product: Optional[Callable] = None, basis: str = "dims"):
   """(mean [..., O], var [..., O]) of a ReLU MLP's output (ReLU after every layer but the last)
   at x ~ N(x, diag(var)) on its first K inputs, in low-rank form. layers: [(kernel [I, F],
   bias [F]), ...] in call order; x [..., I], var [..., K]; rank: lowrank_input's."""
-  m, loadings, d = lowrank_input(x, var, *layers[0], rank=rank, product=product)
+  m, loadings, d = lowrank_input(x, var, *layers[0], rank=rank, product=product, basis=basis)
   for kernel, bias in layers[1:]:
     m, loadings, d = lr_relu(m, loadings, d)
     m, loadings, d = lr_linear(m, loadings, d, kernel, bias, product=product)

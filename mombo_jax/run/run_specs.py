@@ -43,7 +43,10 @@ def describe_algorithm(config, betas=None) -> str:
   coef = alg.coefficient + ("s" if betas and len(betas) > 1 else "")
   if alg.variant:
     origin = f" ({alg.origin})" if alg.origin else ""
-    return f"{alg.name.upper()}, target {alg.variant}{origin}, {coef} {values}"
+    # The moment mode where it is not the paper's diagonal (docs/moment_matching.md).
+    moments = ("" if config.agent.moments == config_lib.MOMENTS_BEFORE_RECORDED else
+               f", moments {config.agent.moments}")
+    return f"{alg.name.upper()}, target {alg.variant}{origin}{moments}, {coef} {values}"
   return f"{alg.name.upper()}, {coef} {values}"
 
 

@@ -58,8 +58,10 @@ def _reading_value(res: dict, column: str) -> float:
 
 
 def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1000, draws=100,
-                  num_policy=1000, seed=0, max_episode_steps=None, chunk=256, log=print):
-  """One row per (run, seed), as a dict of scalars: run, env, dataset, algo, target, states, seed,
+                  num_policy=1000, seed=0, max_episode_steps=None, chunk=256, log=print,
+                  moments=None):
+  """One row per (run, seed, moment mode), as a dict of scalars: run, env, dataset, algo, moments,
+  target, states, seed,
   epoch, beta, transitions (tuples scored), draws, num_policy, accuracy, tightness,
   accuracy_unscaled, tightness_unscaled, penalty_mean, penalty_unscaled_mean, bellman_error_mean,
   below (what the run has less of than the paper's setup, paper_setup.shortfalls; "" for none),
@@ -68,7 +70,10 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
   are experiments.uncertainty's flags of the same names; ValueError / FileNotFoundError (a dataset
   not found) for what the user can fix, among them a run whose dataset was rebuilt or replaced
   since it trained (trained.check_data). log: a line per run (what reading its checkpoint read and
-  the peak memory, TrainedRun.memory_line) and a progress line per seed."""
+  the peak memory, TrainedRun.memory_line) and a progress line per seed. moments: None (each run
+  at its own moment mode) or a list of modes (core/moment_modes.py): a MOMBO run is scored at each,
+  on the same tuples and draws, its rows labelled "MOMBO (<target>, moments=<mode>)"; a run that
+  does not moment-match once, at its own. Every row has a `moments` column."""
 
   # JAX and the trained nets only here (see the note at the top)
   import jax
@@ -94,29 +99,42 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
     if states == "dataset" and trained.dataset not in datasets:
       datasets[trained.dataset] = quantifier_quality.dataset_states(
           loaded[trained.dataset], num_states, seed)
-    for i, nets in enumerate(trained.nets):
+    modes = ([None] if moments is None or not config.algorithm.moment_matching
+             else list(moments))
+    for i, seed_nets in enumerate(trained.nets):
       # The real env of the run's dataset (envs.eval_env_spec): its evaluation's physics.
       batch = (datasets[trained.dataset] if states == "dataset" else
-               quantifier_quality.real_transitions(nets, trained.dataset, episodes, seed + i,
+               quantifier_quality.real_transitions(seed_nets, trained.dataset, episodes, seed + i,
                                                    every, max_episode_steps))
-      res = quantifier_quality.uncertainty_quality(nets, batch, jax.random.PRNGKey(seed + i),
-                                                   draws, num_policy, chunk)
-      rows.append(dict(
-          run=path, env=config.env_name, dataset=trained.dataset,
-          algo=labels.algo_label(config.settings()),
-          target=algorithms.variant_of(config.algo, config.target), states=states,
-          seed=trained.seeds[i], epoch=trained.epoch, beta=float(config.beta),
-          transitions=int(len(res["exact"])), draws=int(draws), num_policy=int(num_policy),
-          **{k: res[f"{k}_mean"] for k in ("accuracy", "tightness", "accuracy_unscaled",
-                                           "tightness_unscaled")},
-          penalty_mean=res["penalty_mean"], penalty_unscaled_mean=res["penalty_unscaled_mean"],
-          bellman_error_mean=res["bellman_error_mean"], below=below,
-          **{k: _reading_value(res, k) for k in READING_COLUMNS}))
-      log(f"{path} seed {trained.seeds[i]} ({states} states): {len(res['exact'])} tuples x "
-          f"{draws} draws, accuracy {res['accuracy_mean']:.2f} (unscaled "
-          f"{res['accuracy_unscaled_mean']:.2f}), tightness {res['tightness_mean']:.3g} "
-          f"(unscaled {res['tightness_unscaled_mean']:.3g})")
+      for mode in modes:
+        nets = seed_nets.with_moments(mode)
+        res = quantifier_quality.uncertainty_quality(nets, batch, jax.random.PRNGKey(seed + i),
+                                                     draws, num_policy, chunk)
+        algo = labels.algo_label(config.settings())
+        if mode is not None:
+          algo = f"{algo[:-1]}, moments={mode})"
+        _append_row(rows, res, path, config, trained, i, algo, nets.config.agent.moments,
+                    states, draws, num_policy, below, log)
   return rows
+
+
+def _append_row(rows, res, path, config, trained, i, algo, moments, states, draws, num_policy,
+                below, log):
+  """evaluate_runs' row of one seed (at one moment mode) and its progress line."""
+  rows.append(dict(
+      run=path, env=config.env_name, dataset=trained.dataset, algo=algo, moments=moments,
+      target=algorithms.variant_of(config.algo, config.target), states=states,
+      seed=trained.seeds[i], epoch=trained.epoch, beta=float(config.beta),
+      transitions=int(len(res["exact"])), draws=int(draws), num_policy=int(num_policy),
+      **{k: res[f"{k}_mean"] for k in ("accuracy", "tightness", "accuracy_unscaled",
+                                       "tightness_unscaled")},
+      penalty_mean=res["penalty_mean"], penalty_unscaled_mean=res["penalty_unscaled_mean"],
+      bellman_error_mean=res["bellman_error_mean"], below=below,
+      **{k: _reading_value(res, k) for k in READING_COLUMNS}))
+  log(f"{path} seed {trained.seeds[i]} ({states} states, moments {moments}): "
+      f"{len(res['exact'])} tuples x {draws} draws, accuracy {res['accuracy_mean']:.2f} "
+      f"(unscaled {res['accuracy_unscaled_mean']:.2f}), tightness "
+      f"{res['tightness_mean']:.3g} (unscaled {res['tightness_unscaled_mean']:.3g})")
 
 
 class _Seeds:

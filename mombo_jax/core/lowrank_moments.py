@@ -116,27 +116,69 @@ def total_var(loadings, d):
   return jnp.sum(loadings * loadings, axis=-2) + d
 
 
+def _gain(m, v):
+  """Phi(m / sqrt(v)) [..., F] = P(h > 0) = E[relu'(h)], Stein's lemma's factor. Where v == 0 the
+  loadings are 0 and the step relu'(m) serves; the safe divisor keeps 0 / 0 out."""
+  return jnp.where(v > 0, ndtr(m / jnp.where(v > 0, jnp.sqrt(v), 1.0)), (m > 0).astype(m.dtype))
+
+
 def lr_relu(m, loadings, d):
   """ReLU of h = m + loadings^T z + e: (mean, loadings * Phi(m / s), residual variance), s the
   total std; mean and variance by moments.mm_relu (Lemma 1), loadings by Stein's lemma, the
   residual independent across units (the named approximation; module docstring)."""
   v = total_var(loadings, d)
   mean, var = mm_relu(m, v)
-  # Phi(m / s): P(h > 0). At s == 0 the loadings are 0 and the step relu' would do; the safe
-  # divisor keeps 0 / 0 out.
-  s = jnp.sqrt(v)
-  gain = jnp.where(v > 0, ndtr(m / jnp.where(v > 0, s, 1.0)), (m > 0).astype(m.dtype))
-  out = loadings * gain[..., None, :]
+  out = loadings * _gain(m, v)[..., None, :]
   return mean, out, jnp.maximum(var - jnp.sum(out * out, axis=-2), 0.0)
+
+
+def _first_factor(x, var, kernel, bias, rank, product, basis):
+  """The first layer in the form mlp_moments carries: (m [..., F], sq [..., F] (each unit's
+  variance through the factor, ||L[:, i]||^2), d [..., F], scaled(gain [..., F]) -> L * gain
+  [..., r, F]), L (lowrank_input's) never written out: the next layer needs only L * gain."""
+  num_var = var.shape[-1]
+  m = product(x, kernel) + bias
+  rows = kernel[:num_var]                                   # [K, F]
+  var = jnp.maximum(var, 0.0)                               # negative var is no variance
+  sd, squares = jnp.sqrt(var), rows * rows
+  total = var @ squares                                     # each unit's exact variance
+  if rank is None or rank >= num_var:
+    return m, total, jnp.zeros_like(m), lambda gain: sd[..., :, None] * rows * gain[..., None, :]
+  if basis == "dims":
+    _, keep = jax.lax.top_k(var * jnp.sum(squares, axis=-1), rank)        # [..., r]
+    kept_var = var * jnp.sum(jax.nn.one_hot(keep, num_var, dtype=var.dtype), axis=-2)
+    sq = kept_var @ squares
+    kept_sd = jnp.take_along_axis(sd, keep, axis=-1)[..., :, None]
+    return m, sq, jnp.maximum(total - sq, 0.0), lambda gain: kept_sd * rows[keep] * gain[
+        ..., None, :]
+  _, loadings, d = lowrank_input(x, var, kernel, bias, rank, product, basis)
+  return m, total - d, d, lambda gain: loadings * gain[..., None, :]
 
 
 def mlp_moments(layers: Sequence[Tuple[jax.Array, jax.Array]], x, var, rank: Optional[int] = None,
                 product: Optional[Callable] = None, basis: str = "dims"):
   """(mean [..., O], var [..., O]) of a ReLU MLP's output (ReLU after every layer but the last)
   at x ~ N(x, diag(var)) on its first K inputs, in low-rank form. layers: [(kernel [I, F],
-  bias [F]), ...] in call order; x [..., I], var [..., K]; rank: lowrank_input's."""
-  m, loadings, d = lowrank_input(x, var, *layers[0], rank=rank, product=product, basis=basis)
+  bias [F]), ...] in call order; x [..., I], var [..., K]; rank, basis: lowrank_input's.
+
+  The same recursion as lowrank_input, lr_relu and lr_linear, written for speed: a ReLU's gain
+  scales the loadings only as they enter the next matmul (||L * g||^2 = g^2 ||L||^2 needs no
+  pass over them), and the first layer's loadings (K rows of the kernel, scaled) are never
+  written out on their own, so each hidden layer reads and writes its [..., r, F] loadings about
+  twice (XLA:CPU fuses neither into its dots)."""
+  product = product or _dot
+  chex.assert_equal_shape_prefix([x, var], x.ndim - 1)
+  if var.shape[-1] > x.shape[-1]:
+    raise ValueError(f"mlp_moments got variances for {var.shape[-1]} inputs but only "
+                     f"{x.shape[-1]} inputs; pass var [..., K] with K <= the input size.")
+  m, sq, d, scaled = _first_factor(x, var, *layers[0], rank, product, basis)
   for kernel, bias in layers[1:]:
-    m, loadings, d = lr_relu(m, loadings, d)
-    m, loadings, d = lr_linear(m, loadings, d, kernel, bias, product=product)
-  return m, total_var(loadings, d)
+    mean, var_out = mm_relu(m, sq + d)
+    gain = _gain(m, sq + d)
+    loadings = product(scaled(gain), kernel)                               # [..., r, F']
+    sq_out = gain * gain * sq
+    m = product(mean, kernel) + bias
+    d = jnp.maximum(var_out - sq_out, 0.0) @ (kernel * kernel)
+    sq = jnp.sum(loadings * loadings, axis=-2)
+    scaled = lambda gain, loadings=loadings: loadings * gain[..., None, :]  # noqa: E731
+  return m, sq + d

@@ -72,8 +72,9 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
   since it trained (trained.check_data). log: a line per run (what reading its checkpoint read and
   the peak memory, TrainedRun.memory_line) and a progress line per seed. moments: None (each run
   at its own moment mode) or a list of modes (core/moment_modes.py): a MOMBO run is scored at each,
-  on the same tuples and draws, its rows labelled "MOMBO (<target>, moments=<mode>)"; a run that
-  does not moment-match once, at its own. Every row has a `moments` column."""
+  on the same tuples and draws, its rows labelled "MOMBO (<target>, moments=<mode>)" (so is a run
+  trained at another mode than the diagonal, scored at its own); a run that does not moment-match
+  once, at its own. Every row has a `moments` column."""
 
   # JAX and the trained nets only here (see the note at the top)
   import jax
@@ -111,8 +112,9 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
         res = quantifier_quality.uncertainty_quality(nets, batch, jax.random.PRNGKey(seed + i),
                                                      draws, num_policy, chunk)
         algo = labels.algo_label(config.settings())
-        if mode is not None:
-          algo = f"{algo[:-1]}, moments={mode})"
+        if mode is not None or nets.config.agent.moments != "diagonal":
+          # Another mode than the paper's is its own column (a run trained at it too).
+          algo = f"{algo[:-1]}, moments={nets.config.agent.moments})"
         _append_row(rows, res, path, config, trained, i, algo, nets.config.agent.moments,
                     states, draws, num_policy, below, log)
   return rows

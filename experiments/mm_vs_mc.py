@@ -18,7 +18,7 @@ is mombo_jax.analysis.mm_vs_mc's; this program only parses the flags.
 from absl import flags, logging
 
 from experiments import _cli
-from mombo_jax.core import moment_modes
+from mombo_jax.core import algorithms
 
 FLAGS = flags.FLAGS
 
@@ -55,7 +55,7 @@ def main(argv):
       raise _cli.UsageError(f"--{name} must be >= 1, got {getattr(FLAGS, name)}.")
   if FLAGS.moments is not None:
     try:
-      moment_modes.parse(FLAGS.moments)
+      algorithms.parse_moments(FLAGS.moments)
     except ValueError as e:
       raise _cli.UsageError(f"--moments: {e}") from None
   from mombo_jax.analysis import mm_vs_mc  # jax: imported once the flags are known to be good

@@ -81,7 +81,7 @@ from absl import flags, logging
 
 from experiments import _cli
 from mombo_jax.analysis import uncertainty_runs
-from mombo_jax.core import moment_modes
+from mombo_jax.core import algorithms
 
 FLAGS = flags.FLAGS
 
@@ -125,7 +125,7 @@ def main(argv):
       raise _cli.UsageError(f"--{name} must be >= 1, got {getattr(FLAGS, name)}.")
   for mode in FLAGS.moments or ():
     try:
-      moment_modes.parse(mode)
+      algorithms.parse_moments(mode)
     except ValueError as e:
       raise _cli.UsageError(f"--moments: {e}") from None
   run_dirs = uncertainty_runs.find_run_dirs(FLAGS.runs)

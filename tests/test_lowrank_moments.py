@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from mombo_jax.core import critics, lowrank_moments, moment_modes
+from mombo_jax.core import algorithms, critics, lowrank_moments
 from mombo_jax.core.propagate import propagate
 
 S, A, H, B = 5, 2, 24, 6
@@ -154,8 +154,9 @@ def test_the_modes_of_a_critic_ensemble():
   obs2, var2 = jnp.stack([obs, obs]), jnp.stack([jnp.zeros_like(var), var])
 
   def run(mode):
-    return jax.vmap(lambda o, v: critics.ensemble_moments(ens.apply, params, o, action, v, mode))(
-        obs2, var2)
+    parsed = algorithms.parse_moments(mode)
+    return jax.vmap(lambda o, v: critics.ensemble_moments(ens.apply, params, o, action, v,
+                                                          parsed))(obs2, var2)
 
   out = jax.jit(lambda: ({m: run(m) for m in ("diagonal", "lowrank", "lowrank2", "full")},
                          jax.vmap(lambda o: ens.apply(params, o, action))(obs2)))
@@ -167,15 +168,15 @@ def test_the_modes_of_a_critic_ensemble():
   diag, low, full = (np.asarray(modes[m][1][1]) for m in ("diagonal", "lowrank", "full"))
   off = lambda v: np.abs(np.log(v / full))  # noqa: E731
   assert np.median(off(low)) < 0.1 and np.median(off(low)) < 0.5 * np.median(off(diag))
-  with pytest.raises(ValueError, match="lowrank<k>"):
-    critics.ensemble_moments(ens.apply, params, obs, action, var, "low")
+  with pytest.raises(ValueError, match="kind diagonal, lowrank or full"):
+    critics.ensemble_moments(ens.apply, params, obs, action, var, ("low", None))
 
 
 def test_the_mode_names_parse():
-  assert moment_modes.parse("diagonal") == ("diagonal", None)
-  assert moment_modes.parse("lowrank") == ("lowrank", None)
-  assert moment_modes.parse("lowrank12") == ("lowrank", 12)
-  assert moment_modes.parse("full") == ("full", None)
+  assert algorithms.parse_moments("diagonal") == ("diagonal", None)
+  assert algorithms.parse_moments("lowrank") == ("lowrank", None)
+  assert algorithms.parse_moments("lowrank12") == ("lowrank", 12)
+  assert algorithms.parse_moments("full") == ("full", None)
   for bad in ("lowrank0", "lowrank-1", "lowrank 3", "", None, 3):
     with pytest.raises(ValueError, match="moments must be"):
-      moment_modes.parse(bad)
+      algorithms.parse_moments(bad)

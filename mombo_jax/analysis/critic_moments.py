@@ -15,7 +15,7 @@ import numpy as np
 
 from mombo_jax.analysis.pevi_bounds import critic_inputs, member_layers
 from mombo_jax.analysis.trained import SeedNets
-from mombo_jax.core import lowrank_moments, moment_modes
+from mombo_jax.core import algorithms, lowrank_moments
 from mombo_jax.core.propagate import propagate
 
 
@@ -47,7 +47,8 @@ def moments_vs_mc(nets: SeedNets, obs, key, num_samples: int = 100_000,
     f = _mlp(layers)
     for mode in modes:
       basis = "pca" if mode.endswith("pca") else "dims"
-      kind, rank = moment_modes.parse("diagonal" if mode == "diag" else mode.replace("pca", ""))
+      kind, rank = algorithms.parse_moments("diagonal" if mode == "diag"
+                                            else mode.replace("pca", ""))
       if kind == "lowrank":
         m, v = jax.jit(lambda x, v, rank=rank: lowrank_moments.mlp_moments(
             layers, x, v, rank=rank, basis=basis))(x, x_var[..., :num_state])

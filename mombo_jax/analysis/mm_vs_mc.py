@@ -209,7 +209,7 @@ def run_experiment(trained, transitions, out: str, ns: Sequence[int], num_states
   `seed`) of seed `seed_index` of a loaded run; writes mm_vs_mc.csv (summary rows),
   mm_vs_mc_estimates.csv (every estimate) and mm_vs_mc.png into `out`. Returns mm_vs_mc's dict,
   plus "title" (the run: its algorithm label with MOMBO's target, dataset, seed, epoch) and
-  "repeats". moments: the moment mode of MM (core/moment_modes.py; None: the run's own), named in
+  "repeats". moments: the moment mode of MM (core/algorithms.py; None: the run's own), named in
   the title when not the diagonal."""
   rng = np.random.default_rng(seed)
   idx = rng.choice(len(transitions.observations), num_states, replace=False)

@@ -62,11 +62,11 @@ class SeedNets:
     apply = sac.make_critic(self.config).apply
     if obs_var is None:
       return apply(params, obs, action)
-    return ensemble_moments(apply, params, obs, action, obs_var, self.config.agent.moments)
+    return ensemble_moments(apply, params, obs, action, obs_var, self.config.moments_mode)
 
   def with_moments(self, moments: Optional[str]) -> "SeedNets":
-    """These networks with MOMBO's targets at another moment mode (moment_modes: diagonal,
-    lowrank[<k>], full; None: the run's own): what the analyses' --moments reads."""
+    """These networks with MOMBO's targets at another moment mode (algorithms.parse_moments:
+    diagonal, lowrank[<k>], full; None: the run's own): what the analyses' --moments reads."""
     if moments is None:
       return self
     return self.replace(config=self.config.replace(moments=moments))

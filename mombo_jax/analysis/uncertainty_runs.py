@@ -71,7 +71,7 @@ def evaluate_runs(run_dirs, states="policy", episodes=10, every=10, num_states=1
   not found) for what the user can fix, among them a run whose dataset was rebuilt or replaced
   since it trained (trained.check_data). log: a line per run (what reading its checkpoint read and
   the peak memory, TrainedRun.memory_line) and a progress line per seed. moments: None (each run
-  at its own moment mode) or a list of modes (core/moment_modes.py): a MOMBO run is scored at each,
+  at its own moment mode) or a list of modes (core/algorithms.py): a MOMBO run is scored at each,
   on the same tuples and draws, its rows labelled "MOMBO (<target>, moments=<mode>)" (so is a run
   trained at another mode than the diagonal, scored at its own); a run that does not moment-match
   once, at its own. Every row has a `moments` column."""

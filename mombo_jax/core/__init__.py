@@ -2,8 +2,8 @@
 environment variable read): moment matching (moments, propagate with propagate_interp,
 propagate_full (its ReLU covariance in relu_covariance), propagate_door, propagate_where and
 closed_forms; monte_carlo the reference it is checked against; mm_bounds the paper's bounds;
-lowrank_moments the input's low-rank covariance carried through a ReLU MLP, moment_modes the
-setting that picks a mode for MOMBO's targets),
+lowrank_moments the input's low-rank covariance carried through a ReLU MLP, picked for MOMBO's
+targets by the moment mode that algorithms parses),
 the networks and their initial values (critics, inits, actor_policy), SAC and the algorithms
 (sac, targets, algorithms: the registry), the dynamics model and what ends a rollout (dynamics,
 termination), rollouts into the ring buffer (rollout, pieces, buffer), the epoch and its chunks

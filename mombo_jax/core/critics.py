@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mombo_jax.core import inits, lowrank_moments, moment_modes, rewrites
+from mombo_jax.core import inits, lowrank_moments, rewrites
 from mombo_jax.core.moments import mm_linear, mm_relu
 from mombo_jax.core.propagate import propagate
 
@@ -187,14 +187,19 @@ def _mlp(layers):
   return f
 
 
-def ensemble_moments(apply_fn, params, obs, action, obs_var, moments: str = "diagonal"):
+def ensemble_moments(apply_fn, params, obs, action, obs_var, mode=("diagonal", None)):
   """(mean [E, ...], var [E, ...]) of a CriticEnsemble's Q(obs, action) at obs ~ N(obs,
-  diag(obs_var)), action exact, by a moments mode (moment_modes): "diagonal" is
+  diag(obs_var)), action exact, by a moment mode: mode = (kind, rank), a moments setting parsed by
+  algorithms.parse_moments (Config.moments_mode; this module cannot import the registry, which
+  imports the targets that import it). "diagonal" is
   apply_fn(params, obs, action, obs_var) itself (MMCritic's path, the paper's); "lowrank[<k>]"
   lowrank_moments.mlp_moments per member (the mean path the plain layers' own matmuls, so zero
   variance gives the plain critic); "full" propagate(..., covariance="full") per member.
   obs, obs_var [..., S], action [..., A]."""
-  kind, rank = moment_modes.parse(moments)
+  kind, rank = mode
+  if kind not in ("diagonal", "lowrank", "full"):
+    raise ValueError(f"ensemble_moments: mode must be (kind, rank) with kind diagonal, lowrank or "
+                     f"full (algorithms.parse_moments), got {mode!r}.")
   if kind == "diagonal":
     return apply_fn(params, obs, action, obs_var)
   chex.assert_equal_shape([obs, obs_var])

@@ -84,7 +84,7 @@ def _mm_min(agent, obs, obs_var, key, config, auto_alpha=None):
   diagonal, the paper's, or lowrank / full)."""
   action, bonus = _next_action(agent, obs, key, config, auto_alpha=auto_alpha)
   mean, var = ensemble_moments(agent.critic.apply_fn, agent.target_critic_params, obs, action,
-                               obs_var, config.agent.moments)                  # [E, ..., B]
+                               obs_var, config.moments_mode)                   # [E, ..., B]
   j = jnp.argmin(mean, axis=0)[None]
   return (jnp.take_along_axis(mean, j, axis=0)[0] + bonus, jnp.take_along_axis(var, j, axis=0)[0])
 

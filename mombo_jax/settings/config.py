@@ -11,7 +11,7 @@ import math
 import types
 from typing import Optional, Tuple
 
-from mombo_jax.core import algorithms, moment_modes
+from mombo_jax.core import algorithms
 from mombo_jax.data.names import parse_name
 from mombo_jax.settings import groups, references
 
@@ -31,7 +31,7 @@ MATMUL_PRECISIONS = ("float32", "tensorfloat32")
 MATMUL_PRECISION_BEFORE_RECORDED = "float32"
 # What a config.json written before runs recorded their moment mode (no "moments" key) reads as:
 # the diagonal mode, the only one MOMBO's targets had then.
-MOMENTS_BEFORE_RECORDED = moment_modes.DEFAULT
+MOMENTS_BEFORE_RECORDED = algorithms.DEFAULT_MOMENTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +123,11 @@ class Config:
     return algorithms.get(self.algo, self.target)
 
   @property
+  def moments_mode(self):
+    """(kind, rank) of agent.moments (algorithms.parse_moments): what MOMBO's targets read."""
+    return algorithms.parse_moments(self.agent.moments)
+
+  @property
   def schedule_steps(self) -> int:
     """Gradient steps the actor's cosine schedule spans."""
     return (self.schedule_epochs or self.epochs) * self.steps_per_epoch
@@ -167,11 +172,11 @@ def _validate(config: "Config"):
     raise ValueError(f"matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)} (float32: "
                      f"full float32, the references'; tensorfloat32: TF32 inputs on a GPU), got "
                      f"{c.matmul_precision!r}.")
-  moment_modes.parse(c.moments)                     # ValueError naming the choices
-  if c.moments != moment_modes.DEFAULT and not algorithm.moment_matching:
+  algorithms.parse_moments(c.moments)                     # ValueError naming the choices
+  if c.moments != algorithms.DEFAULT_MOMENTS and not algorithm.moment_matching:
     raise ValueError(f"moments={c.moments!r} sets how MOMBO's targets moment-match the critic; "
                      f"{algorithm.label} does not moment-match: leave moments at "
-                     f"{moment_modes.DEFAULT!r}.")
+                     f"{algorithms.DEFAULT_MOMENTS!r}.")
   for name in _POSITIVE_INTS:
     v = getattr(c, name)
     if not is_int(v) or v < 1:

@@ -51,7 +51,7 @@ class AgentConfig:
   deterministic_backup: bool = True   # no entropy term in the target (MOMBO, MOBILE); MOPO: False
   clip_target_min: Optional[float] = 0.0   # reference code clamps targets at >= 0; None disables
   mobile_num_samples: int = 10        # MOBILE's next-state samples per penalty
-  # How MOMBO's targets moment-match the target critic (core/moment_modes.py): diagonal (default:
+  # How MOMBO's targets moment-match the target critic (core/algorithms.py): diagonal (default:
   # the paper's Algorithm 1, the released code's), lowrank / lowrank<k> (the next state's low-rank
   # covariance carried through the critic, core/lowrank_moments.py) or full (propagate's full
   # covariance: the analyses only, refused for training). The actor loss's moment-matched Q stays

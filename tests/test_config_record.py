@@ -124,3 +124,12 @@ def test_replace_routes_each_flat_name_to_its_group():
   # Every setting has one group (or is the run's own), and no name is in two groups.
   names = config_lib.Config.setting_names()
   assert len(names) == len(set(names)) == len(base.settings())
+
+
+def test_training_at_the_full_mode_is_refused_before_any_work(tmp_path):
+  """moments=full serves the analyses; a launch refuses it in its preflight, naming the flag."""
+  from mombo_jax.run import preflight
+  config = config_lib.make_config("hopper-random", "mombo", "tiny", moments="full")
+  with pytest.raises(UserError, match="moments=full is for the analyses") as raised:
+    preflight.validate(config, "hopper-random", str(tmp_path / "run"))
+  assert raised.value.params == ("moments",) and not (tmp_path / "run").exists()

@@ -26,11 +26,18 @@ def main():
   args = p.parse_args()
   seeds = list(range(args.seeds))
   rows = {n: outputs.read_rows(os.path.join(args.dir, f"metrics_{n}.csv")) for n in NAMES}
+  table(rows, seeds, "all four")
+  for pair in (NAMES[:2], NAMES[2:]):
+    table({n: rows[n] for n in pair}, seeds, "each pair")
+
+
+def table(rows, seeds, which):
+  """The runs of `rows` at the last epoch all of them evaluated on every seed."""
   common = common_epoch(rows, seeds)
-  print(f"normalised score at epoch {common} (the last all four evaluated on all {len(seeds)} "
-        "seeds), mean +- std over seeds (ddof 0); AULC over the evaluations up to it")
-  print("| run | last epoch evaluated | final | AULC | final per seed | mean penalty | "
-        "mean target_std |")
+  print(f"\n{which}: normalised score at epoch {common} (the last all of them evaluated on all "
+        f"{len(seeds)} seeds), mean +- std over seeds (ddof 0); AULC over the evaluations up to "
+        "it; penalty and target_std: the seeds' means of the last training-metrics row there")
+  print("| run | last epoch evaluated | final | AULC | final per seed | penalty | target_std |")
   print("|---|---|---|---|---|---|---|")
   for name, got in rows.items():
     kept = [r for r in every_seed(got, seeds) if r["epoch"] <= common]

@@ -73,9 +73,16 @@ def define_flags():
                     "the PyTorch references compute and the paper's numbers need; tensorfloat32: "
                     "TF32 inputs (10 mantissa bits) on a GPU that has them, faster and less "
                     "exact (docs/spec.md). The CPU computes both alike.")
-  flags.DEFINE_string("workdir", None, "Output folder; default runs/<dataset>/<algo>[-target]/"
-                      "s<seed>x<seeds>. With --datasets / --betas: the root under which each "
-                      "cell gets <dataset>/<algo>[-target][-beta<b>]/s<seed>x<seeds> "
+  flags.DEFINE_string("moments", None, "How MOMBO's targets (elite_spread, lcb, mixture) "
+                      "moment-match the target critic (config.json's `moments`): diagonal "
+                      "(default: the paper's Algorithm 1, the released code's), lowrank (the next "
+                      "state's covariance carried through the critic with its correlations; "
+                      "lowrank<k>: at most k state dimensions kept correlated; "
+                      "docs/moment_matching.md) or full (the analyses only). Named in the "
+                      "workdir when not diagonal.")
+  flags.DEFINE_string("workdir", None, "Output folder; default runs/<dataset>/<algo>[-target]"
+                      "[-moments]/s<seed>x<seeds>. With --datasets / --betas: the root under "
+                      "which each cell gets <dataset>/<algo>[-target][-beta<b>]/s<seed>x<seeds> "
                       "(default runs).")
   flags.DEFINE_string("dynamics_dir", None, "Where the dynamics ensembles are saved / reused, "
                       "in seed<s>x<S>-<tag> (<tag>: the dynamics settings; only a run of the same "
@@ -125,7 +132,8 @@ def _settings():
   mapping = dict(epochs="epochs", steps_per_epoch="steps_per_epoch", eval_every="eval_every",
                  eval_episodes="eval_episodes", rollout_batch_size="rollout_batch_size",
                  rollout_length="rollout_length", dynamics_max_epochs="dyn_max_epochs",
-                 beta="beta", real_ratio="real_ratio", matmul_precision="matmul_precision")
+                 beta="beta", real_ratio="real_ratio", matmul_precision="matmul_precision",
+                 moments="moments")
   out = {field: getattr(FLAGS, flag) for flag, field in mapping.items()
          if getattr(FLAGS, flag) is not None}
   if FLAGS.schedule_epochs is not None:

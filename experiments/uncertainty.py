@@ -81,6 +81,7 @@ from absl import flags, logging
 
 from experiments import _cli
 from mombo_jax.analysis import uncertainty_runs
+from mombo_jax.core import algorithms
 
 FLAGS = flags.FLAGS
 
@@ -107,6 +108,10 @@ def define_flags():
                        "rows); lower it if memory is short.")
   flags.DEFINE_integer("seed", 0, "PRNG seed: env resets (seed + seed index), model and policy "
                        "draws, and the --states=dataset selection.")
+  flags.DEFINE_list("moments", None, "MOMBO runs: score U at each of these moment modes (diagonal, "
+                    "lowrank, lowrank<k>, full; docs/moment_matching.md) on the same tuples and "
+                    "draws, one column each ('MOMBO (<target>, moments=<mode>)'); default: each "
+                    "run at its own (config.json's `moments`).")
   flags.DEFINE_string("out", None, "Output folder (default: the first --runs folder).")
 
 
@@ -118,12 +123,18 @@ def main(argv):
   for name in ("episodes", "every", "num_states", "draws", "num_policy", "chunk"):
     if getattr(FLAGS, name) < 1:
       raise _cli.UsageError(f"--{name} must be >= 1, got {getattr(FLAGS, name)}.")
+  for mode in FLAGS.moments or ():
+    try:
+      algorithms.parse_moments(mode)
+    except ValueError as e:
+      raise _cli.UsageError(f"--moments: {e}") from None
   run_dirs = uncertainty_runs.find_run_dirs(FLAGS.runs)
   rows = uncertainty_runs.evaluate_runs(
       run_dirs, uncertainty_runs.TupleSource(
           states=FLAGS.states, episodes=FLAGS.episodes, every=FLAGS.every,
           max_episode_steps=FLAGS.max_episode_steps, num_states=FLAGS.num_states),
-      uncertainty_runs.Scoring(draws=FLAGS.draws, num_policy=FLAGS.num_policy, chunk=FLAGS.chunk),
+      uncertainty_runs.Scoring(draws=FLAGS.draws, num_policy=FLAGS.num_policy, chunk=FLAGS.chunk,
+                               moments=tuple(FLAGS.moments) if FLAGS.moments else None),
       FLAGS.seed)
   csv_path, md_path = uncertainty_runs.write_outputs(rows, FLAGS.out or FLAGS.runs[0], FLAGS.states)
   print(f"wrote {csv_path} and {os.path.basename(md_path)}")

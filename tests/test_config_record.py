@@ -24,7 +24,7 @@ def test_an_old_record_loads_every_setting_into_its_group(old):
   config, dataset = workdir_lib.config_from_record(old)
   assert dataset == "hopper-random"
   settings = config.settings()
-  names = set(config_lib.Config.setting_names()) - {"matmul_precision"}   # added since: below
+  names = set(config_lib.Config.setting_names()) - {"matmul_precision", "moments"}  # added since
   # Every setting the old file holds is read, each into its group, with the value written.
   assert names <= set(old), sorted(names - set(old))
   for name in names:
@@ -33,6 +33,9 @@ def test_an_old_record_loads_every_setting_into_its_group(old):
   # Written before runs recorded their matmul precision: the float32 it computed at on a CPU.
   assert "matmul_precision" not in old
   assert config.matmul_precision == config_lib.MATMUL_PRECISION_BEFORE_RECORDED == "float32"
+  # ... and before they recorded their moment mode: the diagonal, the only one then.
+  assert "moments" not in old
+  assert config.agent.moments == config_lib.MOMENTS_BEFORE_RECORDED == "diagonal"
   assert config.agent.batch_size == 32 and config.rollout.rollout_batch_size == 64
   assert config.dynamics.dyn_members == 3 and config.dynamics_training.dyn_max_epochs == 2
   assert config.evaluation.eval_every == 1 and config.beta == old["beta"]
@@ -43,8 +46,9 @@ def test_an_old_record_loads_every_setting_into_its_group(old):
 def test_the_record_written_today_holds_the_same_keys_and_values(old):
   config, dataset = workdir_lib.config_from_record(old)
   new = workdir_lib.config_record(config, dataset)
-  # "data": the launch adds it; matmul_precision: recorded since.
-  assert new == dict({k: v for k, v in old.items() if k != "data"}, matmul_precision="float32")
+  # "data": the launch adds it; matmul_precision and moments: recorded since.
+  assert new == dict({k: v for k, v in old.items() if k != "data"}, matmul_precision="float32",
+                     moments="diagonal")
 
 
 def test_a_run_started_before_the_groups_resumes_after(old, tmp_path):
@@ -53,14 +57,49 @@ def test_a_run_started_before_the_groups_resumes_after(old, tmp_path):
   config, dataset = workdir_lib.config_from_record(old)
   record, notes = workdir_lib.Workdir(str(tmp_path)).check_config(config, dataset)
   assert record["dyn_members"] == 3 and record["matmul_precision"] == "float32"
-  # One note: the precision it goes on at, now recorded.
-  assert len(notes) == 1 and "matmul precision" in notes[0] and "'float32'" in notes[0], notes
+  assert record["moments"] == "diagonal"
+  # Two notes: the moment mode and the precision it goes on at, now recorded.
+  assert len(notes) == 2, notes
+  assert "moment mode" in notes[0] and "'diagonal'" in notes[0], notes
+  assert "matmul precision" in notes[1] and "'float32'" in notes[1], notes
   # Another setting still refuses, naming it by its flat name; TF32 too (the old run's float32).
   with pytest.raises(UserError, match="dyn_lr"):
     workdir_lib.Workdir(str(tmp_path)).check_config(config.replace(dyn_lr=1e-2), dataset)
   with pytest.raises(UserError, match="matmul_precision: 'float32' -> 'tensorfloat32'"):
     workdir_lib.Workdir(str(tmp_path)).check_config(
         config.replace(matmul_precision="tensorfloat32"), dataset)
+  # A resume at another moment mode is refused, naming both.
+  with pytest.raises(UserError, match="moments: 'diagonal' -> 'lowrank'"):
+    workdir_lib.Workdir(str(tmp_path)).check_config(config.replace(moments="lowrank"), dataset)
+
+
+def test_the_moment_mode_round_trips_and_names_the_workdir_when_not_diagonal(tmp_path):
+  config = config_lib.make_config("hopper-random", "mombo", "tiny", moments="lowrank4")
+  record = workdir_lib.config_record(config, "hopper-random")
+  assert record["moments"] == "lowrank4"
+  assert workdir_lib.config_from_record(json.loads(json.dumps(record)))[0] == config
+  # A run written with it resumes at it, and refuses the diagonal.
+  with open(tmp_path / workdir_lib.CONFIG, "w") as f:
+    json.dump(record, f)
+  _, notes = workdir_lib.Workdir(str(tmp_path)).check_config(config, "hopper-random")
+  assert notes == []
+  with pytest.raises(UserError, match="moments: 'lowrank4' -> 'diagonal'"):
+    workdir_lib.Workdir(str(tmp_path)).check_config(config.replace(moments="diagonal"),
+                                                    "hopper-random")
+  name = lambda m: workdir_lib.run_dir("r", "hopper-random", "mombo", "lcb", 0, 1,  # noqa: E731
+                                       moments=m)
+  assert name("diagonal") == name(None) == os.path.join("r", "hopper-random", "mombo-lcb", "s0x1")
+  assert name("lowrank") == os.path.join("r", "hopper-random", "mombo-lcb-lowrank", "s0x1")
+
+
+@pytest.mark.parametrize("moments, algo, match", [
+    ("lowrank0", "mombo", "moments must be diagonal, lowrank, lowrank<k>"),
+    ("Lowrank", "mombo", "moments must be diagonal, lowrank, lowrank<k>"),
+    ("lowrank", "mopo", "mopo does not moment-match"),
+])
+def test_a_bad_moment_mode_is_refused_naming_the_choices(moments, algo, match):
+  with pytest.raises(ValueError, match=match):
+    config_lib.make_config("hopper-random", algo, "tiny", moments=moments)
 
 
 def test_a_record_from_before_runs_named_their_source_loads_as_its_then_table(old):
@@ -85,3 +124,12 @@ def test_replace_routes_each_flat_name_to_its_group():
   # Every setting has one group (or is the run's own), and no name is in two groups.
   names = config_lib.Config.setting_names()
   assert len(names) == len(set(names)) == len(base.settings())
+
+
+def test_training_at_the_full_mode_is_refused_before_any_work(tmp_path):
+  """moments=full serves the analyses; a launch refuses it in its preflight, naming the flag."""
+  from mombo_jax.run import preflight
+  config = config_lib.make_config("hopper-random", "mombo", "tiny", moments="full")
+  with pytest.raises(UserError, match="moments=full is for the analyses") as raised:
+    preflight.validate(config, "hopper-random", str(tmp_path / "run"))
+  assert raised.value.params == ("moments",) and not (tmp_path / "run").exists()

@@ -29,7 +29,10 @@ def test_each_plan_fits_one_8_minute_call_sized_before_it_starts():
     # Each plan returns at most 7 files (the device returns 8).
     assert sum(len(record.FILES[p]) for p in parts) + 1 <= record.MAX_FILES - 1
   d = sizing.plan_parts("learning", 480)["d"]
-  assert d.epochs >= sizing.MIN_EPOCHS and d.epochs % sizing.EVAL_EVERY == 0
+  # Four launches since issue #49 (the lowrank MOMBO beside the three, its epoch estimated
+  # pessimistically from its FLOPs): 60 epochs at 480 s, short of the 100 of three launches.
+  assert d.epochs >= 50 and d.epochs % sizing.EVAL_EVERY == 0
+  assert sizing.d_fixed_s() + sizing.MIN_EPOCHS * sizing.D_EPOCH_S3 <= d.cap_s   # three: 100
   # The epochs come from the newest record's rates: part d's cap holds them at its measured rate.
   assert sizing.d_fixed_s() + d.epochs * sizing.D_EPOCH_S <= d.cap_s
 
@@ -44,7 +47,7 @@ def test_the_rates_are_the_newest_record_s():
       assert abc["rates"]["epoch_s"][algo][str(cells)] == pytest.approx(seconds, abs=1e-4)
   assert max(s for a in abc["rates"]["compile_s"].values() for s in a.values()) == pytest.approx(
       sizing.COMPILE_S, abs=0.05)
-  assert d["rates"]["d_epoch_s_side_by_side"] == pytest.approx(sizing.D_EPOCH_S, abs=0.005)
+  assert d["rates"]["d_epoch_s_side_by_side"] == pytest.approx(sizing.D_EPOCH_S3, abs=0.005)
   assert abc["parts"]["b"]["wall_s"] == sizing.B_S
   # The projection the docs quote: the D4RL table from the measured 16-cell epochs.
   at16 = {a: sizing.epoch_s(a, 16) for a in sizing.ALGOS}

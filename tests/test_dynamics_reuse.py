@@ -120,6 +120,15 @@ def test_the_matmul_precision_keys_an_ensemble_only_when_not_float32():
   assert "matmul_precision='tensorfloat32'" in reuse.describe_settings(tf32)
 
 
+def test_the_moment_mode_keys_no_ensemble():
+  """--moments changes MOMBO's targets only (issue #49): runs of every mode reuse one ensemble."""
+  diagonal = config_lib.make_config("hopper-random", "mombo", "tiny")
+  for moments in ("lowrank", "lowrank3"):
+    other = diagonal.replace(moments=moments)
+    assert reuse.training_settings(other) == reuse.training_settings(diagonal)
+    assert reuse.dynamics_path("d", other) == reuse.dynamics_path("d", diagonal)
+
+
 def test_a_paper_run_next_to_a_quick_ensemble_trains_its_own(tmp_path, monkeypatch):
   """The quick preset caps dynamics training at 2 epochs; a paper-preset run of the same task,
   seeds and data must not reuse that ensemble: it trains its own in another folder (named by its

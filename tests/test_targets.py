@@ -13,6 +13,7 @@ from scipy.stats import norm
 
 from mombo_jax.core import buffer, dynamics, sac, targets, termination
 from mombo_jax.settings import config as config_lib
+from tests.test_lowrank_moments import np_lowrank
 
 B, S, A = 16, 5, 2
 RTOL, ATOL = 2e-4, 2e-4
@@ -104,8 +105,10 @@ def test_lcb(cfg, agent, batch):
   np.testing.assert_allclose(np.asarray(y), expected, rtol=RTOL, atol=ATOL)
 
 
-def test_lcb_zero_variance_is_plain_backup(cfg, agent, batch):
-  """Real rows (zero variances) get exactly r + g (1-d) min_j Q'(s', a')."""
+@pytest.mark.parametrize("moments", ["diagonal", "lowrank", "lowrank2"])
+def test_lcb_zero_variance_is_plain_backup(cfg, agent, batch, moments):
+  """Real rows (zero variances) get exactly r + g (1-d) min_j Q'(s', a'), in every moment mode."""
+  cfg = cfg.replace(moments=moments)
   real = batch.replace(next_obs_var=jnp.zeros_like(batch.next_obs_var),
                        reward_var=jnp.zeros_like(batch.reward_var), next_obs_mean=batch.next_obs,
                        reward_mean=batch.reward)
@@ -113,6 +116,27 @@ def test_lcb_zero_variance_is_plain_backup(cfg, agent, batch):
   y, _ = targets.mombo_lcb(agent, real, key, dyn=None, config=cfg, term_fn=None)
   y_plain = targets._plain_target(agent, real, key, cfg)
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y_plain))
+
+
+@pytest.mark.parametrize("moments, rank", [("lowrank", None), ("lowrank2", 2)])
+def test_lcb_lowrank(cfg, agent, batch, moments, rank):
+  """--moments=lowrank[k]: lcb's critic moments are the low-rank recursion's (float64 re-derivation
+  in tests/test_lowrank_moments.py)."""
+  key = jax.random.PRNGKey(3)
+  y, _ = targets.mombo_lcb(agent, batch, key, dyn=None, config=cfg.replace(moments=moments),
+                           term_fn=None)
+  a = np.asarray(sac.policy_sample(agent, batch.next_obs_mean, key, cfg))
+  p, nb = agent.target_critic_params, jax.tree.map(np.asarray, batch)
+  x = np.concatenate([nb.next_obs_mean, a], -1)
+  moments = [np_lowrank(_layers(p, j), x, nb.next_obs_var, rank) for j in range(2)]
+  j = np.argmin([moments[0][0][:, 0], moments[1][0][:, 0]], axis=0)
+  m = np.where(j == 0, moments[0][0][:, 0], moments[1][0][:, 0])
+  v = np.where(j == 0, moments[0][1][:, 0], moments[1][1][:, 0])
+  g, nd = cfg.agent.gamma, 1 - nb.done
+  expected = nb.reward_mean + g * nd * m - cfg.beta * np.sqrt(nb.reward_var + g**2 * nd * v)
+  np.testing.assert_allclose(np.asarray(y), expected, rtol=RTOL, atol=ATOL)
+  y_diag, _ = targets.mombo_lcb(agent, batch, key, dyn=None, config=cfg, term_fn=None)
+  assert np.max(np.abs(np.asarray(y) - np.asarray(y_diag))) > 10 * ATOL     # not the diagonal
 
 
 def test_clamp(cfg, agent, batch):

@@ -1,5 +1,7 @@
 """Part d of the device record: learning. MOMBO (`elite_spread`, the paper's), MOBILE and MOPO on
-the kit's dataset, 4 seeds each in one program per algorithm, each with its reference's settings
+the kit's dataset, and MOMBO `elite_spread` at --moments=lowrank (issue #49: the next state's
+correlations carried through the critic, docs/moment_matching.md; the paper's numbers stand
+beside it as MOMBO's), 4 seeds each in one program per algorithm, each with its reference's settings
 (mombo_jax/settings/references.py), side by side on the one GPU, for the epochs the record's
 plan sizes up front (benchmarks/device/sizing.py, from the newest record's rates: the same number
 for the three; the paper preset keeps the actor's schedule at the paper's 3000
@@ -49,8 +51,14 @@ from benchmarks.device import kit as kit_lib, sizing
 
 # The datasets prepare can build on 2 cores in about an hour and carry in 64 MiB (docstring).
 CANDIDATES = ("hopper-medium-replay", "walker2d-medium-replay", "halfcheetah-medium-replay")
-LABEL = {"mombo": "mombo-elite_spread", "mobile": "mobile", "mopo": "mopo"}
-NAME = {"mombo": "MOMBO", "mobile": "MOBILE", "mopo": "MOPO"}
+LABEL = {"mombo": "mombo-elite_spread", "mobile": "mobile", "mopo": "mopo",
+         "mombo-lowrank": "mombo-elite_spread-lowrank"}
+NAME = {"mombo": "MOMBO", "mobile": "MOBILE", "mopo": "MOPO", "mombo-lowrank": "MOMBO (lowrank)"}
+PAPER_NAME = {"mombo-lowrank": "MOMBO"}       # whose paper numbers stand beside a launch
+# Each launch's algorithm and flags beside the shared ones.
+ALGO = {"mombo-lowrank": "mombo"}
+FLAGS = {"mombo": ["--target=elite_spread"],
+         "mombo-lowrank": ["--target=elite_spread", "--moments=lowrank"]}
 TABLE_S = 30.0           # kept from the soft deadline for the table and the figure
 
 
@@ -129,12 +137,11 @@ def main():
     wd = os.path.join(root, dataset, LABEL[algo], f"s0x{sz.seeds}")
     os.makedirs(wd, exist_ok=True)
     workdirs[algo] = wd
-    cmd = py + ["experiments.run", f"--env={dataset}", f"--algo={algo}", f"--seeds={sz.seeds}",
+    cmd = py + ["experiments.run", f"--env={dataset}", f"--algo={ALGO.get(algo, algo)}",
+                f"--seeds={sz.seeds}",
                 f"--epochs={epochs}", f"--preset={preset}", f"--eval_every={sz.eval_every}",
                 f"--workdir={wd}", f"--dynamics_dir={dyn}", f"--dynamics_max_epochs={dyn_epochs}",
-                f"--eval_workers={workers}", "--keep_checkpoints=1"] + small
-    if algo == "mombo":
-      cmd.append("--target=elite_spread")
+                f"--eval_workers={workers}", "--keep_checkpoints=1"] + small + FLAGS.get(algo, [])
     procs[algo] = launch(cmd, wd + ".log", env)
   stopped = []
   while any(p.poll() is None for p in procs.values()):
@@ -201,7 +208,8 @@ def write_table(args, dataset, workdirs, epochs, train_s, dyn_s, sz) -> dict:
   for algo in workdirs:
     full = every_seed(read[algo], seeds)
     rows = [r for r in full if r["epoch"] <= common]
-    paper = [paper_results.score(dataset, NAME[algo], m) for m in ("final", "aulc")]
+    paper = [paper_results.score(dataset, PAPER_NAME.get(algo, NAME[algo]), m)
+             for m in ("final", "aulc")]
     shown = " | ".join(f"{p[0]:.1f} +- {p[1]:.1f}" if p else "-" for p in paper)
     if not common or not rows:
       say(f"| {NAME[algo]} | {last[algo] or 'none'} | - | - | - | {shown} |")

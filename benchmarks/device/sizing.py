@@ -33,12 +33,20 @@ EPOCH_S = {"mombo": {1: 0.2594, 16: 1.0988},     # record_abc.json rates.epoch_s
 COMPILE_S = 20.8                 # record_abc.json rates.compile_s: the longest (MOMBO, 16 cells)
 EVAL_S = 6.81                    # record_abc.json rates.eval_s: one evaluation at 16 cells
 A_S, B_S = 6.2, 76.9             # record_abc.json parts.a / parts.b wall_s
-D_EPOCH_S = 2.20                 # record_d.json rates.d_epoch_s_side_by_side
+D_EPOCH_S3 = 2.20                # record_d.json rates.d_epoch_s_side_by_side (the three)
+# Not measured on a GPU yet, so estimated and said so: the lowrank launch adds MOMBO's 4-cell
+# epoch (epoch_s("mombo", 4) = 0.427 s) times its epoch's FLOPs over the diagonal's on hopper,
+# 2.57 (benchmarks/bench_lowrank.txt): 1.10 s per epoch of the four side by side.
+D_LOWRANK_S = 1.10
+D_EPOCH_S = D_EPOCH_S3 + D_LOWRANK_S
 D_DYNAMICS_S = 23.6              # record_d.json rates.d_dynamics_s (4 ensembles, 30 epochs)
 E_S = 145.0                      # README.md: table2 on d's runs at the paper's settings
 ANCHOR_LCB_S = {1: 0.17, 16: 0.54}      # benchmarks/bench_scale_gpu.txt (2026-11-23), MOMBO lcb
 
 ALGOS = ("mombo", "mobile", "mopo")     # MOMBO is `elite_spread`, the paper's
+# Part d's launches: the three, and MOMBO `elite_spread` at --moments=lowrank (issue #49: the
+# correlated moments at the paper's sizes; learning.py).
+ALGOS_D = ALGOS + ("mombo-lowrank",)
 CELLS = (16, 1, 48, 4)           # part c's cell counts, in the order they are measured
 PROFILE_CELLS = (1, 16, 48)      # part c traces MOMBO's epoch at these (c_profile.md)
 SEEDS = 4                        # part d: seeds per algorithm (one program each)
@@ -139,7 +147,7 @@ def sizes(smoke: bool) -> Sizes:
     return Sizes(True, cells=(2,), profile_cells=(2,), algos_c=("mopo",), algos_d=("mopo",),
                  seeds=2, rollout=32, steps=5, real_rows=1000, scan_steps=20, eval_steps=5,
                  min_epochs=2, eval_every=1)
-  return Sizes(False, cells=CELLS, profile_cells=PROFILE_CELLS, algos_c=ALGOS, algos_d=ALGOS,
+  return Sizes(False, cells=CELLS, profile_cells=PROFILE_CELLS, algos_c=ALGOS, algos_d=ALGOS_D,
                seeds=SEEDS, rollout=50_000, steps=1000, real_rows=200_000, scan_steps=1000,
                eval_steps=100, min_epochs=MIN_EPOCHS, eval_every=EVAL_EVERY)
 

@@ -1,8 +1,9 @@
 """The moments `propagate` gives for a trained run's critic against Monte Carlo: at dataset states,
 the distribution of Q(s', a') with s' ~ the elite's next-state Gaussian (the protocol of
 analysis/mm_vs_mc.py and analysis/pevi_bounds.py), its mean and standard deviation by the diagonal
-mode (MOMBO's, the paper's Algorithm 1), by the full-covariance mode and by Monte Carlo sampling,
-per target critic; and a figure of the sampled distribution with both Gaussians.
+mode (MOMBO's, the paper's Algorithm 1), by the full-covariance mode, by the low-rank mode
+(moment_matching/lowrank.py, any rank) and by Monte Carlo sampling, per target critic; and a figure
+of the sampled distribution with the diagonal and full Gaussians.
 
 Shapes: B = states, S = obs dim, A = action dim, E = critics, N = samples.
 """
@@ -14,6 +15,8 @@ import numpy as np
 
 from mombo_jax.analysis.pevi_bounds import critic_inputs, member_layers
 from mombo_jax.analysis.trained import SeedNets
+from mombo_jax.core import algorithms
+from mombo_jax.moment_matching import lowrank as lowrank_moments
 from mombo_jax.moment_matching.propagate import propagate
 
 
@@ -27,23 +30,36 @@ def _mlp(layers):
   return f
 
 
-def moments_vs_mc(nets: SeedNets, obs, key, num_samples: int = 100_000) -> dict:
-  """Per target critic e and state b: diag_mean, diag_std, full_mean, full_std, mc_mean, mc_std
-  [E, B] (MC over num_samples draws of s'; float32) and samples [E, 512, B], the first 512 draws
-  for plotting. The inputs are pevi_bounds.critic_inputs' ([s', a'], a' exact)."""
+def moments_vs_mc(nets: SeedNets, obs, key, num_samples: int = 100_000,
+                  modes=("diag", "full")) -> dict:
+  """Per target critic e and state b: <mode>_mean, <mode>_std for each of `modes` ("diag" or
+  "diagonal": propagate's diagonal mode; "full": its full covariance; "lowrank" / "lowrank<k>":
+  lowrank_moments.mlp_moments), mc_mean, mc_std [E, B] (MC over num_samples draws of s';
+  float32) and samples [E, 512, B], the first 512 draws for plotting. The inputs are
+  pevi_bounds.critic_inputs' ([s', a'], a' exact)."""
   x, x_var, _ = critic_inputs(nets, jnp.asarray(obs, jnp.float32), key)
+  num_state = np.shape(obs)[-1]
   num_critics = nets.target_critic["params"]["members"]["MMDense_0"]["kernel"].shape[0]
-  out = {k: [] for k in ("diag_mean", "diag_std", "full_mean", "full_std", "mc_mean", "mc_std",
-                         "samples")}
+  out = {k: [] for k in [f"{m}_{s}" for m in modes for s in ("mean", "std")]
+         + ["mc_mean", "mc_std", "samples"]}
   eps = jax.random.normal(jax.random.fold_in(key, 2), (num_samples,) + x.shape)
   for e in range(num_critics):
-    f = _mlp(member_layers(nets, e))
-    m, v = jax.jit(propagate(f))((x, x_var))
-    mf, vf = jax.jit(propagate(f, covariance="full"))((x, x_var))
+    layers = member_layers(nets, e)
+    f = _mlp(layers)
+    for mode in modes:
+      basis = "pca" if mode.endswith("pca") else "dims"
+      kind, rank = algorithms.parse_moments("diagonal" if mode == "diag"
+                                            else mode.replace("pca", ""))
+      if kind == "lowrank":
+        m, v = jax.jit(lambda x, v, rank=rank: lowrank_moments.mlp_moments(
+            layers, x, v, rank=rank, basis=basis))(x, x_var[..., :num_state])
+        m, v = m[..., 0], v[..., 0]
+      else:
+        m, v = jax.jit(propagate(f, covariance=kind))((x, x_var))
+      out[f"{mode}_mean"].append(np.asarray(m, np.float64))
+      out[f"{mode}_std"].append(np.sqrt(np.asarray(v, np.float64)))
     q = np.asarray(jax.jit(f)(x + jnp.sqrt(x_var) * eps), np.float64)         # [N, B]
-    for name, value in (("diag_mean", m), ("diag_std", np.sqrt(v)), ("full_mean", mf),
-                        ("full_std", np.sqrt(vf)), ("mc_mean", q.mean(0)), ("mc_std", q.std(0)),
-                        ("samples", q[:512])):
+    for name, value in (("mc_mean", q.mean(0)), ("mc_std", q.std(0)), ("samples", q[:512])):
       out[name].append(np.asarray(value, np.float64))
   result = {k: np.stack(v) for k, v in out.items()}
   result["num_samples"] = int(num_samples)

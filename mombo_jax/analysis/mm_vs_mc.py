@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,8 @@ def elite_gaussian(nets: SeedNets, obs, action, elite_rank: int = 0):
 
 def mm_value(nets: SeedNets, mean, var, next_action):
   """MOMBO's next-state value: the MM moments of the target critic with the smaller MM mean, as
-  in targets._mm_min. Returns (member j* [B] int, mean [B], var [B])."""
+  in targets._mm_min (at nets.config.agent.moments' mode). Returns (member j* [B] int, mean [B],
+  var [B])."""
   m, v = nets.q(mean, next_action, var)                               # [E, B]
   j = jnp.argmin(m, axis=0)
   rows = jnp.arange(m.shape[1])
@@ -212,6 +213,7 @@ class Protocol:
   seed_index: int = 0
   elite_rank: int = 0
   seed: int = 0
+  moments: Optional[str] = None   # the moment mode of MM (core/algorithms.py; None: the run's)
 
 
 def run_experiment(trained, transitions, out: str, ns: Sequence[int],
@@ -220,22 +222,24 @@ def run_experiment(trained, transitions, out: str, ns: Sequence[int],
   `seed`) of seed `seed_index` of a loaded run (the fields of `protocol`); writes mm_vs_mc.csv
   (summary rows), mm_vs_mc_estimates.csv (every estimate) and mm_vs_mc.png into `out`. Returns
   mm_vs_mc's dict, plus "title" (the run: its algorithm label with MOMBO's target, dataset, seed,
-  epoch) and "repeats"."""
-  num_states, repeats, seed_index, elite_rank, seed = (
+  epoch) and "repeats". protocol.moments, when not the diagonal, is named in the title."""
+  num_states, repeats, seed_index, elite_rank, seed, moments = (
       protocol.num_states, protocol.repeats, protocol.seed_index, protocol.elite_rank,
-      protocol.seed)
+      protocol.seed, protocol.moments)
   rng = np.random.default_rng(seed)
   idx = rng.choice(len(transitions.observations), num_states, replace=False)
   obs = np.asarray(transitions.observations[idx], np.float32)
-  result = mm_vs_mc(trained.nets[seed_index], obs, jax.random.PRNGKey(seed), ns, repeats,
-                    elite_rank)
+  nets = trained.nets[seed_index].with_moments(moments)
+  result = mm_vs_mc(nets, obs, jax.random.PRNGKey(seed), ns, repeats, elite_rank)
   os.makedirs(out, exist_ok=True)
   summary, raw = mm_vs_mc_rows(result)
   outputs.write_rows(os.path.join(out, "mm_vs_mc.csv"), summary)
   outputs.write_rows(os.path.join(out, "mm_vs_mc_estimates.csv"), raw)
   # The algorithm as every report labels it: MOMBO's target is part of it (labels.algo_label).
+  mode = nets.config.agent.moments
   result["title"] = (f"{labels.algo_label(trained.config.settings())} on "
-                     f"{trained.dataset}, seed {trained.seeds[seed_index]}, epoch {trained.epoch}")
+                     f"{trained.dataset}, seed {trained.seeds[seed_index]}, epoch {trained.epoch}"
+                     + ("" if mode == "diagonal" else f", MM by the {mode} moment mode"))
   result["repeats"] = int(repeats)
   plot_mm_vs_mc(result, os.path.join(out, "mm_vs_mc.png"), result["title"])
   return result

@@ -19,7 +19,7 @@ import numpy as np
 from flax.training.train_state import TrainState
 
 from mombo_jax.core import dynamics, sac
-from mombo_jax.core.critics import sample_tanh_gaussian
+from mombo_jax.core.critics import ensemble_moments, sample_tanh_gaussian
 from mombo_jax.data import provenance, transitions as transitions_lib
 from mombo_jax.errors import DatasetNotFoundError, InvalidArgument, UserError
 from mombo_jax.records.workdir import Workdir
@@ -56,9 +56,20 @@ class SeedNets:
     return jnp.tanh(mean)
 
   def q(self, obs, action, obs_var=None, target=True):
-    """Q [E, ...] of the (target) critics, or their MM (mean, var) [E, ...] with obs_var."""
+    """Q [E, ...] of the (target) critics, or their MM (mean, var) [E, ...] with obs_var, by the
+    config's moment mode (config.agent.moments: critics.ensemble_moments, as the targets)."""
     params = self.target_critic if target else self.critic
-    return sac.make_critic(self.config).apply(params, obs, action, obs_var)
+    apply = sac.make_critic(self.config).apply
+    if obs_var is None:
+      return apply(params, obs, action)
+    return ensemble_moments(apply, params, obs, action, obs_var, self.config.moments_mode)
+
+  def with_moments(self, moments: Optional[str]) -> "SeedNets":
+    """These networks with MOMBO's targets at another moment mode (algorithms.parse_moments:
+    diagonal, lowrank[<k>], full; None: the run's own): what the analyses' --moments reads."""
+    if moments is None:
+      return self
+    return self.replace(config=self.config.replace(moments=moments))
 
   def agent(self) -> sac.AgentState:
     """The networks as the sac.AgentState that targets.py reads (apply functions, parameters,

@@ -10,7 +10,7 @@ scores are mombo_jax.analysis.quantifier_quality's.
 """
 import dataclasses
 import os
-from typing import Optional
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -79,11 +79,15 @@ class Scoring:
   draws: int = 100
   num_policy: int = 1000
   chunk: int = 256
+  # None: each run at its own moment mode; a list of modes (core/algorithms.py parse_moments): a
+  # MOMBO run scored at each, on the same tuples and draws.
+  moments: Optional[Tuple[str, ...]] = None
 
 
 def evaluate_runs(run_dirs, source: TupleSource = TupleSource(), scoring: Scoring = Scoring(),
                   seed: int = 0, log=print):
-  """One row per (run, seed), as a dict of scalars: run, env, dataset, algo, target, states, seed,
+  """One row per (run, seed, moment mode), as a dict of scalars: run, env, dataset, algo, moments,
+  target, states, seed,
   epoch, beta, transitions (tuples scored), draws, num_policy, accuracy, tightness,
   accuracy_unscaled, tightness_unscaled, penalty_mean, penalty_unscaled_mean, bellman_error_mean,
   below (what the run has less of than the paper's setup, paper_setup.shortfalls; "" for none),
@@ -93,7 +97,10 @@ def evaluate_runs(run_dirs, source: TupleSource = TupleSource(), scoring: Scorin
   FileNotFoundError (a dataset not found) for what the user can fix, among them a run whose
   dataset was rebuilt or replaced since it trained (trained.check_data). log: a line per run
   (what reading its checkpoint read and the peak memory, TrainedRun.memory_line) and a progress
-  line per seed."""
+  line per seed. scoring.moments: None (each run at its own moment mode) or a list of modes: a
+  MOMBO run is scored at each, on the same tuples and draws, its rows labelled "MOMBO (<target>,
+  moments=<mode>)" (so is a run trained at another mode than the diagonal, scored at its own); a
+  run that does not moment-match once, at its own. Every row has a `moments` column."""
 
   # JAX and the trained nets only here (see the note at the top)
   import jax
@@ -120,32 +127,56 @@ def evaluate_runs(run_dirs, source: TupleSource = TupleSource(), scoring: Scorin
     if states == "dataset" and trained.dataset not in datasets:
       datasets[trained.dataset] = quantifier_quality.dataset_states(
           loaded[trained.dataset], source.num_states, seed)
-    for i, nets in enumerate(trained.nets):
+    run = _Run(path, config, trained, states, below)
+    modes = ([None] if scoring.moments is None or not config.algorithm.moment_matching
+             else list(scoring.moments))
+    for i, seed_nets in enumerate(trained.nets):
       # The real env of the run's dataset (envs.eval_env_spec): its evaluation's physics.
       batch = (datasets[trained.dataset] if states == "dataset" else
-               quantifier_quality.real_transitions(nets, trained.dataset, source.episodes,
+               quantifier_quality.real_transitions(seed_nets, trained.dataset, source.episodes,
                                                    seed + i, source.every,
                                                    source.max_episode_steps))
-      res = quantifier_quality.uncertainty_quality(nets, batch, jax.random.PRNGKey(seed + i),
-                                                   scoring.draws, scoring.num_policy,
-                                                   scoring.chunk)
-      rows.append(dict(
-          run=path, env=config.env_name, dataset=trained.dataset,
-          algo=labels.algo_label(config.settings()),
-          target=algorithms.variant_of(config.algo, config.target), states=states,
-          seed=trained.seeds[i], epoch=trained.epoch, beta=float(config.beta),
-          transitions=int(len(res["exact"])), draws=int(scoring.draws),
-          num_policy=int(scoring.num_policy),
-          **{k: res[f"{k}_mean"] for k in ("accuracy", "tightness", "accuracy_unscaled",
-                                           "tightness_unscaled")},
-          penalty_mean=res["penalty_mean"], penalty_unscaled_mean=res["penalty_unscaled_mean"],
-          bellman_error_mean=res["bellman_error_mean"], below=below,
-          **{k: _reading_value(res, k) for k in READING_COLUMNS}))
-      log(f"{path} seed {trained.seeds[i]} ({states} states): {len(res['exact'])} tuples x "
-          f"{scoring.draws} draws, accuracy {res['accuracy_mean']:.2f} (unscaled "
-          f"{res['accuracy_unscaled_mean']:.2f}), tightness {res['tightness_mean']:.3g} "
-          f"(unscaled {res['tightness_unscaled_mean']:.3g})")
+      for mode in modes:
+        nets = seed_nets.with_moments(mode)
+        res = quantifier_quality.uncertainty_quality(nets, batch, jax.random.PRNGKey(seed + i),
+                                                     scoring.draws, scoring.num_policy,
+                                                     scoring.chunk)
+        algo = labels.algo_label(config.settings())
+        if mode is not None or nets.config.agent.moments != "diagonal":
+          # Another mode than the paper's is its own column (a run trained at it too).
+          algo = f"{algo[:-1]}, moments={nets.config.agent.moments})"
+        _append_row(rows, res, run, i, algo, nets.config.agent.moments, scoring, log)
   return rows
+
+
+class _Run(NamedTuple):
+  """What evaluate_runs' rows of one run share: its folder, Config, loaded run, the states scored
+  ("policy" / "dataset") and what it has less of than the paper's setup."""
+  path: str
+  config: object
+  trained: object
+  states: str
+  below: str
+
+
+def _append_row(rows, res, run: _Run, i: int, algo: str, moments: str, scoring: Scoring, log):
+  """evaluate_runs' row of seed i of `run` (at one moment mode) and its progress line."""
+  config, trained = run.config, run.trained
+  rows.append(dict(
+      run=run.path, env=config.env_name, dataset=trained.dataset, algo=algo, moments=moments,
+      target=algorithms.variant_of(config.algo, config.target), states=run.states,
+      seed=trained.seeds[i], epoch=trained.epoch, beta=float(config.beta),
+      transitions=int(len(res["exact"])), draws=int(scoring.draws),
+      num_policy=int(scoring.num_policy),
+      **{k: res[f"{k}_mean"] for k in ("accuracy", "tightness", "accuracy_unscaled",
+                                       "tightness_unscaled")},
+      penalty_mean=res["penalty_mean"], penalty_unscaled_mean=res["penalty_unscaled_mean"],
+      bellman_error_mean=res["bellman_error_mean"], below=run.below,
+      **{k: _reading_value(res, k) for k in READING_COLUMNS}))
+  log(f"{run.path} seed {trained.seeds[i]} ({run.states} states, moments {moments}): "
+      f"{len(res['exact'])} tuples x {scoring.draws} draws, accuracy "
+      f"{res['accuracy_mean']:.2f} (unscaled {res['accuracy_unscaled_mean']:.2f}), tightness "
+      f"{res['tightness_mean']:.3g} (unscaled {res['tightness_unscaled_mean']:.3g})")
 
 
 class _Seeds:

@@ -29,6 +29,16 @@ targets.get_target / get_penalty / bind its functions (the one way: built-in rec
 stand-ins, _Target, that load no JAX). The
 "algo[-target]" names runs carry (workdirs, titles, report columns) come from `label` alone.
 docs/architecture.md ("Add an algorithm") shows how to register one from outside the package.
+
+The moment modes of a moment-matching algorithm's targets (Config.agent.moments, `parse_moments`;
+here, beside the registry, because the settings and run records check and name them without JAX):
+  diagonal     the paper's Algorithm 1 and the released code's: independent units after every
+               layer (moments.py, the critic's MMDense path); the default.
+  lowrank      the input's low-rank covariance carried through the critic
+               (moment_matching/lowrank.py), every random input dimension kept (rank = the state's dimension).
+  lowrank<k>   the same with at most k input dimensions kept correlated per row (k >= 1).
+  full         propagate's full covariance (propagate_full.py): for the analyses (Table 2's
+               quantifier, mm_vs_mc); ~1,000x the plain network, refused for training.
 `register` notes the module that registered a name (`module_of`); runs record it (config.json's
 algo_module), and their readers import it again (`ensure`); `from_spec` reads the command line's
 `--algo=NAME` or `--algo=MODULE:NAME`.
@@ -38,11 +48,28 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import re
 import sys
 import warnings
 from typing import Callable, Dict, Optional, Tuple
 
 from mombo_jax.errors import UserError
+
+DEFAULT_MOMENTS = "diagonal"
+_LOWRANK = re.compile(r"lowrank([1-9][0-9]*)?")
+
+
+def parse_moments(moments) -> Tuple[str, Optional[int]]:
+  """(kind, rank) of a moments setting (module docstring): ("diagonal", None), ("full", None),
+  ("lowrank", None) (full rank) or ("lowrank", k) for "lowrank<k>". ValueError naming the
+  choices."""
+  if moments in ("diagonal", "full"):
+    return moments, None
+  match = _LOWRANK.fullmatch(moments) if isinstance(moments, str) else None
+  if match is None:
+    raise ValueError(f"moments must be diagonal, lowrank, lowrank<k> (k >= 1: at most k state "
+                     f"dimensions kept correlated) or full, got {moments!r}.")
+  return "lowrank", int(match.group(1)) if match.group(1) else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,9 @@ import jax
 import jax.numpy as jnp
 
 from mombo_jax.core import inits, rewrites
+from mombo_jax.moment_matching import lowrank as lowrank_moments
 from mombo_jax.moment_matching.moments import mm_linear, mm_relu
+from mombo_jax.moment_matching.propagate import propagate
 
 # Kernels with at most this many output features (the critics' scalar heads) get their weight
 # gradient as XLA:CPU's gemv on x in place instead of x^T written out (0: never; the benchmark's
@@ -167,6 +169,55 @@ class CriticEnsemble(nn.Module):
     ensemble = nn.vmap(MMCritic, variable_axes={"params": 0}, split_rngs={"params": True},
                        in_axes=0, out_axes=0, axis_size=size)
     return ensemble(self.hidden_dims, name="members")(tile(obs), tile(action), tile(obs_var))
+
+
+def ensemble_layers(params) -> List[Tuple[jax.Array, jax.Array]]:
+  """[(kernel [E, I, F], bias [E, F])] of a CriticEnsemble's variables, in call order."""
+  tree = params["params"]["members"]
+  return [(tree[f"MMDense_{i}"]["kernel"], tree[f"MMDense_{i}"]["bias"]) for i in range(len(tree))]
+
+
+def _mlp(layers):
+  """The plain critic MLP on x [..., I] -> [...], for propagate's full mode."""
+  def f(x):
+    for j, (kernel, bias) in enumerate(layers):
+      x = matmul(x, kernel) + bias
+      if j < len(layers) - 1:
+        x = jax.nn.relu(x)
+    return x[..., 0]
+  return f
+
+
+def ensemble_moments(apply_fn, params, obs, action, obs_var, mode=("diagonal", None)):
+  """(mean [E, ...], var [E, ...]) of a CriticEnsemble's Q(obs, action) at obs ~ N(obs,
+  diag(obs_var)), action exact, by a moment mode: mode = (kind, rank), a moments setting parsed by
+  algorithms.parse_moments (Config.moments_mode; this module cannot import the registry, which
+  imports the targets that import it). "diagonal" is
+  apply_fn(params, obs, action, obs_var) itself (MMCritic's path, the paper's); "lowrank[<k>]"
+  lowrank_moments.mlp_moments per member (the mean path the plain layers' own matmuls, so zero
+  variance gives the plain critic); "full" propagate(..., covariance="full") per member.
+  obs, obs_var [..., S], action [..., A]."""
+  kind, rank = mode
+  if kind not in ("diagonal", "lowrank", "full"):
+    raise ValueError(f"ensemble_moments: mode must be (kind, rank) with kind diagonal, lowrank or "
+                     f"full (algorithms.parse_moments), got {mode!r}.")
+  if kind == "diagonal":
+    return apply_fn(params, obs, action, obs_var)
+  chex.assert_equal_shape([obs, obs_var])
+  layers = ensemble_layers(params)
+  size = layers[0][0].shape[0]
+  x = jnp.concatenate([obs, action], axis=-1)
+  # Broadcast to the member axis, as CriticEnsemble does, so that the mean path is its program.
+  tile = lambda v: jnp.broadcast_to(v, (size,) + v.shape)  # noqa: E731
+  if kind == "lowrank":
+    def member(layers, x, var):
+      mean, var = lowrank_moments.mlp_moments(layers, x, var, rank=rank, product=matmul)
+      return mean[..., 0], var[..., 0]
+  else:
+    def member(layers, x, var):
+      full_var = jnp.concatenate([var, jnp.zeros_like(action)], axis=-1)
+      return propagate(_mlp(layers), covariance="full", check_values=False)((x, full_var))
+  return jax.vmap(member)(layers, tile(x), tile(obs_var))
 
 
 def _torch_dense(features: int, x, name: Optional[str] = None):

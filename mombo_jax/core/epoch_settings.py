@@ -36,6 +36,11 @@ class EpochSettings:
   dynamics: Any                       # settings.groups.DynamicsConfig
   matmul_precision: str               # Config.matmul_precision: what the epoch's dots compute at
 
+  @property
+  def moments_mode(self):
+    """(kind, rank) of agent.moments, as Config.moments_mode: what MOMBO's targets read."""
+    return algorithms.parse_moments(self.agent.moments)
+
 
 def epoch_settings(config, per_cell: Optional[Tuple[str, ...]] = None) -> EpochSettings:
   """config's EpochSettings. per_cell None: a plain program (every setting config's, beta too);

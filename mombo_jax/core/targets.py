@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from mombo_jax.core import dynamics, sac, termination
-from mombo_jax.core.critics import sample_tanh_gaussian
+from mombo_jax.core.critics import ensemble_moments, sample_tanh_gaussian
 
 
 def _finish(y, config):
@@ -83,9 +83,11 @@ def _next_action(agent, obs, key, config, soft=True, auto_alpha=None):
 
 def _mm_min(agent, obs, obs_var, key, config, auto_alpha=None):
   """a' ~ pi(obs); (mean, var) [..., B] of the target critic with the smaller MM mean (plus the
-  entropy bonus in the mean for a soft backup)."""
+  entropy bonus in the mean for a soft backup), by config.agent.moments (critics.ensemble_moments:
+  diagonal, the paper's, or lowrank / full)."""
   action, bonus = _next_action(agent, obs, key, config, auto_alpha=auto_alpha)
-  mean, var = agent.critic.apply_fn(agent.target_critic_params, obs, action, obs_var)  # [E, ..., B]
+  mean, var = ensemble_moments(agent.critic.apply_fn, agent.target_critic_params, obs, action,
+                               obs_var, config.moments_mode)                   # [E, ..., B]
   j = jnp.argmin(mean, axis=0)[None]
   return (jnp.take_along_axis(mean, j, axis=0)[0] + bonus, jnp.take_along_axis(var, j, axis=0)[0])
 

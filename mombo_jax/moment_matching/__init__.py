@@ -6,4 +6,6 @@ and the diagonal mode's rules; interpreter: the jaxpr interpreter both modes sha
 full-covariance mode, its ReLU covariance in relu_covariance; closed_forms: a value combined with
 itself, x * x, x ** n, exp; door: the inputs' checks; where: the user's line a refusal names); and
 the paper's W1 bounds (bounds: the Lemma per ReLU and per network, and both theorems' PEVI
-bounds; mlp_trace: the ReLU MLP read from a network as it runs, for the bound)."""
+bounds; mlp_trace: the ReLU MLP read from a network as it runs, for the bound); and lowrank: a
+Gaussian input of low-rank covariance carried through a ReLU MLP with its correlations (the
+`--moments=lowrank` mode of MOMBO's targets)."""

@@ -51,11 +51,14 @@ RUN_FILES = (CONFIG, METRICS, SUMMARY)
 HARMLESS = ("eval_every", "eval_episodes")
 
 
-def run_dir(root, dataset, algo, target, seed, seeds, beta=None, reference=None) -> str:
-  """<root>/<dataset>/<algo>[-<target>][-<reference>][-beta<beta>]/s<seed>x<seeds>: a run's
-  default workdir (beta only in the name of a --betas grid's cells; reference only when it is not
-  the algorithm's default source, so runs of both sources of one algorithm sit side by side)."""
+def run_dir(root, dataset, algo, target, seed, seeds, beta=None, reference=None,
+            moments=None) -> str:
+  """<root>/<dataset>/<algo>[-<target>][-<moments>][-<reference>][-beta<beta>]/s<seed>x<seeds>:
+  a run's default workdir (beta only in the name of a --betas grid's cells; reference only when it
+  is not the algorithm's default source, so runs of both sources of one algorithm sit side by side;
+  moments only when not the default diagonal: mombo-elite_spread-lowrank)."""
   name = algorithms.label(algo, target)
+  name += "" if moments in (None, config_lib.MOMENTS_BEFORE_RECORDED) else f"-{moments}"
   tables = algorithms.tables(algo) if algo in algorithms.names() else algo
   name += "" if reference in (None, references.DEFAULT.get(tables)) else f"-{reference}"
   name += "" if beta is None else f"-beta{beta:g}"
@@ -78,7 +81,8 @@ def config_record(config, dataset: str) -> dict:
 def config_from_record(record: dict):
   """(Config, dataset) of a config.json record; fields the Config no longer has are ignored, and
   a record written before runs recorded their settings' source gets the source it was built from
-  (config.upgrade_record: the settings' source, the matmul precision), never today's default."""
+  (config.upgrade_record: the settings' source, the matmul precision, the moment mode), never
+  today's default."""
   # An algorithm registered by the user's own module: imported again, or one line naming it (first:
   # upgrade_record reads whether it has variants).
   algorithms.ensure(str(record.get("algo")), record.get("algo_module"))
@@ -115,9 +119,8 @@ class Workdir:
 
   def read_record(self) -> dict:
     """config.json as written, but for a field added since, which gets the value the version that
-    wrote it meant (config.upgrade_record: the settings' source, the matmul precision); UserError
-    naming the file
-    when missing or unreadable."""
+    wrote it meant (config.upgrade_record: the settings' source, the matmul precision, the moment
+    mode); UserError naming the file when missing or unreadable."""
     path = self.file(CONFIG)
     try:
       with open(path) as f:
@@ -168,6 +171,10 @@ class Workdir:
       notes.append(f"config.json did not record its settings' source (written before "
                    f"--reference existed): it is {old['reference']!r}, the only {old.get('algo')} "
                    "table then; recorded now.")
+    if "moments" not in written:
+      notes.append(f"config.json did not record its moment mode (written before --moments "
+                   f"existed): it continues at {old['moments']!r}, the only mode then; recorded "
+                   "now.")
     if "matmul_precision" not in written:
       notes.append(f"config.json did not record its matmul precision (written before "
                    f"--matmul_precision existed): it continues at {old['matmul_precision']!r}, the "

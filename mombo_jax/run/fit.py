@@ -79,7 +79,7 @@ def plan(env: str = "hopper-random", algo: str = "mombo", *, dataset: Optional[s
   config = config_lib.make_config(env, algo, preset, **overrides)
   dataset = dataset or env
   workdir = workdir or run_dir("runs", dataset, algo, config.target, seed, config.num_seeds,
-                               reference=config.reference)
+                               reference=config.reference, moments=config.agent.moments)
   return [RunSpec(config, dataset, workdir, dynamics_dir)]
 
 

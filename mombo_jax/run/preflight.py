@@ -77,6 +77,12 @@ def validate(config, dataset, workdir, dynamics_dir=None, keep=3, stop_after=Non
   if build_steps is not None and build_steps < 1:
     raise InvalidValue(f"`build_steps` must be >= 1, got {build_steps}.",
                        params=("build_steps",))
+  if config.agent.moments == "full":
+    raise InvalidValue("moments=full is for the analyses (experiments.uncertainty, "
+                       "experiments.mm_vs_mc): its critic moments cost ~1,000x the plain network "
+                       "(benchmarks/bench_propagate.txt), too slow to train with. Train with "
+                       "--moments=lowrank (correlated, benchmarks/bench_lowrank.txt) or diagonal.",
+                       params=("moments",))
   check_seeds_fit_devices(config.num_seeds if num_cells is None else num_cells)
   check_dataset_env(dataset, config)
   _check_dir(workdir, "workdir")

@@ -43,7 +43,10 @@ def describe_algorithm(config, betas=None) -> str:
   coef = alg.coefficient + ("s" if betas and len(betas) > 1 else "")
   if alg.variant:
     origin = f" ({alg.origin})" if alg.origin else ""
-    return f"{alg.name.upper()}, target {alg.variant}{origin}, {coef} {values}"
+    # The moment mode where it is not the paper's diagonal (docs/moment_matching.md).
+    moments = ("" if config.agent.moments == config_lib.MOMENTS_BEFORE_RECORDED else
+               f", moments {config.agent.moments}")
+    return f"{alg.name.upper()}, target {alg.variant}{origin}{moments}, {coef} {values}"
   return f"{alg.name.upper()}, {coef} {values}"
 
 
@@ -71,7 +74,7 @@ def plan_runs(env, algo, preset, overrides, datasets=None, betas=None, root="run
       except ValueError as e:
         raise InvalidValue(f"{dataset}: {e}") from None
       workdir = run_dir(root, dataset, algo, config.target, config.seed, config.num_seeds,
-                        None if not betas else beta, config.reference)
+                        None if not betas else beta, config.reference, config.agent.moments)
       dyn = grid_dynamics_dir(root, dataset, dynamics_dir) if betas else None
       specs.append(RunSpec(config, dataset, workdir, dyn))
   return specs

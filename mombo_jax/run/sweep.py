@@ -186,7 +186,7 @@ def plan(envs: Sequence[str], algos: Sequence[str], seeds: int, seed: int, out: 
         raise InvalidValue(f"{env} / {algo}: {e}") from None
       target = budget.get("target", config_lib.Config.target)
       workdir = workdir_lib.run_dir(out, env, algo, target, seed, seeds, budget.get("beta"),
-                                    config.reference)
+                                    config.reference, config.agent.moments)
       dynamics_dir = workdir_lib.grid_dynamics_dir(out, env)
       command = [python, "-m", "experiments.run", f"--env={env}", f"--algo={spec}",
                  f"--seeds={seeds}", f"--seed={seed}", f"--workdir={workdir}",

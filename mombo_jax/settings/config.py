@@ -29,6 +29,9 @@ MATMUL_PRECISIONS = ("float32", "tensorfloat32")
 # GPU it was TF32, which no record could tell, and resuming such a run at float32 moves it to the
 # references' precision rather than on at one it never chose.
 MATMUL_PRECISION_BEFORE_RECORDED = "float32"
+# What a config.json written before runs recorded their moment mode (no "moments" key) reads as:
+# the diagonal mode, the only one MOMBO's targets had then.
+MOMENTS_BEFORE_RECORDED = algorithms.DEFAULT_MOMENTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +126,11 @@ class Config:
     return algorithms.get(self.algo, self.target)
 
   @property
+  def moments_mode(self):
+    """(kind, rank) of agent.moments (algorithms.parse_moments): what MOMBO's targets read."""
+    return algorithms.parse_moments(self.agent.moments)
+
+  @property
   def schedule_steps(self) -> int:
     """Gradient steps the actor's cosine schedule spans."""
     return (self.schedule_epochs or self.epochs) * self.steps_per_epoch
@@ -176,6 +184,11 @@ def _check_names(c) -> algorithms.Algorithm:
     raise ValueError(f"matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)} (float32: "
                      f"full float32, the references'; tensorfloat32: TF32 inputs on a GPU), got "
                      f"{c.matmul_precision!r}.")
+  algorithms.parse_moments(c.moments)                     # ValueError naming the choices
+  if c.moments != algorithms.DEFAULT_MOMENTS and not algorithm.moment_matching:
+    raise ValueError(f"moments={c.moments!r} sets how MOMBO's targets moment-match the critic; "
+                     f"{algorithm.label} does not moment-match: leave moments at "
+                     f"{algorithms.DEFAULT_MOMENTS!r}.")
   return algorithm
 
 
@@ -315,14 +328,17 @@ def upgrade_record(record: dict) -> dict:
   """A config.json record read as the version that wrote it meant it: its settings' source
   (references.upgrade_record); for an algorithm without variants no target (those written before
   plain_target recorded the flag's default, elite_spread); written before runs recorded their
-  matmul precision, MATMUL_PRECISION_BEFORE_RECORDED (float32: see there why). An algorithm of
-  the user's own is registered first (algorithms.ensure), or its target stays as written."""
+  matmul precision, MATMUL_PRECISION_BEFORE_RECORDED (float32: see there why); before they
+  recorded their moment mode, MOMENTS_BEFORE_RECORDED (diagonal). An algorithm of the user's own
+  is registered first (algorithms.ensure), or its target stays as written."""
   record = references.upgrade_record(record)
   if record.get("target") is not None and plain_target(str(record.get("algo")), "x") is None:
     record = dict(record, target=None)
-  if "matmul_precision" in record:
-    return record
-  return dict(record, matmul_precision=MATMUL_PRECISION_BEFORE_RECORDED)
+  if "matmul_precision" not in record:
+    record = dict(record, matmul_precision=MATMUL_PRECISION_BEFORE_RECORDED)
+  if "moments" not in record:
+    record = dict(record, moments=MOMENTS_BEFORE_RECORDED)
+  return record
 
 
 def _reference(algo: str, reference: Optional[str]) -> Optional[str]:

@@ -51,6 +51,12 @@ class AgentConfig:
   deterministic_backup: bool = True   # no entropy term in the target (MOMBO, MOBILE); MOPO: False
   clip_target_min: Optional[float] = 0.0   # reference code clamps targets at >= 0; None disables
   mobile_num_samples: int = 10        # MOBILE's next-state samples per penalty
+  # How MOMBO's targets moment-match the target critic (core/algorithms.py): diagonal (default:
+  # the paper's Algorithm 1, the released code's), lowrank / lowrank<k> (the next state's low-rank
+  # covariance carried through the critic, moment_matching/lowrank.py) or full (propagate's full
+  # covariance: the analyses only, refused for training). The actor loss's moment-matched Q stays
+  # diagonal in every mode; the dynamics do not see it.
+  moments: str = "diagonal"
   # A seed whose loss leaves [-max_abs_loss, max_abs_loss] (or turns non-finite) counts as diverged:
   # a finite but exploding run (e.g. beta=1e18 gives critic losses ~1e37) must not run on silently.
   max_abs_loss: float = 1e12

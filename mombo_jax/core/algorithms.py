@@ -33,11 +33,12 @@ docs/architecture.md ("Add an algorithm") shows how to register one from outside
 The moment modes of a moment-matching algorithm's targets (Config.agent.moments, `parse_moments`;
 here, beside the registry, because the settings and run records check and name them without JAX):
   diagonal     the paper's Algorithm 1 and the released code's: independent units after every
-               layer (moments.py, the critic's MMDense path); the default.
+               layer (moment_matching/moments.py, the critic's MMDense path); the default.
   lowrank      the input's low-rank covariance carried through the critic
-               (moment_matching/lowrank.py), every random input dimension kept (rank = the state's dimension).
+               (moment_matching/lowrank.py), every random input dimension kept (rank = the
+               state's dimension).
   lowrank<k>   the same with at most k input dimensions kept correlated per row (k >= 1).
-  full         propagate's full covariance (propagate_full.py): for the analyses (Table 2's
+  full         propagate's full covariance (moment_matching/full.py): for the analyses (Table 2's
                quantifier, mm_vs_mc); ~1,000x the plain network, refused for training.
 `register` notes the module that registered a name (`module_of`); runs record it (config.json's
 algo_module), and their readers import it again (`ensure`); `from_spec` reads the command line's

@@ -15,7 +15,7 @@ import pytest
 import mombo_jax
 from mombo_jax.errors import UserError
 from mombo_jax.records import outputs
-from mombo_jax.report import paper_results, protocols, results, tables, writer
+from mombo_jax.report import latex, markdown, paper_results, protocols, results, tables, writer
 from mombo_jax.report.labels import algo_label, base_algo, label_key
 from mombo_jax.report.paper_setup import paper_dataset
 from mombo_jax.settings import config as config_lib
@@ -286,10 +286,10 @@ def test_paper_columns_beside_ours():
   # Our columns only compete: MOPO's 30 beats MOMBO's 28 although the paper's 31.7 is higher.
   assert final.bold[i].tolist() == [True, False, False, False, False]
   assert np.isnan(final.avg_rank[[1, 4]]).all() and not np.isnan(final.avg_rank[0])
-  text = writer.render_markdown(table, groups=groups)
+  text = markdown.render_markdown(table, groups=groups)
   assert "| expert | hopper | – | – | – | **90.0 ± 0.0** [90.0, 90.0] | – |" in text
   assert "MOMBO (paper)* is the paper's MOMBO" in text
-  tex = writer.render_latex(table)
+  tex = latex.render_latex(table)
   assert tex.count(r"\begin{tabular}") == 3 and r"$31.7 \sd{\pm 0.1}$" in tex
   # D4RL's own files, imported (d4rl/<env>/<quality>-v2), are the paper's very data.
   groups, _ = results.group_runs([_run("d4rl/hopper/medium-replay-v2", "MOMBO (elite_spread)",
@@ -299,7 +299,7 @@ def test_paper_columns_beside_ours():
   # Without paper=True (experiments.uncertainty's tables) nothing of the paper appears.
   plain = tables.build_table(groups)
   assert all(b.columns == plain.algos for b in plain.blocks)
-  assert "(paper)" not in writer.render_markdown(plain)
+  assert "(paper)" not in markdown.render_markdown(plain)
 
 
 class _Seeds:
@@ -316,7 +316,7 @@ def test_tables_of_other_metrics_still_render():
   groups = {("hopper", "hopper-random", "MOBILE"): _Seeds([0.8, 0.9]),
             ("hopper", "hopper-random", "MOMBO (elite_spread)"): _Seeds([0.6, 0.62])}
   table = tables.build_table(groups, metrics=(("accuracy", "Accuracy"),), digits=2, paper=True)
-  text = writer.render_markdown(table, title="Uncertainty quantifiers")
+  text = markdown.render_markdown(table, title="Uncertainty quantifiers")
   # The paper's Table 2 beside ours, no interval where none is known.
   assert "| random | hopper | **0.85 ± 0.05** | 0.85 ± 0.03 | 0.61 ± 0.01 | 0.61 ± 0.07 |" in text
   assert "bootstrap" not in text.split("##")[0]

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from mombo_jax.report import paper_results, results, tables, writer
+from mombo_jax.report import footnotes, paper_results, results, tables, writer
 from tests.conftest import HANG_S
 from tests.test_report import NAN, _md_block, _number, _write_run
 
@@ -128,7 +128,7 @@ def test_each_cell_is_its_seeds_mean_std_and_bootstrap_interval(runs, written, n
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(BLOCKS))
 def test_bold_and_underline_follow_the_rule_on_the_true_numbers(runs, written, name):
-  """Our columns only; a task an algorithm did not run is writer.MISSING."""
+  """Our columns only; a task an algorithm did not run is footnotes.MISSING."""
   _, cells, ours = _block(written, name)
   _, fn = BLOCKS[name]
   means, truth = _means(runs, name), runs[1]
@@ -139,7 +139,7 @@ def test_bold_and_underline_follow_the_rule_on_the_true_numbers(runs, written, n
     row = [cells[(dataset.partition("-")[2], "hopper")][j] for j in ours]
     for j, cell in enumerate(row):
       if np.isnan(m[j]):
-        assert cell == writer.MISSING
+        assert cell == footnotes.MISSING
       else:
         assert _number(cell)[2:4] == (bool(bold[j]), bool(under[j])), (dataset, OURS[j])
 
@@ -191,7 +191,7 @@ def test_the_papers_averages_cover_the_tasks_we_ran_its_algorithm_on_unranked(ru
       want = np.mean([paper_results.lookup(metric, d, base)[0] for d in ran])
       assert float(avg[j].strip("*\\")) == pytest.approx(want, abs=HALF)
       assert ("\\*" in avg[j]) == (len(ran) < len(TASKS)) and not avg[j].startswith("**")
-      assert cells[("**Average rank**", "")][j] == writer.MISSING
+      assert cells[("**Average rank**", "")][j] == footnotes.MISSING
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from mombo_jax.core import algorithms
 from mombo_jax.errors import InvalidArgument, UserError
 from mombo_jax.records import outputs, run_search, workdir
 from mombo_jax.records.workdir import Workdir
-from mombo_jax.report import labels, paper_results, paper_setup, tables, writer
+from mombo_jax.report import footnotes, labels, markdown, paper_results, paper_setup, tables
 
 # jax and the trained nets are imported where they are used: experiments.uncertainty imports this
 # module before parsing its flags, and --help should not wait for jax.
@@ -245,7 +245,7 @@ def table_markdown(rows):
     if any(np.isfinite(r.get(column, np.nan)) for r in rows):
       # Built under the paper's metric name, so that its Table 2 column can stand beside it. A
       # block without that column is still part of a table beside the paper's numbers: its §
-      # cells take no bold either (the report's rule, mombo_jax/report/writer.py).
+      # cells take no bold either (the report's rule, tables.build_table's below_ranked).
       extra = tables.build_table({k: _Seeds(v, {metric: column}) for k, v in groups.items()},
                                  metrics=((metric, title),), digits=3, paper=paper,
                                  below_ranked=False)
@@ -254,12 +254,12 @@ def table_markdown(rows):
   states = sorted({r["states"] for r in rows})
   draws = sorted({r["draws"] for r in rows})
   policy = sorted({r["num_policy"] for r in rows})
-  text = writer.render_markdown(
+  text = markdown.render_markdown(
       table, title=f"Uncertainty quantifiers (paper Table 2), states={','.join(states)}",
       what="over seeds of each seed's mean over its tuples and draws")
   # render_markdown's first note on the paper's columns describes Table 1 (scores after training);
   # these are Table 2's.
-  generic = writer.paper_footnotes(table)
+  generic = footnotes.paper_footnotes(table)
   if generic:
     text = text.replace(generic[0], PAPER_NOTE.format(
         paper=tables.PAPER, citation=paper_results.CITATION,

@@ -9,8 +9,9 @@ nothing beside the paper's numbers.
 
 `split` takes the mixed datasets' groups out of a report's groups (the D4RL table keeps the
 rest); `build_mixed_table` builds the table; `lead_cells` / LEAD_HEADER are the row labels
-mombo_jax.report.writer renders in front of the numbers; `what_ran` is the sentence that says,
-above the table, what our cells ran (seeds, gradient steps, what falls short of the paper's).
+mombo_jax.report.markdown and .latex render in front of the numbers; `what_ran` is the sentence
+that says, above the table, what our cells ran (seeds, gradient steps, what falls short of the
+paper's).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 algorithms, one Block per metric, each algorithm's column followed by the paper's published number
 (mombo_jax.report.paper_results: Table 1 and the mixed-data table) for the metrics the paper reports
 (final, AULC); the paper's MOMBO is the released code's target, elite_spread.
-mombo_jax.report.writer renders them.
+mombo_jax.report.markdown, .latex and .csv_out render them.
 
 Table rule (paper, Table 1 caption, checked against its numbers): in every row the highest mean of
 our columns is bold; another mean is underlined when it lies within one standard deviation *of the

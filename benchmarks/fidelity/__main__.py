@@ -18,7 +18,7 @@ import time
 
 import jax
 
-from benchmarks.fidelity import agent_side, reference, rows
+from benchmarks.fidelity import reference, rows
 
 CHECKPOINTS = (1, 10, 100, 1000)
 KINDS = {"mombo": ("mombo", "mombo-lcb"), "mobile": ("mobile",), "mopo": ("mopo",)}
@@ -87,9 +87,14 @@ def run(args) -> int:
     raise SystemExit(f"--dtypes={args.dtypes}: choose from float32,float64.")
   # Their code needs torch (benchmarks/fidelity/requirements.txt), which the product does not:
   # imported once the arguments are checked.
-  import torch  # noqa: E402
+  try:
+    import torch  # noqa: E402
+  except ModuleNotFoundError:
+    raise SystemExit("benchmarks.fidelity needs torch (CPU), which the product does not: pip "
+                     "install -r benchmarks/fidelity/requirements.txt --index-url "
+                     "https://download.pytorch.org/whl/cpu") from None
 
-  from benchmarks.fidelity import stubs  # noqa: E402
+  from benchmarks.fidelity import agent_side, stubs  # noqa: E402
   # One torch thread: torch's pool (a thread per core) beside XLA's on a busy shared CPU made
   # their learn() 5x slower (3 s a MOPO step at load 20 on 2 cores; 0.2 s with one thread).
   torch.set_num_threads(1)

@@ -135,3 +135,14 @@ def test_the_files_the_suite_schedules_first_exist():
   missing = [n for n in SLOWEST_FILES
              if not os.path.exists(os.path.join(ROOT, "tests", n))]
   assert not missing, f"conftest.SLOWEST_FILES names missing files {missing}: rename or drop them"
+
+
+def test_no_symbolic_link_and_no_run_output_is_in_the_repo():
+  # A committed `runs` link once made README command 1 refuse its workdir in a fresh clone (it
+  # pointed at another machine's finished run); links resolve only on the machine that made them.
+  files = _repo_files()
+  assert "README.md" in files
+  links = [p for p in files if os.path.islink(os.path.join(ROOT, p))]
+  assert not links, f"symbolic links in the repository (remove them, e.g. git rm --cached): {links}"
+  outputs = [p for p in files if p.replace(os.sep, "/").split("/")[0] in ("runs", "workdir")]
+  assert not outputs, f"run outputs in the repository (keep them out of git): {outputs[:5]}"

@@ -193,7 +193,10 @@ def phases(lines, steps_per_epoch=None) -> list:
         span,
         ("  of it: training", train, None, f"{epochs} epochs x {steps_per_epoch} steps x {seeds} "
          f"seeds / the last progress line's {rate:.0f} steps/s (of training alone)"),
-        ("  of it: evaluations, checkpoints", span[1] - train, None, "the rest of the span")]
+        # The evaluations run beside training on the same cores: what is left of the span is
+        # what they add to it, 0 where the late rate's estimate covers the whole span.
+        ("  of it: evaluations, checkpoints", max(0.0, span[1] - train), None,
+         "the rest of the span (they run beside training; what they add, not what they take)")]
   out.append(("total (the command)", end[0], end[1], "cpu: getrusage of the children"))
   return out
 

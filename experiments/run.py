@@ -20,7 +20,16 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-  """Defined only when this module runs as the program (absl flags are global)."""
+  """Defined only when this module runs as the program (absl flags are global): what is trained,
+  its settings, where its files go, how the launch runs."""
+  _what_flags()
+  _settings_flags()
+  _files_flags()
+  _launch_flags()
+
+
+def _what_flags():
+  # --- what is trained: the data and the algorithm
   flags.DEFINE_string("env", "hopper-random", "Short dataset name, e.g. walker2d-medium-replay; "
                       "selects the paper's hyperparameters and the evaluation environment.")
   flags.DEFINE_string("dataset", None,
@@ -45,6 +54,10 @@ def define_flags():
                       "run_example/run_mobile.py, whose logs are the paper's MOBILE column) or "
                       "authors (yihaosun1124/mobile configs). mopo: offlinerl_kit (run_mopo.py, "
                       "default). A non-default source adds -<reference> to the default workdir.")
+
+
+def _settings_flags():
+  # --- its settings: the budget and the overrides of the per-task Config
   flags.DEFINE_enum("preset", "paper", ["paper", "quick", "tiny"],
                     "Budget preset (config.PRESETS).")
   flags.DEFINE_integer("seeds", None, "Number of seeds, trained together (vmapped). Default: "
@@ -80,6 +93,10 @@ def define_flags():
                       "lowrank<k>: at most k state dimensions kept correlated; "
                       "docs/moment_matching.md) or full (the analyses only). Named in the "
                       "workdir when not diagonal.")
+
+
+def _files_flags():
+  # --- where its files go and where the data comes from
   flags.DEFINE_string("workdir", None, "Output folder; default runs/<dataset>/<algo>[-target]"
                       "[-moments]/s<seed>x<seeds>. With --datasets / --betas: the root under "
                       "which each cell gets <dataset>/<algo>[-target][-beta<b>]/s<seed>x<seeds> "
@@ -103,6 +120,10 @@ def define_flags():
   flags.DEFINE_string("compilation_cache", DEFAULT_COMPILATION_CACHE, "Folder of JAX's "
                       "persistent compilation cache: a later launch of the same setup reads the "
                       "compiled epoch from there instead of compiling again. Empty: off.")
+
+
+def _launch_flags():
+  # --- how the launch runs: processes, loggers, evaluation workers, stopping
   flags.DEFINE_string("coordinator_address", None, "Multi-process run: host:port of process 0 "
                       "(with --num_processes and --process_id; see docs/scaling.md).")
   flags.DEFINE_integer("num_processes", None, "Multi-process run: how many processes.")

@@ -1,4 +1,4 @@
-"""Algorithms as values: one frozen record per algorithm, and the registry that names them.
+"""Algorithms as values: one frozen `Algorithm` per algorithm, and the registry that names them.
 
 An `Algorithm` holds everything that tells one model-based offline RL algorithm from another; the
 training core (train, sac, rollout, targets) reads its fields, never an algorithm's name:
@@ -24,8 +24,8 @@ training core (train, sac, rollout, targets) reads its fields, never an algorith
   origin          one phrase: where this variant comes from (groups.describe_algorithm)
 
 A run names its algorithm by Config.algo and, for an algorithm with several variants (MOMBO's
-Bellman targets), Config.target; `get(algo, target)` / `Config.algorithm` give the record, and
-targets.get_target / get_penalty / bind its functions (the one way: built-in records hold
+Bellman targets), Config.target; `get(algo, target)` / `Config.algorithm` give the Algorithm, and
+targets.get_target / get_penalty / bind its functions (the one way: built-in Algorithms hold
 stand-ins, _Target, that load no JAX). The
 "algo[-target]" names runs carry (workdirs, titles, report columns) come from `label` alone.
 docs/architecture.md ("Add an algorithm") shows how to register one from outside the package.
@@ -75,10 +75,10 @@ def parse_moments(moments) -> Tuple[str, Optional[int]]:
 
 @dataclasses.dataclass(frozen=True)
 class _Target:
-  """Stands for the function targets.<name> in a built-in record: the registry (names, variants,
+  """Stands for the function targets.<name> in a built-in Algorithm: the registry (names, variants,
   labels, tables) then loads without JAX, so the run records and the report read runs without
   importing it (tests/test_records.py). Compared and hashed by name (two stand-ins of one name
-  are equal), never with the function itself: the core takes a record's functions only through
+  are equal), never with the function itself: the core takes an Algorithm's functions only through
   targets.get_target / get_penalty / bind, which resolve stand-ins (`function`), and compares
   those."""
   name: str
@@ -128,10 +128,10 @@ _RENAMED = ("Algorithm's penalize_reward is spelled penalise_reward now (one spe
             "release.")
 
 
-def _penalize_reward(record: Algorithm) -> bool:
-  """The old spelling, read: record.penalise_reward, with a DeprecationWarning."""
+def _penalize_reward(algorithm: Algorithm) -> bool:
+  """The old spelling, read: algorithm.penalise_reward, with a DeprecationWarning."""
   warnings.warn(_RENAMED, DeprecationWarning, stacklevel=2)
-  return record.penalise_reward
+  return algorithm.penalise_reward
 
 
 def _taking_old_spelling(init):
@@ -157,11 +157,11 @@ _MODULES: Dict[str, str] = {}
 
 
 def register(algorithm: Algorithm, module: Optional[str] = None) -> Algorithm:
-  """Adds `algorithm` under (name, variant); registering an equal record again is a no-op.
+  """Adds `algorithm` under (name, variant); registering an equal Algorithm again is a no-op.
   module: the module whose import registers it (default: the caller's, which is right when the
   register call sits at a module's top level); runs record it, and readers import it again.
-  ValueError when another record holds that name and variant, or when a name would hold both a
-  plain record and variants."""
+  ValueError when another Algorithm holds that name and variant, or when a name would hold both
+  a plain Algorithm and variants."""
   if module is None:
     module = sys._getframe(1).f_globals.get("__name__", "__main__")
   have = _REGISTRY.setdefault(algorithm.name, {})
@@ -169,8 +169,8 @@ def register(algorithm: Algorithm, module: Optional[str] = None) -> Algorithm:
   if old is not None and old != algorithm:
     raise ValueError(f"An algorithm {algorithm.label!r} is registered already; pick another name.")
   if have and ("" in have) != (algorithm.variant == ""):
-    raise ValueError(f"{algorithm.name!r} mixes a plain record and variants; give every record "
-                     "of one name a variant, or none.")
+    raise ValueError(f"{algorithm.name!r} mixes a plain algorithm and variants; give every "
+                     "Algorithm of one name a variant, or none.")
   if have and next(iter(have.values())).references != algorithm.references:
     raise ValueError(f"The variants of {algorithm.name!r} must share one references table key.")
   have[algorithm.variant] = algorithm
@@ -205,9 +205,9 @@ def ensure(name: str, module: Optional[str] = None) -> None:
   except ImportError as e:
     raise UserError(f"The run's algorithm {name!r} comes from module {module!r}, which cannot "
                     f"be imported ({e}): {fix}.") from None
-  except ValueError as e:      # its register call met another record of that name (register)
+  except ValueError as e:      # its register call met another Algorithm of that name (register)
     raise UserError(f"The run's algorithm {name!r} comes from module {module!r}, but {have!r} "
-                    f"registered another record of that name here ({e}).") from None
+                    f"registered another algorithm of that name here ({e}).") from None
   if name not in _REGISTRY:
     raise UserError(f"The run's algorithm {name!r} was registered by module {module!r}, but "
                     "importing it registers no such algorithm now: register it there again "
@@ -246,8 +246,8 @@ def variants(name: str) -> Tuple[str, ...]:
 
 
 def get(name: str, target: Optional[str] = None) -> Algorithm:
-  """The record of algorithm `name` (its variant `target` where it has variants; ignored where it
-  has none). ValueError naming the registered ones."""
+  """The Algorithm registered as `name` (its variant `target` where it has variants; ignored
+  where it has none). ValueError naming the registered ones."""
   if name not in _REGISTRY:
     raise ValueError(f"Unknown algo {name!r}; choose one of {', '.join(names())} (or register "
                      "one: mombo_jax.core.algorithms.register).")

@@ -9,8 +9,8 @@ scalar, default config.beta), real_rows (int32 scalar, the batch's leading real 
 int(B * config.rollout.real_ratio)) and auto_alpha (bool scalar, default config.agent.auto_alpha;
 it picks the temperature of a soft backup, sac.alpha).
 `train.py` binds dyn/config/term_fn and the cell's settings (`bind`) and hands `sac.update` a
-`target_fn(agent, batch, key)`. get_target / get_penalty / bind are the one way to a record's
-functions (a built-in record holds stand-ins: algorithms._Target).
+`target_fn(agent, batch, key)`. get_target / get_penalty / bind are the one way to an Algorithm's
+functions (a built-in Algorithm holds stand-ins: algorithms._Target).
 
 Batches come from `buffer.sample_mixed`, which puts the n_real real rows first; `_real_rows`
 relies on that to give real rows the plain, unpenalised target where a target recomputes
@@ -293,14 +293,15 @@ penalty_mopo = EnsemblePenalty(max_std_norm)
 
 
 def _function(fn):
-  """The function a record's field holds: a built-in record's stand-in (algorithms._Target, which
-  this module cannot import: algorithms imports it) gives its `function`, a function itself."""
+  """The function an Algorithm's field holds: a built-in Algorithm's stand-in (algorithms._Target,
+  which this module cannot import: algorithms imports it) gives its `function`, a function
+  itself."""
   return getattr(fn, "function", fn)
 
 
 def get_target(config):
   """The target function of config's algorithm (config.algorithm: algorithms.Algorithm), a
-  built-in record's stand-in resolved (_function)."""
+  built-in Algorithm's stand-in resolved (_function)."""
   return _function(config.algorithm.bellman_target)
 
 

@@ -144,7 +144,7 @@ def make_epoch(config, per_cell=(), choices: rewrites.Rewrites = None):
   """Returns a pure epoch(state, real, key, cell=None) -> (state, metrics) of one cell (one seed),
   traced under `choices` (rewrites.tracing: #29's CPU rewrites; None: the backend's defaults).
 
-  config: a Config or its epoch_settings.EpochSettings (what the epoch reads: the algorithm's record
+  config: a Config or its epoch_settings.EpochSettings (what the epoch reads: the Algorithm
   among them, which supplies the Bellman target).
 
   real: the real dataset, Batch [N, ...], with cell None (then beta, rollout length, real rows

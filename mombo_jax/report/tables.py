@@ -179,6 +179,28 @@ def _d4rl_row_order(env: str, dataset: str) -> tuple:
   return (ENV_ORDER.index(env) if env in ENV_ORDER else 99, env, dataset)
 
 
+def _paper_number(what: str, dataset: str, base: str):
+  """((mean, std) or None, footnote or None): the paper's number for algorithm `base` on our
+  `dataset` (its name there: paper_dataset) and the paper's footnote on it."""
+  name_there = paper_dataset(dataset)
+  number = name_there and paper_results.lookup(what, name_there, base)
+  if not number:
+    return None, None
+  note = paper_results.NOTES.get((what, name_there, base))
+  return number, (f"{base} on {name_there}: {note}" if note else None)
+
+
+def _paper_where_ours_ran(mean, columns, bases):
+  """mean [R, K] with each paper column NaN in the rows where none of our columns of its
+  algorithm has a number, so that the paper's averages cover only the tasks we ran."""
+  averaged = mean.copy()
+  for j, base in enumerate(bases):
+    if base:
+      ran = [k for k, (b, c) in enumerate(zip(bases, columns)) if not b and base_algo(c) == base]
+      averaged[~np.any(~np.isnan(mean[:, ran]), axis=1), j] = np.nan
+  return averaged
+
+
 def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
                 paper: bool = False, below_ranked: Optional[bool] = None,
                 group_of: Callable[[str], str] = dataset_type,
@@ -213,13 +235,11 @@ def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
     for i, (_, env, dataset) in enumerate(rows):
       for j, (label, base) in enumerate(zip(columns, bases)):
         if base:
-          name_there = paper_dataset(dataset)
-          cell = name_there and paper_results.lookup(what, name_there, base)
-          if cell:
-            mean[i, j], std[i, j] = cell
-            note = paper_results.NOTES.get((what, name_there, base))
-            if note:
-              notes[(i, j)] = f"{base} on {name_there}: {note}"
+          number, note = _paper_number(what, dataset, base)
+          if number:
+            mean[i, j], std[i, j] = number
+          if note:
+            notes[(i, j)] = note
           continue
         g = groups.get((env, dataset, label))
         if g is None:
@@ -250,11 +270,7 @@ def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
     unranked = is_paper | (False if below_ranked else below.any(axis=0))
     # The paper's averages cover only the tasks where we ran its algorithm, so that they can be
     # read against ours; the paper's other numbers are in the rows, not in the average.
-    averaged = mean.copy()
-    for j, base in enumerate(bases):
-      if base:
-        ran = [k for k, (b, c) in enumerate(zip(bases, columns)) if not b and base_algo(c) == base]
-        averaged[~np.any(~np.isnan(mean[:, ran]), axis=1), j] = np.nan
+    averaged = _paper_where_ours_ran(mean, columns, bases)
     type_avg = {t: _average(averaged[[r[0] == t for r in rows]]) for t in types}
     avg, complete = _average(averaged)
     blocks.append(Block(name=name, mean=mean, std=std, bold=bold, under=under, type_avg=type_avg,

@@ -1,5 +1,5 @@
 """report.csv (mombo_jax.report.writer writes it with the other files): `render_csv` writes one
-row per cell of a Table (mombo_jax.report.tables) that has a number, ours and the paper's."""
+row per table cell of a Table (mombo_jax.report.tables) that has a number, ours and the paper's."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -16,7 +16,7 @@ FIELDS = ["env", "dataset", "column", "metric", "mean", "std", "ci_low", "ci_hig
 
 
 def render_csv(table: Optional[Table], path: str, more: Sequence[Table] = ()):
-  """report.csv: one row per (dataset, column, metric) cell that has a number, ours and the
+  """report.csv: one row per (dataset, column, metric) table cell that has a number, ours and the
   paper's: mean, std, ci_low / ci_high (ours), source ('ours' or the paper's table); ours also
   seeds (every seed: the mean's), diverged (how many of them), mean_healthy / std_healthy (over
   the seeds that did not diverge) and below_paper_setup (what falls short, '' when nothing).

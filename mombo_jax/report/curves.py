@@ -28,7 +28,7 @@ _NOTE_POOLS = 4          # pools the note names, then "and N more"
 
 def _below_note(pools) -> str:
   """The figure's note for the pools below the paper's setup (a smoke or short run: their legend
-  entries carry BELOW_MARK, as report.md's cells), one line each, their first shortfall."""
+  entries carry BELOW_MARK, as report.md's table cells), one line each, their first shortfall."""
   lines = [f"{BELOW_MARK}: below the paper's setup, a smoke or short run (report.md's footnotes "
            "list all):"]
   for g in pools[:_NOTE_POOLS]:

@@ -1,7 +1,8 @@
 """What report.md and report.tex say the same way (mombo_jax.report.markdown and .latex): the
-blank cell (MISSING), a summary number as printed (`fmt`), the footnotes on the paper's columns
-(`paper_footnotes`) and on our marked cells (`mark_footnotes`: DIVERGED_MARK, BELOW_MARK,
-mombo_jax.report.tables). Written in markdown; latex.md_to_tex turns a line into LaTeX."""
+blank table cell (MISSING), a summary number as printed (`fmt`), the footnotes on the paper's
+columns (`paper_footnotes`) and on our marked table cells (`mark_footnotes`: DIVERGED_MARK,
+BELOW_MARK, mombo_jax.report.tables). Written in markdown; latex.md_to_tex turns a line into
+LaTeX."""
 from __future__ import annotations
 
 from typing import List
@@ -54,6 +55,6 @@ def paper_footnotes(table: Table) -> List[str]:
 
 
 def mark_footnotes(b: Block) -> List[str]:
-  """The footnotes of block b's marked cells of ours (DIVERGED_MARK, BELOW_MARK), one per cell
-  and mark, in the table's order."""
-  return [f"{mark} {text}." for _, cell in sorted(b.marks.items()) for mark, text in cell]
+  """The footnotes of block b's marked table cells of ours (DIVERGED_MARK, BELOW_MARK), one per
+  table cell and mark, in the table's order."""
+  return [f"{mark} {text}." for _, marked in sorted(b.marks.items()) for mark, text in marked]

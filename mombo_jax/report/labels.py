@@ -36,7 +36,7 @@ NOT_SETUP = ("seed", "num_seeds", "eval_every", "eval_episodes", "eval_changes",
 
 # Fields told apart within one dataset only: the data's identity differs between datasets by
 # nature, and so does what a dataset's recipe lacks (data_reduced: a mixed dataset's partner from
-# a shorter SAC run; paper_setup.shortfalls names it in the cell's footnote).
+# a shorter SAC run; paper_setup.shortfalls names it in the table cell's footnote).
 PER_DATASET = ("data", "data_reduced")
 
 

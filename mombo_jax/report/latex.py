@@ -79,9 +79,9 @@ def _tex_block(table: Table, b: Block, lead, lead_header: Sequence[str]) -> List
       labels = lead(table.rows[i])
       first = (rf"\multirow{{{len(idx)}}}{{*}}{{\texttt{{{tex_escape(labels[0])}}}}}"
                if m == 0 else "")
-      cells = [first] + [rf"\texttt{{{tex_escape(x)}}}" for x in labels[1:]]
-      cells += [_tex_cell(b, i, j) for j in range(k)]
-      out.append("  " + " & ".join(cells) + r" \\")
+      fields = [first] + [rf"\texttt{{{tex_escape(x)}}}" for x in labels[1:]]
+      fields += [_tex_cell(b, i, j) for j in range(k)]
+      out.append("  " + " & ".join(fields) + r" \\")
     if len(idx) > 1:
       out.append(_tex_summary(rf"Average on \texttt{{{tex_escape(t)}}}",
                               *b.type_avg[t], True, b.unranked_mask(), b.digits, n))
@@ -95,7 +95,7 @@ def _tex_block(table: Table, b: Block, lead, lead_header: Sequence[str]) -> List
 
 
 def _tex_cell(b: Block, i: int, j: int) -> str:
-  """Cell (i, j) of block b in math mode: mean \\sd{± std}, bold or underlined, its interval,
+  """Table cell (i, j) of block b in math mode: mean \\sd{± std}, bold or underlined, its interval,
   dagger and marks; -- when empty."""
   if np.isnan(b.mean[i, j]):
     return "--"
@@ -115,10 +115,10 @@ def _tex_cell(b: Block, i: int, j: int) -> str:
 
 def _tex_summary(label, values, complete, highest, paper, digits=1, n=2) -> str:
   best = summary_best(values, highest, complete, exclude=paper, digits=digits)
-  cells = []
+  fields = []
   for j, v in enumerate(values):
     text = fmt(v, digits) + ("" if complete[j] else "^*")
-    cells.append("--" if np.isnan(v) else (rf"$\bf {text}$" if best[j] else f"${text}$"))
+    fields.append("--" if np.isnan(v) else (rf"$\bf {text}$" if best[j] else f"${text}$"))
   return (rf"  \rowcolor{{lightgray!50}} \multicolumn{{{n}}}{{r}}{{" + label + "} & "
-          + " & ".join(cells)
+          + " & ".join(fields)
           + r" \\")

@@ -1,7 +1,7 @@
 """report.md's tables (mombo_jax.report.writer writes the file): `render_markdown` renders a Table
 (mombo_jax.report.tables) one block per markdown table, bold **x** for the best of our columns
 and <u>x</u> for those within one std of it, the paper's columns plain, each block's average
-rows and footnotes under it; `runs_section` is the *Runs* table, what every cell pools."""
+rows and footnotes under it; `runs_section` is the *Runs* table, what every table cell pools."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
@@ -35,7 +35,7 @@ def render_markdown(table: Table, title: str = "Results", what: str = "over seed
                     preamble: Sequence[str] = (), lead=None,
                     lead_header: Sequence[str] = LEAD_HEADER, heading: str = "#") -> str:
   """report.md: one table per block; bold **x**, underline <u>x</u>; the paper's columns plain.
-  groups: adds a *Runs* table (seeds, beta, evaluations, folders of every cell). preamble:
+  groups: adds a *Runs* table (seeds, beta, evaluations, folders of every table cell). preamble:
   paragraphs under the title (the protocol's link). lead(row) -> the row's labels under
   lead_header (default: default_lead, its group, i.e. dataset type, and environment; the mixed
   table's: mombo_jax.report.mixed.lead_cells). heading: the title's level (its tables one
@@ -52,18 +52,19 @@ def render_markdown(table: Table, title: str = "Results", what: str = "over seed
 
 
 def _legend(table: Table, what: str) -> str:
-  """The paragraph under the title: what a cell is, what bold, underline and the marks mean."""
+  """The paragraph under the title: what a table cell is, what bold, underline and the marks
+  mean."""
   ci = any(b.has_ci() for b in table.blocks)
   return (f"Mean ± std {what}"
           + (f" [{CI_LEVEL:.0%} percentile-bootstrap interval of the mean over seeds, "
              f"{N_BOOTSTRAP:,} resamples; with one seed, the value itself]" if ci else "")
           + ". Per row, the highest mean of our columns is **bold**; "
           "a mean within one std of the best score (best − mean ≤ std of the best) is "
-          "<u>underlined</u>" + (f"; the paper's columns, and cells below the paper's setup "
+          "<u>underlined</u>" + (f"; the paper's columns, and table cells below the paper's setup "
                                  f"({BELOW_MARK}), take no part" if has_paper(table) else "")
           + ". Average rank: mean over tasks of the rank of the mean (1 = best, "
-          f"ties share their average rank). {DIVERGED_MARK}: seeds of the cell diverged (they "
-          f"count, at their frozen policy); {BELOW_MARK}: below the paper's setup; the "
+          f"ties share their average rank). {DIVERGED_MARK}: seeds of the table cell diverged "
+          f"(they count, at their frozen policy); {BELOW_MARK}: below the paper's setup; the "
           "footnotes under each table say which.")
 
 
@@ -79,8 +80,8 @@ def _md_block(table: Table, b: Block, lead, lead_header: Sequence[str],
   pad = len(lead_header) - 1
   for i, row in enumerate(table.rows):
     dtype = row[0]
-    cells = [_md_cell(b, i, j) for j in range(len(columns))]
-    lines.append("| " + " | ".join(list(lead(row)) + cells) + " |")
+    fields = [_md_cell(b, i, j) for j in range(len(columns))]
+    lines.append("| " + " | ".join(list(lead(row)) + fields) + " |")
     last_of_type = i + 1 == len(table.rows) or table.rows[i + 1][0] != dtype
     if last_of_type and sum(r[0] == dtype for r in table.rows) > 1:
       lines.append(_md_summary_row(f"*Average on {dtype}*", *b.type_avg[dtype], True,
@@ -96,7 +97,7 @@ def _md_block(table: Table, b: Block, lead, lead_header: Sequence[str],
 
 
 def _md_cell(b: Block, i: int, j: int) -> str:
-  """Cell (i, j) of block b: mean ± std, bold or underlined, its interval, † and its marks."""
+  """Table cell (i, j) of block b: mean ± std, bold or underlined, its interval, † and its marks."""
   if np.isnan(b.mean[i, j]):
     return MISSING
   text = f"{b.mean[i, j]:.{b.digits}f} ± {b.std[i, j]:.{b.digits}f}"
@@ -110,24 +111,24 @@ def _md_cell(b: Block, i: int, j: int) -> str:
 
 def _md_summary_row(label, values, complete, highest, digits=1, paper=None, pad=1) -> str:
   best = summary_best(values, highest, complete, exclude=paper, digits=digits)
-  cells = []
+  fields = []
   for j, v in enumerate(values):
     text = fmt(v, digits)
     if not complete[j] and text != MISSING:
       text += "\\*"
-    cells.append(f"**{text}**" if best[j] else text)
-  return f"| {label} | " + "| " * pad + " | ".join(cells) + " |"
+    fields.append(f"**{text}**" if best[j] else text)
+  return f"| {label} | " + "| " * pad + " | ".join(fields) + " |"
 
 
 def runs_section(groups: Dict[tuple, Pool]) -> List[str]:
-  """The *Runs* section: what every cell pools."""
+  """The *Runs* section: what every table cell pools."""
   lines = ["## Runs", "",
            "Each row pools runs of one setup (config.json but seeds and evaluation fields); an "
            "algorithm run with several setups has a column per setup, its label naming the "
            "fields that differ over the whole table (`field=default`: each task's paper-preset "
            "value). "
-           f"Seeds: every seed pooled in the cell; {DIVERGED_MARK} marks one that diverged (frozen "
-           "at its last healthy state, its policy evaluated and counted like the others). "
+           f"Seeds: every seed pooled in the table cell; {DIVERGED_MARK} marks one that diverged "
+           "(frozen at its last healthy state, its policy evaluated and counted like the others). "
            f"Evaluations: the fewest of its runs (the window of 'last {LAST_K}' when fewer). β: "
            "config.beta (MOMBO / MOBILE β, MOPO λ). Steps: gradient steps (epochs × "
            f"steps_per_epoch); Transitions: the dataset's ({MISSING}: not recorded); "

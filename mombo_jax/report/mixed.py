@@ -4,13 +4,13 @@ a share by partner (random-medium, then random-expert) and environment, an avera
 then the overall average score and average rank; one block per metric the paper reports
 (normalised score at the last evaluation, AULC), each of our columns followed by the paper's
 number (paper_results.MIXED). The rule, marks and averages are mombo_jax.report.tables', so a
-cell below the paper's setup (fewer gradient steps, a reduced dataset or partner: §) competes for
-nothing beside the paper's numbers.
+table cell below the paper's setup (fewer gradient steps, a reduced dataset or partner: §) competes
+for nothing beside the paper's numbers.
 
 `split` takes the mixed datasets' groups out of a report's groups (the D4RL table keeps the
 rest); `build_mixed_table` builds the table; `lead_cells` / LEAD_HEADER are the row labels
 mombo_jax.report.markdown and .latex render in front of the numbers; `what_ran` is the sentence
-that says, above the table, what our cells ran (seeds, gradient steps, what falls short of the
+that says, above the table, what our table cells ran (seeds, gradient steps, what falls short of the
 paper's).
 """
 from __future__ import annotations
@@ -75,13 +75,13 @@ def lead_cells(row: Tuple[str, str, str]) -> List[str]:
 
 
 def what_ran(groups: Dict[tuple, Pool]) -> str:
-  """One paragraph on what our mixed cells ran: seeds per cell, gradient steps, and every way in
-  which they fall short of the paper's setup (2M gradient steps, 4 seeds, the full datasets), so
-  that nothing in the table reads as the paper's protocol when it was not."""
+  """One paragraph on what our mixed table cells ran: seeds per table cell, gradient steps, and
+  every way in which they fall short of the paper's setup (2M gradient steps, 4 seeds, the full
+  datasets), so that nothing in the table reads as the paper's protocol when it was not."""
   seeds = sorted({len(g.seeds) for g in groups.values()})
   steps = sorted({g.gradient_steps for g in groups.values() if g.gradient_steps is not None})
   short = list(dict.fromkeys(s for g in groups.values() for s in g.shortfalls))
-  text = (f"Our cells: {'/'.join(map(str, seeds))} seed(s) each, "
+  text = (f"Our table cells: {'/'.join(map(str, seeds))} seed(s) each, "
           + (f"{'/'.join(f'{s:,}' for s in steps)} gradient steps" if steps
              else "gradient steps not recorded")
           + " (the paper: 4 seeds, 2,000,000 gradient steps).")

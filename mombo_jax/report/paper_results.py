@@ -36,9 +36,10 @@ CITATION = ("Akgül, Haußmann, Kandemir, \"Deterministic Uncertainty Propagatio
             "Model-Based Offline Reinforcement Learning\", NeurIPS 2024")
 
 # Table 1 (\label{table:results_d4rl}): normalised score at 3M steps and AULC, mean and std over
-# 4 seeds. The cells are copied as printed. The paper's own average rows match the means of these
-# cells (to its rounding) for MOBILE and MOMBO, but not for MOPO: printed 67.6 (final) and 57.5
-# (AULC) against 67.9 and 57.7 from its cells (its medium-replay averages differ likewise).
+# 4 seeds. The table cells are copied as printed. The paper's own average rows match the means of
+# these table cells (to its rounding) for MOBILE and MOMBO, but not for MOPO: printed 67.6 (final)
+# and 57.5 (AULC) against 67.9 and 57.7 from its table cells (its medium-replay averages differ
+# likewise).
 D4RL = {
     "final": {
         "halfcheetah-random": {"MOPO": (37.2, 1.6), "MOBILE": (41.2, 1.1), "MOMBO": (43.6, 1.1)},
@@ -234,7 +235,7 @@ UNCERTAINTY = {
     },
 }
 
-# Footnotes of the paper's cells, keyed (metric, dataset, algo).
+# Footnotes of the paper's table cells, keyed (metric, dataset, algo).
 NOTES = {
     ("final", "hopper-random", "MOMBO"):
         "high std from one failed repetition of four (the paper's footnote); median 31.3",
@@ -256,9 +257,9 @@ def lookup(metric: str, dataset: str, algo: str) -> Optional[Tuple[float, float]
   if metric not in _TABLES:
     raise ValueError(f"The paper reports no {metric!r}; one of {', '.join(METRICS)}.")
   for _, table in _TABLES[metric]:
-    cell = table[metric].get(dataset, {}).get(str(algo).upper())
-    if cell is not None:
-      return cell
+    number = table[metric].get(dataset, {}).get(str(algo).upper())
+    if number is not None:
+      return number
   return None
 
 

@@ -8,10 +8,10 @@ Table rule (paper, Table 1 caption, checked against its numbers): in every row t
 our columns is bold; another mean is underlined when it lies within one standard deviation *of the
 best score* (best mean - mean <= std of the best; e.g. hopper-random's 25.4 +- 10.2 is not
 underlined against 31.7 +- 0.1). The paper's columns are references and take no part in it; nor,
-in a table beside the paper's numbers, does a cell of ours below the paper's setup (fewer gradient
-steps, a smaller preset, a reduced dataset: Pool.shortfalls), marked BELOW_MARK with a footnote.
-A cell with diverged seeds (counted at their frozen policy) is marked DIVERGED_MARK, its footnote
-giving how many and the mean over the others.
+in a table beside the paper's numbers, does a table cell of ours below the paper's setup (fewer
+gradient steps, a smaller preset, a reduced dataset: Pool.shortfalls), marked BELOW_MARK with a
+footnote. A table cell with diverged seeds (counted at their frozen policy) is marked DIVERGED_MARK,
+its footnote giving how many and the mean over the others.
 Averages are plain means over tasks; the average rank is the mean over tasks of each algorithm's
 rank of the mean (1 = best, ties share the average of their ranks).
 Every comparison is made at the printed precision (`as_printed`: the values as the table shows
@@ -32,7 +32,7 @@ from mombo_jax.report.paper_setup import paper_dataset
 from mombo_jax.report.results import ENV_ORDER, LAST_K, TYPE_ORDER, Pool, dataset_type, ordered
 
 PAPER = "paper"
-# Marks of our cells (the paper's cells carry † for the paper's own footnotes).
+# Marks of our table cells (the paper's table cells carry † for the paper's own footnotes).
 DIVERGED_MARK = "‡"
 BELOW_MARK = "§"
 
@@ -48,7 +48,7 @@ def as_printed(values, digits: Optional[int]) -> np.ndarray:
 
 
 def mark_row(means, stds) -> Tuple[np.ndarray, np.ndarray]:
-  """(bold [K], underline [K]) for one row of K algorithms; NaN means are missing cells.
+  """(bold [K], underline [K]) for one row of K algorithms; NaN means are missing table cells.
 
   bold: the highest mean (every tied one). underline: not bold and best - mean <= std of the
   best (with tied bests, the largest of their stds), up to a 1e-9 relative slack.
@@ -99,10 +99,10 @@ class Block:
   known, and in the paper's columns); bold / underline [R, K] (our columns only); per-type and
   overall averages [K] with complete [K] (bool: the column has every row the average covers; only
   complete columns compete for bold there); average ranks [K] (NaN for the paper's columns);
-  notes {(i, j): footnote} of the paper's cells that carry one; marks {(i, j): [(mark,
-  footnote)]} of our cells (DIVERGED_MARK, BELOW_MARK); unranked [K]: the columns that take no
+  notes {(i, j): footnote} of the paper's table cells that carry one; marks {(i, j): [(mark,
+  footnote)]} of our table cells (DIVERGED_MARK, BELOW_MARK); unranked [K]: the columns that take no
   bold in the summary rows (the paper's, and beside them a column of ours with a marked
-  BELOW_MARK cell); extra: report.csv's further columns of our cells."""
+  BELOW_MARK table cell); extra: report.csv's further columns of our table cells."""
   name: str
   mean: np.ndarray
   std: np.ndarray
@@ -121,7 +121,8 @@ class Block:
   notes: Dict[Tuple[int, int], str] = dataclasses.field(default_factory=dict)
   marks: Dict[Tuple[int, int], List[Tuple[str, str]]] = dataclasses.field(default_factory=dict)
   unranked: Optional[np.ndarray] = None
-  # {(i, j): {seeds, diverged, mean_healthy, std_healthy, below}} of our cells built from Pools.
+  # {(i, j): {seeds, diverged, mean_healthy, std_healthy, below}} of our table cells built from
+  # Pools.
   extra: Dict[Tuple[int, int], dict] = dataclasses.field(default_factory=dict)
 
   def paper_mask(self) -> np.ndarray:
@@ -133,7 +134,7 @@ class Block:
     return self.paper_mask() if self.unranked is None else self.unranked
 
   def has_ci(self) -> bool:
-    """Whether some cell has a bootstrap interval (the legend then explains it)."""
+    """Whether some table cell has a bootstrap interval (the legend then explains it)."""
     return self.lo is not None and bool(np.any(~np.isnan(self.lo)))
 
 
@@ -210,10 +211,10 @@ def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
   (default: final score, mean of the last LAST_K evaluations and AULC). groups: {(env, dataset,
   algo): anything with .stat(metric) -> (mean, std) or (None, None), and optionally .ci(metric)
   -> (low, high)}. paper: add the paper's column beside each algorithm's for the metrics the
-  paper reports (mombo_jax.report.paper_results). below_ranked: whether a cell below the paper's
-  setup (BELOW_MARK) competes for bold, underline and the summary rows' bold (default: only in a
-  table without the paper's columns); False for a table that stands beside the paper's numbers in
-  blocks that lack its column (experiments.uncertainty's alternative readings). group_of,
+  paper reports (mombo_jax.report.paper_results). below_ranked: whether a table cell below the
+  paper's setup (BELOW_MARK) competes for bold, underline and the summary rows' bold (default: only
+  in a table without the paper's columns); False for a table that stands beside the paper's numbers
+  in blocks that lack its column (experiments.uncertainty's alternative readings). group_of,
   group_order, row_order: a row's group (its summary row; default its dataset type), the groups'
   order and the order within a group (default the paper's environment order; the mixed table's:
   mombo_jax.report.mixed)."""
@@ -252,7 +253,7 @@ def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
           low, high = g.ci(what)
           if low is not None:
             lo[i, j], hi[i, j] = low, high
-        marks[(i, j)] = cell_marks(g, what, label, dataset, digits)
+        marks[(i, j)] = table_cell_marks(g, what, label, dataset, digits)
         if hasattr(g, "stat_healthy"):
           mh, sh = g.stat_healthy(what)
           extra[(i, j)] = dict(seeds=len(g.seeds), diverged=len(g.diverged), mean_healthy=mh,
@@ -260,7 +261,7 @@ def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
         below[i, j] = bool(getattr(g, "shortfalls", None))
     marks = {k: v for k, v in marks.items() if v}
     ours = np.where(is_paper[None, :], np.nan, mean)
-    # Beside the paper's numbers, a cell below the paper's setup competes for nothing.
+    # Beside the paper's numbers, a table cell below the paper's setup competes for nothing.
     ranked = ours if below_ranked else np.where(below, np.nan, ours)
     # Marks and ranks compare the numbers as printed (as_printed): equal as shown, equal here.
     ranked, shown_std = as_printed(ranked, digits), as_printed(std, digits)
@@ -281,8 +282,9 @@ def build_table(groups: Dict[tuple, Pool], metrics=METRICS, digits: int = 1,
   return Table(rows=rows, algos=algos, blocks=blocks)
 
 
-def cell_marks(g, what: str, label: str, dataset: str, digits: int = 1) -> List[Tuple[str, str]]:
-  """[(mark, footnote)] of our cell `g` (a Pool; a group without `diverged` / `shortfalls` has
+def table_cell_marks(g, what: str, label: str, dataset: str,
+                     digits: int = 1) -> List[Tuple[str, str]]:
+  """[(mark, footnote)] of our table cell `g` (a Pool; a group without `diverged` / `shortfalls` has
   none): DIVERGED_MARK with how many seeds diverged, when, and the mean +- std of `what` over
   the others; BELOW_MARK with what its runs have less of than the paper's setup."""
   out = []
@@ -303,7 +305,7 @@ def cell_marks(g, what: str, label: str, dataset: str, digits: int = 1) -> List[
 
 
 def _average(mean) -> Tuple[np.ndarray, np.ndarray]:
-  """(mean over rows of mean [R, K] ignoring missing cells (NaN where a column has none),
+  """(mean over rows of mean [R, K] ignoring missing table cells (NaN where a column has none),
   complete [K]: the column has every row)."""
   mean = np.asarray(mean, float)
   count = np.sum(~np.isnan(mean), axis=0)
@@ -313,7 +315,7 @@ def _average(mean) -> Tuple[np.ndarray, np.ndarray]:
 
 def summary_best(values, highest=True, complete=None, exclude=None,
                  digits: Optional[int] = None) -> np.ndarray:
-  """bool [K]: the bold cells of a summary row (an average, an average rank): the best of
+  """bool [K]: the bold table cells of a summary row (an average, an average rank): the best of
   `values` (never an `exclude`d column: the paper's); among the complete columns only, when some
   are complete (an algorithm run on one easy task must not win the average). digits: compared as
   printed with that many decimals (as_printed): values equal as shown are all bold."""

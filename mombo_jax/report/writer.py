@@ -10,11 +10,12 @@ driver (find, read, check, group, build, write); the renderings are mombo_jax.re
 (report.md), mombo_jax.report.latex (report.tex) and mombo_jax.report.csv_out (report.csv), their
 shared footnotes mombo_jax.report.footnotes, the curves mombo_jax.report.curves.
 
-Each cell gives the mean over seeds, the std over seeds and a 95% percentile-bootstrap interval of
-the mean over seeds; the paper's columns give its own mean and std, with footnotes saying what
-they are. A cell with diverged seeds is marked ‡ and a cell below the paper's setup (fewer
-gradient steps, a smaller preset, a reduced dataset) §, each with a footnote under its table
-(mombo_jax.report.tables); beside the paper's numbers a § cell is never bold or underlined.
+Each table cell gives the mean over seeds, the std over seeds and a 95% percentile-bootstrap
+interval of the mean over seeds; the paper's columns give its own mean and std, with footnotes
+saying what they are. A table cell with diverged seeds is marked ‡ and a table cell below the
+paper's setup (fewer gradient steps, a smaller preset, a reduced dataset) §, each with a footnote
+under its table (mombo_jax.report.tables); beside the paper's numbers a § table cell is never
+bold or underlined.
 
 Protocol: every summary.json names the reporting protocol its numbers follow (outputs.PROTOCOL,
 docs/protocol.md), and report.md links that page. Summaries of protocol/1 (whose means left

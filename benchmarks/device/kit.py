@@ -96,6 +96,17 @@ def git_commit(root: str = ROOT) -> str:
   return head + ("+dirty" if dirty else "")
 
 
+def manifest_and_dataset(kit: Optional[str] = None):
+  """(manifest, its dataset's name) of the kit, for a part that trains on it; exits with one
+  error line when the kit holds no dataset (prepare has not run)."""
+  manifest = read_manifest(kit) or {}
+  dataset = manifest.get("dataset")
+  if not dataset:
+    raise SystemExit(f"error: no dataset in the kit {kit_path(kit)}: run "
+                     "`python3 -m benchmarks.device.prepare` first.")
+  return manifest, dataset
+
+
 def part_args(doc: str, extra=None):
   """The flags every part of the record takes (record.run_part passes them): --out (the record's
   folder), --work (scratch shared by the parts), --kit, --soft_s (seconds the part should end

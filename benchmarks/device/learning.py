@@ -98,11 +98,7 @@ def main():
   t0 = time.time()
   t_end = t0 + args.soft_s
   sz = sizing.sizes(args.smoke)
-  manifest = kit_lib.read_manifest(args.kit) or {}
-  dataset = manifest.get("dataset")
-  if not dataset:
-    raise SystemExit(f"error: no dataset in the kit {kit_lib.kit_path(args.kit)}: run "
-                     "`python3 -m benchmarks.device.prepare` first.")
+  manifest, dataset = kit_lib.manifest_and_dataset(args.kit)
   epochs = args.epochs or sz.min_epochs
   preset = "tiny" if args.smoke else "paper"
   dyn_epochs = 1 if args.smoke else sizing.DYN_MAX_EPOCHS

@@ -31,11 +31,7 @@ def main():
   args = kit_lib.part_args(__doc__)
   t_end = time.time() + args.soft_s
   sz = sizing.sizes(args.smoke)
-  manifest = kit_lib.read_manifest(args.kit) or {}
-  dataset = manifest.get("dataset")
-  if not dataset:
-    raise SystemExit(f"error: no dataset in the kit {kit_lib.kit_path(args.kit)}: run "
-                     "`python3 -m benchmarks.device.prepare` first.")
+  manifest, dataset = kit_lib.manifest_and_dataset(args.kit)
   epochs = args.epochs or (2 if args.smoke else sizing.MIXED_CELL_EPOCHS)
   preset = "tiny" if args.smoke else "paper"
   dyn_epochs = 1 if args.smoke else sizing.DYN_MAX_EPOCHS

@@ -90,7 +90,7 @@ def run(args) -> int:
   try:
     import torch  # noqa: E402
   except ModuleNotFoundError:
-    raise SystemExit("benchmarks.fidelity needs torch (CPU), which the product does not: pip "
+    raise SystemExit("error: benchmarks.fidelity needs torch (CPU), which the product does not: pip "
                      "install -r benchmarks/fidelity/requirements.txt --index-url "
                      "https://download.pytorch.org/whl/cpu") from None
 

@@ -12,6 +12,20 @@ import torch
 from benchmarks.fidelity import ours, stubs
 
 
+def our_agent_into(backbone, head, critic_params, agent, config, dtype):
+  """Their actor (backbone + head) and critics (critic_params: name -> linear) set to our agent's
+  weights, and their alpha as their learn() takes it: (actor linears, log_alpha or None, alpha:
+  the fixed value, or (target entropy -|A|, log_alpha, its Adam) when alpha is learnt)."""
+  actor = stubs.linear("actor", stubs.linears(backbone.model) + [head.mu, head.sigma])
+  stubs.copy_into(actor, ours.actor_arrays(agent.actor.params))
+  stubs.copy_into(critic_params, ours.critic_arrays(agent.critic.params))
+  if not config.agent.auto_alpha:
+    return actor, None, config.agent.alpha
+  log_alpha = torch.zeros(1, dtype=dtype, requires_grad=True)
+  return actor, log_alpha, (-float(ours.ACT), log_alpha,
+                            torch.optim.Adam([log_alpha], lr=config.agent.alpha_lr))
+
+
 def dynamics_model(model_cls, setup: ours.Setup, dtype):
   """Their EnsembleDynamicsModel with our dynamics parameters (EnsembleLinear's weight [M, in,
   out] is our kernel's layout; its bias [M, 1, out]) and our elites."""

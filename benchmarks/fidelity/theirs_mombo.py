@@ -49,16 +49,9 @@ class Theirs(theirs_base.Side):
         ac.MMCritic(ac.MMCriticBackbone(input_dim=ours.OBS + ours.ACT,
                                         hidden_dims=list(config.agent.critic_hidden)))
         for _ in range(config.agent.num_critics)]).to(dtype)
-    self.actor = stubs.linear("actor", stubs.linears(backbone.model) + [head.mu, head.sigma])
     self.critic_params = _critic_params(critics)
-    stubs.copy_into(self.actor, ours.actor_arrays(agent.actor.params))
-    stubs.copy_into(self.critic_params, ours.critic_arrays(agent.critic.params))
-    alpha = config.agent.alpha
-    self.log_alpha = None
-    if config.agent.auto_alpha:
-      self.log_alpha = torch.zeros(1, dtype=dtype, requires_grad=True)
-      alpha = (-float(ours.ACT), self.log_alpha,
-               torch.optim.Adam([self.log_alpha], lr=config.agent.alpha_lr))
+    self.actor, self.log_alpha, alpha = theirs_base.our_agent_into(
+        backbone, head, self.critic_params, agent, config, dtype)
     model = theirs_base.dynamics_model(mods.models.dynamics_model.EnsembleDynamicsModel, setup,
                                        dtype)
     dynamics = mods.dynamics.EnsembleDynamics(

@@ -90,8 +90,8 @@ def run(args) -> int:
   try:
     import torch  # noqa: E402
   except ModuleNotFoundError:
-    raise SystemExit("error: benchmarks.fidelity needs torch (CPU), which the product does not: pip "
-                     "install -r benchmarks/fidelity/requirements.txt --index-url "
+    raise SystemExit("error: benchmarks.fidelity needs torch (CPU), which the product does "
+                     "not: pip install -r benchmarks/fidelity/requirements.txt --index-url "
                      "https://download.pytorch.org/whl/cpu") from None
 
   from benchmarks.fidelity import agent_side, stubs  # noqa: E402

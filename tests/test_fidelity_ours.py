@@ -43,8 +43,9 @@ def test_our_step_with_our_draws_is_the_products_update(kind):
                          agent.critic.params["params"]["members"]["MMDense_0"]["kernel"])
   if kind != "mopo":   # the product's own penalty function with the target's key
     k_target = jax.random.split(key)[0]
-    penalty = targets.get_penalty(setup.config)(agent, batch, k_target, dyn=setup.dyn,
-                                                config=setup.config, term_fn=setup.term_fn)
+    penalty_fn = targets.get_penalty(setup.config)
+    penalty = jax.jit(lambda a, b, k: penalty_fn(a, b, k, dyn=setup.dyn, config=setup.config,
+                                                 term_fn=setup.term_fn))(agent, batch, k_target)
     _close(out["penalty"], penalty)
 
 

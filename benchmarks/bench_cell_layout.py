@@ -5,9 +5,10 @@ Run (repo root):  python3 -m benchmarks.bench_cell_layout [--parts=epoch,dynamic
                   [--cells=4] [--steps=200] [--rollout_batch=10000] [--dyn_rows=100000]
                   [--rounds=4] [--out=FILE]
 
-One process compiles three ways of training C seeds for an epoch (train.make_cells_chunk, one epoch
-per call, what runs use) and calls them in alternation, round after round (the order reversed every
-other round), so that load drifts fall on all of them alike:
+One process compiles three ways of training C seeds for an epoch
+(cells_program.make_cells_chunk, one epoch per call, what runs use) and calls them in alternation,
+round after round (the order reversed every other round), so that load drifts fall on all of them
+alike:
   separate  C one-cell programs: the one-cell program called once per seed (as C runs would)
   loop      one C-cell program, cells looped (MOMBO_JAX_CELLS=loop, the CPU default)
   vmap      one C-cell program, cells vmapped (MOMBO_JAX_CELLS=vmap, the default elsewhere)
@@ -33,7 +34,7 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.bench_epoch_changes import ROWS, build, synthetic
-from mombo_jax.core import buffer, train
+from mombo_jax.core import buffer, cells_program
 from mombo_jax.dynamics import dynamics_training, training_data
 from mombo_jax.settings import config as config_lib
 
@@ -47,18 +48,18 @@ def _cell(tree, c):
 def compile_way(way, config, state, stacked, cells, keys):
   layout = "loop" if way == "separate" else way
   try:
-    train._cells_chunk.cache_clear()   # programs are cached per config: build each anew
+    cells_program._cells_chunk.cache_clear()   # programs are cached per config: build each anew
     if way == "separate":
-      chunk = train.make_cells_chunk(config, 1, 1, layout=layout)
+      chunk = cells_program.make_cells_chunk(config, 1, 1, layout=layout)
       args = (jax.tree.map(jnp.asarray, _cell(state, 0)), stacked, keys[:1], _cell(cells, 0), 0, 1)
     else:
-      chunk = train.make_cells_chunk(config, keys.shape[0], 1, layout=layout)
+      chunk = cells_program.make_cells_chunk(config, keys.shape[0], 1, layout=layout)
       args = (jax.tree.map(jnp.asarray, state), stacked, keys, cells, 0, 1)
     t = time.perf_counter()
     compiled = chunk.lower(*args).compile()
     return compiled, time.perf_counter() - t
   finally:
-    train._cells_chunk.cache_clear()
+    cells_program._cells_chunk.cache_clear()
 
 
 def run_way(way, fn, state, stacked, cells, keys, epoch):

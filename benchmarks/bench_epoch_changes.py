@@ -3,11 +3,12 @@
 Run (repo root):  python3 -m benchmarks.bench_epoch_changes [--algos=mopo,mombo,mobile]
                   [--steps=200] [--rollout_batch=10000] [--rounds=5] [--out=FILE]
 
-One process builds one epoch program (train.make_cells_chunk, 1 cell, what runs use) per variant and
-calls them in alternation, round after round (the order reversed every other round), so that load
-drifts fall on all variants alike; the record is each variant's median seconds and the median of its
-per-round ratios to `before`. Variants (each change is a program argument, rewrites.Rewrites and
-cpu_dots; the first two are chosen per backend since issue 43, core/rewrites.py):
+One process builds one epoch program (cells_program.make_cells_chunk, 1 cell, what runs use) per
+variant and calls them in alternation, round after round (the order reversed every other round),
+so that load drifts fall on all variants alike; the record is each variant's median seconds and
+the median of its per-round ratios to `before`. Variants (each change is a program argument,
+rewrites.Rewrites and cpu_dots; the first two are chosen per backend since issue 43,
+core/rewrites.py):
   before  the three changes off: the layers' gradients by JAX's own transpose rule
           (critic_matmul 'jax', MOMBO_JAX_CRITIC_MATMUL=jax), XLA's default CPU dots
           (MOMBO_JAX_CPU_DOTS=xla), the rollout's predictions and actor in one piece
@@ -33,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from mombo_jax.core import buffer, dynamics, rewrites, train
+from mombo_jax.core import buffer, cells_program, dynamics, rewrites, train
 from mombo_jax.settings import config as config_lib
 
 OBS, ACT, ROWS = 11, 3, 200_000
@@ -74,7 +75,7 @@ def compile_variant(name, config, state, stacked, cells, keys):
   new_dw, eigen, pieces = VARIANTS[name]
   choices = rewrites.Rewrites(predict_rows=rewrites.PREDICT_ROWS if pieces else None,
                               critic_matmul="rewrite" if new_dw else "jax")
-  chunk = train.make_cells_chunk(config, 1, 1, cpu_dots="eigen" if eigen else "xla",
+  chunk = cells_program.make_cells_chunk(config, 1, 1, cpu_dots="eigen" if eigen else "xla",
                                  choices=choices)
   args = (jax.tree.map(jnp.asarray, state), stacked, keys, cells, 0, 1)
   compiled = chunk.lower(*args).compile()

@@ -8,7 +8,7 @@ side by side in ONE process, with a bit-identity check, plus achieved GFLOP/s pe
 The work (issue #29's): num_critics 10, actor and critics 3x256, batch 256, rollouts of
 50,000 x 5 every span retained 5 epochs, real ratio 0.05, a random 7-member 4x200 dynamics
 ensemble, synthetic hopper-shaped data (obs 11, action 3; 200,000 rows), float32. Each setting is
-train.make_cells_chunk with one epoch per call, compiled before timing; the two trees' calls
+cells_program.make_cells_chunk with one epoch per call, compiled before timing; the two trees' calls
 alternate round by round (the order flipping each round), so both see the same load on a shared
 machine. Per call: wall seconds and the process's CPU seconds. After every call the two trees'
 metrics are compared bit for bit, and the states at the end (parameters, optimiser states, ring
@@ -69,6 +69,10 @@ def build(pkg: str, algo: str, seeds: int, args) -> dict:
   buffer = _module(pkg, "core.buffer")
   dynamics = _module(pkg, "core.dynamics")
   train = _module(pkg, "core.train")
+  try:                                       # the cells' program's own module since the split
+    cells_program = _module(pkg, "core.cells_program")
+  except ModuleNotFoundError:
+    cells_program = train                    # older trees: it was in train.py
   config = cfg.make_config("hopper-random", algo, num_critics=args.critics,
                            critic_hidden=(256,) * 3, actor_hidden=(256,) * 3, batch_size=256,
                            rollout_batch_size=args.rollout, rollout_length=5,
@@ -86,7 +90,7 @@ def build(pkg: str, algo: str, seeds: int, args) -> dict:
   keys = jax.random.split(jax.random.PRNGKey(0), seeds)
   dyn = jax.vmap(lambda k: dynamics.init_state(k, OBS, ACT, config))(keys)
   stacked, cells = train.single_dataset(real, config, seeds)
-  fn = train.make_cells_chunk(config, seeds, 1)
+  fn = cells_program.make_cells_chunk(config, seeds, 1)
   state = train.init_cells(keys, config, real, dyn)
   flops = common.jaxpr_flops(fn, state, stacked, keys, cells, 0, 1)
   b = dict(fn=fn, state=state, real=stacked, keys=keys, cells=cells, epoch=0, flops=flops,

@@ -9,10 +9,10 @@ Run (repo root):  python3 -m benchmarks.bench_head_grad [--parts=dot,epoch]
 Part 1, the dot alone: the weight gradient x^T g of a layer of F output features at the critics'
 shape (10 members, 256 rows, 256 inputs; a batched dot as in the vmapped step), both ways, for F
 in 1, 2, 6, 16 (why the switch stops at 1). Part 2, the training epoch: per algorithm, one process
-builds the one-cell epoch program (train.make_cells_chunk, what runs use) once per variant, calls
-them in alternation round after round (order reversed every other round) and records each one's
-median seconds and the median of its per-round ratios to the first variant listed, with how many
-of the state's leaves differ from its after one epoch. Variants:
+builds the one-cell epoch program (cells_program.make_cells_chunk, what runs use) once per
+variant, calls them in alternation round after round (order reversed every other round) and
+records each one's median seconds and the median of its per-round ratios to the first variant
+listed, with how many of the state's leaves differ from its after one epoch. Variants:
   written      every weight gradient with x^T written out, the heads' too (GEMV_FEATURES = 0)
   gemv         the package's backward (the heads' weight gradient in place)
   gradients_t  the backward with the cotangent transposed instead, g^T [F, R] written once:
@@ -36,7 +36,7 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.bench_epoch_changes import ROWS, build, synthetic
-from mombo_jax.core import buffer, critics, train, xla_options
+from mombo_jax.core import buffer, cells_program, critics, xla_options
 
 
 @jax.custom_vjp
@@ -107,13 +107,13 @@ def variant(name):
     elif name.startswith("xla:"):
       xla_options._CPU_OPTIONS = dict(saved[2], **_xla_extra(name))
       xla_options._accepted.cache_clear()
-    train._cells_chunk.cache_clear()   # programs are cached per config: build each anew
+    cells_program._cells_chunk.cache_clear()   # programs are cached per config: build each anew
     yield
   finally:
     critics.GEMV_FEATURES, critics.matmul = saved[0], saved[1]
     xla_options._CPU_OPTIONS = saved[2]
     xla_options._accepted.cache_clear()
-    train._cells_chunk.cache_clear()
+    cells_program._cells_chunk.cache_clear()
 
 
 def _dot_seconds(fn, *args, calls=300):
@@ -151,7 +151,7 @@ def epoch_part(algo, args, real, out):
   v = {}
   for name in args.variants.split(","):
     with variant(name):
-      compiled = train.make_cells_chunk(config, 1, 1).lower(
+      compiled = cells_program.make_cells_chunk(config, 1, 1).lower(
           jax.tree.map(jnp.asarray, state), stacked, keys, cells, 0, 1).compile()
     first, _ = jax.block_until_ready(compiled(jax.tree.map(jnp.asarray, state), stacked, keys,
                                               cells, 0, 1))

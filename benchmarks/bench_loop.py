@@ -6,8 +6,8 @@ per epoch beyond the compiled epoch's own time.
 
 Per setting (steps_per_epoch, "tiny" preset, hopper-random, --seeds cells):
 - device ms / epoch: the state built as the runner builds it, the compiled epoch
-  (train.make_cells_epoch, or train.make_seeds_epoch in older trees) called N2 times back to
-  back with keys made beforehand, blocked at the end;
+  (make_cells_epoch of cells_program, or of train in older trees, or train.make_seeds_epoch)
+  called N2 times back to back with keys made beforehand, blocked at the end;
 - T(N): wall time of one run's launch.train_runs (runner.train_run in older trees) for N epochs
   (eval_every = N: one evaluation and one checkpoint, at the end) in a fresh workdir, the dataset
   and the dynamics ensembles built once beforehand and reused, compilation served by a persistent
@@ -16,7 +16,7 @@ Per setting (steps_per_epoch, "tiny" preset, hopper-random, --seeds cells):
   so the N1 launch trains the N2 launch's first epochs;
 - marginal ms / epoch = (T(N2) - T(N1)) / (N2 - N1);
 - host overhead = marginal - device, in ms and as a % of the device time;
-- chunk ms / epoch (trees with train.make_cells_chunk, the rewrite's several epochs per device
+- chunk ms / epoch (trees with make_cells_chunk, the rewrite's several epochs per device
   call): one call of it running N2 epochs, per epoch; "n/a" in older trees.
 Each of --repeats repeats runs launch N1, launch N2, then the device timings, so that a repeat's
 timings see about the same load; the table gives medians over the repeats (host overhead: the
@@ -52,6 +52,11 @@ import numpy as np
 import mombo_jax
 from benchmarks import common
 from mombo_jax.core import buffer, train
+
+try:
+  from mombo_jax.core import cells_program as cells  # the cells' program's own module
+except ImportError:
+  cells = train                                        # older trees: it was in train.py
 
 try:
   from mombo_jax.run import host_run, launch as runner  # the launch object's tree (issue #44)
@@ -119,8 +124,8 @@ def _first(module, *names):
 
 def _epoch_fn(config):
   """The compiled epoch of config.num_seeds cells: make_cells_epoch (new) or make_seeds_epoch."""
-  if hasattr(train, "make_cells_epoch"):
-    return train.make_cells_epoch(config, config.num_seeds)
+  if hasattr(cells, "make_cells_epoch"):
+    return cells.make_cells_epoch(config, config.num_seeds)
   return train.make_seeds_epoch(config)
 
 
@@ -153,7 +158,7 @@ def _dynamics(config, transitions, dataset, dyn_dir):
 def device_timer(config, dataset, dyn_dir, build_steps, epochs):
   """The state built as the runner builds it (one group: config.num_seeds seeds of `dataset`) and
   both programs compiled; returns time() -> (ms per epoch of the compiled epoch called `epochs`
-  times back to back, blocked at the end; ms per epoch of one train.make_cells_chunk call running
+  times back to back, blocked at the end; ms per epoch of one make_cells_chunk call running
   `epochs` epochs, or None where the tree has none). Each call trains the same state on."""
   with contextlib.redirect_stdout(io.StringIO()):
     # run_dataset.load_or_build; an older tree's launch.load_dataset.
@@ -174,7 +179,7 @@ def device_timer(config, dataset, dyn_dir, build_steps, epochs):
   fold = jax.jit(jax.vmap(jax.random.fold_in, in_axes=(0, None)))
   epoch_keys = jax.block_until_ready([fold(keys, e) for e in range(epochs)])
   epoch = _epoch_fn(config)
-  chunk = (train.make_cells_chunk(config, s, epochs) if hasattr(train, "make_cells_chunk")
+  chunk = (cells.make_cells_chunk(config, s, epochs) if hasattr(cells, "make_cells_chunk")
            else None)
 
   def run_epochs():
@@ -350,7 +355,7 @@ def main():
       "marginal - "
       "device of the same repeat (each repeat: launch N1, launch N2, device timing), % of the "
       "median device time; excl. eval: the same with each launch's evaluation time (eval s) "
-      "taken out of its T. chunk: one call of train.make_cells_chunk running N2 epochs (n/a: the "
+      "taken out of its T. chunk: one call of make_cells_chunk running N2 epochs (n/a: the "
       "tree has none).")
   say()
   say(f"load average (1/5/15 min) at end: {loadavg()}; benchmark wall time "

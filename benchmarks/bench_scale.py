@@ -70,7 +70,16 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.bench_train import ACT, OBS, _filled_ring, _real
-from mombo_jax.core import buffer, dynamics, sac, targets, termination, train, xla_options
+from mombo_jax.core import (
+  buffer,
+  cells_program,
+  dynamics,
+  sac,
+  targets,
+  termination,
+  train,
+  xla_options,
+)
 from mombo_jax.data import names
 from mombo_jax.env import envs
 from mombo_jax.moment_matching import moments
@@ -332,7 +341,8 @@ def time_epoch(program: Program, precision: str, repeats: int, warmup: int = 1) 
   first = jax.tree.map(lambda x: x[0], program.real)
   state = train.init_cells(keys, config, first, dyn)
   real = jax.tree.map(jnp.asarray, program.real)
-  fn = train.make_cells_epoch(config, c, program.per_cell)   # its dots at config's precision
+  # its dots at config's precision
+  fn = cells_program.make_cells_epoch(config, c, program.per_cell)
   flops = common.jaxpr_flops(fn, state, real, keys, program.cells)
   t0 = time.perf_counter()
   compiled = fn.lower(state, real, keys, program.cells).compile()

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from mombo_jax.core import buffer, dynamics, sac, targets, termination, train
+from mombo_jax.core import buffer, cells_program, dynamics, sac, targets, termination, train
 from mombo_jax.settings import config as config_lib
 
 OBS, ACT = 17, 6
@@ -108,7 +108,7 @@ def bench_epochs(args, rng):
     keys = jax.random.split(jax.random.PRNGKey(0), seeds)
     dyn = jax.vmap(lambda k: dynamics.init_state(k, OBS, ACT, config))(keys)
     state = train.init_cells(keys, config, real, dyn)
-    epoch = train.make_cells_epoch(config, seeds)
+    epoch = cells_program.make_cells_epoch(config, seeds)
     stacked, cell_args = train.single_dataset(real, config, seeds)
     holder = {"state": state}
 

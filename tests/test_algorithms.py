@@ -127,7 +127,7 @@ def test_epoch_settings_hold_what_the_epoch_computes_with():
 def test_a_registered_toy_algorithm_is_configured_from_its_record(hopper_random_2000, tmp_path):
   """The toy algorithm, registered above from outside the package: make_config takes its name and
   its reference tables, its compiled epoch is built from its EpochSettings alone
-  (train.make_cells_chunk), its label names the workdir. (It trains end to end, through the
+  (cells_program.make_cells_chunk), its label names the workdir. (It trains end to end, through the
   command line and every reader, in test_the_docs_example_runs_as_printed_outside_the_package.)"""
   config = config_lib.make_config(hopper_random_2000, "toy_bonus", preset="tiny", **TINY)
   assert config.reference == "offlinerl_kit"           # MOPO's tables, as it asked

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax.core import buffer, dynamics, train as train_lib, xla_options
+from mombo_jax.core import buffer, cells_program, dynamics, train as train_lib, xla_options
 from mombo_jax.core.critics import CriticEnsemble
 from mombo_jax.core.epoch_settings import epoch_settings
 from mombo_jax.dynamics import dynamics_training
@@ -105,7 +105,7 @@ def test_every_dot_of_the_epoch_carries_the_runs_precision(epoch_args, precision
   """Lowered inside JAX's default precision context ('bfloat16': DEFAULT, TF32 on a GPU), as an
   unpinned program would be on a GPU: the epoch's own pin wins, in the rollout, the critic and
   actor updates and their gradients alike."""
-  program = train_lib.make_cells_epoch(_tiny(matmul_precision=precision), 1)
+  program = cells_program.make_cells_epoch(_tiny(matmul_precision=precision), 1)
   with jax.default_matmul_precision("bfloat16"):
     found, count = _dots(program.lower(*epoch_args).as_text())
   assert count >= 20 and len(found) == count           # forward, backward, every network

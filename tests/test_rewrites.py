@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax.core import buffer, dynamics, rewrites, train as train_lib
+from mombo_jax.core import buffer, cells_program, dynamics, rewrites, train as train_lib
 from mombo_jax.errors import InvalidArgument, UserError
 from mombo_jax.run import preflight
 from mombo_jax.settings import config as config_lib, environment
@@ -110,7 +110,7 @@ def tiny():
 
 def _epoch(tiny, choices):
   cfg, state, args = tiny
-  fn = train_lib.make_cells_epoch(cfg, SEEDS, choices=choices)
+  fn = cells_program.make_cells_epoch(cfg, SEEDS, choices=choices)
   return fn, jax.device_get(fn(jax.tree.map(jnp.asarray, state), *args))
 
 
@@ -120,7 +120,7 @@ def test_the_cpu_keeps_its_program_and_the_plain_one_is_close(tiny):
   CPU) trains the same epoch to float32 rounding: same rollout rows written, metrics and agent to
   1e-4 relative (the two programs sum in other orders)."""
   if jax.default_backend() == "cpu":
-    assert train_lib.make_cells_epoch(tiny[0], SEEDS) is train_lib.make_cells_epoch(
+    assert cells_program.make_cells_epoch(tiny[0], SEEDS) is cells_program.make_cells_epoch(
         tiny[0], SEEDS, choices=rewrites.Rewrites(1000, "rewrite"))
   _, (pieces_state, pieces_metrics) = _epoch(tiny, rewrites.Rewrites(16, "rewrite"))
   _, (plain_state, plain_metrics) = _epoch(tiny, rewrites.Rewrites(None, "jax"))

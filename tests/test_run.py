@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax.core import buffer, dynamics, placement, sac, train as train_lib
+from mombo_jax.core import buffer, cells_program, dynamics, placement, sac, train as train_lib
 from mombo_jax.data import provenance, scores, transitions as transitions_lib
 from mombo_jax.dynamics import dynamics_store, reuse
 from mombo_jax.errors import UserError
@@ -145,8 +145,8 @@ def test_kill_and_resume_equals_uninterrupted(dataset, dyn_dir, tmp_path, mombo_
 
 
 def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch, capsys):
-  """Three epochs, each evaluated and checkpointed: the device call (train.make_cells_chunk) is
-  traced and compiled once, ahead of the loop, and the log says so once (the rate after it
+  """Three epochs, each evaluated and checkpointed: the device call (cells_program.make_cells_chunk)
+  is traced and compiled once, ahead of the loop, and the log says so once (the rate after it
   excludes compilation)."""
   import functools
   traces, compiles = [], []
@@ -167,7 +167,7 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
       compiles.append(fun_name)
 
   monkeypatch.setattr(train_lib, "make_epoch", counting_make_epoch)
-  train_lib._cells_chunk.cache_clear()        # no compiled chunk of an earlier test is reused
+  cells_program._cells_chunk.cache_clear()        # no compiled chunk of an earlier test is reused
   jax.monitoring.register_event_duration_secs_listener(on_event)
   try:
     # steps_per_epoch=3: a program no other test compiles, so XLA cannot serve it from memory.
@@ -175,7 +175,7 @@ def test_the_epoch_compiles_once_per_run(dataset, dyn_dir, tmp_path, monkeypatch
                                str(tmp_path), dynamics_dir=dyn_dir)
   finally:
     jax.monitoring.unregister_event_duration_listener(on_event)
-    train_lib._cells_chunk.cache_clear()
+    cells_program._cells_chunk.cache_clear()
   assert summary["epochs"] == [1, 2, 3]
   assert len(traces) == 1, f"the epoch was traced {len(traces)} times"
   assert compiles == ["jit(chunk)"], compiles

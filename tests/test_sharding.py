@@ -32,7 +32,7 @@ def _train(out_path):
   import jax
   import jax.numpy as jnp
 
-  from mombo_jax.core import buffer, dynamics, placement, train as train_lib
+  from mombo_jax.core import buffer, cells_program, dynamics, placement, train as train_lib
 
   cfg = _tiny_config(SEEDS)
   rng = np.random.default_rng(0)
@@ -54,7 +54,7 @@ def _train(out_path):
   keys = placement.shard_cells(jax.random.split(jax.random.PRNGKey(9), SEEDS))
   # One compiled program (a chunk of up to EPOCHS epochs, each device looping over its own
   # cells): EPOCHS epochs in one call, then, from the restored checkpoint, one more.
-  chunk_fn = train_lib.make_cells_chunk(cfg, SEEDS, EPOCHS)
+  chunk_fn = cells_program.make_cells_chunk(cfg, SEEDS, EPOCHS)
   state, first = chunk_fn(state, real, keys, cells, 0, EPOCHS)
   # A run checkpoint restores onto the template's sharding, ready for the compiled program.
   from mombo_jax.storage import checkpoint
@@ -132,11 +132,11 @@ def _check_shards(ckpt, step, state):
 def _refuse():
   """make_cells_epoch and the launch's validate (experiments.run's checks) refuse 3 seeds on 4
   devices."""
-  from mombo_jax.core import train as train_lib
+  from mombo_jax.core import cells_program
   from mombo_jax.errors import UserError
   from mombo_jax.run import preflight
   try:
-    train_lib.make_cells_epoch(_tiny_config(3), 3)
+    cells_program.make_cells_epoch(_tiny_config(3), 3)
   except ValueError as e:
     print("train:", e)
   try:

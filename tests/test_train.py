@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mombo_jax.core import buffer, dynamics, placement, train as train_lib
+from mombo_jax.core import buffer, cells_program, dynamics, placement, train as train_lib
 from mombo_jax.core.epoch_settings import epoch_settings
 from mombo_jax.settings import config as config_lib
 
@@ -79,7 +79,7 @@ def _keys(epoch):
 
 
 def test_nonfinite_seed_is_frozen_and_others_untouched(cfg, real):
-  epoch_fn = train_lib.make_cells_epoch(cfg, SEEDS)
+  epoch_fn = cells_program.make_cells_epoch(cfg, SEEDS)
   clean, clean_metrics = epoch_fn(_fresh(cfg, real), *_args(cfg, real, 0))
   assert not np.any(np.asarray(clean_metrics["diverged"]))
   clean = _host(clean)
@@ -129,7 +129,7 @@ def test_a_finite_explosion_counts_as_divergence(cfg, real):
   compiled epoch is the other tests')."""
   state = _inflate(_fresh(cfg, real))
   before = _host(state.agent)
-  state, metrics = train_lib.make_cells_epoch(cfg, SEEDS)(state, *_args(cfg, real, 0))
+  state, metrics = cells_program.make_cells_epoch(cfg, SEEDS)(state, *_args(cfg, real, 0))
   assert np.all(np.asarray(metrics["diverged"]))
   assert np.all(np.asarray(metrics["diverged/critic_loss"]))
   assert not np.any(np.asarray(metrics["diverged/params"]))   # finite, just too large
@@ -140,7 +140,7 @@ def test_a_finite_explosion_counts_as_divergence(cfg, real):
 
 @pytest.fixture(scope="module")
 def chunk_fn(cfg):
-  return train_lib.make_cells_chunk(cfg, SEEDS, CHUNK)
+  return cells_program.make_cells_chunk(cfg, SEEDS, CHUNK)
 
 
 def _per_cell(metrics):
@@ -154,7 +154,7 @@ def chunked(cfg, real, chunk_fn):
   """Epochs 0, 1, 2 from one fresh state three ways, on the host: one epoch per call (states
   after 2 and 3 epochs, metrics rows [CHUNK, C]), a chunk of 2 then one of 1, one chunk of 3."""
   stacked, _, cells = _args(cfg, real, 0)
-  epoch_fn = train_lib.make_cells_epoch(cfg, SEEDS)
+  epoch_fn = cells_program.make_cells_epoch(cfg, SEEDS)
   state, rows, by_epoch = _fresh(cfg, real), [], {}
   for e in range(CHUNK):
     state, metrics = epoch_fn(state, stacked, _keys(e), cells)
@@ -245,12 +245,12 @@ def test_cells_differing_in_their_datasets_settings_train_as_their_single_progra
   one = dynamics.init_state(jax.random.PRNGKey(1), S_DIM, A_DIM, cfg)
   dyn = lambda c: jax.tree.map(lambda x: jnp.stack([x] * c), one)  # noqa: E731
   stacked = jax.tree.map(lambda x: x[None], real)
-  program = train_lib.make_cells_chunk(cfg, n, 2, per_cell)       # cfg: the longest rollout
+  program = cells_program.make_cells_chunk(cfg, n, 2, per_cell)       # cfg: the longest rollout
   grid, metrics = program(train_lib.init_cells(keys, cfg, real, dyn(n)), stacked, keys,
                           train_lib.make_cells(np.zeros(n), N, configs), 0, 2)
   grid, metrics = _host((grid, metrics))
   plain = {0: (chunk_fn, keys, SEEDS),
-           1: (train_lib.make_cells_chunk(configs[1], 1, 2), keys[1:], 1)}
+           1: (cells_program.make_cells_chunk(configs[1], 1, 2), keys[1:], 1)}
   for i, c in enumerate(configs):
     fn, k, width = plain[i]
     alone, alone_metrics = _host(fn(placement.shard_cells(train_lib.init_cells(
@@ -282,11 +282,11 @@ def looped(cfg, real):
   the 2-cell program of another layout from the same state."""
   stacked, keys, cells = _args(cfg, real, 0)
   state = _host(_fresh(cfg, real))
-  run = lambda how: _host(train_lib.make_cells_epoch(cfg, SEEDS, layout=how)(  # noqa: E731
+  run = lambda how: _host(cells_program.make_cells_epoch(cfg, SEEDS, layout=how)(  # noqa: E731
       jax.tree.map(jnp.asarray, state), stacked, keys, cells))
   ran = {"alone": [], "loop": run("loop"), "run": run}
   for c in range(SEEDS):
-    ran["alone"].append(_host(train_lib.make_cells_epoch(cfg, 1)(
+    ran["alone"].append(_host(cells_program.make_cells_epoch(cfg, 1)(
         jax.tree.map(jnp.asarray, _cell(state, c)), stacked, _cell(keys, c), _cell(cells, c))))
   return ran
 

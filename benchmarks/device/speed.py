@@ -6,12 +6,12 @@ that would not end before the part's soft deadline is named as skipped):
    MOMBO `elite_spread`, MOBILE and MOPO at 16 cells, then at 1, 48 and 4 cells (the goals
    first: 16 against 1 cell, 48 cells for the paper's table), each count its own table: compile s,
    s per epoch (best of 2 after a warm-up), per cell, memory (XLA's arguments + temporaries). Each
-   program is the runner's own device call, train.make_cells_chunk, called with one epoch and its
-   metrics pulled to the host as launch.Launch.step does; cells vmapped (the GPU's layout). MOMBO's
-   program at 1, 16 and 48 cells (sizing.PROFILE_CELLS) is then traced for one more epoch
+   program is the runner's own device call, cells_program.make_cells_chunk, called with one epoch
+   and its metrics pulled to the host as launch.Launch.step does; cells vmapped (the GPU's layout).
+   MOMBO's program at 1, 16 and 48 cells (sizing.PROFILE_CELLS) is then traced for one more epoch
    (jax.profiler) and the trace summarised on the spot into c_profile.md
-   (benchmarks/device/trace_summary.py: per phase, kernels per gradient step, the top kernels);
-   then the goals (sizing.GOALS) against what was measured;
+   (benchmarks/device/trace_summary.py: per phase, kernels per gradient step, the top kernels); then
+   the goals (sizing.GOALS) against what was measured;
 2. the runner's chunk length (program.CALL_SECONDS, 3 s): MOPO at 16 cells, the epochs of one
    3-second call against a call of CHUNK_LONG epochs (one compile serves both: n is traced);
 3. the evaluation's share of wall time at 16 cells: one evaluation (16 cells x 10 episodes x 1000
@@ -58,7 +58,7 @@ def time_program(name, cells, sz, rng, max_epochs, then=None, repeats=2, setting
   import numpy as np
 
   from benchmarks import bench_scale
-  from mombo_jax.core import dynamics, rewrites, train
+  from mombo_jax.core import cells_program, dynamics, rewrites, train
   from mombo_jax.settings import environment
   program = bench_scale.seeds_program(name, cells, sz.rollout, sz.steps, sz.real_rows, rng)
   if settings:
@@ -73,7 +73,7 @@ def time_program(name, cells, sz, rng, max_epochs, then=None, repeats=2, setting
   # The rollout's pieces and the critic's matmul as the environment asks (part v's variants set
   # MOMBO_JAX_PREDICT_ROWS / MOMBO_JAX_CRITIC_MATMUL; unset: the backend's defaults).
   choices = rewrites.choose(environment.predict_rows(), environment.critic_matmul())
-  fn = train.make_cells_chunk(config, cells, max_epochs, program.per_cell, choices=choices)
+  fn = cells_program.make_cells_chunk(config, cells, max_epochs, program.per_cell, choices=choices)
   t = time.perf_counter()
   compiled = fn.lower(holder["state"], real, keys, program.cells, np.int32(0),
                       np.int32(1)).compile()

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mombo_jax.core import buffer, dynamics, train
+from mombo_jax.core import buffer, cells_program, dynamics, train
 from mombo_jax.settings import config as config_lib
 
 OBS, ACT = 11, 3
@@ -79,12 +79,12 @@ def fresh(batched):
 
 
 def per_cell_rows(metrics):
-  return train._per_cell(metrics)
+  return cells_program._per_cell(metrics)
 
 
 # ---- variants: (fn(state, e) -> (state, metrics reduced per cell, unbatched), batched) -------
 def make_A():
-  chunk = train.make_cells_chunk(config, 1, 1)
+  chunk = cells_program.make_cells_chunk(config, 1, 1)
   def run(state, e):
     state, m = chunk(state, stacked, keys1, cells1, e, 1)
     return state, jax.tree.map(lambda x: x[0, 0], m)

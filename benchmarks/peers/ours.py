@@ -1,6 +1,7 @@
 """This project's MOPO on benchmarks/peers/work.py's work: the config from config.make_config, the
-state from train.init_cells, one span = one epoch of train.make_cells_chunk (what launch.train_runs
-calls), all through the library, so that changes to mombo_jax's epoch show here unchanged.
+state from train.init_cells, one span = one epoch of cells_program.make_cells_chunk (what
+launch.train_runs calls), all through the library, so that changes to mombo_jax's epoch show here
+unchanged.
 """
 import contextlib
 import dataclasses
@@ -14,6 +15,7 @@ import numpy as np
 from benchmarks.peers import work as work_lib
 from mombo_jax.core import (
   buffer,
+  cells_program,
   dynamics,
   placement,
   rewrites,
@@ -65,7 +67,7 @@ class Ours:
     self.stacked, self.cells = placement.replicate(stacked), placement.shard_cells(cells)
     self.keys = placement.shard_cells(self.keys)
     self.choices = rewrites.choose(environment.predict_rows(), environment.critic_matmul())
-    self.chunk = train.make_cells_chunk(config, seeds, 1, layout=environment.cells(),
+    self.chunk = cells_program.make_cells_chunk(config, seeds, 1, layout=environment.cells(),
                                         choices=self.choices,
                                         cpu_dots=environment.cpu_dots())
     self.epoch = 0

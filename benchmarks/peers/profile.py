@@ -17,7 +17,7 @@ counted by XLA's cost analysis (FLOPs and bytes accessed). Per-step phases run a
   chunk keeps; unifloral has none);
 - gradient step as in the epoch: the unchanged step (ours buffer.sample_mixed + sac.update;
   theirs their train step with a no-op rollout) = sampling + both halves + the per-step metrics;
-- the whole span (ours train.make_cells_chunk, theirs their jitted scan), for the residual.
+- the whole span (ours cells_program.make_cells_chunk, theirs their jitted scan), for the residual.
 The same work and data as side_by_side.py (benchmarks/peers/work.py), one seed, in one process.
 Ours' pieces are compiled with the package's XLA options (core/xla_options: Eigen's dots on CPU),
 theirs with XLA's defaults, as each side compiles its runs (records before 2026-11-26 06:40 UTC
@@ -96,7 +96,7 @@ def _tree_sum(tree):
 
 
 def profile_ours(side, n, repeats):
-  from mombo_jax.core import train, xla_options
+  from mombo_jax.core import cells_program, train, xla_options
   from mombo_jax.settings import environment
   config, out = side.config, {}
   # Compiled as the package compiles its training programs (xla_options: Eigen's dots on CPU).
@@ -126,8 +126,9 @@ def profile_ours(side, n, repeats):
   out["step"] = measure_ours(_scan(lambda a, k: step_fn(a, ring, k), n), (agent, key), repeats)
   metrics = jax.eval_shape(step_fn, agent, ring, key)[1]
   metrics = {m: jnp.zeros((side.work.steps,), s.dtype) for m, s in metrics.items()}
-  out["health"] = measure_ours(lambda a, m: (train.health_checks(a, m, config), train._per_cell(m)),
-                          (agent, metrics), repeats)
+  out["health"] = measure_ours(
+      lambda a, m: (train.health_checks(a, m, config), cells_program._per_cell(m)),
+      (agent, metrics), repeats)
   return out
 
 

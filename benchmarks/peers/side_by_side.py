@@ -222,7 +222,7 @@ def turns(args, say):
       "jaxpr: benchmarks/common.jaxpr_flops of the same pieces (2MNK per matmul, one per "
       "elementwise output).")
   if "jaxpr_epoch" in workers["ours"].info["flops"]:
-    say(f"ours, whole epoch's jaxpr (train.make_cells_chunk): "
+    say(f"ours, whole epoch's jaxpr (cells_program.make_cells_chunk): "
         f"{workers['ours'].info['flops']['jaxpr_epoch'] / 1e12:.3f} TFLOP")
   say(f"matmul peak: {peak:.0f} GFLOP/s (float32 jnp.dot of [n, n] x [n, n], n = 1024 and "
       "2048, the best call over 5 s each, at the start and at the end)")

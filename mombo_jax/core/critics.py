@@ -51,10 +51,10 @@ def _matmul_bwd(residuals, g):
 
   Why: JAX's own transpose of dot_general computes g^T x [F, I] and transposes it. Plain, XLA
   folds that transpose into the dot; under a vmap of size 1 on top of the critics' member axis
-  (the cell axis of train.make_cells_chunk with one cell per device: every 1-seed run) it does
-  not, and XLA:CPU then reads every weight gradient through a transpose in the optimiser's update
-  (a MOPO epoch 0.93x the time without it: benchmarks/bench_epoch_changes.txt). Written as x^T g,
-  the batched dot's output is already [..., I, F], whatever batch axes vmap adds in front.
+  (the cell axis of cells_program.make_cells_chunk with one cell per device: every 1-seed run) it
+  does not, and XLA:CPU then reads every weight gradient through a transpose in the optimiser's
+  update (a MOPO epoch 0.93x the time without it: benchmarks/bench_epoch_changes.txt). Written as
+  x^T g, the batched dot's output is already [..., I, F], whatever batch axes vmap adds in front.
   """
   x, kernel = residuals
   rows, grads = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])

@@ -4,8 +4,8 @@ beta) of its runs, evaluation, checkpoints and outputs per workdir.
 A launch trains one or more runs (run_specs.RunSpec: one workdir each, one dataset, one beta, its
 seeds), each exactly a plain run's folder (workdir.Workdir), resumable on its own. `train_runs`
 reads top to bottom: Launch.plan -> prepare -> train_epochs -> finish. train_epochs hands the
-device several epochs per call (train.make_cells_chunk, program.Program), so the host acts only at
-evaluations, checkpoints and stop requests; each run's state on the host is its
+device several epochs per call (cells_program.make_cells_chunk, program.Program), so the host
+acts only at evaluations, checkpoints and stop requests; each run's state on the host is its
 host_run.HostRun's, and every Launch method is a loop over its runs.
 """
 from __future__ import annotations

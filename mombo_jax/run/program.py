@@ -10,7 +10,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from mombo_jax.core import buffer, rewrites, train as train_lib
+from mombo_jax.core import buffer, cells_program, rewrites, train as train_lib
 from mombo_jax.settings import config as config_lib, environment
 
 # Longest a device call may run (epochs are batched up to the next evaluation, but no more than
@@ -59,8 +59,8 @@ def compile_choices() -> dict:
 
 def compile_chunk(program: Program):
   """The launch's compiled device call: (state, real, keys, cells, start, n) -> (state, metrics
-  [eval_every, C]) running epochs start .. start+n-1 (train.make_cells_chunk)."""
-  fn = train_lib.make_cells_chunk(program.config, program.num_cells,
+  [eval_every, C]) running epochs start .. start+n-1 (cells_program.make_cells_chunk)."""
+  fn = cells_program.make_cells_chunk(program.config, program.num_cells,
                                   program.config.evaluation.eval_every,
                                   program.per_cell, **compile_choices())
   args = (program.state, program.real, program.keys, program.cells, np.int32(program.start),

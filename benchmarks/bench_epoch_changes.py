@@ -76,7 +76,7 @@ def compile_variant(name, config, state, stacked, cells, keys):
   choices = rewrites.Rewrites(predict_rows=rewrites.PREDICT_ROWS if pieces else None,
                               critic_matmul="rewrite" if new_dw else "jax")
   chunk = cells_program.make_cells_chunk(config, 1, 1, cpu_dots="eigen" if eigen else "xla",
-                                 choices=choices)
+                                         choices=choices)
   args = (jax.tree.map(jnp.asarray, state), stacked, keys, cells, 0, 1)
   compiled = chunk.lower(*args).compile()
   flops = common.jaxpr_flops(chunk.__wrapped__, *args) if name == "after" else None

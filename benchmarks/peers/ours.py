@@ -68,8 +68,8 @@ class Ours:
     self.keys = placement.shard_cells(self.keys)
     self.choices = rewrites.choose(environment.predict_rows(), environment.critic_matmul())
     self.chunk = cells_program.make_cells_chunk(config, seeds, 1, layout=environment.cells(),
-                                        choices=self.choices,
-                                        cpu_dots=environment.cpu_dots())
+                                                choices=self.choices,
+                                                cpu_dots=environment.cpu_dots())
     self.epoch = 0
     # One seed's pieces (profile.py and the FLOP count).
     self.real, self.dyn1 = real, jax.tree.map(lambda x: x[0], dyn)

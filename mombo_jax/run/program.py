@@ -61,8 +61,8 @@ def compile_chunk(program: Program):
   """The launch's compiled device call: (state, real, keys, cells, start, n) -> (state, metrics
   [eval_every, C]) running epochs start .. start+n-1 (cells_program.make_cells_chunk)."""
   fn = cells_program.make_cells_chunk(program.config, program.num_cells,
-                                  program.config.evaluation.eval_every,
-                                  program.per_cell, **compile_choices())
+                                      program.config.evaluation.eval_every,
+                                      program.per_cell, **compile_choices())
   args = (program.state, program.real, program.keys, program.cells, np.int32(program.start),
           np.int32(1))
   leaves, tree = jax.tree.flatten(args)
